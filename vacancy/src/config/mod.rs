@@ -1,0 +1,1 @@
+//! Configuration: the TOML schema and its validation.

@@ -1,0 +1,1 @@
+//! Capacity samplers implementing [`Resource`](crate::Resource).

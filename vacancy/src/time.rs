@@ -1,0 +1,103 @@
+//! Time as the engine sees it: a monotonic [`Moment`] passed in by the caller.
+//!
+//! The engine never reads a clock. Shells turn their clock's reading into a
+//! [`Moment`] (see [`MonotonicClock`]); tests and simulations build moments directly.
+
+use std::time::{Duration, Instant};
+
+/// A point on a monotonic timeline, in nanoseconds since an arbitrary origin.
+///
+/// # Behavior
+///
+/// Moments are only compared with moments of the same timeline (one
+/// [`MonotonicClock`], or one simulation). "After" is strict: a sample taken at
+/// the very moment a job ended is not a sample taken after it (ADM-04).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct Moment(u64);
+
+impl Moment {
+    /// The origin of the timeline.
+    pub const ZERO: Moment = Moment(0);
+
+    /// A moment `nanos` nanoseconds after the origin.
+    pub const fn from_nanos(nanos: u64) -> Self {
+        Moment(nanos)
+    }
+
+    /// A moment `millis` milliseconds after the origin.
+    pub const fn from_millis(millis: u64) -> Self {
+        Moment(millis.saturating_mul(1_000_000))
+    }
+
+    /// A moment `secs` seconds after the origin.
+    pub const fn from_secs(secs: u64) -> Self {
+        Moment(secs.saturating_mul(1_000_000_000))
+    }
+
+    /// Nanoseconds since the origin.
+    pub const fn as_nanos(self) -> u64 {
+        self.0
+    }
+
+    /// This moment moved `by` later, saturating at the end of the timeline.
+    pub fn after(self, by: Duration) -> Self {
+        let nanos = u64::try_from(by.as_nanos()).unwrap_or(u64::MAX);
+        Moment(self.0.saturating_add(nanos))
+    }
+
+    /// Time elapsed from `earlier` to `self`; zero when `earlier` is later.
+    pub fn since(self, earlier: Moment) -> Duration {
+        Duration::from_nanos(self.0.saturating_sub(earlier.0))
+    }
+}
+
+/// A real monotonic clock that reads [`Moment`]s relative to its creation.
+///
+/// Copy it freely: every copy shares the same origin, so the moments they read
+/// are comparable.
+#[derive(Debug, Clone, Copy)]
+pub struct MonotonicClock {
+    origin: Instant,
+}
+
+impl MonotonicClock {
+    /// A clock whose origin is now.
+    pub fn new() -> Self {
+        MonotonicClock {
+            origin: Instant::now(),
+        }
+    }
+
+    /// The current moment.
+    pub fn now(&self) -> Moment {
+        Moment::ZERO.after(self.origin.elapsed())
+    }
+}
+
+impl Default for MonotonicClock {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn after_and_since_round_trip() {
+        let m = Moment::from_secs(10);
+        let later = m.after(Duration::from_millis(1500));
+        assert_eq!(later.since(m), Duration::from_millis(1500));
+        assert_eq!(m.since(later), Duration::ZERO);
+        assert_eq!(Moment::from_nanos(u64::MAX).after(Duration::from_secs(1)).as_nanos(), u64::MAX);
+    }
+
+    #[test]
+    fn clock_is_monotonic() {
+        let clock = MonotonicClock::new();
+        let a = clock.now();
+        let b = clock.now();
+        assert!(b >= a);
+    }
+}

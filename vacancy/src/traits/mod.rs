@@ -1,0 +1,3 @@
+//! The four public traits: [`Resource`](resource::Resource), `Admission`, `Reclaimer`, `Adapter`.
+
+pub mod resource;
