@@ -90,7 +90,12 @@ mod tests {
         let later = m.after(Duration::from_millis(1500));
         assert_eq!(later.since(m), Duration::from_millis(1500));
         assert_eq!(m.since(later), Duration::ZERO);
-        assert_eq!(Moment::from_nanos(u64::MAX).after(Duration::from_secs(1)).as_nanos(), u64::MAX);
+        assert_eq!(
+            Moment::from_nanos(u64::MAX)
+                .after(Duration::from_secs(1))
+                .as_nanos(),
+            u64::MAX
+        );
     }
 
     #[test]

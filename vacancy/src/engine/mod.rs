@@ -1,1 +1,989 @@
 //! The sans-IO admission engine.
+//!
+//! Pure state plus inputs plus `now`: no sockets, no threads, no clock reads.
+//! Shells feed it capacity samples, observations, presence and pressure, ask it
+//! to admit and release work, and do what its answers say (DESIGN §2).
+//!
+//! # Behavior
+//!
+//! - One job per resource; a job reserves its primary resource and every
+//!   `also_requires` dependency in one all-or-nothing step (ADM-01..03).
+//! - A released resource admits again only after a successful sample taken
+//!   after the release (ADM-04); a request arriving before it waits up to 4 s
+//!   ([`Decision::Wait`], ADM-06), and every other check still applies (ADM-07).
+//! - Memory requirements must fit above the reserve (MEM-01..06), raised by
+//!   learned priors (MEM-07..11), replaced by resident credit on proof (RES-01/02).
+//! - Uncertain work is held, never released without an explicit release.
+
+mod inputs;
+mod priors;
+mod refusal;
+mod spec;
+mod state;
+mod status;
+mod work;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+pub use inputs::{
+    ModelObservation, ObservedModel, OwnerPresence, PressureVerdict, ResidencyEvidence,
+};
+pub use priors::MAX_PRIOR_IDENTITIES;
+pub use refusal::{Refusal, RefusalCode};
+pub use spec::{EngineSpec, ModelBudget, ResourceSpec, SpecError, UpstreamSpec};
+pub use status::{
+    EngineStatus, OwnerVetoStatus, ResourceStatus, UpstreamStatus, Vacancy, WorkStatus,
+};
+pub use work::{
+    Charge, CompletionMethod, Decision, EntryId, HeldRelease, Phase, ReleaseOutcome, RequestReuse,
+    Reservation, UpstreamId, WorkRequest,
+};
+
+use crate::config::OwnerScope;
+use crate::time::Moment;
+use crate::traits::resource::{CapacitySample, ResourceKind};
+use priors::{PendingFootprint, Priors};
+use state::{Capacity, ResourceState};
+
+/// How long a request waits for the post-job sample (ADM-06).
+pub const POST_JOB_SAMPLE_WAIT: Duration = Duration::from_secs(4);
+
+/// How old a model observation may be and still prove residency (RES-02) or
+/// show foreign work (ADM-09).
+pub const OBSERVATION_MAX_AGE: Duration = Duration::from_secs(4);
+
+/// A request the engine cannot act on.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EngineError {
+    /// No entry has this ID.
+    #[error("no work entry {0}; it may have been released already")]
+    UnknownEntry(EntryId),
+    /// An entry with this ID exists already.
+    #[error("work entry {0} exists already; each request needs a fresh ID")]
+    DuplicateEntry(EntryId),
+    /// No resource has this name.
+    #[error("no resource named {0:?}; see [[resource]] in the configuration")]
+    UnknownResource(String),
+    /// No upstream has this name.
+    #[error("no upstream named {0:?}; see [[upstream]] in the configuration")]
+    UnknownUpstream(String),
+    /// The entry is held: only [`Engine::release_held`] releases it.
+    #[error(
+        "work entry {0} is held; stop or verify it at the upstream, then release it as an administrator"
+    )]
+    EntryHeld(EntryId),
+    /// The entry is not held, so an administrator may not release it (HELD-06).
+    #[error(
+        "work entry {id} is {phase}, not held; the daemon still owns an active operation for it"
+    )]
+    NotHeld {
+        /// The entry.
+        id: EntryId,
+        /// Its phase.
+        phase: &'static str,
+    },
+    /// A restored record does not match the current configuration (REC-08).
+    #[error(
+        "restored work entry {id} of upstream {upstream:?} held {recorded:?} but the configuration now maps it to {configured:?}; restore the old resource mapping or release the entry first"
+    )]
+    ChangedMapping {
+        /// The entry.
+        id: EntryId,
+        /// Its upstream.
+        upstream: String,
+        /// The resources the record holds.
+        recorded: Vec<String>,
+        /// The resources the configuration names now.
+        configured: Vec<String>,
+    },
+    /// A restored record needs a resource that another entry holds.
+    #[error(
+        "restored work entry {id} needs resource {resource:?}, which entry {holder} holds already"
+    )]
+    RestoreConflict {
+        /// The entry.
+        id: EntryId,
+        /// The contested resource.
+        resource: String,
+        /// Who holds it.
+        holder: EntryId,
+    },
+}
+
+/// What a release did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReleaseEffect {
+    /// The resources are free; sample each of them now (ADM-05).
+    Released {
+        /// The resources to sample at once.
+        sample_now: Vec<String>,
+    },
+    /// The outcome was uncertain: the entry is held and keeps its resources.
+    Held,
+}
+
+/// A work entry recorded before a restart, returned as held (REC-02).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RestoredEntry {
+    /// The entry ID.
+    pub id: EntryId,
+    /// The upstream's name.
+    pub upstream: String,
+    /// The model when known.
+    pub model: Option<String>,
+    /// The resources it held, primary first.
+    pub resources: Vec<String>,
+    /// When it was admitted, on this engine's timeline.
+    pub admitted_at: Moment,
+    /// How its end is proven.
+    pub completion: CompletionMethod,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Budget {
+    /// The primary resource: the model's or upstream's requirement.
+    Primary,
+    /// An `also_requires` resource with a per-resource requirement.
+    Required(u64),
+    /// An `also_requires` resource no requirement names: only its reserve floor (MEM-04/05).
+    FloorOnly,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Dep {
+    res: usize,
+    budget: Budget,
+}
+
+#[derive(Debug)]
+struct UpstreamState {
+    spec: UpstreamSpec,
+    deps: Vec<Dep>,
+    observation: Option<ModelObservation>,
+}
+
+#[derive(Debug)]
+struct Entry {
+    reservation: Reservation,
+    upstream: usize,
+    deps: Vec<usize>,
+    phase: Phase,
+    held_reason: Option<String>,
+}
+
+/// Whether resident credit applies, and if not, why.
+enum Residency {
+    Proven,
+    NotProven { why: String, stale: bool },
+}
+
+/// The admission engine. See the [module docs](self).
+#[derive(Debug)]
+pub struct Engine {
+    lending: bool,
+    owner: OwnerPresence,
+    resources: Vec<ResourceState>,
+    resource_index: HashMap<String, usize>,
+    upstreams: Vec<UpstreamState>,
+    upstream_index: HashMap<String, usize>,
+    entries: HashMap<EntryId, Entry>,
+    priors: Priors,
+}
+
+impl Engine {
+    /// Build an engine. Owner presence starts `Unknown` (refusing host-scoped
+    /// work) until the shell reports it; every resource starts with capacity unknown.
+    pub fn new(spec: EngineSpec) -> Result<Engine, SpecError> {
+        let mut resource_index = HashMap::new();
+        let mut resources = Vec::with_capacity(spec.resources.len());
+        for r in spec.resources {
+            if resource_index
+                .insert(r.name.clone(), resources.len())
+                .is_some()
+            {
+                return Err(SpecError::DuplicateResource(r.name));
+            }
+            resources.push(ResourceState::new(r));
+        }
+        let mut upstream_index = HashMap::new();
+        let mut upstreams = Vec::with_capacity(spec.upstreams.len());
+        for u in spec.upstreams {
+            let deps = Self::deps_of(&u, &resource_index)?;
+            if upstream_index
+                .insert(u.name.clone(), upstreams.len())
+                .is_some()
+            {
+                return Err(SpecError::DuplicateUpstream(u.name));
+            }
+            upstreams.push(UpstreamState {
+                spec: u,
+                deps,
+                observation: None,
+            });
+        }
+        Ok(Engine {
+            lending: spec.lending,
+            owner: OwnerPresence::Unknown,
+            resources,
+            resource_index,
+            upstreams,
+            upstream_index,
+            entries: HashMap::new(),
+            priors: Priors::default(),
+        })
+    }
+
+    fn deps_of(u: &UpstreamSpec, index: &HashMap<String, usize>) -> Result<Vec<Dep>, SpecError> {
+        let lookup = |name: &str| {
+            index
+                .get(name)
+                .copied()
+                .ok_or_else(|| SpecError::UnknownResource {
+                    upstream: u.name.clone(),
+                    resource: name.to_owned(),
+                })
+        };
+        let mut deps = vec![Dep {
+            res: lookup(&u.resource)?,
+            budget: Budget::Primary,
+        }];
+        for name in &u.also_requires {
+            let res = lookup(name)?;
+            if deps.iter().any(|d| d.res == res) {
+                return Err(SpecError::RepeatedResource {
+                    upstream: u.name.clone(),
+                    resource: name.clone(),
+                });
+            }
+            let budget = match u.requirements.get(name) {
+                Some(mib) => Budget::Required(*mib),
+                None => Budget::FloorOnly,
+            };
+            deps.push(Dep { res, budget });
+        }
+        if let Some(name) = u.requirements.keys().find(|k| !u.also_requires.contains(k)) {
+            return Err(SpecError::RequirementNotDependency {
+                upstream: u.name.clone(),
+                resource: name.clone(),
+            });
+        }
+        Ok(deps)
+    }
+
+    // ---- lookups -------------------------------------------------------
+
+    /// The handle of the upstream named `name`.
+    pub fn upstream_id(&self, name: &str) -> Option<UpstreamId> {
+        self.upstream_index.get(name).copied().map(UpstreamId)
+    }
+
+    /// The name of an upstream.
+    pub fn upstream_name(&self, id: UpstreamId) -> Option<&str> {
+        self.upstreams.get(id.0).map(|u| u.spec.name.as_str())
+    }
+
+    fn resource_idx(&self, name: &str) -> Result<usize, EngineError> {
+        self.resource_index
+            .get(name)
+            .copied()
+            .ok_or_else(|| EngineError::UnknownResource(name.to_owned()))
+    }
+
+    /// The learned prior of `model` on `resource` for `upstream`, if any.
+    pub fn learned_prior(&self, upstream: UpstreamId, model: &str, resource: &str) -> Option<u64> {
+        let res = *self.resource_index.get(resource)?;
+        self.priors.peek(upstream.0, model, res)
+    }
+
+    /// How many work entries (forwarding, tracking or held) exist.
+    pub fn entry_count(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// The phase of an entry.
+    pub fn phase(&self, id: EntryId) -> Option<Phase> {
+        self.entries.get(&id).map(|e| e.phase)
+    }
+
+    /// The reservation of an entry.
+    pub fn reservation(&self, id: EntryId) -> Option<&Reservation> {
+        self.entries.get(&id).map(|e| &e.reservation)
+    }
+
+    // ---- inputs --------------------------------------------------------
+
+    /// The lending switch.
+    pub fn set_lending(&mut self, enabled: bool) {
+        self.lending = enabled;
+    }
+
+    /// The lending switch's position.
+    pub fn lending(&self) -> bool {
+        self.lending
+    }
+
+    /// What the presence backend says now.
+    pub fn set_owner(&mut self, presence: OwnerPresence) {
+        self.owner = presence;
+    }
+
+    /// What the presence backend last said.
+    pub fn owner(&self) -> OwnerPresence {
+        self.owner
+    }
+
+    /// A resource's switch.
+    pub fn set_resource_enabled(
+        &mut self,
+        resource: &str,
+        enabled: bool,
+    ) -> Result<(), EngineError> {
+        let i = self.resource_idx(resource)?;
+        self.resources[i].enabled = enabled;
+        Ok(())
+    }
+
+    /// The pressure tracker's verdict for a resource.
+    pub fn set_pressure(
+        &mut self,
+        resource: &str,
+        verdict: PressureVerdict,
+    ) -> Result<(), EngineError> {
+        let i = self.resource_idx(resource)?;
+        self.resources[i].pressure = verdict;
+        Ok(())
+    }
+
+    /// A successful capacity sample. Closes a footprint measurement when the
+    /// sample was taken after the observation that armed it (MEM-07).
+    pub fn record_sample(
+        &mut self,
+        resource: &str,
+        sample: CapacitySample,
+    ) -> Result<(), EngineError> {
+        let i = self.resource_idx(resource)?;
+        let r = &mut self.resources[i];
+        r.record_sample(sample);
+        if let Some(p) = &r.footprint
+            && let Some(observed_at) = p.observed_at
+            && sample.taken_at > observed_at
+        {
+            let delta = i128::from(p.free_at_admission) - i128::from(sample.free_mib);
+            let (upstream, model) = (p.upstream, p.model.clone());
+            r.footprint = None;
+            self.priors.learn(upstream, &model, i, delta);
+        }
+        Ok(())
+    }
+
+    /// A sample that failed at `at`: capacity is unknown until a later success.
+    pub fn record_sample_failure(
+        &mut self,
+        resource: &str,
+        at: Moment,
+        reason: &str,
+    ) -> Result<(), EngineError> {
+        let i = self.resource_idx(resource)?;
+        self.resources[i].record_failure(at, reason);
+        Ok(())
+    }
+
+    /// A model observation of an upstream. Arms footprint measurements on its
+    /// resources for models it shows loaded (MEM-07) and becomes the evidence
+    /// for resident credit (RES-02) and foreign work (ADM-09).
+    pub fn observe(
+        &mut self,
+        upstream: UpstreamId,
+        observation: ModelObservation,
+    ) -> Result<(), EngineError> {
+        let u = self
+            .upstreams
+            .get_mut(upstream.0)
+            .ok_or_else(|| EngineError::UnknownUpstream(format!("#{}", upstream.0)))?;
+        if u.observation
+            .as_ref()
+            .is_some_and(|o| o.taken_at > observation.taken_at)
+        {
+            return Ok(()); // an older observation arriving late teaches nothing
+        }
+        for dep in &u.deps {
+            if let Some(p) = &mut self.resources[dep.res].footprint
+                && p.upstream == upstream.0
+                && p.observed_at.is_none()
+                && observation.taken_at > p.admitted_at
+                && observation.model(&p.model).is_some_and(|m| m.ready)
+            {
+                p.observed_at = Some(observation.taken_at);
+            }
+        }
+        u.observation = Some(observation);
+        Ok(())
+    }
+
+    /// Models were unloaded from a resource (a yield): residency proofs and
+    /// footprint measurements taken before now no longer hold, and new work
+    /// waits for a fresh sample (RECL-45).
+    pub fn record_unload(&mut self, resource: &str, now: Moment) -> Result<(), EngineError> {
+        let i = self.resource_idx(resource)?;
+        let r = &mut self.resources[i];
+        r.disturbed(now);
+        Ok(())
+    }
+
+    // ---- admission -----------------------------------------------------
+
+    /// Decide a work request. See the [module docs](self) for the rules.
+    pub fn admit(&mut self, req: &WorkRequest, now: Moment) -> Decision {
+        if self.entries.contains_key(&req.id) {
+            return Decision::Refused(Refusal::new(
+                RefusalCode::InvalidRequest,
+                format!(
+                    "work entry {} exists already; each request needs a fresh ID",
+                    req.id
+                ),
+            ));
+        }
+        let Some(u) = self.upstreams.get(req.upstream.0) else {
+            return Decision::Refused(Refusal::new(
+                RefusalCode::InvalidRequest,
+                format!("no upstream #{}", req.upstream.0),
+            ));
+        };
+        let residency = self.residency(u, req.model.as_deref(), &req.reuse, now);
+        let charges = match self.evaluate(
+            req.upstream.0,
+            req.model.as_deref(),
+            &residency,
+            req.arrived_at,
+            now,
+        ) {
+            Ok(charges) => charges,
+            Err(decision) => return decision,
+        };
+        let up = req.upstream.0;
+        let deps: Vec<usize> = self.upstreams[up].deps.iter().map(|d| d.res).collect();
+        for (dep, charge) in self.upstreams[up].deps.iter().zip(&charges) {
+            let r = &mut self.resources[dep.res];
+            r.holder = Some(req.id);
+            // A new job confounds any measurement under way on this resource.
+            r.footprint = match (&req.model, dep.budget) {
+                (Some(model), Budget::Primary | Budget::Required(_)) => Some(PendingFootprint {
+                    upstream: up,
+                    model: model.clone(),
+                    free_at_admission: charge.free_mib,
+                    admitted_at: now,
+                    observed_at: None,
+                }),
+                _ => None,
+            };
+        }
+        let reservation = Reservation {
+            id: req.id,
+            upstream: self.upstreams[up].spec.name.clone(),
+            model: req.model.clone(),
+            charges,
+            resident_credit: matches!(residency, Residency::Proven),
+            admitted_at: now,
+            completion: req.completion,
+        };
+        self.entries.insert(
+            req.id,
+            Entry {
+                reservation: reservation.clone(),
+                upstream: up,
+                deps,
+                phase: Phase::Forwarding,
+                held_reason: None,
+            },
+        );
+        Decision::Admitted(reservation)
+    }
+
+    /// Whether the upstream's default-budget request would be admitted now (UI-01, VOICE-19).
+    pub fn vacancy(&mut self, upstream: UpstreamId, now: Moment) -> Vacancy {
+        let not_proven = Residency::NotProven {
+            why: "the status decision charges the default budget".to_owned(),
+            stale: false,
+        };
+        match self.evaluate(upstream.0, None, &not_proven, now, now) {
+            Ok(_) => Vacancy {
+                admitting: true,
+                code: None,
+                reason: None,
+            },
+            Err(Decision::Wait { resources, .. }) => Vacancy {
+                admitting: false,
+                code: Some(RefusalCode::ResourceBusy),
+                reason: Some(format!(
+                    "waiting for a capacity sample of {} after the last job",
+                    resources.join(", ")
+                )),
+            },
+            Err(Decision::Refused(r)) => Vacancy {
+                admitting: false,
+                code: Some(r.code),
+                reason: Some(r.reason),
+            },
+            Err(Decision::Admitted(_)) => Vacancy {
+                admitting: true,
+                code: None,
+                reason: None,
+            },
+        }
+    }
+
+    fn residency(
+        &self,
+        u: &UpstreamState,
+        model: Option<&str>,
+        reuse: &RequestReuse,
+        now: Moment,
+    ) -> Residency {
+        let not = |why: String| Residency::NotProven { why, stale: false };
+        let Some(model) = model else {
+            return not("the request names no model".to_owned());
+        };
+        if let RequestReuse::Cannot(why) = reuse {
+            return not(why.clone());
+        }
+        let Some(obs) = &u.observation else {
+            return not("the upstream has not been observed".to_owned());
+        };
+        let Some(m) = obs.model(model) else {
+            return not(format!(
+                "the last observation does not show {model:?} loaded"
+            ));
+        };
+        if !m.ready {
+            return not(format!("{model:?} is not ready on the upstream"));
+        }
+        if let ResidencyEvidence::NotProven(why) = &m.evidence {
+            return not(why.clone());
+        }
+        for dep in &u.deps {
+            let r = &self.resources[dep.res];
+            if obs.taken_at <= r.last_disturbed {
+                return not(format!(
+                    "the last observation predates the last job or unload on {}",
+                    r.spec.name
+                ));
+            }
+        }
+        let age = now.since(obs.taken_at);
+        if age > OBSERVATION_MAX_AGE {
+            return Residency::NotProven {
+                why: format!(
+                    "the last observation is {} ms old (at most 4000 ms proves residency)",
+                    age.as_millis()
+                ),
+                stale: true,
+            };
+        }
+        Residency::Proven
+    }
+
+    /// The requirement on a dependency in MiB above its reserve; `None` when
+    /// no requirement names it (only the reserve floor applies, MEM-05).
+    fn requirement(
+        &mut self,
+        up: usize,
+        dep: Dep,
+        model: Option<&str>,
+        resident: bool,
+    ) -> Option<u64> {
+        let spec = &self.upstreams[up].spec;
+        let kind = self.resources[dep.res].spec.kind;
+        let configured = match dep.budget {
+            Budget::FloorOnly => return None,
+            // A CPU primary is judged by how busy it is, not by memory (SCOPE-08).
+            Budget::Primary if kind == ResourceKind::Cpu => return None,
+            Budget::Primary => model
+                .and_then(|m| spec.models.get(m))
+                .and_then(|b| b.min_free_mib)
+                .unwrap_or(spec.default_min_free_mib),
+            Budget::Required(mib) => mib,
+        };
+        if resident {
+            // RES-01: resident credit replaces both the configured requirement and the prior.
+            return Some(
+                model
+                    .and_then(|m| spec.models.get(m))
+                    .and_then(|b| b.resident_min_free_mib)
+                    .unwrap_or(spec.resident_min_free_mib),
+            );
+        }
+        let prior = model.and_then(|m| self.priors.get(up, m, dep.res));
+        // MEM-08: a prior raises the requirement, never lowers it.
+        Some(prior.map_or(configured, |p| p.max(configured)))
+    }
+
+    /// Every check of admission. `Ok` carries the charges to reserve.
+    fn evaluate(
+        &mut self,
+        up: usize,
+        model: Option<&str>,
+        residency: &Residency,
+        arrived_at: Moment,
+        now: Moment,
+    ) -> Result<Vec<Charge>, Decision> {
+        let refuse = |r: Refusal| Err(Decision::Refused(r));
+        let u = &self.upstreams[up];
+        if !self.lending {
+            return refuse(Refusal::new(
+                RefusalCode::LendingPaused,
+                "the owner has paused lending; retry after lending is switched back on",
+            ));
+        }
+        if u.spec.owner_scope == OwnerScope::Host {
+            match self.owner {
+                OwnerPresence::Away => {}
+                OwnerPresence::Present => {
+                    return refuse(Refusal::new(
+                        RefusalCode::OwnerPresent,
+                        "the owner is using this machine; borrowed work resumes when they leave",
+                    ));
+                }
+                OwnerPresence::Unknown => {
+                    return refuse(Refusal::new(
+                        RefusalCode::OwnerPresent,
+                        "the owner's presence cannot be determined (incomplete session evidence), so borrowed work is refused; check the presence backend ([owner] presence)",
+                    ));
+                }
+            }
+        }
+        if let Some(obs) = &u.observation
+            && let Some(what) = &obs.foreign_work
+            && now.since(obs.taken_at) <= OBSERVATION_MAX_AGE
+            && u.deps
+                .iter()
+                .all(|d| obs.taken_at > self.resources[d.res].last_disturbed)
+        {
+            // ADM-09: visible work that vacancy did not admit.
+            return refuse(Refusal::new(
+                RefusalCode::ResourceBusy,
+                format!(
+                    "upstream {} is busy with work vacancy did not admit ({what})",
+                    u.spec.name
+                ),
+            ));
+        }
+        // Hard refusals on any dependency come before waiting for a sample.
+        for dep in &u.deps {
+            let r = &self.resources[dep.res];
+            if !r.enabled {
+                return refuse(
+                    Refusal::new(
+                        RefusalCode::ResourceDisabled,
+                        format!(
+                            "the owner switched resource {} off for lending",
+                            r.spec.name
+                        ),
+                    )
+                    .on_resource(&r.spec.name),
+                );
+            }
+            if let Some(holder) = r.holder {
+                return refuse(
+                    Refusal::new(
+                        RefusalCode::ResourceBusy,
+                        format!(
+                            "resource {} is reserved by work entry {holder}; retry in 2 s",
+                            r.spec.name
+                        ),
+                    )
+                    .on_resource(&r.spec.name),
+                );
+            }
+            if let PressureVerdict::Refuses(why) = &r.pressure {
+                return refuse(
+                    Refusal::new(
+                        RefusalCode::Pressure,
+                        format!(
+                            "the owner's workload puts pressure on {}: {why}",
+                            r.spec.name
+                        ),
+                    )
+                    .on_resource(&r.spec.name),
+                );
+            }
+        }
+        let resident = matches!(residency, Residency::Proven);
+        let deps = u.deps.clone();
+        let mut awaiting: Vec<String> = Vec::new();
+        let mut charges = Vec::with_capacity(deps.len());
+        for dep in deps {
+            if self.resources[dep.res].awaiting_fresh_sample() {
+                awaiting.push(self.resources[dep.res].spec.name.clone());
+                continue;
+            }
+            let required = self.requirement(up, dep, model, resident);
+            let r = &self.resources[dep.res];
+            let sample = match r.capacity(now) {
+                Capacity::Known(s) => s,
+                Capacity::Unknown(why) => {
+                    return refuse(
+                        Refusal::new(
+                            RefusalCode::CapacityUnknown,
+                            format!("capacity of {} is unknown: {why}", r.spec.name),
+                        )
+                        .on_resource(&r.spec.name),
+                    );
+                }
+            };
+            if let Some(refusal) = r.check_fit(&sample, required) {
+                let mut refusal = refusal;
+                if let (Residency::NotProven { why, stale }, Some(_)) = (residency, model) {
+                    // RES-21: say why no resident credit applied.
+                    refusal
+                        .reason
+                        .push_str(&format!("; no resident credit: {why}"));
+                    refusal.observe_again = *stale;
+                }
+                return refuse(refusal);
+            }
+            charges.push(Charge {
+                resource: r.spec.name.clone(),
+                required_mib: required.unwrap_or(0),
+                free_mib: sample.free_mib,
+            });
+        }
+        if !awaiting.is_empty() {
+            let until = arrived_at.after(POST_JOB_SAMPLE_WAIT);
+            if now >= until {
+                return refuse(
+                    Refusal::new(
+                        RefusalCode::ResourceBusy,
+                        format!(
+                            "no capacity sample of {} arrived within 4 s after the last job ended; retry in 2 s",
+                            awaiting.join(", ")
+                        ),
+                    )
+                    .on_resource(&awaiting[0]),
+                );
+            }
+            return Err(Decision::Wait {
+                until,
+                resources: awaiting,
+            });
+        }
+        Ok(charges)
+    }
+
+    // ---- completion ----------------------------------------------------
+
+    /// The reply came and the adapter now tracks the job at the upstream.
+    pub fn start_tracking(&mut self, id: EntryId) -> Result<(), EngineError> {
+        let e = self
+            .entries
+            .get_mut(&id)
+            .ok_or(EngineError::UnknownEntry(id))?;
+        if e.phase == Phase::Held {
+            return Err(EngineError::EntryHeld(id));
+        }
+        e.phase = Phase::Tracking;
+        Ok(())
+    }
+
+    /// End a forwarding or tracking job.
+    ///
+    /// # Behavior
+    ///
+    /// `Completed` and `NotForwarded` free every resource and ask for a sample
+    /// of each at once (ADM-04/05). `Uncertain` turns the entry held: it keeps
+    /// its resources until [`release_held`](Self::release_held). A held entry is
+    /// never released here.
+    pub fn release(
+        &mut self,
+        id: EntryId,
+        outcome: ReleaseOutcome,
+        now: Moment,
+    ) -> Result<ReleaseEffect, EngineError> {
+        let e = self
+            .entries
+            .get_mut(&id)
+            .ok_or(EngineError::UnknownEntry(id))?;
+        if e.phase == Phase::Held {
+            return Err(EngineError::EntryHeld(id));
+        }
+        match outcome {
+            ReleaseOutcome::Completed | ReleaseOutcome::NotForwarded => Ok(self.free(id, now)),
+            ReleaseOutcome::Uncertain(reason) => {
+                e.phase = Phase::Held;
+                e.held_reason = Some(reason);
+                Ok(ReleaseEffect::Held)
+            }
+        }
+    }
+
+    /// Release a held entry on an administrator's confirmation or tracking
+    /// proof. Its resources still wait for a fresh sample (HELD-07).
+    pub fn release_held(
+        &mut self,
+        id: EntryId,
+        _by: HeldRelease,
+        now: Moment,
+    ) -> Result<ReleaseEffect, EngineError> {
+        let e = self.entries.get(&id).ok_or(EngineError::UnknownEntry(id))?;
+        if e.phase != Phase::Held {
+            return Err(EngineError::NotHeld {
+                id,
+                phase: e.phase.as_str(),
+            });
+        }
+        Ok(self.free(id, now))
+    }
+
+    fn free(&mut self, id: EntryId, now: Moment) -> ReleaseEffect {
+        let Some(e) = self.entries.remove(&id) else {
+            return ReleaseEffect::Released {
+                sample_now: Vec::new(),
+            };
+        };
+        let mut sample_now = Vec::with_capacity(e.deps.len());
+        for res in e.deps {
+            let r = &mut self.resources[res];
+            if r.holder == Some(id) {
+                r.holder = None;
+            }
+            r.job_ended(now);
+            sample_now.push(r.spec.name.clone());
+        }
+        ReleaseEffect::Released { sample_now }
+    }
+
+    /// Return an entry recorded before a restart as held, reserving its
+    /// resources again (REC-02). A changed resource mapping is an error (REC-08).
+    pub fn restore_held(&mut self, entry: RestoredEntry, reason: &str) -> Result<(), EngineError> {
+        if self.entries.contains_key(&entry.id) {
+            return Err(EngineError::DuplicateEntry(entry.id));
+        }
+        let up = *self
+            .upstream_index
+            .get(&entry.upstream)
+            .ok_or_else(|| EngineError::UnknownUpstream(entry.upstream.clone()))?;
+        let deps: Vec<usize> = self.upstreams[up].deps.iter().map(|d| d.res).collect();
+        let configured: Vec<String> = deps
+            .iter()
+            .map(|&i| self.resources[i].spec.name.clone())
+            .collect();
+        if configured != entry.resources {
+            return Err(EngineError::ChangedMapping {
+                id: entry.id,
+                upstream: entry.upstream,
+                recorded: entry.resources,
+                configured,
+            });
+        }
+        for &i in &deps {
+            if let Some(holder) = self.resources[i].holder {
+                return Err(EngineError::RestoreConflict {
+                    id: entry.id,
+                    resource: self.resources[i].spec.name.clone(),
+                    holder,
+                });
+            }
+        }
+        for &i in &deps {
+            self.resources[i].holder = Some(entry.id);
+        }
+        let charges = configured
+            .into_iter()
+            .map(|resource| Charge {
+                resource,
+                required_mib: 0,
+                free_mib: 0,
+            })
+            .collect();
+        self.entries.insert(
+            entry.id,
+            Entry {
+                reservation: Reservation {
+                    id: entry.id,
+                    upstream: entry.upstream,
+                    model: entry.model,
+                    charges,
+                    resident_credit: false,
+                    admitted_at: entry.admitted_at,
+                    completion: entry.completion,
+                },
+                upstream: up,
+                deps,
+                phase: Phase::Held,
+                held_reason: Some(reason.to_owned()),
+            },
+        );
+        Ok(())
+    }
+
+    // ---- status --------------------------------------------------------
+
+    /// A snapshot for `/status`.
+    pub fn status(&mut self, now: Moment) -> EngineStatus {
+        let exempt: Vec<String> = self
+            .upstreams
+            .iter()
+            .filter(|u| u.spec.owner_scope == OwnerScope::Resource)
+            .map(|u| u.spec.name.clone())
+            .collect();
+        let veto_reason = match self.owner {
+            OwnerPresence::Away => None,
+            OwnerPresence::Present => Some("the owner is present".to_owned()),
+            OwnerPresence::Unknown => {
+                Some("owner presence unknown (incomplete session evidence)".to_owned())
+            }
+        };
+        let resources = self.resources.iter().map(|r| r.status(now)).collect();
+        let upstreams = (0..self.upstreams.len())
+            .map(|i| {
+                let vacancy = self.vacancy(UpstreamId(i), now);
+                let u = &self.upstreams[i];
+                UpstreamStatus {
+                    name: u.spec.name.clone(),
+                    owner_scope: u.spec.owner_scope.as_str(),
+                    resources: u
+                        .deps
+                        .iter()
+                        .map(|d| self.resources[d.res].spec.name.clone())
+                        .collect(),
+                    vacancy,
+                }
+            })
+            .collect();
+        let mut work: Vec<WorkStatus> = self
+            .entries
+            .values()
+            .map(|e| WorkStatus {
+                id: e.reservation.id.to_string(),
+                upstream: self.upstreams[e.upstream].spec.name.clone(),
+                model: e.reservation.model.clone(),
+                resources: e
+                    .reservation
+                    .charges
+                    .iter()
+                    .map(|c| c.resource.clone())
+                    .collect(),
+                age_s: now.since(e.reservation.admitted_at).as_secs(),
+                completion: e.reservation.completion,
+                phase: e.phase,
+                held_reason: e.held_reason.clone(),
+            })
+            .collect();
+        work.sort_by(|a, b| b.age_s.cmp(&a.age_s).then_with(|| a.id.cmp(&b.id)));
+        EngineStatus {
+            lending: self.lending,
+            owner: self.owner,
+            owner_veto: OwnerVetoStatus {
+                active: veto_reason.is_some(),
+                reason: veto_reason,
+                exempt_upstreams: exempt,
+            },
+            resources,
+            upstreams,
+            work,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

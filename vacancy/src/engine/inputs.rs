@@ -1,0 +1,88 @@
+//! Inputs about the world that the engine decides with: owner presence, GPU
+//! pressure verdicts and model observations.
+
+use crate::time::Moment;
+
+/// What the presence backend says about the machine's owner.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OwnerPresence {
+    /// The owner is at the machine: host-scoped work is refused (OWN-01).
+    Present,
+    /// The owner is away.
+    Away,
+    /// No trustworthy answer (incomplete session evidence): refuses like
+    /// `Present` (OWN-01). The engine starts here until the shell says otherwise.
+    #[default]
+    Unknown,
+}
+
+impl OwnerPresence {
+    /// The lowercase name used in status.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OwnerPresence::Present => "present",
+            OwnerPresence::Away => "away",
+            OwnerPresence::Unknown => "unknown",
+        }
+    }
+}
+
+/// The admission side of GPU pressure for one resource, decided by the pressure
+/// tracker (a shell) and given to the engine as an input.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum PressureVerdict {
+    /// Pressure allows new work (also: pressure disabled, SCOPE-09).
+    #[default]
+    Admits,
+    /// Pressure refuses new work: engaged, uncalibrated or unavailable, with why.
+    Refuses(String),
+}
+
+/// Whether the upstream's own evidence proves a loaded model will be reused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ResidencyEvidence {
+    /// The adapter's evidence holds (e.g. llama.cpp: an idle slot, RES-16).
+    Proven,
+    /// It does not, with the reason shown in refusals (RES-21).
+    NotProven(String),
+}
+
+/// One model the upstream reports as loaded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObservedModel {
+    /// The model's name exactly as requests name it.
+    pub name: String,
+    /// Loaded and ready to serve (not still loading).
+    pub ready: bool,
+    /// The adapter's residency evidence for this model.
+    pub evidence: ResidencyEvidence,
+}
+
+/// What an adapter saw when it observed its upstream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelObservation {
+    /// When the observation started.
+    pub taken_at: Moment,
+    /// The loaded models.
+    pub models: Vec<ObservedModel>,
+    /// Work on the upstream that vacancy did not admit (ADM-09), described
+    /// without prompt contents; `None` when none is visible.
+    pub foreign_work: Option<String>,
+}
+
+impl ModelObservation {
+    /// An observation of an upstream with nothing loaded and nothing running.
+    pub fn empty(taken_at: Moment) -> Self {
+        ModelObservation {
+            taken_at,
+            models: Vec::new(),
+            foreign_work: None,
+        }
+    }
+
+    /// The observed model named `name`, if loaded.
+    pub fn model(&self, name: &str) -> Option<&ObservedModel> {
+        self.models.iter().find(|m| m.name == name)
+    }
+}

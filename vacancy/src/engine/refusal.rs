@@ -1,0 +1,193 @@
+//! Refusals: the machine-readable code, its one HTTP status, and the reason.
+
+use std::fmt;
+use std::time::Duration;
+
+/// Every reason vacancyd refuses a borrowed request, each with exactly one HTTP status.
+///
+/// # Behavior
+///
+/// The code is what clients match on; it is rendered in every upstream dialect
+/// (DESIGN §4). `resource_busy` always carries `Retry-After: 2` (ADM-02).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RefusalCode {
+    /// Another job holds a resource the request needs, or a fresh sample is still due (ADM-02, ADM-06).
+    ResourceBusy,
+    /// The owner is present, or presence is unknown, and the upstream is host-scoped (OWN-01).
+    OwnerPresent,
+    /// GPU pressure from the owner's own workload refuses new work.
+    Pressure,
+    /// The requirement does not fit above a resource's reserve (MEM-01).
+    InsufficientMemory,
+    /// The owner switched lending off.
+    LendingPaused,
+    /// The owner switched a resource off.
+    ResourceDisabled,
+    /// No trustworthy, recent capacity sample exists for a resource.
+    CapacityUnknown,
+    /// The request body is malformed.
+    InvalidRequest,
+    /// A ComfyUI submission that could never be queued (COMFY-07).
+    InvalidSubmission,
+    /// A request vacancyd cannot track to its end, e.g. a background Responses request (ROUTE-05).
+    UnsupportedRequest,
+    /// The request body is larger than vacancyd inspects.
+    BodyTooLarge,
+    /// A management, owner-data or unlisted read route (ROUTE-02, ROUTE-08).
+    RouteForbidden,
+    /// An unrecognized route with a method other than GET/HEAD (ROUTE-03).
+    RouteNotSupported,
+}
+
+impl RefusalCode {
+    /// Every code, for tables and tests.
+    pub const ALL: [RefusalCode; 13] = [
+        RefusalCode::ResourceBusy,
+        RefusalCode::OwnerPresent,
+        RefusalCode::Pressure,
+        RefusalCode::InsufficientMemory,
+        RefusalCode::LendingPaused,
+        RefusalCode::ResourceDisabled,
+        RefusalCode::CapacityUnknown,
+        RefusalCode::InvalidRequest,
+        RefusalCode::InvalidSubmission,
+        RefusalCode::UnsupportedRequest,
+        RefusalCode::BodyTooLarge,
+        RefusalCode::RouteForbidden,
+        RefusalCode::RouteNotSupported,
+    ];
+
+    /// The stable machine-readable name, e.g. `resource_busy`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RefusalCode::ResourceBusy => "resource_busy",
+            RefusalCode::OwnerPresent => "owner_present",
+            RefusalCode::Pressure => "pressure",
+            RefusalCode::InsufficientMemory => "insufficient_memory",
+            RefusalCode::LendingPaused => "lending_paused",
+            RefusalCode::ResourceDisabled => "resource_disabled",
+            RefusalCode::CapacityUnknown => "capacity_unknown",
+            RefusalCode::InvalidRequest => "invalid_request",
+            RefusalCode::InvalidSubmission => "invalid_submission",
+            RefusalCode::UnsupportedRequest => "unsupported_request",
+            RefusalCode::BodyTooLarge => "body_too_large",
+            RefusalCode::RouteForbidden => "route_forbidden",
+            RefusalCode::RouteNotSupported => "route_not_supported",
+        }
+    }
+
+    /// The one HTTP status this code is answered with.
+    pub fn http_status(self) -> u16 {
+        match self {
+            RefusalCode::ResourceBusy
+            | RefusalCode::OwnerPresent
+            | RefusalCode::Pressure
+            | RefusalCode::InsufficientMemory
+            | RefusalCode::LendingPaused
+            | RefusalCode::ResourceDisabled
+            | RefusalCode::CapacityUnknown => 503,
+            RefusalCode::InvalidRequest
+            | RefusalCode::InvalidSubmission
+            | RefusalCode::UnsupportedRequest => 400,
+            RefusalCode::BodyTooLarge => 413,
+            RefusalCode::RouteForbidden => 403,
+            RefusalCode::RouteNotSupported => 501,
+        }
+    }
+
+    /// The `Retry-After` this code carries, where retrying soon can help.
+    ///
+    /// # Behavior
+    ///
+    /// `resource_busy` is 2 s (ADM-02). Capacity and pressure refusals clear by
+    /// themselves and suggest a later retry; the owner's choices (presence, the
+    /// lending and resource switches) and malformed requests carry none.
+    pub fn retry_after(self) -> Option<Duration> {
+        match self {
+            RefusalCode::ResourceBusy => Some(Duration::from_secs(2)),
+            RefusalCode::CapacityUnknown => Some(Duration::from_secs(5)),
+            RefusalCode::Pressure | RefusalCode::InsufficientMemory => {
+                Some(Duration::from_secs(10))
+            }
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for RefusalCode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A refusal: the code, a reason a person can act on, and the resource it concerns.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    /// The machine-readable code.
+    pub code: RefusalCode,
+    /// Why, and what to do about it. Never contains prompts or credentials.
+    pub reason: String,
+    /// The resource the refusal is about, when it is about one.
+    pub resource: Option<String>,
+    /// Set when resident credit was withheld only because the model observation
+    /// was too old: the shell observes the upstream once more and asks again (RES-20).
+    pub observe_again: bool,
+}
+
+impl Refusal {
+    /// A refusal with a code and a reason.
+    pub fn new(code: RefusalCode, reason: impl Into<String>) -> Self {
+        Refusal {
+            code,
+            reason: reason.into(),
+            resource: None,
+            observe_again: false,
+        }
+    }
+
+    /// The same refusal, naming the resource it concerns.
+    pub fn on_resource(mut self, resource: &str) -> Self {
+        self.resource = Some(resource.to_owned());
+        self
+    }
+
+    /// The `Retry-After` to send with it.
+    pub fn retry_after(&self) -> Option<Duration> {
+        self.code.retry_after()
+    }
+}
+
+impl fmt::Display for Refusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.code, self.reason)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resource_busy_is_503_with_retry_after_2() {
+        // ADM-02
+        assert_eq!(RefusalCode::ResourceBusy.http_status(), 503);
+        assert_eq!(
+            RefusalCode::ResourceBusy.retry_after(),
+            Some(Duration::from_secs(2))
+        );
+    }
+
+    #[test]
+    fn every_code_has_one_status_and_a_distinct_name() {
+        let mut names: Vec<&str> = RefusalCode::ALL.iter().map(|c| c.as_str()).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), RefusalCode::ALL.len());
+        for code in RefusalCode::ALL {
+            assert!(matches!(code.http_status(), 400 | 403 | 413 | 501 | 503));
+            let json = serde_json::to_string(&code).unwrap_or_default();
+            assert_eq!(json, format!("\"{}\"", code.as_str()));
+        }
+    }
+}

@@ -1,0 +1,109 @@
+//! A snapshot of the engine for `/status`, the CLI and Python.
+
+use serde::Serialize;
+
+use crate::engine::inputs::OwnerPresence;
+use crate::engine::refusal::RefusalCode;
+use crate::engine::work::{CompletionMethod, Phase};
+
+/// The whole engine at one moment.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct EngineStatus {
+    /// The lending switch.
+    pub lending: bool,
+    /// What the presence backend last said.
+    pub owner: OwnerPresence,
+    /// The owner veto and who is exempt from it.
+    pub owner_veto: OwnerVetoStatus,
+    /// Every resource.
+    pub resources: Vec<ResourceStatus>,
+    /// Every upstream.
+    pub upstreams: Vec<UpstreamStatus>,
+    /// Every work entry, oldest first.
+    pub work: Vec<WorkStatus>,
+}
+
+/// The owner veto (SCOPE-13, SCOPE-14).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct OwnerVetoStatus {
+    /// Whether owner policy refuses host-scoped upstreams now.
+    pub active: bool,
+    /// Why, when active.
+    pub reason: Option<String>,
+    /// Upstreams with `owner_scope = "resource"`.
+    pub exempt_upstreams: Vec<String>,
+}
+
+/// One resource.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ResourceStatus {
+    /// Its name.
+    pub name: String,
+    /// gpu | memory | cpu.
+    pub kind: &'static str,
+    /// Free MiB in the last good sample.
+    pub free_mib: Option<u64>,
+    /// Total MiB in the last good sample.
+    pub total_mib: Option<u64>,
+    /// For a CPU resource: busy percent in the last good sample.
+    pub busy_pct: Option<u8>,
+    /// The configured reserve.
+    pub reserve_mib: u64,
+    /// Age of the last good sample.
+    pub sample_age_ms: Option<u64>,
+    /// Why capacity is unknown, when it is.
+    pub capacity_unknown: Option<String>,
+    /// Whether a fresh sample after the last job is still due (ADM-04).
+    pub awaiting_fresh_sample: bool,
+    /// The resource switch.
+    pub enabled: bool,
+    /// `admits`, or the pressure refusal's reason.
+    pub pressure: String,
+    /// The entry holding it.
+    pub reserved_by: Option<String>,
+}
+
+/// Whether an upstream admits a request with its default budget now (UI-01).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Vacancy {
+    /// Whether a default-budget request would be admitted now.
+    pub admitting: bool,
+    /// The refusal code when not.
+    pub code: Option<RefusalCode>,
+    /// The refusal reason when not.
+    pub reason: Option<String>,
+}
+
+/// One upstream.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct UpstreamStatus {
+    /// Its name.
+    pub name: String,
+    /// host | resource.
+    pub owner_scope: &'static str,
+    /// Its resources, primary first.
+    pub resources: Vec<String>,
+    /// Its vacancy for the default budget.
+    pub vacancy: Vacancy,
+}
+
+/// One work entry (HELD-01).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct WorkStatus {
+    /// The entry ID.
+    pub id: String,
+    /// The upstream.
+    pub upstream: String,
+    /// The model when known.
+    pub model: Option<String>,
+    /// The resources it holds.
+    pub resources: Vec<String>,
+    /// Seconds since admission.
+    pub age_s: u64,
+    /// How its end is proven.
+    pub completion: CompletionMethod,
+    /// forwarding | tracking | held (HELD-02).
+    pub phase: Phase,
+    /// Why it is held, when it is.
+    pub held_reason: Option<String>,
+}

@@ -1,0 +1,804 @@
+//! Engine unit tests, each naming the rule it checks.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::time::Duration;
+
+use super::*;
+
+const GPU: &str = "gpu0";
+const RAM: &str = "ram";
+
+fn t(ms: u64) -> Moment {
+    Moment::from_millis(ms)
+}
+
+fn gpu_and_ram() -> EngineSpec {
+    let mut llm = UpstreamSpec::new("llm", GPU, 6000);
+    llm.also_requires = vec![RAM.to_owned()];
+    EngineSpec {
+        lending: true,
+        resources: vec![
+            ResourceSpec::new(GPU, ResourceKind::Gpu, 2048),
+            ResourceSpec::new(RAM, ResourceKind::Memory, 8192),
+        ],
+        upstreams: vec![llm, UpstreamSpec::new("cpu-lane", RAM, 1000)],
+    }
+}
+
+/// An engine with the owner away and both resources sampled at `at`.
+fn ready(spec: EngineSpec, at: u64) -> Engine {
+    let mut e = Engine::new(spec).unwrap();
+    e.set_owner(OwnerPresence::Away);
+    let names: Vec<String> = e.resources.iter().map(|r| r.spec.name.clone()).collect();
+    for name in names {
+        e.record_sample(&name, CapacitySample::memory(64_000, 80_000, t(at)))
+            .unwrap();
+    }
+    e
+}
+
+fn req(e: &Engine, upstream: &str, model: Option<&str>, at: u64) -> WorkRequest {
+    WorkRequest::new(e.upstream_id(upstream).unwrap(), model, t(at))
+}
+
+fn admit(e: &mut Engine, upstream: &str, model: Option<&str>, at: u64) -> Decision {
+    let r = req(e, upstream, model, at);
+    e.admit(&r, t(at))
+}
+
+fn admitted(d: Decision) -> Reservation {
+    match d {
+        Decision::Admitted(r) => r,
+        other => panic!("expected admission, got {other:?}"),
+    }
+}
+
+fn refused(d: Decision) -> Refusal {
+    match d {
+        Decision::Refused(r) => r,
+        other => panic!("expected refusal, got {other:?}"),
+    }
+}
+
+#[test]
+fn one_job_per_resource_second_gets_resource_busy_retry_after_2() {
+    // ADM-01, ADM-02
+    let mut e = ready(gpu_and_ram(), 0);
+    admitted(admit(&mut e, "llm", None, 10));
+    let r = refused(admit(&mut e, "llm", None, 10));
+    assert_eq!(r.code, RefusalCode::ResourceBusy);
+    assert_eq!(r.retry_after(), Some(Duration::from_secs(2)));
+    assert_eq!(r.code.http_status(), 503);
+}
+
+#[test]
+fn primary_and_also_requires_are_reserved_together() {
+    // ADM-03: llm holds gpu0 and ram, so the ram-only lane is busy.
+    let mut e = ready(gpu_and_ram(), 0);
+    let res = admitted(admit(&mut e, "llm", None, 10));
+    let names: Vec<&str> = res.charges.iter().map(|c| c.resource.as_str()).collect();
+    assert_eq!(names, [GPU, RAM]);
+    let r = refused(admit(&mut e, "cpu-lane", None, 10));
+    assert_eq!(r.code, RefusalCode::ResourceBusy);
+    assert_eq!(r.resource.as_deref(), Some(RAM));
+}
+
+#[test]
+fn reservation_is_all_or_nothing() {
+    // ADM-03: a refused request reserves nothing.
+    let mut e = ready(gpu_and_ram(), 0);
+    admitted(admit(&mut e, "cpu-lane", None, 10)); // holds ram
+    assert_eq!(
+        refused(admit(&mut e, "llm", None, 10)).code,
+        RefusalCode::ResourceBusy
+    );
+    assert!(
+        e.resources[0].holder.is_none(),
+        "gpu0 must not stay reserved"
+    );
+}
+
+#[test]
+fn released_resource_needs_a_sample_taken_after_the_job() {
+    // ADM-04, ADM-05
+    let mut e = ready(gpu_and_ram(), 0);
+    let res = admitted(admit(&mut e, "llm", None, 10));
+    let effect = e
+        .release(res.id, ReleaseOutcome::Completed, t(100))
+        .unwrap();
+    assert_eq!(
+        effect,
+        ReleaseEffect::Released {
+            sample_now: vec![GPU.to_owned(), RAM.to_owned()]
+        }
+    );
+    assert!(matches!(
+        admit(&mut e, "llm", None, 110),
+        Decision::Wait { .. }
+    ));
+    // A sample that started before the job ended does not count, nor one at the same instant.
+    e.record_sample(GPU, CapacitySample::memory(64_000, 80_000, t(90)))
+        .unwrap();
+    e.record_sample(GPU, CapacitySample::memory(64_000, 80_000, t(100)))
+        .unwrap();
+    e.record_sample(RAM, CapacitySample::memory(64_000, 80_000, t(101)))
+        .unwrap();
+    match admit(&mut e, "llm", None, 120) {
+        Decision::Wait { resources, .. } => assert_eq!(resources, [GPU]),
+        other => panic!("{other:?}"),
+    }
+    e.record_sample(GPU, CapacitySample::memory(64_000, 80_000, t(101)))
+        .unwrap();
+    admitted(admit(&mut e, "llm", None, 130));
+}
+
+#[test]
+fn request_before_the_post_job_sample_waits_at_most_4_s() {
+    // ADM-06 (and its Ambiguity reading: resource_busy after the wait)
+    let mut e = ready(gpu_and_ram(), 0);
+    let res = admitted(admit(&mut e, "llm", None, 10));
+    e.release(res.id, ReleaseOutcome::Completed, t(100))
+        .unwrap();
+    let r = req(&e, "llm", None, 200);
+    match e.admit(&r, t(200)) {
+        Decision::Wait { until, .. } => assert_eq!(until, t(4200)),
+        other => panic!("{other:?}"),
+    }
+    assert!(matches!(e.admit(&r, t(4199)), Decision::Wait { .. }));
+    let refusal = refused(e.admit(&r, t(4200)));
+    assert_eq!(refusal.code, RefusalCode::ResourceBusy);
+    assert_eq!(refusal.retry_after(), Some(Duration::from_secs(2)));
+}
+
+#[test]
+fn fresh_sample_still_faces_owner_and_reserve_checks() {
+    // ADM-07
+    let mut e = ready(gpu_and_ram(), 0);
+    let res = admitted(admit(&mut e, "llm", None, 10));
+    e.release(res.id, ReleaseOutcome::Completed, t(100))
+        .unwrap();
+    e.record_sample(GPU, CapacitySample::memory(7000, 80_000, t(101)))
+        .unwrap();
+    e.record_sample(RAM, CapacitySample::memory(64_000, 80_000, t(101)))
+        .unwrap();
+    // gpu0: 7000 free - 2048 reserve = 4952 < 6000
+    assert_eq!(
+        refused(admit(&mut e, "llm", None, 110)).code,
+        RefusalCode::InsufficientMemory
+    );
+    e.record_sample(GPU, CapacitySample::memory(64_000, 80_000, t(120)))
+        .unwrap();
+    e.set_owner(OwnerPresence::Present);
+    assert_eq!(
+        refused(admit(&mut e, "llm", None, 130)).code,
+        RefusalCode::OwnerPresent
+    );
+}
+
+#[test]
+fn a_hard_refusal_does_not_wait_for_the_sample() {
+    // ADM-06 applies only where waiting can lead to admission.
+    let mut e = ready(gpu_and_ram(), 0);
+    let res = admitted(admit(&mut e, "llm", None, 10));
+    e.release(res.id, ReleaseOutcome::Completed, t(100))
+        .unwrap();
+    e.set_lending(false);
+    assert_eq!(
+        refused(admit(&mut e, "llm", None, 110)).code,
+        RefusalCode::LendingPaused
+    );
+}
+
+fn memory_lane(reserve: u64, free: u64, job: u64) -> Engine {
+    let spec = EngineSpec {
+        lending: true,
+        resources: vec![ResourceSpec::new(RAM, ResourceKind::Memory, reserve)],
+        upstreams: vec![UpstreamSpec::new("cpu", RAM, job)],
+    };
+    let mut e = Engine::new(spec).unwrap();
+    e.set_owner(OwnerPresence::Away);
+    e.record_sample(RAM, CapacitySample::memory(free, 64_000, t(0)))
+        .unwrap();
+    e
+}
+
+#[test]
+fn mem_02_vector_31000_free_24000_reserve_8000_job_is_refused() {
+    // MEM-01, MEM-02, MEM-03 (system memory as the primary resource)
+    let mut e = memory_lane(24_000, 31_000, 8000);
+    let r = refused(admit(&mut e, "cpu", None, 1));
+    assert_eq!(r.code, RefusalCode::InsufficientMemory);
+    assert!(r.reason.contains("7000 MiB"), "{}", r.reason);
+    // Exactly fitting is admitted: requirement <= free - reserve.
+    let mut e = memory_lane(24_000, 32_000, 8000);
+    admitted(admit(&mut e, "cpu", None, 1));
+}
+
+#[test]
+fn unnamed_also_requires_memory_is_charged_nothing_but_keeps_its_floor() {
+    // MEM-04, MEM-05 (and its Ambiguity: free == reserve admits)
+    let mut e = ready(gpu_and_ram(), 0);
+    e.record_sample(RAM, CapacitySample::memory(8192, 80_000, t(1)))
+        .unwrap();
+    let res = admitted(admit(&mut e, "llm", None, 2));
+    assert_eq!(res.charges[1].required_mib, 0);
+    e.release(res.id, ReleaseOutcome::Completed, t(3)).unwrap();
+    e.record_sample(GPU, CapacitySample::memory(64_000, 80_000, t(4)))
+        .unwrap();
+    e.record_sample(RAM, CapacitySample::memory(8191, 80_000, t(4)))
+        .unwrap();
+    let r = refused(admit(&mut e, "llm", None, 5));
+    assert_eq!(r.code, RefusalCode::InsufficientMemory);
+    assert_eq!(r.resource.as_deref(), Some(RAM));
+}
+
+#[test]
+fn per_resource_requirement_charges_an_also_requires_resource() {
+    // MEM-04
+    let mut spec = gpu_and_ram();
+    spec.upstreams[0].requirements.insert(RAM.to_owned(), 8000);
+    let mut e = ready(spec, 0);
+    e.record_sample(RAM, CapacitySample::memory(16_000, 80_000, t(1)))
+        .unwrap();
+    // 16000 - 8192 = 7808 < 8000
+    assert_eq!(
+        refused(admit(&mut e, "llm", None, 2)).resource.as_deref(),
+        Some(RAM)
+    );
+    e.record_sample(RAM, CapacitySample::memory(16_192, 80_000, t(3)))
+        .unwrap();
+    let res = admitted(admit(&mut e, "llm", None, 4));
+    assert_eq!(res.charges[1].required_mib, 8000);
+}
+
+#[test]
+fn per_model_requirement_by_exact_name_else_default() {
+    // MEM-06 (exact, case-sensitive) and VOICE-17's numbers
+    let mut voice = UpstreamSpec::new("voice", GPU, 11_500);
+    for (m, mib) in [("qwen", 6000), ("qwen-design", 6000), ("breeze", 11_500)] {
+        voice.models.insert(
+            m.to_owned(),
+            ModelBudget {
+                min_free_mib: Some(mib),
+                resident_min_free_mib: None,
+            },
+        );
+    }
+    let spec = EngineSpec {
+        lending: true,
+        resources: vec![ResourceSpec::new(GPU, ResourceKind::Gpu, 0)],
+        upstreams: vec![voice],
+    };
+    let cases = [
+        (Some("qwen"), 6000),
+        (Some("qwen-design"), 6000),
+        (Some("breeze"), 11_500),
+        (Some("Qwen"), 11_500),
+        (Some("default"), 11_500),
+        (None, 11_500),
+    ];
+    for (model, expected) in cases {
+        let mut e = ready(spec.clone(), 0);
+        let res = admitted(admit(&mut e, "voice", model, 1));
+        assert_eq!(res.charges[0].required_mib, expected, "{model:?}");
+    }
+}
+
+fn observe_loaded(e: &mut Engine, upstream: &str, model: &str, at: u64) {
+    let id = e.upstream_id(upstream).unwrap();
+    e.observe(
+        id,
+        ModelObservation {
+            taken_at: t(at),
+            models: vec![ObservedModel {
+                name: model.to_owned(),
+                ready: true,
+                evidence: ResidencyEvidence::Proven,
+            }],
+            foreign_work: None,
+        },
+    )
+    .unwrap();
+}
+
+#[test]
+fn footprint_is_learned_and_raises_the_requirement() {
+    // MEM-07, MEM-08
+    let spec = EngineSpec {
+        lending: true,
+        resources: vec![ResourceSpec::new(GPU, ResourceKind::Gpu, 1000)],
+        upstreams: vec![UpstreamSpec::new("llm", GPU, 4000)],
+    };
+    let mut e = ready(spec, 0);
+    let res = admitted(admit(&mut e, "llm", Some("big"), 10)); // free 64000 at admission
+    // The observation after admission arms the measurement; the next sample after it closes it.
+    observe_loaded(&mut e, "llm", "big", 20);
+    e.record_sample(GPU, CapacitySample::memory(63_000, 80_000, t(15)))
+        .unwrap(); // before the observation: ignored
+    e.record_sample(GPU, CapacitySample::memory(54_000, 80_000, t(25)))
+        .unwrap();
+    let up = e.upstream_id("llm").unwrap();
+    assert_eq!(e.learned_prior(up, "big", GPU), Some(10_000));
+    e.release(res.id, ReleaseOutcome::Completed, t(30)).unwrap();
+    e.record_sample(GPU, CapacitySample::memory(10_500, 80_000, t(31)))
+        .unwrap();
+    // Configured 4000 would fit in 9500; the prior of 10000 does not.
+    let r = refused(admit(&mut e, "llm", Some("big"), 32));
+    assert_eq!(r.code, RefusalCode::InsufficientMemory);
+    // Another model is still charged its configured minimum.
+    admitted(admit(&mut e, "llm", Some("small"), 33));
+}
+
+#[test]
+fn a_prior_never_lowers_the_configured_minimum() {
+    // MEM-08
+    let spec = EngineSpec {
+        lending: true,
+        resources: vec![ResourceSpec::new(GPU, ResourceKind::Gpu, 0)],
+        upstreams: vec![UpstreamSpec::new("llm", GPU, 20_000)],
+    };
+    let mut e = ready(spec, 0);
+    let res = admitted(admit(&mut e, "llm", Some("m"), 10));
+    observe_loaded(&mut e, "llm", "m", 20);
+    e.record_sample(GPU, CapacitySample::memory(63_000, 80_000, t(25)))
+        .unwrap(); // 1000 MiB delta
+    e.release(res.id, ReleaseOutcome::Completed, t(30)).unwrap();
+    e.record_sample(GPU, CapacitySample::memory(64_000, 80_000, t(31)))
+        .unwrap();
+    let res = admitted(admit(&mut e, "llm", Some("m"), 32));
+    assert_eq!(res.charges[0].required_mib, 20_000);
+}
+
+#[test]
+fn zero_delta_is_not_learned_and_another_job_voids_a_measurement() {
+    // MEM-09, MEM-07
+    let spec = EngineSpec {
+        lending: true,
+        resources: vec![ResourceSpec::new(GPU, ResourceKind::Gpu, 0)],
+        upstreams: vec![UpstreamSpec::new("llm", GPU, 1000)],
+    };
+    let mut e = ready(spec, 0);
+    let up = e.upstream_id("llm").unwrap();
+    admitted(admit(&mut e, "llm", Some("m"), 10));
+    observe_loaded(&mut e, "llm", "m", 20);
+    e.record_sample(GPU, CapacitySample::memory(64_000, 80_000, t(25)))
+        .unwrap();
+    assert_eq!(e.learned_prior(up, "m", GPU), None);
+
+    let mut e = ready(
+        EngineSpec {
+            lending: true,
+            resources: vec![ResourceSpec::new(GPU, ResourceKind::Gpu, 0)],
+            upstreams: vec![UpstreamSpec::new("llm", GPU, 1000)],
+        },
+        0,
+    );
+    let res = admitted(admit(&mut e, "llm", Some("m"), 10));
+    e.release(res.id, ReleaseOutcome::Completed, t(12)).unwrap();
+    observe_loaded(&mut e, "llm", "m", 20); // after the job ended: measurement was dropped
+    e.record_sample(GPU, CapacitySample::memory(50_000, 80_000, t(25)))
+        .unwrap();
+    assert_eq!(e.learned_prior(up, "m", GPU), None);
+}
+
+#[test]
+fn priors_start_empty_and_are_bounded() {
+    // MEM-10, MEM-11: a new engine (a restarted daemon) knows no priors.
+    let spec = EngineSpec {
+        lending: true,
+        resources: vec![ResourceSpec::new(GPU, ResourceKind::Gpu, 0)],
+        upstreams: vec![UpstreamSpec::new("llm", GPU, 0)],
+    };
+    let mut e = ready(spec, 0);
+    let up = e.upstream_id("llm").unwrap();
+    let mut now = 10;
+    for i in 0..(MAX_PRIOR_IDENTITIES + 5) {
+        let model = format!("m{i}");
+        let res = admitted(admit(&mut e, "llm", Some(&model), now));
+        observe_loaded(&mut e, "llm", &model, now + 1);
+        e.record_sample(GPU, CapacitySample::memory(60_000, 80_000, t(now + 2)))
+            .unwrap();
+        e.release(res.id, ReleaseOutcome::Completed, t(now + 3))
+            .unwrap();
+        e.record_sample(GPU, CapacitySample::memory(64_000, 80_000, t(now + 4)))
+            .unwrap();
+        now += 10;
+    }
+    assert_eq!(e.priors.len(), MAX_PRIOR_IDENTITIES);
+    assert_eq!(e.learned_prior(up, "m0", GPU), None);
+    assert_eq!(
+        e.learned_prior(up, &format!("m{}", MAX_PRIOR_IDENTITIES + 4), GPU),
+        Some(4000)
+    );
+}
+
+#[test]
+fn resident_model_is_charged_resident_min_free_on_proof() {
+    // RES-01, RES-02
+    let mut spec = gpu_and_ram();
+    spec.upstreams[0].resident_min_free_mib = 500;
+    spec.upstreams[0].requirements.insert(RAM.to_owned(), 4000);
+    let mut e = ready(spec, 0);
+    observe_loaded(&mut e, "llm", "m", 5);
+    let res = admitted(admit(&mut e, "llm", Some("m"), 10));
+    assert!(res.resident_credit);
+    assert_eq!(res.charges[0].required_mib, 500);
+    assert_eq!(
+        res.charges[1].required_mib, 500,
+        "credit applies on every budgeted dependency"
+    );
+}
+
+#[test]
+fn resident_credit_needs_a_fresh_observation_after_the_last_job() {
+    // RES-02, RES-20, RES-21
+    let mut spec = gpu_and_ram();
+    spec.upstreams[0].default_min_free_mib = 70_000; // only fits with credit
+    let mut e = ready(spec, 0);
+    observe_loaded(&mut e, "llm", "m", 5);
+    // Too old: refused, says why, and asks to observe once more.
+    e.record_sample(GPU, CapacitySample::memory(64_000, 80_000, t(5000)))
+        .unwrap();
+    e.record_sample(RAM, CapacitySample::memory(64_000, 80_000, t(5000)))
+        .unwrap();
+    let r = refused(admit(&mut e, "llm", Some("m"), 5006));
+    assert_eq!(r.code, RefusalCode::InsufficientMemory);
+    assert!(r.observe_again);
+    assert!(r.reason.contains("no resident credit"), "{}", r.reason);
+    // Fresh, but taken before the last job ended: no credit, and no "observe again".
+    observe_loaded(&mut e, "llm", "m", 5010);
+    let res = admitted(admit(&mut e, "llm", Some("m"), 5011));
+    e.release(res.id, ReleaseOutcome::Completed, t(5020))
+        .unwrap();
+    e.record_sample(GPU, CapacitySample::memory(64_000, 80_000, t(5021)))
+        .unwrap();
+    e.record_sample(RAM, CapacitySample::memory(64_000, 80_000, t(5021)))
+        .unwrap();
+    let r = refused(admit(&mut e, "llm", Some("m"), 5022));
+    assert!(!r.observe_again);
+    assert!(r.reason.contains("predates the last job"), "{}", r.reason);
+    observe_loaded(&mut e, "llm", "m", 5030);
+    admitted(admit(&mut e, "llm", Some("m"), 5031));
+}
+
+#[test]
+fn request_that_cannot_reuse_the_model_gets_no_credit() {
+    // RES-18, RES-21
+    let mut spec = gpu_and_ram();
+    spec.upstreams[0].default_min_free_mib = 70_000;
+    let mut e = ready(spec, 0);
+    observe_loaded(&mut e, "llm", "m", 5);
+    let mut r = req(&e, "llm", Some("m"), 10);
+    r.reuse = RequestReuse::Cannot("the request sets runner option num_gpu".to_owned());
+    let refusal = refused(e.admit(&r, t(10)));
+    assert!(refusal.reason.contains("num_gpu"), "{}", refusal.reason);
+}
+
+#[test]
+fn owner_presence_refuses_host_scoped_work_and_unknown_counts_as_present() {
+    // OWN-01, OWN-02
+    let mut e = ready(gpu_and_ram(), 0);
+    e.set_owner(OwnerPresence::Present);
+    assert_eq!(
+        refused(admit(&mut e, "llm", None, 1)).code,
+        RefusalCode::OwnerPresent
+    );
+    e.set_owner(OwnerPresence::Unknown);
+    let r = refused(admit(&mut e, "llm", None, 2));
+    assert_eq!(r.code, RefusalCode::OwnerPresent);
+    assert!(r.reason.contains("[owner] presence"), "{}", r.reason);
+    // A fresh engine starts Unknown: nothing host-scoped is lent until presence is known.
+    let mut fresh = Engine::new(gpu_and_ram()).unwrap();
+    fresh
+        .record_sample(GPU, CapacitySample::memory(64_000, 80_000, t(0)))
+        .unwrap();
+    fresh
+        .record_sample(RAM, CapacitySample::memory(64_000, 80_000, t(0)))
+        .unwrap();
+    assert_eq!(
+        refused(admit(&mut fresh, "llm", None, 1)).code,
+        RefusalCode::OwnerPresent
+    );
+}
+
+fn exempt_spec() -> EngineSpec {
+    let mut spec = gpu_and_ram();
+    spec.upstreams[1].owner_scope = OwnerScope::Resource;
+    spec
+}
+
+#[test]
+fn resource_scoped_upstream_keeps_lending_while_the_owner_is_present() {
+    // SCOPE-01, SCOPE-02
+    let mut e = ready(exempt_spec(), 0);
+    e.set_owner(OwnerPresence::Present);
+    assert_eq!(
+        refused(admit(&mut e, "llm", None, 1)).code,
+        RefusalCode::OwnerPresent
+    );
+    admitted(admit(&mut e, "cpu-lane", None, 1));
+    e.set_owner(OwnerPresence::Unknown);
+    let s = e.status(t(2));
+    assert!(s.owner_veto.active);
+    assert_eq!(s.owner_veto.exempt_upstreams, ["cpu-lane"]);
+}
+
+#[test]
+fn resource_scoped_upstream_still_obeys_switches_capacity_and_pressure() {
+    // SCOPE-04, SCOPE-08
+    let mut e = ready(exempt_spec(), 0);
+    e.set_owner(OwnerPresence::Present);
+    e.set_lending(false);
+    assert_eq!(
+        refused(admit(&mut e, "cpu-lane", None, 1)).code,
+        RefusalCode::LendingPaused
+    );
+    e.set_lending(true);
+    e.set_resource_enabled(RAM, false).unwrap();
+    assert_eq!(
+        refused(admit(&mut e, "cpu-lane", None, 1)).code,
+        RefusalCode::ResourceDisabled
+    );
+    e.set_resource_enabled(RAM, true).unwrap();
+    e.set_pressure(RAM, PressureVerdict::Refuses("engaged".to_owned()))
+        .unwrap();
+    assert_eq!(
+        refused(admit(&mut e, "cpu-lane", None, 1)).code,
+        RefusalCode::Pressure
+    );
+    e.set_pressure(RAM, PressureVerdict::Admits).unwrap();
+    e.record_sample(RAM, CapacitySample::memory(9000, 80_000, t(1)))
+        .unwrap();
+    assert_eq!(
+        refused(admit(&mut e, "cpu-lane", None, 2)).code,
+        RefusalCode::InsufficientMemory
+    );
+}
+
+#[test]
+fn shared_resource_held_by_host_scoped_work_is_busy_for_the_exempt_lane() {
+    // SCOPE-11, SCOPE-12 (a host-scoped entry holding the shared resource)
+    let mut e = ready(exempt_spec(), 0);
+    let res = admitted(admit(&mut e, "llm", None, 1));
+    e.set_owner(OwnerPresence::Present);
+    assert_eq!(
+        refused(admit(&mut e, "cpu-lane", None, 2)).code,
+        RefusalCode::ResourceBusy
+    );
+    e.release(res.id, ReleaseOutcome::Completed, t(3)).unwrap();
+    assert!(matches!(
+        admit(&mut e, "cpu-lane", None, 4),
+        Decision::Wait { .. }
+    ));
+    e.record_sample(RAM, CapacitySample::memory(64_000, 80_000, t(5)))
+        .unwrap();
+    admitted(admit(&mut e, "cpu-lane", None, 6));
+}
+
+#[test]
+fn capacity_unknown_without_a_sample_after_a_failure_or_when_too_old() {
+    let mut e = Engine::new(gpu_and_ram()).unwrap();
+    e.set_owner(OwnerPresence::Away);
+    assert_eq!(
+        refused(admit(&mut e, "cpu-lane", None, 1)).code,
+        RefusalCode::CapacityUnknown
+    );
+    e.record_sample(RAM, CapacitySample::memory(64_000, 80_000, t(10)))
+        .unwrap();
+    admitted(admit(&mut e, "cpu-lane", None, 11));
+
+    let mut e = ready(gpu_and_ram(), 0);
+    e.record_sample_failure(RAM, t(5), "file vanished").unwrap();
+    let r = refused(admit(&mut e, "cpu-lane", None, 6));
+    assert_eq!(r.code, RefusalCode::CapacityUnknown);
+    assert!(r.reason.contains("file vanished"));
+    e.record_sample(RAM, CapacitySample::memory(64_000, 80_000, t(7)))
+        .unwrap();
+    admitted(admit(&mut e, "cpu-lane", None, 8));
+
+    let mut e = ready(gpu_and_ram(), 0);
+    assert_eq!(
+        refused(admit(&mut e, "cpu-lane", None, 5001)).code,
+        RefusalCode::CapacityUnknown
+    );
+}
+
+#[test]
+fn busy_cpu_refuses_the_next_request() {
+    // SCOPE-08
+    let spec = EngineSpec {
+        lending: true,
+        resources: vec![ResourceSpec::new("cpu", ResourceKind::Cpu, 0)],
+        upstreams: vec![UpstreamSpec::new("tts", "cpu", 0)],
+    };
+    let mut e = Engine::new(spec).unwrap();
+    e.set_owner(OwnerPresence::Away);
+    let busy = |pct| CapacitySample {
+        free_mib: 1000,
+        total_mib: 2000,
+        busy_pct: Some(pct),
+        taken_at: t(1),
+    };
+    e.record_sample("cpu", busy(95)).unwrap();
+    assert_eq!(
+        refused(admit(&mut e, "tts", None, 2)).code,
+        RefusalCode::ResourceBusy
+    );
+    e.record_sample(
+        "cpu",
+        CapacitySample {
+            taken_at: t(3),
+            ..busy(90)
+        },
+    )
+    .unwrap();
+    admitted(admit(&mut e, "tts", None, 4));
+}
+
+#[test]
+fn uncertain_outcome_holds_until_an_explicit_release() {
+    // DONE-03, DONE-04, HELD-02, HELD-06, HELD-07
+    let mut e = ready(gpu_and_ram(), 0);
+    let res = admitted(admit(&mut e, "llm", None, 1));
+    assert_eq!(
+        e.release(
+            res.id,
+            ReleaseOutcome::Uncertain("upstream cut mid-stream".to_owned()),
+            t(2)
+        )
+        .unwrap(),
+        ReleaseEffect::Held
+    );
+    assert_eq!(e.phase(res.id), Some(Phase::Held));
+    assert_eq!(
+        refused(admit(&mut e, "llm", None, 3)).code,
+        RefusalCode::ResourceBusy
+    );
+    assert_eq!(
+        e.release(res.id, ReleaseOutcome::Completed, t(4)),
+        Err(EngineError::EntryHeld(res.id))
+    );
+    let s = e.status(t(5));
+    assert_eq!(s.work[0].phase, Phase::Held);
+    assert_eq!(
+        s.work[0].held_reason.as_deref(),
+        Some("upstream cut mid-stream")
+    );
+
+    e.release_held(res.id, HeldRelease::AdministratorConfirmed, t(6))
+        .unwrap();
+    assert!(matches!(
+        admit(&mut e, "llm", None, 7),
+        Decision::Wait { .. }
+    ));
+}
+
+#[test]
+fn only_held_entries_can_be_released_by_an_administrator() {
+    // HELD-06
+    let mut e = ready(gpu_and_ram(), 0);
+    let res = admitted(admit(&mut e, "llm", None, 1));
+    assert!(matches!(
+        e.release_held(res.id, HeldRelease::AdministratorConfirmed, t(2)),
+        Err(EngineError::NotHeld {
+            phase: "forwarding",
+            ..
+        })
+    ));
+    e.start_tracking(res.id).unwrap();
+    assert!(matches!(
+        e.release_held(res.id, HeldRelease::AdministratorConfirmed, t(2)),
+        Err(EngineError::NotHeld {
+            phase: "tracking",
+            ..
+        })
+    ));
+    assert_eq!(
+        e.release_held(EntryId::from_u128(9), HeldRelease::TrackingProof, t(2)),
+        Err(EngineError::UnknownEntry(EntryId::from_u128(9)))
+    );
+}
+
+#[test]
+fn connection_refused_releases() {
+    // DONE-02
+    let mut e = ready(gpu_and_ram(), 0);
+    let res = admitted(admit(&mut e, "llm", None, 1));
+    assert!(matches!(
+        e.release(res.id, ReleaseOutcome::NotForwarded, t(2))
+            .unwrap(),
+        ReleaseEffect::Released { .. }
+    ));
+    assert_eq!(e.entry_count(), 0);
+}
+
+#[test]
+fn restored_entries_return_held_and_a_changed_mapping_is_an_error() {
+    // REC-02, REC-08
+    let mut e = ready(gpu_and_ram(), 0);
+    let entry = RestoredEntry {
+        id: EntryId::from_u128(1),
+        upstream: "llm".to_owned(),
+        model: Some("m".to_owned()),
+        resources: vec![GPU.to_owned(), RAM.to_owned()],
+        admitted_at: t(0),
+        completion: CompletionMethod::ResponseEnd,
+    };
+    e.restore_held(entry.clone(), "restored after a restart")
+        .unwrap();
+    assert_eq!(e.phase(entry.id), Some(Phase::Held));
+    assert_eq!(
+        refused(admit(&mut e, "cpu-lane", None, 1)).code,
+        RefusalCode::ResourceBusy
+    );
+
+    let mut e = ready(gpu_and_ram(), 0);
+    let moved = RestoredEntry {
+        resources: vec![GPU.to_owned()],
+        ..entry
+    };
+    assert!(matches!(
+        e.restore_held(moved, "restored"),
+        Err(EngineError::ChangedMapping { .. })
+    ));
+}
+
+#[test]
+fn visible_foreign_work_refuses_as_busy() {
+    // ADM-09 (Ambiguity reading: resource_busy)
+    let mut e = ready(gpu_and_ram(), 0);
+    let id = e.upstream_id("llm").unwrap();
+    let mut obs = ModelObservation::empty(t(10));
+    obs.foreign_work = Some("slot 0 is processing".to_owned());
+    e.observe(id, obs).unwrap();
+    assert_eq!(
+        refused(admit(&mut e, "llm", None, 11)).code,
+        RefusalCode::ResourceBusy
+    );
+    // A stale observation proves nothing.
+    e.record_sample(GPU, CapacitySample::memory(64_000, 80_000, t(4100)))
+        .unwrap();
+    e.record_sample(RAM, CapacitySample::memory(64_000, 80_000, t(4100)))
+        .unwrap();
+    admitted(admit(&mut e, "llm", None, 4100));
+}
+
+#[test]
+fn status_reports_vacancy_for_the_default_budget() {
+    // UI-01, VOICE-19
+    let mut e = ready(gpu_and_ram(), 0);
+    let s = e.status(t(1));
+    assert!(s.upstreams.iter().all(|u| u.vacancy.admitting));
+    let res = admitted(admit(&mut e, "llm", None, 2));
+    let s = e.status(t(3));
+    assert_eq!(s.upstreams[1].vacancy.code, Some(RefusalCode::ResourceBusy));
+    assert_eq!(s.resources[0].reserved_by, Some(res.id.to_string()));
+    assert_eq!(s.work.len(), 1);
+    assert_eq!(s.work[0].resources, [GPU, RAM]);
+    assert_eq!(s.work[0].phase, Phase::Forwarding);
+    let json = serde_json::to_value(&s).unwrap();
+    assert_eq!(json["work"][0]["phase"], "forwarding");
+    assert_eq!(json["upstreams"][1]["vacancy"]["code"], "resource_busy");
+}
+
+#[test]
+fn spec_errors_are_precise() {
+    let mut spec = gpu_and_ram();
+    spec.upstreams[0].also_requires.push("nvme".to_owned());
+    assert!(matches!(
+        Engine::new(spec),
+        Err(SpecError::UnknownResource { .. })
+    ));
+    let mut spec = gpu_and_ram();
+    spec.upstreams[0].requirements.insert(GPU.to_owned(), 1);
+    assert!(matches!(
+        Engine::new(spec),
+        Err(SpecError::RequirementNotDependency { .. })
+    ));
+    let mut spec = gpu_and_ram();
+    spec.upstreams[0].also_requires.push(GPU.to_owned());
+    assert!(matches!(
+        Engine::new(spec),
+        Err(SpecError::RepeatedResource { .. })
+    ));
+}

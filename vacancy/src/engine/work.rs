@@ -1,0 +1,189 @@
+//! Borrowed work as the engine sees it: requests, reservations, phases and outcomes.
+
+use std::fmt;
+use std::str::FromStr;
+
+use crate::engine::refusal::Refusal;
+use crate::time::Moment;
+
+/// The identity of one reservation (a work entry). A random UUID chosen by the
+/// shell before admission, so the engine stays deterministic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct EntryId(pub uuid::Uuid);
+
+impl EntryId {
+    /// A fresh random ID.
+    pub fn random() -> Self {
+        EntryId(uuid::Uuid::new_v4())
+    }
+
+    /// An ID from a number, for simulations and tests.
+    pub fn from_u128(n: u128) -> Self {
+        EntryId(uuid::Uuid::from_u128(n))
+    }
+}
+
+impl fmt::Display for EntryId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl FromStr for EntryId {
+    type Err = uuid::Error;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        uuid::Uuid::parse_str(s).map(EntryId)
+    }
+}
+
+/// An index into the engine's upstream table, resolved once from a name with
+/// [`Engine::upstream_id`](crate::engine::Engine::upstream_id).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct UpstreamId(pub(crate) usize);
+
+/// How the end of a job is proven, which decides what may release it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CompletionMethod {
+    /// A clean end of the upstream response releases (DONE-01).
+    ResponseEnd,
+    /// The adapter tracks the job at the upstream after the reply (ComfyUI history).
+    Tracked,
+    /// Nothing proves the end: the reservation is held after the connection closes (ROUTE-10).
+    HeldOnClose,
+}
+
+/// Whether the request itself would reuse a loaded model, as the adapter judges it.
+///
+/// The engine still checks the observation (RES-02); this is the request's half
+/// of the adapter's evidence, e.g. an Ollama request with a runner option other
+/// than `num_ctx` cannot reuse the loaded runner (RES-04).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum RequestReuse {
+    /// The request reuses the model if the observation shows it resident.
+    #[default]
+    Reuses,
+    /// The request cannot reuse a loaded model, with the reason (RES-21).
+    Cannot(String),
+}
+
+/// A request for borrowed work on one upstream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkRequest {
+    /// The ID the reservation will carry.
+    pub id: EntryId,
+    /// Which upstream the work is for.
+    pub upstream: UpstreamId,
+    /// The model the request names, when it names one (MEM-06: exact match).
+    pub model: Option<String>,
+    /// When the request arrived: the ADM-06 wait is bounded from here.
+    pub arrived_at: Moment,
+    /// How the end of this work will be proven.
+    pub completion: CompletionMethod,
+    /// The request's half of the resident-model evidence.
+    pub reuse: RequestReuse,
+}
+
+impl WorkRequest {
+    /// A request with a fresh random ID that completes at the response end.
+    pub fn new(upstream: UpstreamId, model: Option<&str>, arrived_at: Moment) -> Self {
+        WorkRequest {
+            id: EntryId::random(),
+            upstream,
+            model: model.map(str::to_owned),
+            arrived_at,
+            completion: CompletionMethod::ResponseEnd,
+            reuse: RequestReuse::Reuses,
+        }
+    }
+}
+
+/// What a reservation charged on one resource.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Charge {
+    /// The resource.
+    pub resource: String,
+    /// MiB required above the reserve (0 for a dependency no requirement names).
+    pub required_mib: u64,
+    /// Free MiB in the sample admission decided on.
+    pub free_mib: u64,
+}
+
+/// An admitted job: it holds every resource in `charges` until it is released.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reservation {
+    /// The entry ID.
+    pub id: EntryId,
+    /// The upstream's name.
+    pub upstream: String,
+    /// The model, when known.
+    pub model: Option<String>,
+    /// The primary resource first, then each `also_requires` dependency.
+    pub charges: Vec<Charge>,
+    /// Whether resident-model credit applied (RES-01).
+    pub resident_credit: bool,
+    /// When it was admitted.
+    pub admitted_at: Moment,
+    /// How its end is proven.
+    pub completion: CompletionMethod,
+}
+
+/// The engine's answer to a work request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// Admitted: forward the request (after persisting the reservation).
+    Admitted(Reservation),
+    /// A resource awaits its post-job capacity sample (ADM-06): ask again when a
+    /// sample lands or at `until`, whichever is first.
+    Wait {
+        /// The latest moment to ask again; asking at or after it gets a refusal.
+        until: Moment,
+        /// The resources whose fresh sample is awaited.
+        resources: Vec<String>,
+    },
+    /// Refused: answer at once with the code and reason.
+    Refused(Refusal),
+}
+
+/// Where a work entry is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    /// The request is being forwarded; the daemon owns an active operation.
+    Forwarding,
+    /// The reply has come; the adapter tracks the job at the upstream.
+    Tracking,
+    /// Completion is uncertain: the entry keeps its resources until an explicit release.
+    Held,
+}
+
+impl Phase {
+    /// The lowercase name used in status.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::Forwarding => "forwarding",
+            Phase::Tracking => "tracking",
+            Phase::Held => "held",
+        }
+    }
+}
+
+/// How a forwarding or tracking job ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReleaseOutcome {
+    /// Proven finished: a clean response end, or a terminal history entry.
+    Completed,
+    /// Nothing reached the upstream: the connection was refused or failed (DONE-02).
+    NotForwarded,
+    /// The end cannot be proven (DONE-03/04): the entry turns held and keeps its resources.
+    Uncertain(String),
+}
+
+/// Who releases a held entry, and on what evidence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HeldRelease {
+    /// An administrator confirmed the upstream stopped (`{"upstream_stopped": true}`).
+    AdministratorConfirmed,
+    /// The adapter's completion tracking proved the end (e.g. ComfyUI history).
+    TrackingProof,
+}
