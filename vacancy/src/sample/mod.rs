@@ -1,1 +1,56 @@
 //! Capacity samplers implementing [`Resource`](crate::Resource).
+//!
+//! Each sampler is a thin shell around one source of capacity readings:
+//!
+//! | sampler | type | kind | source |
+//! |---|---|---|---|
+//! | `system` | [`SystemMemory`] | memory | sysinfo: available (not free) memory |
+//! | `system` | [`SystemCpu`] | cpu | sysinfo: CPU usage since the previous sample, plus memory |
+//! | `file` | [`FileSampler`] | gpu or memory | a JSON file `{"free_mib":N,"total_mib":N}` |
+//! | `amdgpu` | [`AmdGpu`] | gpu | sysfs `mem_info_vram_*` (plus `mem_info_gtt_*` on APUs) |
+//! | `nvml` | [`NvmlGpu`] | gpu | NVIDIA's NVML (feature `nvml`) |
+//!
+//! # Behavior
+//!
+//! - Every sample is stamped with [`MonotonicClock::now`](crate::MonotonicClock::now)
+//!   read *before* the source is read, so a reading that started before a job
+//!   ended never counts as taken after it (ADM-04).
+//! - A failed or implausible read is a [`SampleError`](crate::SampleError) naming
+//!   the source (path, device, library) and the reason. Samplers never guess a
+//!   number and never panic: the engine treats an error as "capacity unknown".
+//! - Byte counts are converted with [`mib`], rounding down, so free capacity is
+//!   never overstated.
+
+mod amdgpu;
+mod file;
+mod nvml;
+mod system;
+
+pub use amdgpu::AmdGpu;
+pub use file::FileSampler;
+pub use nvml::NvmlGpu;
+pub use system::{SystemCpu, SystemMemory};
+
+/// Bytes in one MiB.
+const MIB: u64 = 1024 * 1024;
+
+/// Whole MiB in `bytes`, rounded down.
+///
+/// Rounding down keeps a sampler from reporting capacity that is not there.
+pub fn mib(bytes: u64) -> u64 {
+    bytes / MIB
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mib_rounds_down() {
+        assert_eq!(mib(0), 0);
+        assert_eq!(mib(MIB - 1), 0);
+        assert_eq!(mib(MIB), 1);
+        assert_eq!(mib(3 * MIB + 5), 3);
+        assert_eq!(mib(u64::MAX), u64::MAX / MIB);
+    }
+}

@@ -1,0 +1,235 @@
+//! NVIDIA GPU memory through NVML (cargo feature `nvml`).
+//!
+//! Without the feature the type still exists, so configuration code compiles
+//! either way, but it cannot be constructed: [`NvmlGpu::new`] says how to
+//! rebuild.
+
+use async_trait::async_trait;
+
+use crate::time::MonotonicClock;
+use crate::traits::resource::{CapacitySample, Resource, ResourceKind, SampleError};
+
+/// An NVIDIA GPU (`sampler = "nvml"`), read with NVML's `memory_info`.
+///
+/// # Behavior
+///
+/// - NVML is initialised once, at construction; the driver library
+///   (`libnvidia-ml`) is loaded at run time, so a build with the feature still
+///   starts on a machine without the driver and reports it as an error.
+/// - `device` is an index (`"0"`) or a PCI bus id (`"00000000:01:00.0"`);
+///   the device is looked up again on each sample (a cheap handle lookup),
+///   which avoids holding a `Device` that borrows the `Nvml` handle.
+/// - free/total are NVML's free and total framebuffer bytes, rounded down to MiB.
+#[derive(Debug)]
+pub struct NvmlGpu {
+    name: String,
+    inner: Inner,
+}
+
+#[cfg(not(feature = "nvml"))]
+type Inner = std::convert::Infallible;
+
+#[cfg(feature = "nvml")]
+use enabled::Inner;
+
+#[cfg(not(feature = "nvml"))]
+impl NvmlGpu {
+    /// Always fails: this build has no NVML support.
+    ///
+    /// # Errors
+    ///
+    /// Always [`SampleError::Unavailable`], saying to rebuild with `--features nvml`.
+    pub fn new(
+        name: impl Into<String>,
+        device: &str,
+        clock: MonotonicClock,
+    ) -> Result<Self, SampleError> {
+        let _ = (name.into(), device, clock);
+        Err(SampleError::Unavailable(
+            "vacancyd was built without NVML support; rebuild with --features nvml".to_string(),
+        ))
+    }
+}
+
+#[cfg(not(feature = "nvml"))]
+#[async_trait]
+impl Resource for NvmlGpu {
+    fn id(&self) -> &str {
+        &self.name
+    }
+
+    fn kind(&self) -> ResourceKind {
+        ResourceKind::Gpu
+    }
+
+    async fn sample(&self) -> Result<CapacitySample, SampleError> {
+        // `Inner` is uninhabited here: no NvmlGpu exists without the feature.
+        match self.inner {}
+    }
+}
+
+#[cfg(feature = "nvml")]
+mod enabled {
+    use std::sync::Arc;
+
+    use nvml_wrapper::Nvml;
+    use nvml_wrapper::error::NvmlError;
+
+    use super::*;
+    use crate::sample::mib;
+
+    /// How the configured device is found.
+    #[derive(Debug, Clone)]
+    enum Selector {
+        Index(u32),
+        PciBusId(String),
+    }
+
+    /// The NVML handle and what to ask it.
+    pub(super) struct Inner {
+        // An Arc so each sample can move a handle into `spawn_blocking`.
+        nvml: Arc<Nvml>,
+        selector: Selector,
+        /// The device as configured, for error messages.
+        device: String,
+        clock: MonotonicClock,
+    }
+
+    impl std::fmt::Debug for Inner {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.debug_struct("Inner")
+                .field("selector", &self.selector)
+                .field("clock", &self.clock)
+                .finish_non_exhaustive()
+        }
+    }
+
+    /// The NVIDIA device `selector` names: its memory as `(free, total)` bytes.
+    fn read(nvml: &Nvml, selector: &Selector) -> Result<(u64, u64), NvmlError> {
+        let device = match selector {
+            Selector::Index(index) => nvml.device_by_index(*index)?,
+            Selector::PciBusId(id) => nvml.device_by_pci_bus_id(id.as_str())?,
+        };
+        let info = device.memory_info()?;
+        Ok((info.free, info.total))
+    }
+
+    fn unreadable(device: &str, e: impl std::fmt::Display) -> SampleError {
+        SampleError::Unreadable {
+            source_name: format!("NVIDIA GPU {device} (NVML)"),
+            reason: e.to_string(),
+        }
+    }
+
+    impl NvmlGpu {
+        /// An NVIDIA GPU sampler for the resource `name`, reading `device`
+        /// (an index such as `"0"` or a PCI bus id such as `"00000000:01:00.0"`).
+        ///
+        /// # Errors
+        ///
+        /// - [`SampleError::Unavailable`] when the driver library cannot be
+        ///   loaded or NVML cannot start, naming `libnvidia-ml`.
+        /// - [`SampleError::Unreadable`] when no such device exists or its
+        ///   memory cannot be read: a wrong `device` fails at start, not later.
+        pub fn new(
+            name: impl Into<String>,
+            device: &str,
+            clock: MonotonicClock,
+        ) -> Result<Self, SampleError> {
+            let name = name.into();
+            let nvml = Nvml::init().map_err(|e| {
+                let what = match e {
+                    NvmlError::LibloadingError(_) | NvmlError::LibraryNotFound => "not found",
+                    _ => "could not start",
+                };
+                SampleError::Unavailable(format!(
+                    "NVIDIA driver library (libnvidia-ml) {what}: {e}; \
+                     install the driver or use sampler = \"file\""
+                ))
+            })?;
+            let selector = match device.parse::<u32>() {
+                Ok(index) => Selector::Index(index),
+                Err(_) => Selector::PciBusId(device.to_string()),
+            };
+            read(&nvml, &selector).map_err(|e| unreadable(device, e))?;
+            Ok(NvmlGpu {
+                name,
+                inner: Inner {
+                    nvml: Arc::new(nvml),
+                    selector,
+                    device: device.to_string(),
+                    clock,
+                },
+            })
+        }
+    }
+
+    #[async_trait]
+    impl Resource for NvmlGpu {
+        fn id(&self) -> &str {
+            &self.name
+        }
+
+        fn kind(&self) -> ResourceKind {
+            ResourceKind::Gpu
+        }
+
+        async fn sample(&self) -> Result<CapacitySample, SampleError> {
+            let inner = &self.inner;
+            let taken_at = inner.clock.now();
+            // NVML calls are usually fast but go through the kernel driver and
+            // can stall (driver lock, GPU waking from a low-power state); on a
+            // blocking thread such a stall cannot hold up the proxy's tasks.
+            let nvml = Arc::clone(&inner.nvml);
+            let selector = inner.selector.clone();
+            let (free, total) = tokio::task::spawn_blocking(move || read(&nvml, &selector))
+                .await
+                .map_err(|e| unreadable(&inner.device, e))?
+                .map_err(|e| unreadable(&inner.device, e))?;
+            if total == 0 || free > total {
+                return Err(SampleError::Malformed {
+                    source_name: format!("NVIDIA GPU {} (NVML)", inner.device),
+                    reason: format!("free {free} bytes of total {total} bytes"),
+                });
+            }
+            Ok(CapacitySample::memory(mib(free), mib(total), taken_at))
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[cfg(not(feature = "nvml"))]
+    #[test]
+    fn without_the_feature_construction_says_how_to_rebuild() {
+        let err = NvmlGpu::new("gpu0", "0", MonotonicClock::new()).unwrap_err();
+        assert!(matches!(err, SampleError::Unavailable(_)), "{err:?}");
+        assert!(err.to_string().contains("--features nvml"), "{err}");
+    }
+
+    /// Without an NVIDIA driver (CI, this development machine) construction is
+    /// an error naming the library; with one, device 0 gives a valid sample.
+    #[cfg(feature = "nvml")]
+    #[tokio::test(flavor = "current_thread")]
+    async fn construction_fails_cleanly_or_samples() {
+        let clock = MonotonicClock::new();
+        match NvmlGpu::new("gpu0", "0", clock) {
+            Err(err) => {
+                let message = err.to_string();
+                eprintln!("expected on a machine without the driver: {message}");
+                assert!(message.contains("libnvidia-ml"), "{message}");
+                assert!(message.contains("sampler = \"file\""), "{message}");
+            }
+            Ok(gpu) => {
+                assert_eq!((gpu.id(), gpu.kind()), ("gpu0", ResourceKind::Gpu));
+                let before = clock.now();
+                let sample = gpu.sample().await.unwrap();
+                assert!(sample.total_mib > 0 && sample.free_mib <= sample.total_mib);
+                assert!(before <= sample.taken_at && sample.taken_at <= clock.now());
+            }
+        }
+    }
+}
