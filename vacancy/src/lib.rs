@@ -7,5 +7,10 @@ pub mod sample;
 pub mod time;
 pub mod traits;
 
+pub use engine::{
+    Decision, Engine, EngineSpec, EntryId, Refusal, RefusalCode, Reservation, WorkRequest,
+};
 pub use time::{Moment, MonotonicClock};
-pub use traits::resource::{CapacitySample, Resource, ResourceKind, SampleError};
+pub use traits::{
+    Adapter, Admission, CapacitySample, Reclaimer, Resource, ResourceKind, SampleError,
+};

@@ -18,3 +18,12 @@ impl OwnerScope {
         }
     }
 }
+/// TEMPORARY (replaced by the config module).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Management {
+    /// deny
+    #[default]
+    Deny,
+    /// allow
+    Allow,
+}

@@ -1,3 +1,22 @@
-//! The four public traits: [`Resource`](resource::Resource), `Admission`, `Reclaimer`, `Adapter`.
+//! The four public traits: [`Resource`], [`Admission`], [`Reclaimer`], [`Adapter`],
+//! and the data they speak in.
 
+pub mod adapter;
+pub mod admission;
+pub mod reclaimer;
 pub mod resource;
+pub mod routes;
+
+pub use adapter::{
+    Adapter, InspectContext, InspectError, Inspection, ObserveError, RenderedRefusal,
+    render_ollama, render_openai,
+};
+pub use admission::Admission;
+pub use reclaimer::{
+    CancelClaim, CancelItem, CancelOutcome, ForeignWork, ReclaimError, Reclaimer, UnloadAck,
+};
+pub use resource::{CapacitySample, Resource, ResourceKind, SampleError};
+pub use routes::{
+    ParamCheck, RouteClass, RouteMethod, RoutePolicy, RouteSpec, RouteTable, WorkRoute,
+    route_policy,
+};
