@@ -136,19 +136,21 @@ impl ResourceState {
         let free = sample.free_mib;
         let beyond = free.saturating_sub(reserve);
         match required {
+            // The floor holds even for a zero requirement (resident credit): free
+            // memory below the reserve admits nothing (MEM-01, MEM-05).
+            _ if free < reserve => Some(
+                Refusal::new(
+                    RefusalCode::InsufficientMemory,
+                    format!("{name} has {free} MiB free, below its {reserve} MiB reserve; retry when memory frees up"),
+                )
+                .on_resource(name),
+            ),
             Some(req) if req > beyond => Some(
                 Refusal::new(
                     RefusalCode::InsufficientMemory,
                     format!(
                         "{name} has {free} MiB free, {beyond} MiB of it above the {reserve} MiB reserve, but the job needs {req} MiB above the reserve; retry when memory frees up, or lower the requirement in [upstream.models] or the reserve"
                     ),
-                )
-                .on_resource(name),
-            ),
-            None if free < reserve => Some(
-                Refusal::new(
-                    RefusalCode::InsufficientMemory,
-                    format!("{name} has {free} MiB free, below its {reserve} MiB reserve; retry when memory frees up"),
                 )
                 .on_resource(name),
             ),

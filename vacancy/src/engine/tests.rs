@@ -802,3 +802,19 @@ fn spec_errors_are_precise() {
         Err(SpecError::RepeatedResource { .. })
     ));
 }
+
+#[test]
+fn resident_credit_never_breaches_the_reserve_floor() {
+    // MEM-01 with RES-01: a zero resident requirement still needs free >= reserve.
+    let mut e = ready(gpu_and_ram(), 0);
+    observe_loaded(&mut e, "llm", "m", 1);
+    e.record_sample(GPU, CapacitySample::memory(1000, 80_000, t(2)))
+        .unwrap(); // reserve 2048
+    let r = refused(admit(&mut e, "llm", Some("m"), 3));
+    assert_eq!(r.code, RefusalCode::InsufficientMemory);
+    assert!(
+        r.reason.contains("below its 2048 MiB reserve"),
+        "{}",
+        r.reason
+    );
+}
