@@ -1,1 +1,85 @@
-fn main() {}
+//! Engine admit + release throughput (DESIGN §9 target: <= 2 µs, flat in the
+//! number of resources and upstreams). Each iteration admits one job, releases
+//! it, and records the post-job sample that the next admission needs (ADM-04),
+//! cycling through the upstreams.
+//!
+//! Run: `cargo bench -p vacancy --bench engine`; criterion prints the time per
+//! iteration (one admit + one release + one sample).
+#![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
+
+use std::hint::black_box;
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use vacancy::engine::{
+    CompletionMethod, Decision, Engine, EngineSpec, EntryId, OwnerPresence, ReleaseOutcome, RequestReuse,
+    ResourceSpec, UpstreamSpec, WorkRequest,
+};
+use vacancy::{CapacitySample, Moment, ResourceKind};
+
+/// `n` GPUs plus system memory, and `n` upstreams: upstream i borrows gpu i
+/// with a per-model requirement, so the table sizes grow while each admission
+/// touches one resource.
+fn engine(n: usize) -> (Engine, Vec<WorkRequest>) {
+    let mut resources: Vec<ResourceSpec> = (0..n)
+        .map(|i| ResourceSpec::new(&format!("gpu{i}"), ResourceKind::Gpu, 2048))
+        .collect();
+    resources.push(ResourceSpec::new("ram", ResourceKind::Memory, 8192));
+    let upstreams = (0..n)
+        .map(|i| {
+            let mut u = UpstreamSpec::new(&format!("up{i}"), &format!("gpu{i}"), 6000);
+            u.models.insert(
+                "llama3.1:8b".into(),
+                vacancy::engine::ModelBudget { min_free_mib: Some(5000), resident_min_free_mib: None },
+            );
+            u
+        })
+        .collect();
+    let mut e = Engine::new(EngineSpec { lending: true, resources, upstreams }).unwrap();
+    e.set_owner(OwnerPresence::Away);
+    for i in 0..n {
+        e.record_sample(&format!("gpu{i}"), CapacitySample::memory(64_000, 80_000, Moment::ZERO)).unwrap();
+    }
+    e.record_sample("ram", CapacitySample::memory(64_000, 128_000, Moment::ZERO)).unwrap();
+    let requests = (0..n)
+        .map(|i| WorkRequest {
+            id: EntryId::from_u128(0),
+            upstream: e.upstream_id(&format!("up{i}")).unwrap(),
+            model: Some("llama3.1:8b".into()),
+            arrived_at: Moment::ZERO,
+            completion: CompletionMethod::ResponseEnd,
+            reuse: RequestReuse::Reuses,
+        })
+        .collect();
+    (e, requests)
+}
+
+fn admit_release(c: &mut Criterion) {
+    let mut group = c.benchmark_group("engine_admit_release_sample");
+    for n in [1usize, 64] {
+        let (mut e, mut requests) = engine(n);
+        let names: Vec<String> = (0..n).map(|i| format!("gpu{i}")).collect();
+        let mut tick: u64 = 1;
+        let mut next: u128 = 1;
+        group.bench_function(format!("{n}_resources"), |b| {
+            b.iter(|| {
+                let i = (tick as usize) % n;
+                let now = Moment::from_nanos(tick * 1_000);
+                let req = &mut requests[i];
+                req.id = EntryId::from_u128(next);
+                req.arrived_at = now;
+                next += 1;
+                let Decision::Admitted(res) = e.admit(black_box(req), now) else {
+                    panic!("benchmark request refused");
+                };
+                e.release(res.id, ReleaseOutcome::Completed, now.after(std::time::Duration::from_nanos(10))).unwrap();
+                e.record_sample(&names[i], CapacitySample::memory(64_000, 80_000, now.after(std::time::Duration::from_nanos(20))))
+                    .unwrap();
+                tick += 1;
+            });
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, admit_release);
+criterion_main!(benches);
