@@ -1,29 +1,147 @@
 //! Configuration: the TOML schema and its validation.
+//!
+//! A configuration is parsed, then validated, and every problem is reported at
+//! once, each with its key path and line ([`ConfigErrors`]). The schema is the
+//! contract in DESIGN §3; `docs/config.md` documents every key.
+//!
+//! ```
+//! use vacancy::config::Config;
+//!
+//! let loaded = Config::parse(
+//!     r#"
+//!     [[resource]]
+//!     name = "ram"
+//!     reserve_mib = 4096
+//!
+//!     [[upstream]]
+//!     name = "llamacpp"
+//!     adapter = "llamacpp"
+//!     listen = "127.0.0.1:8081"
+//!     target = "http://127.0.0.1:8080"
+//!     resource = "ram"
+//!     "#,
+//!     "example.toml",
+//! )?;
+//! assert_eq!(loaded.config.upstreams[0].resource, "ram");
+//!
+//! let err = Config::parse("[server]\nlisten = 7480\nlisen = 1\n", "bad.toml").unwrap_err();
+//! assert_eq!(err.errors.len(), 2);
+//! # Ok::<(), vacancy::config::ConfigErrors>(())
+//! ```
 
-/// TEMPORARY (replaced by the config module).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub enum OwnerScope {
-    /// host
-    #[default]
-    Host,
-    /// resource
-    Resource,
+mod error;
+mod hosts;
+mod parse;
+mod schema;
+mod validate;
+
+#[cfg(test)]
+mod tests;
+
+use std::path::Path;
+
+pub use error::{ConfigError, ConfigErrors, ConfigWarning};
+pub use hosts::{LOOPBACK, normalize_host, same_server_key};
+pub use schema::{
+    AdapterKind, Config, CredentialConfig, GpuPressureConfig, Management, ModelRequirement,
+    OnBorrowerDisconnect, OnOwnerReturn, OwnerConfig, OwnerScope, PresenceMode, ResourceConfig,
+    ResourceRequirement, SamplerKind, Scope, ServerConfig, TokenConfig, UpstreamConfig,
+};
+
+/// The configuration `vacancyd run` uses when no `--config` is given: system
+/// memory as the one resource and a local llama-server lent on 127.0.0.1:8081.
+pub const EMBEDDED_DEFAULT: &str = r#"# vacancyd's built-in configuration, used when no --config is given.
+
+[server]
+listen = "127.0.0.1:7480"
+
+[owner]
+# "none": the owner is never present, as on a dedicated machine.
+# "auto" (logind on a machine with seats, else none) replaces this once it exists.
+presence = "none"
+
+[[resource]]
+name = "ram"
+kind = "memory"
+sampler = "system"
+reserve_mib = 4096
+
+[[upstream]]
+name = "llamacpp"
+adapter = "llamacpp"
+listen = "127.0.0.1:8081"
+target = "http://127.0.0.1:8080"
+resource = "ram"
+default_min_free_mib = 2048
+"#;
+
+/// The origin named in errors about [`EMBEDDED_DEFAULT`].
+pub const EMBEDDED_ORIGIN: &str = "<embedded default>";
+
+/// A configuration that passed validation, with the warnings it raised.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LoadedConfig {
+    /// The typed configuration.
+    pub config: Config,
+    /// Valid but noteworthy things, ordered by line: keys with no effect,
+    /// sample ages shorter than the poll interval, the owner-exempt upstreams
+    /// (SCOPE-18) and what nothing watches for them (SCOPE-19).
+    pub warnings: Vec<ConfigWarning>,
 }
-impl OwnerScope {
-    /// name
-    pub fn as_str(self) -> &'static str {
-        match self {
-            OwnerScope::Host => "host",
-            OwnerScope::Resource => "resource",
+
+impl Config {
+    /// Parse and validate a configuration text. `origin` names it in errors
+    /// (a file path, `<stdin>`, ...).
+    ///
+    /// # Errors
+    ///
+    /// Every syntax error, or else every unknown key, ill-typed value and bad
+    /// enum value, or else every semantic problem; each with its key path and
+    /// line.
+    pub fn parse(text: &str, origin: &str) -> Result<LoadedConfig, ConfigErrors> {
+        let parsed = parse::parse(text).map_err(|errors| ConfigErrors {
+            origin: origin.to_owned(),
+            errors,
+        })?;
+        let (errors, warnings) = validate::validate(&parsed.config, &parsed.index);
+        if errors.is_empty() {
+            Ok(LoadedConfig {
+                config: parsed.config,
+                warnings,
+            })
+        } else {
+            Err(ConfigErrors {
+                origin: origin.to_owned(),
+                errors,
+            })
         }
     }
-}
-/// TEMPORARY (replaced by the config module).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub enum Management {
-    /// deny
-    #[default]
-    Deny,
-    /// allow
-    Allow,
+
+    /// Read, parse and validate the configuration file at `path`.
+    ///
+    /// # Errors
+    ///
+    /// As [`Config::parse`], with the path as origin; a file that cannot be read
+    /// gives one error naming the OS error.
+    pub fn load(path: &Path) -> Result<LoadedConfig, ConfigErrors> {
+        let origin = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            let message = if e.kind() == std::io::ErrorKind::InvalidData {
+                format!("cannot read the configuration file: it is not UTF-8 text ({e})")
+            } else {
+                format!("cannot read the configuration file: {e}")
+            };
+            ConfigErrors::whole(&origin, message)
+        })?;
+        Config::parse(&text, &origin)
+    }
+
+    /// The parsed [`EMBEDDED_DEFAULT`].
+    ///
+    /// # Errors
+    ///
+    /// None in practice: a test keeps the embedded text valid.
+    pub fn embedded_default() -> Result<LoadedConfig, ConfigErrors> {
+        Config::parse(EMBEDDED_DEFAULT, EMBEDDED_ORIGIN)
+    }
 }

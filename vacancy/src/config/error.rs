@@ -1,0 +1,113 @@
+//! Configuration errors and warnings, each with its key path and line.
+
+use std::fmt;
+
+/// One problem in a configuration: where it is and what to do about it.
+///
+/// Displays as `line 12: upstream[0] ("ollama").also_requires: unknown resource "gpu9"; ...`.
+/// Either part before the message is left out when unknown.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    /// The key path, e.g. `upstream[0] ("ollama").also_requires`; empty for the
+    /// file as a whole (a syntax error, an unreadable file).
+    pub path: String,
+    /// The 1-based line the problem is on, when known.
+    pub line: Option<usize>,
+    /// What is wrong and, where useful, what to do.
+    pub message: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        Located {
+            path: &self.path,
+            line: self.line,
+            message: &self.message,
+        }
+        .fmt(f)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// Something in a configuration that is valid but probably not what was meant,
+/// or a fact worth printing once (SCOPE-18). Displays like [`ConfigError`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigWarning {
+    /// The key path; empty for the configuration as a whole.
+    pub path: String,
+    /// The 1-based line, when known.
+    pub line: Option<usize>,
+    /// What was noticed.
+    pub message: String,
+}
+
+impl fmt::Display for ConfigWarning {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        Located {
+            path: &self.path,
+            line: self.line,
+            message: &self.message,
+        }
+        .fmt(f)
+    }
+}
+
+/// Every problem found in one configuration, all at once.
+///
+/// Displays one error per line, each prefixed with the origin
+/// (`/etc/vacancyd/vacancyd.toml: line 3: server.lisen: unknown key ...`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub struct ConfigErrors {
+    /// Where the configuration came from: a file path or `<embedded default>`.
+    pub origin: String,
+    /// The problems, ordered by line; never empty.
+    pub errors: Vec<ConfigError>,
+}
+
+impl fmt::Display for ConfigErrors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, error) in self.errors.iter().enumerate() {
+            if i > 0 {
+                f.write_str("\n")?;
+            }
+            if !self.origin.is_empty() {
+                write!(f, "{}: ", self.origin)?;
+            }
+            write!(f, "{error}")?;
+        }
+        Ok(())
+    }
+}
+
+impl ConfigErrors {
+    /// An error about the file as a whole (no key path, no line).
+    pub(crate) fn whole(origin: &str, message: String) -> Self {
+        ConfigErrors {
+            origin: origin.to_owned(),
+            errors: vec![ConfigError {
+                path: String::new(),
+                line: None,
+                message,
+            }],
+        }
+    }
+}
+
+struct Located<'a> {
+    path: &'a str,
+    line: Option<usize>,
+    message: &'a str,
+}
+
+impl fmt::Display for Located<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some(line) = self.line {
+            write!(f, "line {line}: ")?;
+        }
+        if !self.path.is_empty() {
+            write!(f, "{}: ", self.path)?;
+        }
+        f.write_str(self.message)
+    }
+}

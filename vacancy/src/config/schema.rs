@@ -1,0 +1,486 @@
+//! The configuration schema: one serde struct per TOML table.
+//!
+//! Every struct denies unknown keys and takes its defaults from a hand-written
+//! `Default` impl, so a table may leave out any key. The key names are a
+//! contract (DESIGN §3): keys may be added, never renamed.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::Deserialize;
+
+use crate::ResourceKind;
+
+/// A whole configuration file.
+#[derive(Debug, Clone, PartialEq, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// `[server]`: the control plane.
+    pub server: ServerConfig,
+    /// `[owner]`: how the owner's presence is detected.
+    pub owner: OwnerConfig,
+    /// `[[resource]]`: everything with capacity that borrowed work reserves.
+    #[serde(rename = "resource")]
+    pub resources: Vec<ResourceConfig>,
+    /// `[[upstream]]`: the servers vacancyd lends, one listener each.
+    #[serde(rename = "upstream")]
+    pub upstreams: Vec<UpstreamConfig>,
+}
+
+impl Config {
+    /// The resource named `name`, if configured.
+    pub fn resource(&self, name: &str) -> Option<&ResourceConfig> {
+        self.resources.iter().find(|r| r.name == name)
+    }
+
+    /// The upstream named `name`, if configured.
+    pub fn upstream(&self, name: &str) -> Option<&UpstreamConfig> {
+        self.upstreams.iter().find(|u| u.name == name)
+    }
+
+    /// The names of the upstreams with `owner_scope = "resource"` (SCOPE-13, SCOPE-18),
+    /// in configuration order.
+    pub fn exempt_upstreams(&self) -> Vec<&str> {
+        self.upstreams
+            .iter()
+            .filter(|u| u.owner_scope == OwnerScope::Resource)
+            .map(|u| u.name.as_str())
+            .collect()
+    }
+}
+
+/// `[server]`: the control plane (console, `/status`, `/metrics`, `/admin`).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerConfig {
+    /// Control-plane listen address. Default `127.0.0.1:7480`.
+    pub listen: String,
+    /// The recovery directory (REC-10). Empty (the default): the default location,
+    /// beside the configuration with the `.admission` extension (REC-11). A relative
+    /// path resolves against the configuration's directory (REC-17).
+    pub admission_state_dir: String,
+    /// The lending switch at start. Default `true`.
+    pub lending: bool,
+    /// `[[server.token]]`: admin/owner credentials (hashes only).
+    #[serde(rename = "token")]
+    pub tokens: Vec<TokenConfig>,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            listen: "127.0.0.1:7480".to_owned(),
+            admission_state_dir: String::new(),
+            lending: true,
+            tokens: Vec::new(),
+        }
+    }
+}
+
+/// `[[server.token]]`: one bearer token for the control plane. Only its hash is stored.
+#[derive(Debug, Clone, PartialEq, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TokenConfig {
+    /// A name for logs and audit lines.
+    pub name: String,
+    /// What the token may do. `admin` implies `owner`, which implies `read`.
+    pub scopes: Vec<Scope>,
+    /// Lowercase or uppercase hex SHA-256 of the token (64 hex digits).
+    pub sha256: String,
+}
+
+impl TokenConfig {
+    /// Whether this token grants `needed`, counting implied scopes
+    /// (`admin` ⊇ `owner` ⊇ `read`).
+    pub fn grants(&self, needed: Scope) -> bool {
+        self.scopes.iter().any(|s| s.implies(needed))
+    }
+}
+
+/// A control-plane permission.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Scope {
+    /// Read status and metrics.
+    #[default]
+    Read,
+    /// Owner actions (the lending switch, presence); implies `read`.
+    Owner,
+    /// Administration (release held work, change settings); implies `owner`.
+    Admin,
+}
+
+impl Scope {
+    /// Whether holding `self` grants `needed` (`admin` ⊇ `owner` ⊇ `read`).
+    pub fn implies(self, needed: Scope) -> bool {
+        self.rank() >= needed.rank()
+    }
+
+    fn rank(self) -> u8 {
+        match self {
+            Scope::Read => 0,
+            Scope::Owner => 1,
+            Scope::Admin => 2,
+        }
+    }
+}
+
+/// `[owner]`: how vacancyd tells whether the machine's owner is present.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct OwnerConfig {
+    /// The presence backend. Default `auto`.
+    pub presence: PresenceMode,
+    /// `presence = "command"`: a command run through the shell; exit 0 means
+    /// present, 1 away, anything else unknown.
+    pub command: String,
+    /// logind: whether remote (SSH) sessions count as the owner. Default `false`.
+    pub remote_sessions_count: bool,
+    /// `[owner.gpu_pressure]`: attributed GPU pressure.
+    pub gpu_pressure: GpuPressureConfig,
+}
+
+impl Default for OwnerConfig {
+    fn default() -> Self {
+        OwnerConfig {
+            presence: PresenceMode::Auto,
+            command: String::new(),
+            remote_sessions_count: false,
+            gpu_pressure: GpuPressureConfig::default(),
+        }
+    }
+}
+
+/// The owner-presence backend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PresenceMode {
+    /// logind on a machine with seats, otherwise `none` (logged).
+    #[default]
+    Auto,
+    /// systemd-logind sessions.
+    Logind,
+    /// Set by the owner through the console or CLI.
+    Manual,
+    /// The exit status of `owner.command`.
+    Command,
+    /// A dedicated machine: the owner is never present.
+    None,
+}
+
+/// `[owner.gpu_pressure]`: attributed GPU pressure (off by default).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct GpuPressureConfig {
+    /// Whether GPU pressure is measured. Default `false`.
+    pub enabled: bool,
+    /// Sampling interval in milliseconds. Default 2000.
+    pub poll_ms: u64,
+}
+
+impl Default for GpuPressureConfig {
+    fn default() -> Self {
+        GpuPressureConfig {
+            enabled: false,
+            poll_ms: 2000,
+        }
+    }
+}
+
+/// `[[resource]]`: something with capacity that borrowed work reserves.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ResourceConfig {
+    /// The resource's name, referenced by upstreams. Required.
+    pub name: String,
+    /// What it is. Default `memory`.
+    pub kind: ResourceKind,
+    /// How it is sampled. Default `system`.
+    pub sampler: SamplerKind,
+    /// `nvml`: device index or PCI bus id; `amdgpu`: card name (`card0`). Default `"0"`.
+    pub device: String,
+    /// `sampler = "file"`: a JSON file `{"free_mib":N,"total_mib":N}`.
+    pub path: String,
+    /// Memory no borrowed job may touch (MEM-01). Default 0.
+    pub reserve_mib: u64,
+    /// The resource's lending switch at start. Default `true`.
+    pub enabled: bool,
+    /// Regular sampling interval in milliseconds. Default 1000.
+    pub poll_ms: u64,
+    /// Samples older than this count as capacity unknown. Default 5000.
+    pub max_sample_age_ms: u64,
+    /// `kind = "cpu"`: new work is refused while busier than this percentage
+    /// (SCOPE-08). Default 90.
+    pub busy_max_pct: u8,
+    /// `sampler = "amdgpu"`: the DRM sysfs directory. Default `/sys/class/drm`.
+    pub sysfs_root: String,
+    /// `sampler = "amdgpu"`: count free GTT as well as VRAM (APUs). Default `false`.
+    pub include_gtt: bool,
+}
+
+impl Default for ResourceConfig {
+    fn default() -> Self {
+        ResourceConfig {
+            name: String::new(),
+            kind: ResourceKind::Memory,
+            sampler: SamplerKind::System,
+            device: "0".to_owned(),
+            path: String::new(),
+            reserve_mib: 0,
+            enabled: true,
+            poll_ms: 1000,
+            max_sample_age_ms: 5000,
+            busy_max_pct: 90,
+            sysfs_root: "/sys/class/drm".to_owned(),
+            include_gtt: false,
+        }
+    }
+}
+
+/// How a resource's capacity is read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SamplerKind {
+    /// NVIDIA GPUs through NVML (feature `nvml`).
+    Nvml,
+    /// AMD GPUs through sysfs (VRAM, optionally GTT).
+    Amdgpu,
+    /// System memory or CPU load.
+    #[default]
+    System,
+    /// A JSON file written by an exporter or a test.
+    File,
+}
+
+/// `[[upstream]]`: one real server lent through one listener.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct UpstreamConfig {
+    /// The upstream's name. Required.
+    pub name: String,
+    /// The dialect the server speaks. Default `openai`.
+    pub adapter: AdapterKind,
+    /// Where borrowers connect (`127.0.0.1:11435`). Required.
+    pub listen: String,
+    /// The real server's base URL; a path prefix is prepended to requests. Required.
+    pub target: String,
+    /// The primary resource. Required.
+    pub resource: String,
+    /// Further resources every job needs (CFG-05: the other GPUs of a multi-GPU server).
+    pub also_requires: Vec<String>,
+    /// Requirement on the primary resource for models not listed in `models` (MEM-06).
+    pub default_min_free_mib: u64,
+    /// Requirement on the primary resource for a proven-resident model (RES-01).
+    pub resident_min_free_mib: u64,
+    /// Whether management routes are forwarded (never reserved). Default `deny`.
+    pub management: Management,
+    /// Whether owner presence applies. Default `host`.
+    pub owner_scope: OwnerScope,
+    /// What happens to accepted work when the owner returns. Default `drain`.
+    pub on_owner_return: OnOwnerReturn,
+    /// `drain`: seconds before the proxy connection is cancelled. Default 30.
+    pub drain_timeout_s: u64,
+    /// Unload models when reclaiming for the owner. Default `false`.
+    pub yield_on_veto: bool,
+    /// Seconds after which an unfinished job is no longer awaited. Default 3600.
+    pub completion_timeout_s: u64,
+    /// What happens when the borrower disconnects. Default `drain`.
+    pub on_borrower_disconnect: OnBorrowerDisconnect,
+    /// `[upstream.models]`: per-model requirements, by exact request model name.
+    pub models: BTreeMap<String, ModelRequirement>,
+    /// `[upstream.requirements]`: per-resource requirements on `also_requires` resources.
+    pub requirements: BTreeMap<String, ResourceRequirement>,
+    /// `[upstream.credential]`: used for observation and tracking, never the borrower's.
+    pub credential: Option<CredentialConfig>,
+}
+
+impl Default for UpstreamConfig {
+    fn default() -> Self {
+        UpstreamConfig {
+            name: String::new(),
+            adapter: AdapterKind::Openai,
+            listen: String::new(),
+            target: String::new(),
+            resource: String::new(),
+            also_requires: Vec::new(),
+            default_min_free_mib: 0,
+            resident_min_free_mib: 0,
+            management: Management::Deny,
+            owner_scope: OwnerScope::Host,
+            on_owner_return: OnOwnerReturn::Drain,
+            drain_timeout_s: 30,
+            yield_on_veto: false,
+            completion_timeout_s: 3600,
+            on_borrower_disconnect: OnBorrowerDisconnect::Drain,
+            models: BTreeMap::new(),
+            requirements: BTreeMap::new(),
+            credential: None,
+        }
+    }
+}
+
+impl UpstreamConfig {
+    /// Every resource this upstream borrows: `resource` first, then `also_requires`.
+    pub fn resource_names(&self) -> impl Iterator<Item = &str> {
+        std::iter::once(self.resource.as_str()).chain(self.also_requires.iter().map(String::as_str))
+    }
+
+    /// The configured requirement on the primary resource for `model` (MEM-06):
+    /// the model's `min_free_mib` if listed, else `default_min_free_mib`.
+    pub fn model_min_free_mib(&self, model: Option<&str>) -> u64 {
+        model
+            .and_then(|m| self.models.get(m))
+            .and_then(|r| r.min_free_mib)
+            .unwrap_or(self.default_min_free_mib)
+    }
+
+    /// The requirement on the primary resource for `model` when it is proven
+    /// resident (RES-01): the model's `resident_min_free_mib` if set, else the
+    /// upstream's.
+    pub fn model_resident_min_free_mib(&self, model: Option<&str>) -> u64 {
+        model
+            .and_then(|m| self.models.get(m))
+            .and_then(|r| r.resident_min_free_mib)
+            .unwrap_or(self.resident_min_free_mib)
+    }
+}
+
+/// The dialect an upstream speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AdapterKind {
+    /// Ollama's native API (and its OpenAI-compatible routes).
+    Ollama,
+    /// ComfyUI.
+    Comfyui,
+    /// llama.cpp's llama-server.
+    Llamacpp,
+    /// A generic OpenAI-compatible server.
+    #[default]
+    Openai,
+    /// A Chatterbox-compatible voice server.
+    Chatterbox,
+}
+
+/// Whether an upstream's management routes are forwarded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Management {
+    /// Refused.
+    #[default]
+    Deny,
+    /// Forwarded, never reserved.
+    Allow,
+}
+
+/// Whether owner presence applies to an upstream (SCOPE-01).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OwnerScope {
+    /// The owner veto refuses new work and reclaims accepted work.
+    #[default]
+    Host,
+    /// Exempt from owner presence; still obeys switches, capacity and pressure.
+    Resource,
+}
+
+/// What happens to accepted work when the owner returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnOwnerReturn {
+    /// Let it run for `drain_timeout_s`, then cancel the proxy connection.
+    #[default]
+    Drain,
+    /// Close it at once.
+    Cancel,
+    /// Let it finish with no deadline.
+    Finish,
+}
+
+/// What happens when a borrower disconnects mid-request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnBorrowerDisconnect {
+    /// Read the upstream's reply to its end, then release.
+    #[default]
+    Drain,
+    /// Close the upstream connection; held unless the adapter proves the stop.
+    Cut,
+}
+
+/// One entry of `[upstream.models]`. `None` falls back to the upstream's value.
+#[derive(Debug, Clone, PartialEq, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ModelRequirement {
+    /// Requirement on the primary resource; `None`: `default_min_free_mib`.
+    pub min_free_mib: Option<u64>,
+    /// Requirement when proven resident; `None`: the upstream's `resident_min_free_mib`.
+    pub resident_min_free_mib: Option<u64>,
+}
+
+/// One entry of `[upstream.requirements]`: a requirement on an `also_requires` resource.
+#[derive(Debug, Clone, PartialEq, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ResourceRequirement {
+    /// Free memory the job needs on that resource (MEM-04).
+    pub min_free_mib: u64,
+}
+
+/// `[upstream.credential]`: how vacancyd authenticates its own observation and
+/// tracking requests (OBS-02).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CredentialConfig {
+    /// The header to send. Default `Authorization`.
+    pub header: String,
+    /// A file holding the header's value. Required when the table is present.
+    pub value_file: String,
+}
+
+impl Default for CredentialConfig {
+    fn default() -> Self {
+        CredentialConfig {
+            header: "Authorization".to_owned(),
+            value_file: String::new(),
+        }
+    }
+}
+
+macro_rules! names {
+    ($($ty:ident { $($variant:ident => $name:literal),+ $(,)? })+) => {$(
+        impl $ty {
+            /// Every value, in declaration order.
+            pub const ALL: &'static [$ty] = &[$($ty::$variant),+];
+
+            /// The lowercase name used in configuration.
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $($ty::$variant => $name),+
+                }
+            }
+        }
+
+        impl fmt::Display for $ty {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+    )+};
+}
+
+names! {
+    Scope { Read => "read", Owner => "owner", Admin => "admin" }
+    PresenceMode { Auto => "auto", Logind => "logind", Manual => "manual", Command => "command", None => "none" }
+    SamplerKind { Nvml => "nvml", Amdgpu => "amdgpu", System => "system", File => "file" }
+    AdapterKind {
+        Ollama => "ollama",
+        Comfyui => "comfyui",
+        Llamacpp => "llamacpp",
+        Openai => "openai",
+        Chatterbox => "chatterbox",
+    }
+    Management { Deny => "deny", Allow => "allow" }
+    OwnerScope { Host => "host", Resource => "resource" }
+    OnOwnerReturn { Drain => "drain", Cancel => "cancel", Finish => "finish" }
+    OnBorrowerDisconnect { Drain => "drain", Cut => "cut" }
+}

@@ -1,0 +1,619 @@
+//! Semantic checks on a parsed [`Config`]: every problem is collected, each with
+//! its key path and line.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::SocketAddr;
+
+use super::error::{ConfigError, ConfigWarning};
+use super::hosts::{parse_target, same_server_key};
+use super::parse::{KeyIndex, KeyPath, sort_by_line};
+use super::schema::{
+    Config, OwnerScope, PresenceMode, ResourceConfig, SamplerKind, UpstreamConfig,
+};
+use crate::ResourceKind;
+
+/// Check `config`; return its errors and warnings, each ordered by line.
+pub(crate) fn validate(
+    config: &Config,
+    index: &KeyIndex,
+) -> (Vec<ConfigError>, Vec<ConfigWarning>) {
+    let mut cx = Checker {
+        index,
+        errors: Vec::new(),
+        warnings: Vec::new(),
+    };
+    let root = KeyPath::root();
+    let server_listen = cx.server(config, &root);
+    cx.owner(config, &root);
+    cx.resources(config, &root);
+    cx.upstreams(config, &root, server_listen);
+    cx.same_servers(config, &root);
+    cx.exemptions(config, &root);
+    sort_by_line(&mut cx.errors);
+    sort_by_line(&mut cx.warnings);
+    (cx.errors, cx.warnings)
+}
+
+struct Checker<'a> {
+    index: &'a KeyIndex,
+    errors: Vec<ConfigError>,
+    warnings: Vec<ConfigWarning>,
+}
+
+/// The example shown when a listen address does not parse.
+const LISTEN_FORM: &str = "expected an IP address and port such as \"127.0.0.1:11435\" (names like localhost are not accepted here)";
+
+impl Checker<'_> {
+    fn error(&mut self, path: &KeyPath, message: impl Into<String>) {
+        self.errors.push(ConfigError {
+            path: path.shown().to_owned(),
+            line: self.index.line(path),
+            message: message.into(),
+        });
+    }
+
+    fn warn(&mut self, path: &KeyPath, message: impl Into<String>) {
+        self.warnings.push(ConfigWarning {
+            path: path.shown().to_owned(),
+            line: self.index.line(path),
+            message: message.into(),
+        });
+    }
+
+    /// Warn about a key that was written but has no effect in this table.
+    fn ignored(&mut self, path: &KeyPath, why: &str) {
+        if self.index.has(path) {
+            self.warn(path, format!("ignored: {why}"));
+        }
+    }
+
+    /// A required name: present, and made of characters safe in paths, URLs and metrics.
+    fn name(&mut self, path: &KeyPath, what: &str, name: &str) -> bool {
+        if name.is_empty() {
+            self.error(path, format!("missing: every {what} needs a name"));
+            return false;
+        }
+        let valid = name.len() <= 64
+            && name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+        if !valid {
+            self.error(
+                path,
+                format!(
+                    "{name:?} is not a valid {what} name; use up to 64 letters, digits, '-', '_' or '.'"
+                ),
+            );
+        }
+        valid
+    }
+
+    fn listen(&mut self, path: &KeyPath, listen: &str) -> Option<SocketAddr> {
+        match listen.parse::<SocketAddr>() {
+            Ok(addr) => Some(addr),
+            Err(_) => {
+                self.error(
+                    path,
+                    format!("{listen:?} is not a listen address; {LISTEN_FORM}"),
+                );
+                None
+            }
+        }
+    }
+
+    fn server(&mut self, config: &Config, root: &KeyPath) -> Option<(SocketAddr, KeyPath)> {
+        let server = &config.server;
+        let sp = root.key("server");
+        let listen_path = sp.key("listen");
+        let listen = if server.listen.is_empty() {
+            self.error(
+                &listen_path,
+                format!("missing: the control plane needs an address; {LISTEN_FORM}"),
+            );
+            None
+        } else {
+            self.listen(&listen_path, &server.listen)
+        };
+
+        let mut seen: HashMap<&str, KeyPath> = HashMap::new();
+        for (i, token) in server.tokens.iter().enumerate() {
+            let tp = sp.key("token").elem(i, Some(&token.name));
+            let np = tp.key("name");
+            if token.name.is_empty() {
+                self.error(
+                    &np,
+                    "missing: every token needs a name (it appears in the audit log)",
+                );
+            } else if let Some(first) = seen.get(token.name.as_str()) {
+                let first = first.shown().to_owned();
+                self.error(
+                    &np,
+                    format!("duplicate token name {:?}; {first} has it too", token.name),
+                );
+            } else {
+                seen.insert(&token.name, tp.clone());
+            }
+            if token.scopes.is_empty() {
+                self.error(
+                    &tp.key("scopes"),
+                    "no scopes: give at least one of \"read\", \"owner\", \"admin\"",
+                );
+            }
+            let hash_ok =
+                token.sha256.len() == 64 && token.sha256.bytes().all(|b| b.is_ascii_hexdigit());
+            if !hash_ok {
+                let found = if token.sha256.is_empty() {
+                    "missing".to_owned()
+                } else {
+                    format!(
+                        "{} characters, not 64 hex digits",
+                        token.sha256.chars().count()
+                    )
+                };
+                self.error(
+                    &tp.key("sha256"),
+                    format!(
+                        "{found}: expected the hex SHA-256 of the token (64 hex digits); generate a token and its hash with `vacancyd token new`"
+                    ),
+                );
+            }
+        }
+        listen.map(|addr| (addr, listen_path))
+    }
+
+    fn owner(&mut self, config: &Config, root: &KeyPath) {
+        let owner = &config.owner;
+        let op = root.key("owner");
+        if owner.presence == PresenceMode::Command && owner.command.trim().is_empty() {
+            self.error(
+                &op.key("command"),
+                "missing: presence = \"command\" needs a command (exit 0: present, 1: away); set owner.command or choose another presence",
+            );
+        }
+        if owner.presence != PresenceMode::Command {
+            self.ignored(&op.key("command"), "used only with presence = \"command\"");
+        }
+        if !matches!(owner.presence, PresenceMode::Logind | PresenceMode::Auto) {
+            self.ignored(
+                &op.key("remote_sessions_count"),
+                "used only with presence = \"logind\" or \"auto\"",
+            );
+        }
+        let gp = op.key("gpu_pressure");
+        if owner.gpu_pressure.poll_ms == 0 {
+            self.error(
+                &gp.key("poll_ms"),
+                "must be above 0 (milliseconds between pressure samples)",
+            );
+        }
+    }
+
+    fn resources(&mut self, config: &Config, root: &KeyPath) {
+        let mut seen: HashMap<&str, KeyPath> = HashMap::new();
+        for (i, r) in config.resources.iter().enumerate() {
+            let rp = root.key("resource").elem(i, Some(&r.name));
+            let np = rp.key("name");
+            if self.name(&np, "resource", &r.name) {
+                if let Some(first) = seen.get(r.name.as_str()) {
+                    let first = first.shown().to_owned();
+                    self.error(
+                        &np,
+                        format!("duplicate resource name {:?}; {first} has it too", r.name),
+                    );
+                } else {
+                    seen.insert(&r.name, rp.clone());
+                }
+            }
+            self.sampler(r, &rp);
+            if r.poll_ms == 0 {
+                self.error(
+                    &rp.key("poll_ms"),
+                    "must be above 0 (milliseconds between samples)",
+                );
+            }
+            if r.max_sample_age_ms == 0 {
+                self.error(
+                    &rp.key("max_sample_age_ms"),
+                    "must be above 0; every sample would count as capacity unknown",
+                );
+            } else if r.poll_ms > 0 && r.max_sample_age_ms < r.poll_ms {
+                self.warn(
+                    &rp.key("max_sample_age_ms"),
+                    format!(
+                        "{} ms is shorter than poll_ms ({} ms): every sample expires before the next one, so the resource is often \"capacity unknown\"",
+                        r.max_sample_age_ms, r.poll_ms
+                    ),
+                );
+            }
+        }
+    }
+
+    /// Sampler and kind compatibility, and the keys each sampler needs.
+    fn sampler(&mut self, r: &ResourceConfig, rp: &KeyPath) {
+        let kinds: &[ResourceKind] = match r.sampler {
+            SamplerKind::Nvml | SamplerKind::Amdgpu => &[ResourceKind::Gpu],
+            SamplerKind::System => &[ResourceKind::Memory, ResourceKind::Cpu],
+            SamplerKind::File => &[ResourceKind::Gpu, ResourceKind::Memory],
+        };
+        if !kinds.contains(&r.kind) {
+            let allowed: Vec<String> = kinds
+                .iter()
+                .map(|k| format!("\"{}\"", k.as_str()))
+                .collect();
+            self.error(
+                &rp.key("sampler"),
+                format!(
+                    "sampler \"{}\" cannot measure kind \"{}\"; it needs kind {}",
+                    r.sampler,
+                    r.kind.as_str(),
+                    allowed.join(" or ")
+                ),
+            );
+        }
+        match r.sampler {
+            SamplerKind::File if r.path.trim().is_empty() => self.error(
+                &rp.key("path"),
+                "missing: sampler = \"file\" needs the path of a JSON file {\"free_mib\":N,\"total_mib\":N}",
+            ),
+            SamplerKind::Amdgpu if !is_card_name(&r.device) => self.error(
+                &rp.key("device"),
+                format!(
+                    "{:?} is not a DRM card name; sampler = \"amdgpu\" needs one such as \"card0\" (see {}/)",
+                    r.device, r.sysfs_root
+                ),
+            ),
+            SamplerKind::Amdgpu if r.sysfs_root.trim().is_empty() => self.error(
+                &rp.key("sysfs_root"),
+                "must not be empty; the default is \"/sys/class/drm\"",
+            ),
+            SamplerKind::Nvml if r.device.trim().is_empty() => self.error(
+                &rp.key("device"),
+                "missing: sampler = \"nvml\" needs a device index (\"0\") or PCI bus id",
+            ),
+            _ => {}
+        }
+        if r.kind == ResourceKind::Cpu && !(1..=100).contains(&r.busy_max_pct) {
+            self.error(
+                &rp.key("busy_max_pct"),
+                format!("{} is not a percentage from 1 to 100", r.busy_max_pct),
+            );
+        }
+        if r.sampler != SamplerKind::File {
+            self.ignored(&rp.key("path"), "used only with sampler = \"file\"");
+        }
+        if r.sampler != SamplerKind::Amdgpu {
+            self.ignored(&rp.key("sysfs_root"), "used only with sampler = \"amdgpu\"");
+            self.ignored(
+                &rp.key("include_gtt"),
+                "used only with sampler = \"amdgpu\"",
+            );
+        }
+        if matches!(r.sampler, SamplerKind::System | SamplerKind::File) {
+            self.ignored(
+                &rp.key("device"),
+                "used only with sampler = \"nvml\" or \"amdgpu\"",
+            );
+        }
+        if r.kind != ResourceKind::Cpu {
+            self.ignored(&rp.key("busy_max_pct"), "used only with kind = \"cpu\"");
+        }
+    }
+
+    fn upstreams(
+        &mut self,
+        config: &Config,
+        root: &KeyPath,
+        server_listen: Option<(SocketAddr, KeyPath)>,
+    ) {
+        if config.upstreams.is_empty() {
+            self.warn(root, "no [[upstream]] is configured: nothing is lent");
+        }
+        let mut names: HashMap<&str, KeyPath> = HashMap::new();
+        let mut listens: Vec<(SocketAddr, KeyPath)> = server_listen.into_iter().collect();
+        for (i, u) in config.upstreams.iter().enumerate() {
+            let up = root.key("upstream").elem(i, Some(&u.name));
+            let np = up.key("name");
+            if self.name(&np, "upstream", &u.name) {
+                if let Some(first) = names.get(u.name.as_str()) {
+                    let first = first.shown().to_owned();
+                    self.error(
+                        &np,
+                        format!("duplicate upstream name {:?}; {first} has it too", u.name),
+                    );
+                } else {
+                    names.insert(&u.name, up.clone());
+                }
+            }
+
+            let lp = up.key("listen");
+            if u.listen.is_empty() {
+                self.error(
+                    &lp,
+                    format!("missing: where borrowers connect; {LISTEN_FORM}"),
+                );
+            } else if let Some(addr) = self.listen(&lp, &u.listen) {
+                if let Some((other, op)) = listens
+                    .iter()
+                    .find(|(other, _)| listens_overlap(addr, *other))
+                {
+                    let line = self
+                        .index
+                        .line(op)
+                        .map(|l| format!(" (line {l})"))
+                        .unwrap_or_default();
+                    let message = format!(
+                        "{addr} is already used by {}{line} ({other}); every listener needs its own address",
+                        op.shown()
+                    );
+                    self.error(&lp, message);
+                } else {
+                    listens.push((addr, lp.clone()));
+                }
+            }
+
+            let tp = up.key("target");
+            if u.target.is_empty() {
+                self.error(
+                    &tp,
+                    "missing: the real server's base URL, such as \"http://127.0.0.1:11434\"",
+                );
+            } else if let Err(why) = parse_target(&u.target) {
+                self.error(&tp, why);
+            }
+
+            self.upstream_resources(config, u, &up);
+
+            for model in u.models.keys().filter(|m| m.is_empty()) {
+                self.error(
+                    &up.key("models").key(model),
+                    "empty model name; keys are the exact model names requests carry",
+                );
+            }
+            if u.completion_timeout_s == 0 {
+                self.error(
+                    &up.key("completion_timeout_s"),
+                    "must be above 0 (seconds an unfinished job is awaited)",
+                );
+            }
+            if let Some(c) = &u.credential {
+                let cp = up.key("credential");
+                if c.value_file.trim().is_empty() {
+                    self.error(
+                        &cp.key("value_file"),
+                        "missing: the file holding the header's value (keep the secret out of this file)",
+                    );
+                }
+                if http::HeaderName::from_bytes(c.header.as_bytes()).is_err() {
+                    self.error(
+                        &cp.key("header"),
+                        format!(
+                            "{:?} is not a valid HTTP header name, such as \"Authorization\"",
+                            c.header
+                        ),
+                    );
+                }
+            }
+        }
+    }
+
+    /// `resource`, `also_requires` and `requirements` of one upstream.
+    fn upstream_resources(&mut self, config: &Config, u: &UpstreamConfig, up: &KeyPath) {
+        let known: Vec<&str> = config.resources.iter().map(|r| r.name.as_str()).collect();
+        let unknown = |name: &str| {
+            format!(
+                "unknown resource {name:?}; define it in a [[resource]] table (configured: {})",
+                if known.is_empty() {
+                    "none".to_owned()
+                } else {
+                    known.join(", ")
+                }
+            )
+        };
+        let rp = up.key("resource");
+        if u.resource.is_empty() {
+            self.error(
+                &rp,
+                "missing: the primary resource this upstream borrows, a [[resource]] name",
+            );
+        } else if !known.contains(&u.resource.as_str()) {
+            self.error(&rp, unknown(&u.resource));
+        }
+
+        let ap = up.key("also_requires");
+        for (j, extra) in u.also_requires.iter().enumerate() {
+            if *extra == u.resource {
+                self.error(
+                    &ap,
+                    format!(
+                        "{extra:?} is already the primary resource; remove it from also_requires"
+                    ),
+                );
+            } else if u.also_requires[..j].contains(extra) {
+                self.error(&ap, format!("{extra:?} is listed twice"));
+            } else if !known.contains(&extra.as_str()) {
+                self.error(&ap, unknown(extra));
+            }
+        }
+
+        for name in u.requirements.keys() {
+            let qp = up.key("requirements").key(name);
+            if *name == u.resource {
+                self.error(
+                    &qp,
+                    format!(
+                        "{name:?} is the primary resource; set its requirement with default_min_free_mib (or per model in [upstream.models])"
+                    ),
+                );
+            } else if !u.also_requires.contains(name) {
+                let message = if known.contains(&name.as_str()) {
+                    format!(
+                        "{name:?} is not in also_requires; add it there or remove this requirement"
+                    )
+                } else {
+                    unknown(name)
+                };
+                self.error(&qp, message);
+            }
+        }
+    }
+
+    /// CFG-01 and SCOPE-10: upstreams that reach one server.
+    fn same_servers(&mut self, config: &Config, root: &KeyPath) {
+        let mut groups: BTreeMap<(String, u16), Vec<usize>> = BTreeMap::new();
+        for (i, u) in config.upstreams.iter().enumerate() {
+            if let Some(key) = same_server_key(&u.target) {
+                groups.entry(key).or_default().push(i);
+            }
+        }
+        let path = |i: usize| {
+            root.key("upstream")
+                .elem(i, config.upstreams.get(i).map(|u| u.name.as_str()))
+        };
+        for members in groups.values() {
+            let Some((&first, rest)) = members.split_first() else {
+                continue;
+            };
+            let a = &config.upstreams[first];
+            let a_set: BTreeSet<&str> = a.resource_names().collect();
+            for &j in rest {
+                let b = &config.upstreams[j];
+                let b_set: BTreeSet<&str> = b.resource_names().collect();
+                if a_set != b_set {
+                    // CFG-01
+                    self.error(
+                        &path(j).key("resource"),
+                        format!(
+                            "target {:?} reaches the same server as {:?}'s {:?}, but borrows {} where {:?} borrows {}; unloading acts on the whole server, so upstreams of one server must borrow the same resources (CFG-01): give both the same resource and also_requires, or point them at different servers",
+                            b.target,
+                            a.name,
+                            a.target,
+                            set_text(&b_set),
+                            a.name,
+                            set_text(&a_set),
+                        ),
+                    );
+                }
+            }
+            // SCOPE-10: an exempt upstream needs its own server.
+            let host_scoped = members
+                .iter()
+                .copied()
+                .find(|&i| config.upstreams[i].owner_scope == OwnerScope::Host);
+            if let Some(h) = host_scoped {
+                let host = &config.upstreams[h];
+                for &e in members {
+                    let exempt = &config.upstreams[e];
+                    if exempt.owner_scope == OwnerScope::Resource {
+                        self.error(
+                            &path(e).key("owner_scope"),
+                            format!(
+                                "owner_scope = \"resource\", but target {:?} reaches the same server as host-scoped {:?} ({:?}); owner-return reclaim can affect both, so an owner-exempt upstream needs its own server (SCOPE-10): run a separate server instance for it, or make both host-scoped",
+                                exempt.target, host.name, host.target
+                            ),
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    /// SCOPE-18 and SCOPE-19: say which upstreams are exempt and what nothing watches.
+    fn exemptions(&mut self, config: &Config, root: &KeyPath) {
+        let exempt = config.exempt_upstreams();
+        if exempt.is_empty() {
+            return;
+        }
+        // SCOPE-18: the same line the daemon logs at startup.
+        self.warnings.push(ConfigWarning {
+            path: String::new(),
+            line: None,
+            message: format!("owner-exempt upstreams: {}", exempt.join(", ")),
+        });
+        // SCOPE-19: dependencies of an exempt upstream that no pressure measurement watches.
+        let pressure = config.owner.gpu_pressure.enabled;
+        for (i, u) in config.upstreams.iter().enumerate() {
+            if u.owner_scope != OwnerScope::Resource {
+                continue;
+            }
+            let up = root.key("upstream").elem(i, Some(&u.name));
+            for name in u.resource_names() {
+                let Some(r) = config.resource(name) else {
+                    continue;
+                };
+                let watched =
+                    pressure && r.kind == ResourceKind::Gpu && r.sampler == SamplerKind::Nvml;
+                if !watched {
+                    let why = match r.kind {
+                        ResourceKind::Gpu if !pressure => {
+                            "GPU pressure is off ([owner.gpu_pressure] enabled = false)"
+                        }
+                        ResourceKind::Gpu => "attributed GPU pressure needs sampler = \"nvml\"",
+                        _ => "only GPUs have a pressure measurement",
+                    };
+                    self.warn(
+                        &up.key("owner_scope"),
+                        format!(
+                            "owner-exempt, but nothing measures the owner's use of {name:?} ({why}): accepted work keeps it while the owner competes for it (SCOPE-19)"
+                        ),
+                    );
+                }
+            }
+        }
+    }
+}
+
+fn set_text(set: &BTreeSet<&str>) -> String {
+    let names: Vec<String> = set.iter().map(|n| format!("{n:?}")).collect();
+    format!("{{{}}}", names.join(", "))
+}
+
+/// `card0`, `card12`: a DRM card directory name.
+fn is_card_name(device: &str) -> bool {
+    device
+        .strip_prefix("card")
+        .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// Whether two listen addresses cannot both be bound. Port 0 (an ephemeral
+/// port, as tests use) never conflicts; an unspecified address conflicts with
+/// every address of its family on the same port (IPv6 `::` with IPv4 too,
+/// as on a dual-stack host).
+fn listens_overlap(a: SocketAddr, b: SocketAddr) -> bool {
+    if a.port() == 0 || a.port() != b.port() {
+        return false;
+    }
+    let covers = |x: SocketAddr, y: SocketAddr| {
+        x.ip().is_unspecified() && (x.is_ipv6() || x.is_ipv4() == y.is_ipv4())
+    };
+    a.ip() == b.ip() || covers(a, b) || covers(b, a)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn card_names() {
+        assert!(is_card_name("card0"));
+        assert!(is_card_name("card12"));
+        assert!(!is_card_name("0"));
+        assert!(!is_card_name("card"));
+        assert!(!is_card_name("cardX"));
+    }
+
+    #[test]
+    fn listen_overlap_rules() {
+        let a = |s: &str| {
+            s.parse::<SocketAddr>()
+                .ok()
+                .unwrap_or_else(|| panic!("{s}"))
+        };
+        assert!(listens_overlap(a("127.0.0.1:80"), a("127.0.0.1:80")));
+        assert!(listens_overlap(a("0.0.0.0:80"), a("127.0.0.1:80")));
+        assert!(listens_overlap(a("[::]:80"), a("127.0.0.1:80")));
+        assert!(!listens_overlap(a("0.0.0.0:80"), a("[::1]:80")));
+        assert!(!listens_overlap(a("127.0.0.1:80"), a("127.0.0.1:81")));
+        assert!(!listens_overlap(a("127.0.0.1:80"), a("127.0.0.2:80")));
+        assert!(!listens_overlap(a("127.0.0.1:0"), a("127.0.0.1:0")));
+    }
+}
