@@ -192,6 +192,12 @@ impl KeyIndex {
         self.lines.contains_key(path.raw())
     }
 
+    /// Every written raw path.
+    #[cfg(test)]
+    pub fn raw_paths(&self) -> impl Iterator<Item = &str> {
+        self.lines.keys().map(String::as_str)
+    }
+
     fn insert(&mut self, path: &KeyPath, line: usize) {
         self.lines.entry(path.raw().to_owned()).or_insert(line);
     }
@@ -385,6 +391,26 @@ fn name_of<'a>(item: &'a Spanned<DeValue<'_>>) -> Option<&'a str> {
     }
 }
 
+/// Every table of the schema with the keys it accepts.
+#[cfg(test)]
+pub(crate) fn all_tables() -> Vec<(&'static str, &'static [&'static str])> {
+    vec![
+        ("(root)", field_names::<Config>()),
+        ("server", field_names::<ServerConfig>()),
+        ("server.token", field_names::<TokenConfig>()),
+        ("owner", field_names::<OwnerConfig>()),
+        ("owner.gpu_pressure", field_names::<GpuPressureConfig>()),
+        ("resource", field_names::<ResourceConfig>()),
+        ("upstream", field_names::<UpstreamConfig>()),
+        ("upstream.models.*", field_names::<ModelRequirement>()),
+        (
+            "upstream.requirements.*",
+            field_names::<ResourceRequirement>(),
+        ),
+        ("upstream.credential", field_names::<CredentialConfig>()),
+    ]
+}
+
 /// The keys struct `T` accepts, as serde sees them (after renames).
 fn field_names<T: DeserializeOwned>() -> &'static [&'static str] {
     let mut fields: &'static [&'static str] = &[];
@@ -425,7 +451,7 @@ fn unknown_key_message(key: &str, fields: &[&str]) -> String {
         .map(|f| (edit_distance(key, f), *f))
         .filter(|(d, f)| *d <= 2 && *d < f.len())
         .min_by_key(|(d, _)| *d)
-        .map(|(_, f)| format!("; did you mean \"{f}\"?"))
+        .map(|(_, f)| format!(" (did you mean \"{f}\"?)"))
         .unwrap_or_default();
     format!(
         "unknown key{suggestion}; valid keys here: {}",

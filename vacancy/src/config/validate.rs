@@ -142,20 +142,21 @@ impl Checker<'_> {
             let hash_ok =
                 token.sha256.len() == 64 && token.sha256.bytes().all(|b| b.is_ascii_hexdigit());
             if !hash_ok {
-                let found = if token.sha256.is_empty() {
-                    "missing".to_owned()
+                const HOW: &str = "generate a token and its hash with `vacancyd token new`";
+                let message = if token.sha256.is_empty() {
+                    format!("missing: the token's SHA-256 as 64 hex digits; {HOW}")
                 } else {
+                    let non_hex = if token.sha256.chars().all(|c| c.is_ascii_hexdigit()) {
+                        ""
+                    } else {
+                        ", some not hex digits"
+                    };
                     format!(
-                        "{} characters, not 64 hex digits",
+                        "not a SHA-256: expected 64 hex digits, found {} characters{non_hex}; {HOW}",
                         token.sha256.chars().count()
                     )
                 };
-                self.error(
-                    &tp.key("sha256"),
-                    format!(
-                        "{found}: expected the hex SHA-256 of the token (64 hex digits); generate a token and its hash with `vacancyd token new`"
-                    ),
-                );
+                self.error(&tp.key("sha256"), message);
             }
         }
         listen.map(|addr| (addr, listen_path))
@@ -168,15 +169,6 @@ impl Checker<'_> {
             self.error(
                 &op.key("command"),
                 "missing: presence = \"command\" needs a command (exit 0: present, 1: away); set owner.command or choose another presence",
-            );
-        }
-        if owner.presence != PresenceMode::Command {
-            self.ignored(&op.key("command"), "used only with presence = \"command\"");
-        }
-        if !matches!(owner.presence, PresenceMode::Logind | PresenceMode::Auto) {
-            self.ignored(
-                &op.key("remote_sessions_count"),
-                "used only with presence = \"logind\" or \"auto\"",
             );
         }
         let gp = op.key("gpu_pressure");
