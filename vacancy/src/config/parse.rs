@@ -351,6 +351,13 @@ fn check_struct<T: DeserializeOwned>(
                     check(w, item, &item_path);
                 }
             }
+            (Some(Nested::Array(_)), DeValue::Table(_)) => {
+                let message = format!(
+                    "expected an array of tables, found a table; write each entry under its own [[{}]] header",
+                    key_path.raw()
+                );
+                w.error_at(&key_path, val.span(), message);
+            }
             (Some(Nested::Map(check)), DeValue::Table(entries)) => {
                 for (entry_key, entry) in entries.iter() {
                     let entry_path = key_path.key(entry_key.get_ref());

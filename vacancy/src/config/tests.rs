@@ -448,7 +448,11 @@ credential = "secret"
 "#;
     let errs = errors(text);
     assert_eq!(errs.len(), 3, "{}", list(&errs));
-    find(&errs, "server.token", &["expected an array"]);
+    find(
+        &errs,
+        "server.token",
+        &["expected an array", "[[server.token]]"],
+    );
     find(
         &errs,
         "upstream[0] (\"u\").credential",
@@ -556,7 +560,7 @@ fn listen_addresses_must_parse_and_differ() {
     find(
         &errs,
         "upstream[0] (\"a\").listen",
-        &["already used by server.listen"],
+        &["already used by server.listen (its default)"],
     );
     find(
         &errs,
@@ -566,7 +570,7 @@ fn listen_addresses_must_parse_and_differ() {
     find(
         &errs,
         "upstream[3] (\"d\").listen",
-        &["already used by upstream[1] (\"b\").listen"],
+        &["0.0.0.0:9000 overlaps 127.0.0.1:9000, already used by upstream[1] (\"b\").listen (line"],
     );
     find(
         &errs,

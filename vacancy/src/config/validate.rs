@@ -328,15 +328,21 @@ impl Checker<'_> {
                     .iter()
                     .find(|(other, _)| listens_overlap(addr, *other))
                 {
-                    let line = self
-                        .index
-                        .line(op)
-                        .map(|l| format!(" (line {l})"))
-                        .unwrap_or_default();
-                    let message = format!(
-                        "{addr} is already used by {}{line} ({other}); every listener needs its own address",
-                        op.shown()
-                    );
+                    let whose = if self.index.has(op) {
+                        let line = self.index.line(op).map(|l| format!(" (line {l})"));
+                        format!("{}{}", op.shown(), line.unwrap_or_default())
+                    } else {
+                        format!("{} (its default)", op.shown())
+                    };
+                    let message = if addr == *other {
+                        format!(
+                            "{addr} is already used by {whose}; every listener needs its own address"
+                        )
+                    } else {
+                        format!(
+                            "{addr} overlaps {other}, already used by {whose}; every listener needs its own address"
+                        )
+                    };
                     self.error(&lp, message);
                 } else {
                     listens.push((addr, lp.clone()));
