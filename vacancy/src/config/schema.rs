@@ -270,7 +270,8 @@ pub struct UpstreamConfig {
     pub also_requires: Vec<String>,
     /// Requirement on the primary resource for models not listed in `models` (MEM-06).
     pub default_min_free_mib: u64,
-    /// Requirement on the primary resource for a proven-resident model (RES-01).
+    /// Requirement on each budgeted resource, instead of the configured one or a
+    /// learned prior, when the requested model is proven resident (RES-01).
     pub resident_min_free_mib: u64,
     /// Whether management routes are forwarded (never reserved). Default `deny`.
     pub management: Management,
@@ -334,7 +335,7 @@ impl UpstreamConfig {
             .unwrap_or(self.default_min_free_mib)
     }
 
-    /// The requirement on the primary resource for `model` when it is proven
+    /// The requirement on each budgeted resource for `model` when it is proven
     /// resident (RES-01): the model's `resident_min_free_mib` if set, else the
     /// upstream's.
     pub fn model_resident_min_free_mib(&self, model: Option<&str>) -> u64 {
