@@ -11,8 +11,8 @@ use std::hint::black_box;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use vacancy::engine::{
-    CompletionMethod, Decision, Engine, EngineSpec, EntryId, OwnerPresence, ReleaseOutcome, RequestReuse,
-    ResourceSpec, UpstreamSpec, WorkRequest,
+    CompletionMethod, Decision, Engine, EngineSpec, EntryId, OwnerPresence, ReleaseOutcome,
+    RequestReuse, ResourceSpec, UpstreamSpec, WorkRequest,
 };
 use vacancy::{CapacitySample, Moment, ResourceKind};
 
@@ -29,17 +29,30 @@ fn engine(n: usize) -> (Engine, Vec<WorkRequest>) {
             let mut u = UpstreamSpec::new(&format!("up{i}"), &format!("gpu{i}"), 6000);
             u.models.insert(
                 "llama3.1:8b".into(),
-                vacancy::engine::ModelBudget { min_free_mib: Some(5000), resident_min_free_mib: None },
+                vacancy::engine::ModelBudget {
+                    min_free_mib: Some(5000),
+                    resident_min_free_mib: None,
+                },
             );
             u
         })
         .collect();
-    let mut e = Engine::new(EngineSpec { lending: true, resources, upstreams }).unwrap();
+    let mut e = Engine::new(EngineSpec {
+        lending: true,
+        resources,
+        upstreams,
+    })
+    .unwrap();
     e.set_owner(OwnerPresence::Away);
     for i in 0..n {
-        e.record_sample(&format!("gpu{i}"), CapacitySample::memory(64_000, 80_000, Moment::ZERO)).unwrap();
+        e.record_sample(
+            &format!("gpu{i}"),
+            CapacitySample::memory(64_000, 80_000, Moment::ZERO),
+        )
+        .unwrap();
     }
-    e.record_sample("ram", CapacitySample::memory(64_000, 128_000, Moment::ZERO)).unwrap();
+    e.record_sample("ram", CapacitySample::memory(64_000, 128_000, Moment::ZERO))
+        .unwrap();
     let requests = (0..n)
         .map(|i| WorkRequest {
             id: EntryId::from_u128(0),
@@ -71,9 +84,21 @@ fn admit_release(c: &mut Criterion) {
                 let Decision::Admitted(res) = e.admit(black_box(req), now) else {
                     panic!("benchmark request refused");
                 };
-                e.release(res.id, ReleaseOutcome::Completed, now.after(std::time::Duration::from_nanos(10))).unwrap();
-                e.record_sample(&names[i], CapacitySample::memory(64_000, 80_000, now.after(std::time::Duration::from_nanos(20))))
-                    .unwrap();
+                e.release(
+                    res.id,
+                    ReleaseOutcome::Completed,
+                    now.after(std::time::Duration::from_nanos(10)),
+                )
+                .unwrap();
+                e.record_sample(
+                    &names[i],
+                    CapacitySample::memory(
+                        64_000,
+                        80_000,
+                        now.after(std::time::Duration::from_nanos(20)),
+                    ),
+                )
+                .unwrap();
                 tick += 1;
             });
         });

@@ -138,3 +138,54 @@ pub enum SpecError {
         resource: String,
     },
 }
+
+impl From<&crate::config::Config> for EngineSpec {
+    /// The engine's view of a validated configuration.
+    fn from(config: &crate::config::Config) -> Self {
+        EngineSpec {
+            lending: config.server.lending,
+            resources: config
+                .resources
+                .iter()
+                .map(|r| ResourceSpec {
+                    name: r.name.clone(),
+                    kind: r.kind,
+                    reserve_mib: r.reserve_mib,
+                    enabled: r.enabled,
+                    max_sample_age: Duration::from_millis(r.max_sample_age_ms),
+                    busy_max_pct: r.busy_max_pct,
+                })
+                .collect(),
+            upstreams: config
+                .upstreams
+                .iter()
+                .map(|u| UpstreamSpec {
+                    name: u.name.clone(),
+                    resource: u.resource.clone(),
+                    also_requires: u.also_requires.clone(),
+                    owner_scope: u.owner_scope,
+                    default_min_free_mib: u.default_min_free_mib,
+                    resident_min_free_mib: u.resident_min_free_mib,
+                    models: u
+                        .models
+                        .iter()
+                        .map(|(name, m)| {
+                            (
+                                name.clone(),
+                                ModelBudget {
+                                    min_free_mib: m.min_free_mib,
+                                    resident_min_free_mib: m.resident_min_free_mib,
+                                },
+                            )
+                        })
+                        .collect(),
+                    requirements: u
+                        .requirements
+                        .iter()
+                        .map(|(name, r)| (name.clone(), r.min_free_mib))
+                        .collect(),
+                })
+                .collect(),
+        }
+    }
+}

@@ -818,3 +818,16 @@ fn resident_credit_never_breaches_the_reserve_floor() {
         r.reason
     );
 }
+
+#[test]
+fn example_configuration_builds_an_engine() {
+    let text = include_str!("../../../examples/vacancyd.toml");
+    let loaded = crate::config::Config::parse(text, "examples/vacancyd.toml").unwrap();
+    let spec = EngineSpec::from(&loaded.config);
+    let ollama = spec.upstreams.iter().find(|u| u.name == "ollama").unwrap();
+    assert!(!ollama.also_requires.is_empty());
+    let engine = Engine::new(spec).unwrap();
+    assert!(engine.upstream_id("ollama").is_some());
+    let default = crate::config::Config::embedded_default().unwrap();
+    Engine::new(EngineSpec::from(&default.config)).unwrap();
+}

@@ -41,6 +41,36 @@ pub fn mib(bytes: u64) -> u64 {
     bytes / MIB
 }
 
+/// Build the sampler a `[[resource]]` table configures.
+///
+/// # Errors
+///
+/// The sampler cannot be built here: NVML without the driver or without the
+/// `nvml` feature, an amdgpu card name that is not plain, a file sampler for a
+/// CPU. The daemon treats that resource's capacity as unknown.
+pub fn from_config(
+    config: &crate::config::ResourceConfig,
+    clock: crate::MonotonicClock,
+) -> Result<std::sync::Arc<dyn crate::Resource>, crate::SampleError> {
+    use crate::config::SamplerKind;
+    use crate::traits::resource::ResourceKind;
+    use std::sync::Arc;
+    let name = config.name.clone();
+    Ok(match (config.sampler, config.kind) {
+        (SamplerKind::System, ResourceKind::Cpu) => Arc::new(SystemCpu::new(name, clock)?),
+        (SamplerKind::System, _) => Arc::new(SystemMemory::new(name, clock)?),
+        (SamplerKind::File, kind) => Arc::new(FileSampler::new(name, kind, &config.path, clock)?),
+        (SamplerKind::Amdgpu, _) => Arc::new(AmdGpu::new(
+            name,
+            &config.sysfs_root,
+            &config.device,
+            config.include_gtt,
+            clock,
+        )?),
+        (SamplerKind::Nvml, _) => Arc::new(NvmlGpu::new(name, &config.device, clock)?),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,0 +1,124 @@
+//! `vacancyd check-config` run as a real process.
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn check_config(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_vacancyd"))
+        .arg("check-config")
+        .args(args)
+        .output()
+        .expect("vacancyd runs")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+#[test]
+fn the_example_configuration_is_valid() {
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/vacancyd.toml");
+    let out = check_config(&["--config", example.to_str().unwrap(), "--no-sample"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("ok: "), "{}", text(&out.stdout));
+}
+
+#[test]
+fn without_a_file_the_embedded_default_is_checked() {
+    let out = check_config(&[]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("<embedded default>"));
+}
+
+#[test]
+fn every_problem_is_listed_at_once_with_its_line_and_nothing_starts() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("vacancyd.toml");
+    std::fs::write(
+        &path,
+        r#"[[resource]]
+name = "gpu0"
+kind = "gpu"
+sampler = "file"
+path = "/nonexistent.json"
+
+[[upstream]]
+name = "native"
+adapter = "ollama"
+listen = "127.0.0.1:11435"
+target = "http://localhost:11434"
+resource = "gpu0"
+also_requires = ["ram"]
+
+[[upstream]]
+name = "compat"
+adapter = "openai"
+listen = "127.0.0.1:11435"
+target = "http://127.0.0.1:11434/v1"
+resource = "gpu0"
+owner_scope = "resource"
+"#,
+    )
+    .unwrap();
+    let out = check_config(&["--config", path.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    for expected in [
+        "line 13: upstream[0] (\"native\").also_requires: unknown resource \"ram\"",
+        "line 18: upstream[1] (\"compat\").listen",
+        "line 20: upstream[1] (\"compat\").resource",
+        "CFG-01",
+        "line 21: upstream[1] (\"compat\").owner_scope",
+        "SCOPE-10",
+        "4 problems found",
+    ] {
+        assert!(err.contains(expected), "missing {expected:?} in:\n{err}");
+    }
+}
+
+#[test]
+fn a_reserve_above_the_total_is_a_warning_not_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let sample = dir.path().join("gpu.json");
+    std::fs::write(&sample, r#"{"free_mib": 900, "total_mib": 1000}"#).unwrap();
+    let path = dir.path().join("vacancyd.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "[[resource]]\nname = \"gpu0\"\nkind = \"gpu\"\nsampler = \"file\"\npath = {:?}\nreserve_mib = 2048\n",
+            sample.to_str().unwrap()
+        ),
+    )
+    .unwrap();
+    let out = check_config(&["--config", path.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    assert!(
+        stdout.contains("reserve_mib = 2048 is larger than its total of 1000 MiB"),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn an_unreadable_sampler_is_a_warning_naming_capacity_unknown() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("vacancyd.toml");
+    std::fs::write(
+        &path,
+        "[[resource]]\nname = \"gpu0\"\nkind = \"gpu\"\nsampler = \"file\"\npath = \"/nonexistent/gpu.json\"\n",
+    )
+    .unwrap();
+    let out = check_config(&["--config", path.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    assert!(stdout.contains("/nonexistent/gpu.json"), "{stdout}");
+    assert!(stdout.contains("capacity_unknown"), "{stdout}");
+}
+
+#[test]
+fn a_missing_file_is_named() {
+    let out = check_config(&["--config", "/nonexistent/vacancyd.toml"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("/nonexistent/vacancyd.toml"));
+}
