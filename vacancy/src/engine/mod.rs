@@ -290,6 +290,11 @@ impl Engine {
             .ok_or_else(|| EngineError::UnknownResource(name.to_owned()))
     }
 
+    fn resource_mut(&mut self, name: &str) -> Result<&mut ResourceState, EngineError> {
+        let i = self.resource_idx(name)?;
+        Ok(&mut self.resources[i])
+    }
+
     /// The learned prior of `model` on `resource` for `upstream`, if any.
     pub fn learned_prior(&self, upstream: UpstreamId, model: &str, resource: &str) -> Option<u64> {
         let res = *self.resource_index.get(resource)?;
@@ -339,8 +344,7 @@ impl Engine {
         resource: &str,
         enabled: bool,
     ) -> Result<(), EngineError> {
-        let i = self.resource_idx(resource)?;
-        self.resources[i].enabled = enabled;
+        self.resource_mut(resource)?.enabled = enabled;
         Ok(())
     }
 
@@ -350,8 +354,7 @@ impl Engine {
         resource: &str,
         verdict: PressureVerdict,
     ) -> Result<(), EngineError> {
-        let i = self.resource_idx(resource)?;
-        self.resources[i].pressure = verdict;
+        self.resource_mut(resource)?.pressure = verdict;
         Ok(())
     }
 
@@ -384,8 +387,7 @@ impl Engine {
         at: Moment,
         reason: &str,
     ) -> Result<(), EngineError> {
-        let i = self.resource_idx(resource)?;
-        self.resources[i].record_failure(at, reason);
+        self.resource_mut(resource)?.record_failure(at, reason);
         Ok(())
     }
 
@@ -425,9 +427,7 @@ impl Engine {
     /// footprint measurements taken before now no longer hold, and new work
     /// waits for a fresh sample (RECL-45).
     pub fn record_unload(&mut self, resource: &str, now: Moment) -> Result<(), EngineError> {
-        let i = self.resource_idx(resource)?;
-        let r = &mut self.resources[i];
-        r.disturbed(now);
+        self.resource_mut(resource)?.disturbed(now);
         Ok(())
     }
 
@@ -846,7 +846,7 @@ impl Engine {
             if r.holder == Some(id) {
                 r.holder = None;
             }
-            r.job_ended(now);
+            r.disturbed(now);
             sample_now.push(r.spec.name.clone());
         }
         ReleaseEffect::Released { sample_now }

@@ -76,10 +76,8 @@ impl ResourceState {
         }
     }
 
-    pub fn job_ended(&mut self, now: Moment) {
-        self.disturbed(now);
-    }
-
+    /// A job ended or models were unloaded: a fresh sample is due, and older
+    /// evidence (residency, footprints) no longer describes the resource.
     pub fn disturbed(&mut self, now: Moment) {
         self.needs_sample_after = Some(self.needs_sample_after.map_or(now, |t| t.max(now)));
         self.last_disturbed = self.last_disturbed.max(now);
