@@ -1,0 +1,1 @@
+//! Adapters for the upstreams vacancy lends.
