@@ -163,6 +163,14 @@ pub trait Adapter: Send + Sync {
         Err(ObserveError::Unsupported)
     }
 
+    /// After a borrower disconnected and vacancyd cut the upstream response
+    /// (`on_borrower_disconnect = "cut"`), prove that the upstream stopped the
+    /// work, e.g. llama.cpp's `/slots` showing no slot processing. `Ok(true)`
+    /// releases the reservation; anything else leaves it held (DONE-04).
+    async fn verify_stopped(&self) -> Result<bool, ObserveError> {
+        Ok(false)
+    }
+
     /// Render a refusal in the upstream's dialect. Defaults to OpenAI's.
     fn render_refusal(&self, refusal: &Refusal) -> RenderedRefusal {
         render_openai(refusal)
@@ -262,6 +270,7 @@ mod tests {
             RefusalCode::InvalidRequest
         );
         assert_eq!(a.observe().await, Err(ObserveError::Unsupported));
+        assert_eq!(a.verify_stopped().await, Ok(false));
         assert!(a.reclaimer().is_none());
         assert_eq!(
             a.render_refusal(&Refusal::new(RefusalCode::Pressure, "x"))
