@@ -3,6 +3,8 @@
 
 pub mod config;
 pub mod engine;
+pub mod presence;
+pub mod proxy;
 pub mod sample;
 pub mod time;
 pub mod traits;

@@ -72,6 +72,11 @@ impl MonotonicClock {
     pub fn now(&self) -> Moment {
         Moment::ZERO.after(self.origin.elapsed())
     }
+
+    /// The real instant of a moment on this clock's timeline, for timers.
+    pub fn instant(&self, moment: Moment) -> Instant {
+        self.origin + std::time::Duration::from_nanos(moment.as_nanos())
+    }
 }
 
 impl Default for MonotonicClock {

@@ -38,11 +38,15 @@ pub enum RefusalCode {
     RouteForbidden,
     /// An unrecognized route with a method other than GET/HEAD (ROUTE-03).
     RouteNotSupported,
+    /// The upstream server could not be reached; nothing was forwarded (DONE-02).
+    UpstreamUnreachable,
+    /// The reservation could not be recorded, so nothing was forwarded (REC-01).
+    LedgerUnavailable,
 }
 
 impl RefusalCode {
     /// Every code, for tables and tests.
-    pub const ALL: [RefusalCode; 13] = [
+    pub const ALL: [RefusalCode; 15] = [
         RefusalCode::ResourceBusy,
         RefusalCode::OwnerPresent,
         RefusalCode::Pressure,
@@ -56,6 +60,8 @@ impl RefusalCode {
         RefusalCode::BodyTooLarge,
         RefusalCode::RouteForbidden,
         RefusalCode::RouteNotSupported,
+        RefusalCode::UpstreamUnreachable,
+        RefusalCode::LedgerUnavailable,
     ];
 
     /// The stable machine-readable name, e.g. `resource_busy`.
@@ -74,6 +80,8 @@ impl RefusalCode {
             RefusalCode::BodyTooLarge => "body_too_large",
             RefusalCode::RouteForbidden => "route_forbidden",
             RefusalCode::RouteNotSupported => "route_not_supported",
+            RefusalCode::UpstreamUnreachable => "upstream_unreachable",
+            RefusalCode::LedgerUnavailable => "ledger_unavailable",
         }
     }
 
@@ -93,6 +101,8 @@ impl RefusalCode {
             RefusalCode::BodyTooLarge => 413,
             RefusalCode::RouteForbidden => 403,
             RefusalCode::RouteNotSupported => 501,
+            RefusalCode::UpstreamUnreachable => 502,
+            RefusalCode::LedgerUnavailable => 503,
         }
     }
 
@@ -106,7 +116,9 @@ impl RefusalCode {
     pub fn retry_after(self) -> Option<Duration> {
         match self {
             RefusalCode::ResourceBusy => Some(Duration::from_secs(2)),
-            RefusalCode::CapacityUnknown => Some(Duration::from_secs(5)),
+            RefusalCode::CapacityUnknown | RefusalCode::LedgerUnavailable => {
+                Some(Duration::from_secs(5))
+            }
             RefusalCode::Pressure | RefusalCode::InsufficientMemory => {
                 Some(Duration::from_secs(10))
             }
@@ -185,7 +197,10 @@ mod tests {
         names.dedup();
         assert_eq!(names.len(), RefusalCode::ALL.len());
         for code in RefusalCode::ALL {
-            assert!(matches!(code.http_status(), 400 | 403 | 413 | 501 | 503));
+            assert!(matches!(
+                code.http_status(),
+                400 | 403 | 413 | 501 | 502 | 503
+            ));
             let json = serde_json::to_string(&code).unwrap_or_default();
             assert_eq!(json, format!("\"{}\"", code.as_str()));
         }

@@ -1,0 +1,216 @@
+//! The reservation guard that travels with a response body (DESIGN §8).
+//!
+//! The clean end of the upstream response releases the reservation, recorded
+//! before the borrower's last byte is handed over. A broken-off response holds
+//! it (DONE-03/04). Dropping the body early — the borrower went away — never
+//! releases by itself: with `on_borrower_disconnect = "drain"` the upstream
+//! reply is read to its end and then released; with `"cut"` the upstream
+//! connection is closed and the reservation is held unless the adapter proves
+//! the stop.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, ready};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::BodyExt;
+use hyper::body::{Body, Frame, Incoming, SizeHint};
+use tracing::{info, warn};
+
+use crate::config::OnBorrowerDisconnect;
+use crate::engine::{EntryId, ReleaseOutcome};
+use crate::proxy::UpstreamRoute;
+use crate::proxy::forward::BoxError;
+use crate::proxy::lender::Lender;
+
+/// Owns one reservation until its end is proven.
+pub struct CompletionGuard {
+    lender: Arc<Lender>,
+    route: Arc<UpstreamRoute>,
+    entry: EntryId,
+    forwarded: bool,
+    finished: bool,
+}
+
+impl CompletionGuard {
+    /// A guard for an admitted entry that has not been forwarded yet: dropped
+    /// now, it releases, because nothing reached the upstream.
+    pub fn new(lender: Arc<Lender>, route: Arc<UpstreamRoute>, entry: EntryId) -> Self {
+        CompletionGuard {
+            lender,
+            route,
+            entry,
+            forwarded: false,
+            finished: false,
+        }
+    }
+
+    /// The request is about to leave for the upstream: from now on only a
+    /// proven end releases it.
+    pub fn forwarding(&mut self) {
+        self.forwarded = true;
+    }
+
+    /// The entry it guards.
+    pub fn entry(&self) -> EntryId {
+        self.entry
+    }
+
+    /// End the entry with `outcome`; later calls do nothing.
+    pub fn finish(&mut self, outcome: ReleaseOutcome) {
+        if !self.finished {
+            self.finished = true;
+            self.lender.release(self.entry, outcome);
+        }
+    }
+}
+
+impl Drop for CompletionGuard {
+    fn drop(&mut self) {
+        if self.forwarded {
+            // Nothing proved the end: never release here.
+            self.finish(ReleaseOutcome::Uncertain(
+                "the proxy lost track of the exchange before its end".to_owned(),
+            ));
+        } else {
+            self.finish(ReleaseOutcome::NotForwarded);
+        }
+    }
+}
+
+/// A response body that releases its reservation on a proven clean end.
+pub struct GuardedBody {
+    inner: Option<Incoming>,
+    guard: Option<CompletionGuard>,
+}
+
+impl GuardedBody {
+    /// Guard `inner` with `guard`.
+    pub fn new(inner: Incoming, guard: CompletionGuard) -> Self {
+        GuardedBody {
+            inner: Some(inner),
+            guard: Some(guard),
+        }
+    }
+
+    fn finish(&mut self, outcome: ReleaseOutcome) {
+        if let Some(mut g) = self.guard.take() {
+            g.finish(outcome);
+        }
+    }
+}
+
+impl Body for GuardedBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = &mut *self;
+        let Some(inner) = this.inner.as_mut() else {
+            return Poll::Ready(None);
+        };
+        match ready!(Pin::new(&mut *inner).poll_frame(cx)) {
+            Some(Ok(frame)) => {
+                if inner.is_end_stream() {
+                    // The upstream's last byte is read: release before handing it on.
+                    this.finish(ReleaseOutcome::Completed);
+                }
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Some(Err(e)) => {
+                this.finish(ReleaseOutcome::Uncertain(format!(
+                    "the upstream response broke off: {e}"
+                )));
+                this.inner = None;
+                Poll::Ready(Some(Err(Box::new(e))))
+            }
+            None => {
+                this.finish(ReleaseOutcome::Completed);
+                this.inner = None;
+                Poll::Ready(None)
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        // While the guard is open, report "not ended" so the end is always polled
+        // and the release recorded.
+        self.guard.is_none() && self.inner.as_ref().is_none_or(|b| b.is_end_stream())
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner
+            .as_ref()
+            .map_or_else(|| SizeHint::with_exact(0), |b| b.size_hint())
+    }
+}
+
+impl Drop for GuardedBody {
+    fn drop(&mut self) {
+        let (Some(guard), Some(inner)) = (self.guard.take(), self.inner.take()) else {
+            return;
+        };
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            return; // the guard's own drop holds the entry
+        };
+        let entry = guard.entry();
+        match guard.route.on_borrower_disconnect {
+            OnBorrowerDisconnect::Drain => {
+                info!(entry = %entry, upstream = %guard.route.name, "borrower disconnected; reading the upstream reply to its end");
+                let timeout = guard.route.completion_timeout;
+                handle.spawn(drain(inner, guard, timeout));
+            }
+            OnBorrowerDisconnect::Cut => {
+                drop(inner); // closes the upstream connection
+                info!(entry = %entry, upstream = %guard.route.name, "borrower disconnected; upstream cut");
+                handle.spawn(verify_cut(guard));
+            }
+        }
+    }
+}
+
+async fn drain(mut body: Incoming, mut guard: CompletionGuard, timeout: Duration) {
+    let read = async {
+        while let Some(frame) = body.frame().await {
+            frame?;
+        }
+        Ok::<(), hyper::Error>(())
+    };
+    let outcome = match tokio::time::timeout(timeout, read).await {
+        Ok(Ok(())) => ReleaseOutcome::Completed,
+        Ok(Err(e)) => {
+            ReleaseOutcome::Uncertain(format!("the upstream reply broke off while draining: {e}"))
+        }
+        Err(_) => ReleaseOutcome::Uncertain(format!(
+            "the upstream reply did not end within completion_timeout_s = {}",
+            timeout.as_secs()
+        )),
+    };
+    guard.finish(outcome);
+}
+
+/// After a cut, ask the adapter for proof of the stop a few times: the
+/// upstream notices a closed connection only at its next write.
+async fn verify_cut(mut guard: CompletionGuard) {
+    for attempt in 0..10u32 {
+        tokio::time::sleep(Duration::from_millis(100 * u64::from(attempt + 1).min(5))).await;
+        match guard.route.adapter.verify_stopped().await {
+            Ok(true) => {
+                guard.finish(ReleaseOutcome::Completed);
+                return;
+            }
+            Ok(false) => {}
+            Err(e) => {
+                warn!(entry = %guard.entry(), error = %e, "cannot verify the upstream stopped");
+                break;
+            }
+        }
+    }
+    guard.finish(ReleaseOutcome::Uncertain(
+        "the borrower disconnected, the upstream was cut, and the adapter could not prove it stopped".to_owned(),
+    ));
+}

@@ -1,0 +1,300 @@
+//! One exchange with the upstream: connect, send, and hand back the streaming
+//! response. Knows nothing of admission; says precisely how an exchange failed,
+//! because that decides release or hold (DONE-02, DONE-03).
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http_body_util::BodyExt;
+use http_body_util::combinators::UnsyncBoxBody;
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpStream;
+
+/// Errors a body may carry through the proxy.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The body type the proxy sends both ways.
+pub type ProxyBody = UnsyncBoxBody<Bytes, BoxError>;
+
+/// Where an upstream lives: the address to connect to, the `Host` to send, and
+/// the path prefix of its base URL.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Target {
+    /// Host to connect to.
+    pub host: String,
+    /// Port to connect to.
+    pub port: u16,
+    /// `host:port` as the `Host` header says it.
+    pub authority: String,
+    /// The base URL's path without a trailing slash (`""` for none).
+    pub prefix: String,
+}
+
+impl Target {
+    /// Parse a configured `http://` target. HTTPS targets are not proxied by
+    /// this release.
+    pub fn parse(target: &str) -> Result<Target, String> {
+        let uri: http::Uri = target
+            .parse()
+            .map_err(|e| format!("target {target:?} is not a URL: {e}"))?;
+        match uri.scheme_str() {
+            Some("http") => {}
+            Some(other) => {
+                return Err(format!(
+                    "target {target:?}: scheme {other:?} is not supported; use http://"
+                ));
+            }
+            None => {
+                return Err(format!(
+                    "target {target:?} has no scheme; use http://host:port"
+                ));
+            }
+        }
+        let host = uri
+            .host()
+            .ok_or_else(|| format!("target {target:?} has no host"))?
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_owned();
+        let port = uri.port_u16().unwrap_or(80);
+        let authority = uri
+            .authority()
+            .map(|a| a.as_str().to_owned())
+            .unwrap_or_else(|| format!("{host}:{port}"));
+        let prefix = uri.path().trim_end_matches('/').to_owned();
+        Ok(Target {
+            host,
+            port,
+            authority,
+            prefix,
+        })
+    }
+}
+
+/// How an exchange failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ExchangeError {
+    /// No connection was established: nothing reached the upstream (DONE-02).
+    #[error("cannot connect to the upstream at {address}: {reason}")]
+    Connect {
+        /// host:port
+        address: String,
+        /// Why.
+        reason: String,
+    },
+    /// The connection was established and then failed: the upstream may have
+    /// received the request (DONE-03).
+    #[error("the upstream exchange failed after connecting: {0}")]
+    AfterConnect(String),
+}
+
+/// Headers that belong to one connection and are never forwarded (RFC 9110 §7.6.1).
+const HOP_BY_HOP: [HeaderName; 7] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+];
+
+/// Whether a request or response asks to switch protocols.
+pub fn is_upgrade(headers: &HeaderMap) -> bool {
+    headers.contains_key(header::UPGRADE)
+        && headers
+            .get_all(header::CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .any(|t| t.trim().eq_ignore_ascii_case("upgrade"))
+}
+
+/// Remove hop-by-hop headers, and those the `Connection` header names. An
+/// upgrade keeps `Connection: upgrade` and `Upgrade`.
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let upgrade = is_upgrade(headers);
+    let upgrade_value = headers.get(header::UPGRADE).cloned();
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
+        .collect();
+    for name in named.iter().chain(HOP_BY_HOP.iter()) {
+        headers.remove(name);
+    }
+    if upgrade && let Some(v) = upgrade_value {
+        headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+        headers.insert(header::UPGRADE, v);
+    }
+}
+
+/// Build the upstream request from the borrower's: the target's prefix is
+/// prepended, hop-by-hop headers dropped, `Host` set to the target.
+pub fn upstream_request(
+    target: &Target,
+    parts: &http::request::Parts,
+    body: ProxyBody,
+) -> Result<http::Request<ProxyBody>, String> {
+    let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+    let uri: http::Uri = format!("{}{}", target.prefix, path)
+        .parse()
+        .map_err(|e| format!("cannot form the upstream path: {e}"))?;
+    let mut headers = parts.headers.clone();
+    strip_hop_by_hop(&mut headers);
+    headers.remove(header::CONTENT_LENGTH);
+    let host = HeaderValue::from_str(&target.authority)
+        .map_err(|e| format!("target authority is not a header value: {e}"))?;
+    headers.insert(header::HOST, host);
+    let mut req = http::Request::new(body);
+    *req.method_mut() = parts.method.clone();
+    *req.uri_mut() = uri;
+    *req.headers_mut() = headers;
+    Ok(req)
+}
+
+/// Connect to the target and send one request; the response streams.
+pub async fn exchange(
+    target: &Target,
+    request: http::Request<ProxyBody>,
+    connect_timeout: Duration,
+) -> Result<http::Response<Incoming>, ExchangeError> {
+    let address = format!("{}:{}", target.host, target.port);
+    let stream = match tokio::time::timeout(
+        connect_timeout,
+        TcpStream::connect((target.host.as_str(), target.port)),
+    )
+    .await
+    {
+        Ok(Ok(s)) => s,
+        Ok(Err(e)) => {
+            return Err(ExchangeError::Connect {
+                address,
+                reason: e.to_string(),
+            });
+        }
+        Err(_) => {
+            return Err(ExchangeError::Connect {
+                address,
+                reason: format!("no connection within {} s", connect_timeout.as_secs()),
+            });
+        }
+    };
+    let _ = stream.set_nodelay(true);
+    let (mut sender, conn) = hyper::client::conn::http1::Builder::new()
+        .handshake(TokioIo::new(stream))
+        .await
+        .map_err(|e| ExchangeError::AfterConnect(e.to_string()))?;
+    tokio::spawn(async move {
+        if let Err(e) = conn.with_upgrades().await {
+            tracing::debug!(error = %e, "upstream connection ended with an error");
+        }
+    });
+    sender
+        .send_request(request)
+        .await
+        .map_err(|e| ExchangeError::AfterConnect(e.to_string()))
+}
+
+/// Prepare an upstream response for the borrower: hop-by-hop headers dropped,
+/// and `X-Accel-Buffering: no` on streams so no buffering proxy in front holds them.
+pub fn prepare_response_head(parts: &mut http::response::Parts) {
+    if parts.status != http::StatusCode::SWITCHING_PROTOCOLS {
+        strip_hop_by_hop(&mut parts.headers);
+    }
+    let streaming = parts
+        .headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|ct| ct.starts_with("text/event-stream") || ct.contains("ndjson"));
+    if streaming {
+        parts
+            .headers
+            .insert("x-accel-buffering", HeaderValue::from_static("no"));
+    }
+}
+
+/// A body from bytes.
+pub fn full(bytes: impl Into<Bytes>) -> ProxyBody {
+    http_body_util::Full::new(bytes.into())
+        .map_err(|never| match never {})
+        .boxed_unsync()
+}
+
+/// A borrower's streaming body, forwarded as it arrives.
+pub fn streaming(body: Incoming) -> ProxyBody {
+    body.map_err(|e| -> BoxError { Box::new(e) }).boxed_unsync()
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn targets_keep_their_prefix_and_default_port() {
+        let t = Target::parse("http://127.0.0.1:8080/base/").unwrap();
+        assert_eq!(
+            (t.host.as_str(), t.port, t.prefix.as_str()),
+            ("127.0.0.1", 8080, "/base")
+        );
+        let t = Target::parse("http://localhost").unwrap();
+        assert_eq!((t.port, t.prefix.as_str()), (80, ""));
+        let t = Target::parse("http://[::1]:9000").unwrap();
+        assert_eq!(t.host, "::1");
+        assert!(
+            Target::parse("https://h:1")
+                .unwrap_err()
+                .contains("http://")
+        );
+    }
+
+    #[test]
+    fn hop_by_hop_headers_and_those_connection_names_are_dropped() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::CONNECTION,
+            HeaderValue::from_static("keep-alive, x-private"),
+        );
+        h.insert("x-private", HeaderValue::from_static("1"));
+        h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
+        h.insert(
+            header::TRANSFER_ENCODING,
+            HeaderValue::from_static("chunked"),
+        );
+        h.insert(header::AUTHORIZATION, HeaderValue::from_static("Bearer b"));
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h.len(), 1, "{h:?}");
+        assert!(h.contains_key(header::AUTHORIZATION));
+    }
+
+    #[test]
+    fn upgrades_keep_their_headers() {
+        let mut h = HeaderMap::new();
+        h.insert(header::CONNECTION, HeaderValue::from_static("Upgrade"));
+        h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+        assert!(is_upgrade(&h));
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h.get(header::UPGRADE).unwrap(), "websocket");
+        assert_eq!(h.get(header::CONNECTION).unwrap(), "upgrade");
+    }
+
+    #[test]
+    fn upstream_request_prepends_the_prefix_and_sets_host() {
+        let t = Target::parse("http://127.0.0.1:8080/p").unwrap();
+        let (parts, ()) = http::Request::post("/v1/chat/completions?x=1")
+            .header(header::HOST, "proxy:1")
+            .header(header::CONTENT_LENGTH, "2")
+            .body(())
+            .unwrap()
+            .into_parts();
+        let req = upstream_request(&t, &parts, full("{}")).unwrap();
+        assert_eq!(req.uri(), "/p/v1/chat/completions?x=1");
+        assert_eq!(req.headers()[header::HOST], "127.0.0.1:8080");
+        assert!(!req.headers().contains_key(header::CONTENT_LENGTH));
+    }
+}

@@ -1,0 +1,310 @@
+//! One borrower request through one upstream's listener:
+//! classify → (inspect → admit → persist) → forward → complete.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::header;
+use http_body_util::{BodyExt, Limited};
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use tokio::sync::oneshot;
+use tracing::{debug, warn};
+
+use crate::engine::{EntryId, Refusal, RefusalCode, ReleaseOutcome, WorkRequest};
+use crate::proxy::UpstreamRoute;
+use crate::proxy::completion::{CompletionGuard, GuardedBody};
+use crate::proxy::forward::{
+    ExchangeError, ProxyBody, exchange, full, is_upgrade, prepare_response_head, streaming,
+    upstream_request,
+};
+use crate::proxy::lender::Lender;
+use crate::traits::{InspectContext, RoutePolicy, WorkRoute, route_policy};
+
+/// How much of an unread request body a refusal drains to keep the connection alive.
+const REFUSAL_DRAIN_BYTES: usize = 256 * 1024;
+
+/// Answer one borrower request.
+pub async fn handle(
+    lender: Arc<Lender>,
+    route: Arc<UpstreamRoute>,
+    req: http::Request<Incoming>,
+) -> http::Response<ProxyBody> {
+    let path = req
+        .uri()
+        .path_and_query()
+        .map_or("/", |p| p.as_str())
+        .to_owned();
+    let class = route.adapter.classify(req.method(), &path);
+    match route_policy(class, req.method(), route.management) {
+        RoutePolicy::Refuse(code) => {
+            let refusal = route_refusal(&route, code, req.method(), &path);
+            lender.metrics().refused(&route.name, code);
+            refuse_after_draining(&route, refusal, req.into_body()).await
+        }
+        RoutePolicy::Forward => forward_unreserved(&route, req).await,
+        RoutePolicy::Admit(work) => work_request(lender, route, req, work, &path).await,
+    }
+}
+
+fn route_refusal(
+    route: &UpstreamRoute,
+    code: RefusalCode,
+    method: &http::Method,
+    path: &str,
+) -> Refusal {
+    let path = path.split('?').next().unwrap_or(path);
+    let reason = match code {
+        RefusalCode::RouteForbidden => format!(
+            "{method} {path} manages upstream {} or reads the owner's data, or is not a read the {} adapter lists; it is forwarded only where the owner sets management = \"allow\". If it is a borrower read the adapter should list, report it in vacancy's issue tracker with the upstream's name and version",
+            route.name,
+            route.adapter.name()
+        ),
+        _ => format!(
+            "{method} {path} is not a route the {} adapter recognizes, so vacancyd cannot tell when its work would end and does not forward it; if the upstream serves it, report it in vacancy's issue tracker with the upstream's name and version (docs/adapter-guide.md lists each adapter's routes)",
+            route.adapter.name()
+        ),
+    };
+    Refusal::new(code, reason)
+}
+
+/// A refusal rendered in the adapter's dialect.
+pub fn refusal_response(
+    route: &UpstreamRoute,
+    refusal: &Refusal,
+    close: bool,
+) -> http::Response<ProxyBody> {
+    let rendered = route.adapter.render_refusal(refusal);
+    let mut resp = http::Response::new(full(rendered.body));
+    *resp.status_mut() = rendered.status;
+    *resp.headers_mut() = rendered.headers;
+    if close {
+        resp.headers_mut()
+            .insert(header::CONNECTION, http::HeaderValue::from_static("close"));
+    }
+    resp
+}
+
+/// Refuse, draining a small unread body first so the connection stays usable
+/// (DESIGN §4); a larger body closes the connection instead.
+async fn refuse_after_draining(
+    route: &UpstreamRoute,
+    refusal: Refusal,
+    body: Incoming,
+) -> http::Response<ProxyBody> {
+    let drained = hyper::body::Body::is_end_stream(&body)
+        || tokio::time::timeout(
+            std::time::Duration::from_millis(200),
+            Limited::new(body, REFUSAL_DRAIN_BYTES).collect(),
+        )
+        .await
+        .is_ok_and(|r| r.is_ok());
+    refusal_response(route, &refusal, !drained)
+}
+
+async fn forward_unreserved(
+    route: &UpstreamRoute,
+    req: http::Request<Incoming>,
+) -> http::Response<ProxyBody> {
+    let (mut parts, body) = req.into_parts();
+    let borrower_upgrade = parts.extensions.remove::<hyper::upgrade::OnUpgrade>();
+    let upstream_req = match upstream_request(&route.target, &parts, streaming(body)) {
+        Ok(r) => r,
+        Err(e) => {
+            return refusal_response(route, &Refusal::new(RefusalCode::InvalidRequest, e), true);
+        }
+    };
+    match exchange(&route.target, upstream_req, route.connect_timeout).await {
+        Ok(resp) => relay(resp, borrower_upgrade, None),
+        Err(e) => exchange_failed(route, &e),
+    }
+}
+
+fn exchange_failed(route: &UpstreamRoute, e: &ExchangeError) -> http::Response<ProxyBody> {
+    warn!(upstream = %route.name, error = %e, "upstream exchange failed");
+    let refusal = Refusal::new(
+        RefusalCode::UpstreamUnreachable,
+        format!("upstream {}: {e}", route.name),
+    );
+    refusal_response(route, &refusal, false)
+}
+
+/// Hand an upstream response to the borrower: streamed, guarded when it is
+/// work, tunnelled when it switches protocols.
+fn relay(
+    mut resp: http::Response<Incoming>,
+    borrower_upgrade: Option<hyper::upgrade::OnUpgrade>,
+    guard: Option<CompletionGuard>,
+) -> http::Response<ProxyBody> {
+    if resp.status() == http::StatusCode::SWITCHING_PROTOCOLS {
+        let upstream_upgrade = hyper::upgrade::on(&mut resp);
+        let (mut parts, _) = resp.into_parts();
+        prepare_response_head(&mut parts);
+        tokio::spawn(tunnel(borrower_upgrade, upstream_upgrade, guard));
+        return http::Response::from_parts(parts, full(Bytes::new()));
+    }
+    let (mut parts, body) = resp.into_parts();
+    prepare_response_head(&mut parts);
+    let body = match guard {
+        Some(g) => GuardedBody::new(body, g).boxed_unsync(),
+        None => streaming(body),
+    };
+    http::Response::from_parts(parts, body)
+}
+
+/// Copy bytes both ways after a protocol switch. A gated WebSocket has no
+/// completion guarantee, so its reservation is held after the close (ROUTE-10).
+async fn tunnel(
+    borrower: Option<hyper::upgrade::OnUpgrade>,
+    upstream: hyper::upgrade::OnUpgrade,
+    guard: Option<CompletionGuard>,
+) {
+    let result = async {
+        let borrower = borrower
+            .ok_or("the borrower's connection cannot be upgraded")?
+            .await?;
+        let upstream = upstream.await?;
+        let mut b = TokioIo::new(borrower);
+        let mut u = TokioIo::new(upstream);
+        tokio::io::copy_bidirectional(&mut b, &mut u).await?;
+        Ok::<(), Box<dyn std::error::Error + Send + Sync>>(())
+    }
+    .await;
+    if let Err(e) = &result {
+        debug!(error = %e, "upgraded connection ended");
+    }
+    if let Some(mut g) = guard {
+        g.finish(ReleaseOutcome::Uncertain(
+            "a gated WebSocket closed; WebSockets carry no completion guarantee".to_owned(),
+        ));
+    }
+}
+
+async fn work_request(
+    lender: Arc<Lender>,
+    route: Arc<UpstreamRoute>,
+    req: http::Request<Incoming>,
+    work: WorkRoute,
+    path: &str,
+) -> http::Response<ProxyBody> {
+    let arrived_at = lender.clock().now();
+    let (mut parts, body) = req.into_parts();
+    let body = if work.inspect_body {
+        match Limited::new(body, route.max_body_bytes).collect().await {
+            Ok(collected) => collected.to_bytes(),
+            Err(e) if e.is::<http_body_util::LengthLimitError>() => {
+                let refusal = Refusal::new(
+                    RefusalCode::BodyTooLarge,
+                    format!(
+                        "the request body is larger than the {} bytes vacancyd inspects for work (max_body_mib); send a smaller request",
+                        route.max_body_bytes
+                    ),
+                );
+                lender.metrics().refused(&route.name, refusal.code);
+                return refusal_response(&route, &refusal, true);
+            }
+            Err(e) => {
+                let refusal = Refusal::new(
+                    RefusalCode::InvalidRequest,
+                    format!("the request body could not be read: {e}"),
+                );
+                return refusal_response(&route, &refusal, true);
+            }
+        }
+    } else {
+        Bytes::new()
+    };
+    let entry = EntryId::random();
+    let ctx = InspectContext {
+        entry,
+        method: &parts.method,
+        path,
+        headers: &parts.headers,
+    };
+    let inspection = match route.adapter.inspect(&work, ctx, &body) {
+        Ok(i) => i,
+        Err(e) => {
+            lender.metrics().refused(&route.name, e.code);
+            return refusal_response(&route, &e.to_refusal(), false);
+        }
+    };
+    let request = WorkRequest {
+        id: entry,
+        upstream: route.id,
+        model: inspection.model,
+        arrived_at,
+        completion: work.completion,
+        reuse: inspection.reuse,
+    };
+    let reservation = match lender.admit(&request, &route.name).await {
+        Err(refusal) if refusal.observe_again => {
+            // RES-20: the observation was only too old; observe once more.
+            if let Ok(obs) = route.adapter.observe().await {
+                lender.observe(route.id, obs);
+            }
+            lender.admit(&request, &route.name).await
+        }
+        other => other,
+    };
+    let reservation = match reservation {
+        Ok(r) => r,
+        Err(refusal) => return refusal_response(&route, &refusal, false),
+    };
+    let mut guard = CompletionGuard::new(Arc::clone(&lender), Arc::clone(&route), entry);
+    if let Err(e) = lender.store().persist(&reservation).await {
+        warn!(entry = %entry, error = %e, "reservation not recorded; not forwarding");
+        drop(guard); // not forwarded: releases
+        let refusal = Refusal::new(
+            RefusalCode::LedgerUnavailable,
+            format!(
+                "vacancyd could not record the reservation, so it did not forward the request: {e}"
+            ),
+        );
+        return refusal_response(&route, &refusal, false);
+    }
+    let body = inspection.rewritten_body.map_or(body, Bytes::from);
+    let borrower_upgrade = if is_upgrade(&parts.headers) {
+        parts.extensions.remove::<hyper::upgrade::OnUpgrade>()
+    } else {
+        None
+    };
+    let upstream_req = match upstream_request(&route.target, &parts, full(body)) {
+        Ok(r) => r,
+        Err(e) => {
+            return refusal_response(&route, &Refusal::new(RefusalCode::InvalidRequest, e), false);
+        }
+    };
+    // The exchange runs apart from the borrower's connection, so a borrower who
+    // leaves mid-wait never leaves the entry without an owner.
+    let (tx, rx) = oneshot::channel();
+    let task_route = Arc::clone(&route);
+    tokio::spawn(async move {
+        guard.forwarding();
+        let response =
+            match exchange(&task_route.target, upstream_req, task_route.connect_timeout).await {
+                Ok(resp) => relay(resp, borrower_upgrade, Some(guard)),
+                Err(e @ ExchangeError::Connect { .. }) => {
+                    guard.finish(ReleaseOutcome::NotForwarded);
+                    exchange_failed(&task_route, &e)
+                }
+                Err(e @ ExchangeError::AfterConnect(_)) => {
+                    guard.finish(ReleaseOutcome::Uncertain(e.to_string()));
+                    exchange_failed(&task_route, &e)
+                }
+            };
+        // A borrower who left gets nothing; dropping the response applies the
+        // on_borrower_disconnect policy.
+        drop(tx.send(response));
+    });
+    match rx.await {
+        Ok(resp) => resp,
+        Err(_) => refusal_response(
+            &route,
+            &Refusal::new(
+                RefusalCode::UpstreamUnreachable,
+                "the upstream exchange ended without a response",
+            ),
+            true,
+        ),
+    }
+}
