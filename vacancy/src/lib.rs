@@ -6,6 +6,8 @@ pub mod engine;
 pub mod presence;
 pub mod proxy;
 pub mod sample;
+#[cfg(feature = "testkit")]
+pub mod testkit;
 pub mod time;
 pub mod traits;
 

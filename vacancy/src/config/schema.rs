@@ -61,6 +61,9 @@ pub struct ServerConfig {
     pub admission_state_dir: String,
     /// The lending switch at start. Default `true`.
     pub lending: bool,
+    /// The largest work request body vacancyd reads to inspect it, in MiB;
+    /// larger bodies get 413 `body_too_large`. Default 32.
+    pub max_body_mib: u64,
     /// `[[server.token]]`: admin/owner credentials (hashes only).
     #[serde(rename = "token")]
     pub tokens: Vec<TokenConfig>,
@@ -72,6 +75,7 @@ impl Default for ServerConfig {
             listen: "127.0.0.1:7480".to_owned(),
             admission_state_dir: String::new(),
             lending: true,
+            max_body_mib: 32,
             tokens: Vec::new(),
         }
     }

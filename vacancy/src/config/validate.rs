@@ -115,6 +115,13 @@ impl Checker<'_> {
             self.listen(&listen_path, &server.listen)
         };
 
+        if server.max_body_mib == 0 {
+            self.error(
+                &sp.key("max_body_mib"),
+                "must be at least 1 (MiB of a work request body read to inspect it)",
+            );
+        }
+
         let mut seen: HashMap<&str, KeyPath> = HashMap::new();
         for (i, token) in server.tokens.iter().enumerate() {
             let tp = sp.key("token").elem(i, Some(&token.name));

@@ -1,0 +1,355 @@
+//! Conformance checks every adapter must pass (DESIGN §8), public so adapter
+//! authors outside this repository run the same checks (feature `testkit`).
+//!
+//! - [`check_route_table`]: each entry classifies as itself; unknown routes are unknown.
+//! - [`check_refusal_dialect`]: every refusal code renders with its one status,
+//!   its name in the body, and its `Retry-After`.
+//! - [`check_completion`]: through the real proxy, a clean upstream end
+//!   releases (DONE-01), a refused connection releases (DONE-02), and a stream
+//!   cut after the connection is established holds (DONE-03).
+//!
+//! The completion checks run the proxy against tiny in-process upstreams that
+//! answer cleanly, refuse, or break off, because they test the proxy's
+//! contract with the adapter, not any real server.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::TokioIo;
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use crate::config::{Management, OnBorrowerDisconnect};
+use crate::engine::{
+    Engine, EngineSpec, OwnerPresence, Phase, RefusalCode, ResourceSpec, UpstreamSpec,
+};
+use crate::proxy::{Lender, Target, UpstreamRoute, VolatileStore};
+use crate::traits::{Adapter, RouteClass};
+use crate::{CapacitySample, ResourceKind};
+
+/// A request that is work on the adapter under test.
+#[derive(Debug, Clone)]
+pub struct WorkSample {
+    /// Its method.
+    pub method: http::Method,
+    /// Its path.
+    pub path: String,
+    /// Its content type.
+    pub content_type: String,
+    /// Its body.
+    pub body: Bytes,
+}
+
+impl WorkSample {
+    /// A JSON POST.
+    pub fn json(path: &str, body: &str) -> Self {
+        WorkSample {
+            method: http::Method::POST,
+            path: path.to_owned(),
+            content_type: "application/json".to_owned(),
+            body: Bytes::copy_from_slice(body.as_bytes()),
+        }
+    }
+}
+
+fn concrete_path(pattern: &str) -> String {
+    pattern
+        .split('/')
+        .map(|seg| {
+            if seg.starts_with('{') && seg.ends_with('}') {
+                "abcd_1234-ef"
+            } else {
+                seg
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("/")
+}
+
+/// Every route-table entry classifies as itself; paths no adapter serves are unknown.
+pub fn check_route_table(adapter: &dyn Adapter) -> Result<(), Vec<String>> {
+    let mut problems = Vec::new();
+    for e in adapter.routes().entries() {
+        let method = match e.method {
+            crate::traits::RouteMethod::Get => http::Method::GET,
+            crate::traits::RouteMethod::Post => http::Method::POST,
+            crate::traits::RouteMethod::Put => http::Method::PUT,
+            crate::traits::RouteMethod::Delete => http::Method::DELETE,
+            crate::traits::RouteMethod::Patch => http::Method::PATCH,
+        };
+        let path = concrete_path(e.path);
+        let got = adapter.classify(&method, &path);
+        if e.param_check.is_none() && got != e.class {
+            problems.push(format!(
+                "{method} {path} classifies as {got:?}, its entry says {:?}",
+                e.class
+            ));
+        }
+    }
+    for method in [http::Method::GET, http::Method::POST, http::Method::DELETE] {
+        let path = "/vacancy-testkit/no/such/route";
+        let got = adapter.classify(&method, path);
+        if got != RouteClass::Unknown {
+            problems.push(format!(
+                "{method} {path} classifies as {got:?}, expected Unknown (ROUTE-01)"
+            ));
+        }
+    }
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(problems)
+    }
+}
+
+/// Every refusal code renders with its status, its name, and its `Retry-After`.
+pub fn check_refusal_dialect(adapter: &dyn Adapter) -> Result<(), Vec<String>> {
+    let mut problems = Vec::new();
+    for code in RefusalCode::ALL {
+        let r = adapter.render_refusal(&crate::engine::Refusal::new(code, "testkit reason"));
+        if r.status.as_u16() != code.http_status() {
+            problems.push(format!(
+                "{code}: status {} (expected {})",
+                r.status,
+                code.http_status()
+            ));
+        }
+        if !String::from_utf8_lossy(&r.body).contains(code.as_str()) {
+            problems.push(format!("{code}: the body does not carry the code"));
+        }
+        let retry = r
+            .headers
+            .get(http::header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        let want = code.retry_after().map(|d| d.as_secs().to_string());
+        if retry != want {
+            problems.push(format!("{code}: Retry-After {retry:?}, expected {want:?}"));
+        }
+    }
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(problems)
+    }
+}
+
+/// How a fake upstream answers.
+#[derive(Debug, Clone, Copy)]
+enum Upstream {
+    Clean,
+    BreaksOff,
+}
+
+async fn fake_upstream(kind: Upstream) -> std::io::Result<SocketAddr> {
+    let listener = TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            match kind {
+                Upstream::Clean => {
+                    tokio::spawn(async move {
+                        let svc = hyper::service::service_fn(|_req| async {
+                            Ok::<_, std::convert::Infallible>(http::Response::new(Full::new(
+                                Bytes::from_static(b"{\"ok\":true}"),
+                            )))
+                        });
+                        let _ = hyper::server::conn::http1::Builder::new()
+                            .serve_connection(TokioIo::new(stream), svc)
+                            .await;
+                    });
+                }
+                Upstream::BreaksOff => {
+                    tokio::spawn(async move {
+                        let mut buf = [0u8; 4096];
+                        let _ = tokio::io::AsyncReadExt::read(&mut stream, &mut buf).await;
+                        let _ = stream
+                            .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\npartial")
+                            .await;
+                        let _ = stream.shutdown().await;
+                    });
+                }
+            }
+        }
+    });
+    Ok(addr)
+}
+
+async fn closed_port() -> std::io::Result<SocketAddr> {
+    let l = TcpListener::bind("127.0.0.1:0").await?;
+    l.local_addr()
+}
+
+struct Harness {
+    lender: Arc<Lender>,
+    addr: SocketAddr,
+    stop: watch::Sender<bool>,
+}
+
+async fn harness(adapter: Arc<dyn Adapter>, upstream: SocketAddr) -> Result<Harness, String> {
+    let spec = EngineSpec {
+        lending: true,
+        resources: vec![ResourceSpec::new("testkit", ResourceKind::Memory, 0)],
+        upstreams: vec![UpstreamSpec::new("under-test", "testkit", 0)],
+    };
+    let mut engine = Engine::new(spec).map_err(|e| e.to_string())?;
+    engine.set_owner(OwnerPresence::Away);
+    let clock = crate::MonotonicClock::new();
+    let lender = Arc::new(Lender::new(
+        engine,
+        ["testkit".to_owned()],
+        clock,
+        Arc::new(VolatileStore),
+    ));
+    lender.record_sample(
+        "testkit",
+        Ok(CapacitySample::memory(1 << 20, 1 << 21, clock.now())),
+        clock.now(),
+    );
+    let id = lender
+        .with_engine(|e| e.upstream_id("under-test"))
+        .ok_or("no upstream")?;
+    let route = Arc::new(UpstreamRoute {
+        name: "under-test".to_owned(),
+        id,
+        adapter,
+        target: Target::parse(&format!("http://{upstream}"))?,
+        management: Management::Deny,
+        on_borrower_disconnect: OnBorrowerDisconnect::Drain,
+        completion_timeout: Duration::from_secs(5),
+        max_body_bytes: 1 << 20,
+        connect_timeout: Duration::from_secs(2),
+    });
+    let listener = TcpListener::bind("127.0.0.1:0")
+        .await
+        .map_err(|e| e.to_string())?;
+    let addr = listener.local_addr().map_err(|e| e.to_string())?;
+    let (stop, rx) = watch::channel(false);
+    tokio::spawn(crate::proxy::serve(
+        listener,
+        Arc::clone(&lender),
+        route,
+        rx,
+        Duration::from_secs(1),
+    ));
+    Ok(Harness { lender, addr, stop })
+}
+
+/// Send `sample` through the proxy; the status and whether the body ended cleanly.
+async fn send(addr: SocketAddr, sample: &WorkSample) -> Result<(u16, bool), String> {
+    let stream = tokio::net::TcpStream::connect(addr)
+        .await
+        .map_err(|e| e.to_string())?;
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .map_err(|e| e.to_string())?;
+    tokio::spawn(conn);
+    let req = http::Request::builder()
+        .method(sample.method.clone())
+        .uri(&sample.path)
+        .header(http::header::HOST, addr.to_string())
+        .header(http::header::CONTENT_TYPE, &sample.content_type)
+        .body(Full::new(sample.body.clone()))
+        .map_err(|e| e.to_string())?;
+    let resp = sender.send_request(req).await.map_err(|e| e.to_string())?;
+    let status = resp.status().as_u16();
+    let clean = resp.into_body().collect().await.is_ok();
+    Ok((status, clean))
+}
+
+async fn settle(
+    lender: &Lender,
+    want: impl Fn(&[crate::engine::WorkStatus]) -> bool,
+) -> Vec<crate::engine::WorkStatus> {
+    for _ in 0..100 {
+        let work = lender.status().work;
+        if want(&work) {
+            return work;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    lender.status().work
+}
+
+/// Through the real proxy: a clean end releases, a refused connection
+/// releases, a stream cut after connecting holds. `make` builds the adapter
+/// for a target base URL.
+pub async fn check_completion(
+    make: impl Fn(&str) -> Arc<dyn Adapter>,
+    sample: &WorkSample,
+) -> Result<(), Vec<String>> {
+    let mut problems = Vec::new();
+    let io = |e: std::io::Error| vec![e.to_string()];
+
+    // DONE-01: a clean end releases.
+    let up = fake_upstream(Upstream::Clean).await.map_err(io)?;
+    let h = harness(make(&format!("http://{up}")), up)
+        .await
+        .map_err(|e| vec![e])?;
+    match send(h.addr, sample).await {
+        Ok((200, true)) => {
+            let work = settle(&h.lender, |w| w.is_empty()).await;
+            if !work.is_empty() {
+                problems.push(format!(
+                    "DONE-01: a clean end left {} entries: {work:?}",
+                    work.len()
+                ));
+            }
+        }
+        other => problems.push(format!(
+            "DONE-01: the work sample through the proxy gave {other:?}, expected a clean 200"
+        )),
+    }
+    let _ = h.stop.send(true);
+
+    // DONE-02: a refused connection releases.
+    let up = closed_port().await.map_err(io)?;
+    let h = harness(make(&format!("http://{up}")), up)
+        .await
+        .map_err(|e| vec![e])?;
+    match send(h.addr, sample).await {
+        Ok((502, _)) => {
+            let work = settle(&h.lender, |w| w.is_empty()).await;
+            if !work.is_empty() {
+                problems.push(format!(
+                    "DONE-02: a refused connection left {} entries",
+                    work.len()
+                ));
+            }
+        }
+        other => problems.push(format!(
+            "DONE-02: a refused upstream gave {other:?}, expected 502 upstream_unreachable"
+        )),
+    }
+    let _ = h.stop.send(true);
+
+    // DONE-03: a stream cut after the connection is established holds.
+    let up = fake_upstream(Upstream::BreaksOff).await.map_err(io)?;
+    let h = harness(make(&format!("http://{up}")), up)
+        .await
+        .map_err(|e| vec![e])?;
+    match send(h.addr, sample).await {
+        Ok((_, false)) | Err(_) => {
+            let work = settle(&h.lender, |w| w.iter().any(|e| e.phase == Phase::Held)).await;
+            if !(work.len() == 1 && work[0].phase == Phase::Held) {
+                problems.push(format!(
+                    "DONE-03: a cut stream should leave one held entry, found {work:?}"
+                ));
+            }
+        }
+        Ok(other) => problems.push(format!(
+            "DONE-03: a cut stream reached the borrower as complete: {other:?}"
+        )),
+    }
+    let _ = h.stop.send(true);
+
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(problems)
+    }
+}
