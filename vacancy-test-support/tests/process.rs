@@ -233,3 +233,22 @@ fn bad_venv_names_are_refused() {
         );
     }
 }
+
+#[test]
+fn a_failed_pip_install_reports_pip_output_and_leaves_no_stamp() {
+    const NAME: &str = "vacancy-test-support-selftest-broken";
+    // A local path that does not exist: pip fails without touching the network.
+    let err = PythonVenv::ensure(NAME, &["/nonexistent/vacancy-missing.whl"]).unwrap_err();
+    assert!(matches!(err, SupportError::Command { .. }), "{err}");
+    let text = err.to_string();
+    assert!(text.contains("pip install"), "{text}");
+    assert!(
+        text.contains("vacancy-missing.whl"),
+        "pip's own output: {text}"
+    );
+    let dir = cache_dir().join("venvs").join(NAME);
+    assert!(
+        !dir.join(".vacancy-stamp").exists(),
+        "a failed venv is marked complete"
+    );
+}
