@@ -59,7 +59,8 @@ fn cache_dir_exists() {
 
 #[test]
 fn log_is_captured_and_kill_works() {
-    let mut p = ManagedProcess::spawn("echo-sleep", sh("echo hi; echo err >&2; sleep 30")).unwrap();
+    let mut p =
+        ManagedProcess::spawn("echo-sleep", sh("echo hi; echo err >&2; exec sleep 30")).unwrap();
     assert!(p.pid() > 0);
     wait_log(&p, "err");
     assert!(p.log().contains("hi\n"), "stdout captured: {:?}", p.log());
