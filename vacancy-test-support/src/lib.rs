@@ -1,1 +1,82 @@
-//! Test harness for vacancy.
+//! Test harness for vacancy: real upstream servers and the tools to watch them.
+//!
+//! - [`free_port`], [`cache_dir`]: the basics.
+//! - [`ManagedProcess`]: a child process with its output in a log file, killed on
+//!   drop (and its log printed if the test is panicking).
+//! - [`PythonVenv`], [`TinyModel`], [`LlamaServer`]: a real llama.cpp server
+//!   (llama-server's code through the PyPI wheel `xllamacpp`) serving a tiny random
+//!   GGUF model, all installed on demand into [`cache_dir`].
+//! - [`CountingShim`]: a forwarding proxy that records every request it relays; the
+//!   oracle of "the upstream never saw two work requests at once".
+//! - [`http_request`], [`http_stream`], [`http_get_status`]: small HTTP clients.
+//!
+//! Everything works from an empty cache; the cache only speeds up reruns. The first
+//! run needs PyPI (about 130 MB of wheels, ~9 s on two cores; later starts ~0.2 s).
+//!
+//! The process and server APIs block (they wait for processes and ports): from
+//! async code, call them before entering the runtime or in `spawn_blocking`.
+//!
+//! ```no_run
+//! use vacancy_test_support::{CountingShim, LlamaOptions, LlamaServer, SupportError};
+//!
+//! fn scenario() -> Result<(), SupportError> {
+//!     let mut upstream = LlamaServer::start(LlamaOptions::default())?;
+//!     let shim = CountingShim::start(upstream.addr())?;
+//!     // ... point the daemon at shim.base_url() and drive it ...
+//!     assert!(shim.max_concurrency_where(|r| r.path == "/completion") <= 1);
+//!
+//!     // Take the upstream down, then bring it back where the daemon expects it.
+//!     let port = upstream.port();
+//!     upstream.kill()?;
+//!     let _upstream = LlamaServer::start_on(port, LlamaOptions::default())?;
+//!     Ok(())
+//! }
+//! ```
+
+mod error;
+mod http;
+mod llama;
+mod process;
+mod python;
+mod shim;
+
+use std::path::PathBuf;
+
+pub use error::SupportError;
+pub use http::{Chunk, HttpReply, HttpStream, http_request, http_stream};
+pub use llama::{LLAMA_PACKAGES, LLAMA_VENV, LlamaOptions, LlamaServer, TinyModel};
+pub use process::{ManagedProcess, http_get_status};
+pub use python::PythonVenv;
+pub use shim::{CountingShim, Record};
+
+/// A TCP port on 127.0.0.1 that was free a moment ago: binds port 0, reads the
+/// port the kernel chose, and releases it.
+pub fn free_port() -> std::io::Result<u16> {
+    let listener = std::net::TcpListener::bind(("127.0.0.1", 0))?;
+    Ok(listener.local_addr()?.port())
+}
+
+/// The directory for caches that speed up reruns (venvs, models):
+/// `$VACANCY_TEST_CACHE` if set and non-empty, else `~/.cache/vacancy-test`
+/// (or `<tmp>/vacancy-test-cache` without a home directory).
+///
+/// It is created on demand, best effort: a failure to create it surfaces as an
+/// error of the first operation that writes into it.
+pub fn cache_dir() -> PathBuf {
+    let dir = match std::env::var_os("VACANCY_TEST_CACHE") {
+        Some(dir) if !dir.is_empty() => PathBuf::from(dir),
+        _ => match std::env::var_os("HOME") {
+            Some(home) if !home.is_empty() => PathBuf::from(home).join(".cache/vacancy-test"),
+            _ => std::env::temp_dir().join("vacancy-test-cache"),
+        },
+    };
+    // Best effort, as documented: users of the directory report their own errors.
+    let _ = std::fs::create_dir_all(&dir);
+    dir
+}
+
+/// Creates `dir` (and its parents), with the path in the error.
+pub(crate) fn create_dir(dir: &std::path::Path) -> Result<(), SupportError> {
+    std::fs::create_dir_all(dir)
+        .map_err(|e| SupportError::io(format!("create directory {}", dir.display()), e))
+}
