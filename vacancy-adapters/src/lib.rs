@@ -1,1 +1,12 @@
-//! Adapters for the upstreams vacancy lends.
+//! Adapters for the upstreams vacancy lends: llama.cpp's `llama-server`
+//! ([`llamacpp`]) and OpenAI-compatible servers ([`openai`]).
+//!
+//! Each adapter is data plus code: a route table declared once as a constant
+//! and checked for overlaps when the adapter is built, request inspection
+//! built from the shared checks in [`common`], and, where the upstream can be
+//! observed, an observation made with vacancy's own credential only.
+#![forbid(unsafe_code)]
+
+pub mod common;
+
+pub use common::{AdapterSettings, FetchError, ObservationClient};
