@@ -8,5 +8,7 @@
 #![forbid(unsafe_code)]
 
 pub mod common;
+pub mod llamacpp;
 
 pub use common::{AdapterSettings, FetchError, ObservationClient};
+pub use llamacpp::LlamaCppAdapter;

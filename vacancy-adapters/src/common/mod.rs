@@ -13,6 +13,7 @@ mod observe;
 #[cfg(test)]
 pub(crate) mod testing;
 
+pub(crate) use inspect::kind as inspect_kind;
 pub use inspect::{RESPONSES_PATH, inspect_json_body, is_responses_path, request_path};
 pub use multipart::{is_multipart_form, multipart_model};
 pub use observe::{FetchError, ObservationClient};

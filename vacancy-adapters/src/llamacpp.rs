@@ -1,0 +1,362 @@
+//! llama.cpp's `llama-server`: its native routes and its OpenAI-compatible
+//! ones, observed through `/props`, `/v1/models` and `/slots`.
+//!
+//! Observation follows what the real server answers (fixtures recorded from
+//! llama.cpp's server via PyPI `xllamacpp==2026.10.11549`, in
+//! `tests/fixtures/llamacpp/`):
+//!
+//! - `/slots` lists each slot with `is_processing`; it can be disabled
+//!   (`--no-slots`: 501) or need the API key (401). Its absence is "no
+//!   evidence", never "idle".
+//! - A server started with `--sleep-idle-seconds` unloads its model when idle
+//!   and reports `"is_sleeping": true` in `GET /props`, while `/v1/models`
+//!   still lists the model. `GET /props` does not wake it, but `GET /slots`
+//!   does (it reloads the model): observation therefore reads `/props` first
+//!   and leaves a sleeping server asleep.
+
+use async_trait::async_trait;
+use serde_json::Value;
+use vacancy::engine::{ModelObservation, ObservedModel, ResidencyEvidence};
+use vacancy::traits::routes::RouteOverlap;
+use vacancy::traits::{
+    Adapter, InspectContext, InspectError, Inspection, ObserveError, RouteClass, RouteMethod,
+    RouteSpec, RouteTable, WorkRoute,
+};
+
+use crate::common::{AdapterSettings, FetchError, ObservationClient, inspect_json_body};
+
+const WORK: RouteClass = RouteClass::Work(WorkRoute::response_end());
+
+/// llama-server's route table, as data.
+///
+/// # Behavior
+///
+/// - Work (admitted, released at the clean end of the response, DONE-01):
+///   `POST` `/completion`, `/completions`, `/v1/completions`,
+///   `/chat/completions`, `/v1/chat/completions`, `/v1/responses`,
+///   `/embedding`, `/embeddings`, `/v1/embeddings`, `/rerank`, `/reranking`,
+///   `/v1/rerank`, `/infill`.
+/// - `POST /tokenize` and `POST /detokenize` are forwarded without admission
+///   as [`RouteClass::BorrowerRead`]: llama-server answers them in its HTTP
+///   thread from the vocabulary alone, with no slot, no task and no model
+///   compute, so they use nothing a reservation protects (and do not wake a
+///   sleeping server's model).
+/// - Discovery, forwarded without admission and while lending is refused
+///   (ROUTE-12): `GET` (and `HEAD`) `/health`, `/v1/models`, `/models`, `/props`.
+/// - Management and owner data, 403 unless `management = "allow"` (ROUTE-08):
+///   `GET /slots` (slot state, the owner's work), `POST /slots` and
+///   `POST /slots/{id}` (save, restore, erase a slot's cache), `POST /props`
+///   (changes server settings), `GET /metrics`.
+/// - Anything else is unknown: a GET/HEAD is 403, any other method 501
+///   (ROUTE-01..03, via `route_policy`).
+pub const ROUTES: &[RouteSpec] = &[
+    RouteSpec::new(RouteMethod::Post, "/completion", WORK),
+    RouteSpec::new(RouteMethod::Post, "/completions", WORK),
+    RouteSpec::new(RouteMethod::Post, "/v1/completions", WORK),
+    RouteSpec::new(RouteMethod::Post, "/chat/completions", WORK),
+    RouteSpec::new(RouteMethod::Post, "/v1/chat/completions", WORK),
+    RouteSpec::new(RouteMethod::Post, "/v1/responses", WORK),
+    RouteSpec::new(RouteMethod::Post, "/embedding", WORK),
+    RouteSpec::new(RouteMethod::Post, "/embeddings", WORK),
+    RouteSpec::new(RouteMethod::Post, "/v1/embeddings", WORK),
+    RouteSpec::new(RouteMethod::Post, "/rerank", WORK),
+    RouteSpec::new(RouteMethod::Post, "/reranking", WORK),
+    RouteSpec::new(RouteMethod::Post, "/v1/rerank", WORK),
+    RouteSpec::new(RouteMethod::Post, "/infill", WORK),
+    RouteSpec::new(RouteMethod::Post, "/tokenize", RouteClass::BorrowerRead),
+    RouteSpec::new(RouteMethod::Post, "/detokenize", RouteClass::BorrowerRead),
+    RouteSpec::new(RouteMethod::Get, "/health", RouteClass::Discovery),
+    RouteSpec::new(RouteMethod::Get, "/v1/models", RouteClass::Discovery),
+    RouteSpec::new(RouteMethod::Get, "/models", RouteClass::Discovery),
+    RouteSpec::new(RouteMethod::Get, "/props", RouteClass::Discovery),
+    RouteSpec::new(RouteMethod::Get, "/slots", RouteClass::Management),
+    RouteSpec::new(RouteMethod::Post, "/slots", RouteClass::Management),
+    RouteSpec::new(RouteMethod::Post, "/slots/{id}", RouteClass::Management),
+    RouteSpec::new(RouteMethod::Post, "/props", RouteClass::Management),
+    RouteSpec::new(RouteMethod::Get, "/metrics", RouteClass::Management),
+];
+
+/// [`ROUTES`] as a checked [`RouteTable`].
+///
+/// # Behavior
+///
+/// Refused if two entries could match the same request (DESIGN §8); the
+/// table's tests build it, so an overlap never ships.
+pub fn route_table() -> Result<RouteTable, RouteOverlap> {
+    RouteTable::new(ROUTES.to_vec())
+}
+
+/// The adapter for llama.cpp's `llama-server` (name `llamacpp`).
+///
+/// # Behavior
+///
+/// - Routes: [`ROUTES`] (ROUTE-01..03, ROUTE-08, ROUTE-12).
+/// - Inspection: [`inspect_json_body`] on every work route: a JSON object,
+///   `model` a string kept exactly (MEM-06), and the Responses background
+///   rule (ROUTE-05..07). llama-server serves its one model whatever name a
+///   request gives; a name other than the observed one simply gets no
+///   resident credit.
+/// - Completion: the clean end of the response (DONE-01).
+/// - Observation ([`Adapter::observe`]), with `[upstream.credential]` only
+///   (OBS-01/02), stamped before the first request:
+///   1. `GET /props`: `"is_sleeping": true` means the model is unloaded, so
+///      the observation lists no model and nothing else is read (reading
+///      `/slots` would reload it). 404/501 (no `/props`) is read as awake.
+///   2. `GET /v1/models`: each `data[].id` (and alias) is an [`ObservedModel`],
+///      ready unless router mode says it is still loading; router-mode
+///      models that are not loaded are left out.
+///   3. `GET /slots`: every slot idle is [`ResidencyEvidence::Proven`]
+///      (RES-16); any slot processing is `foreign_work = "N of M slots
+///      processing"` (ADM-09: the engine counts it only when the observation
+///      is fresh and taken after vacancy's last job there) and `NotProven`;
+///      `/slots` answering an error status (disabled: 501, missing: 404,
+///      401/403 without a usable credential) is `NotProven("the /slots
+///      endpoint is unavailable: ...")` with no foreign work: absence is no
+///      evidence, never idle.
+///   4. A failed or malformed `/props` or `/v1/models`, or a `/slots` answer
+///      that is not a slot list, is an error, never an observation (OBS-03).
+/// - [`Adapter::verify_stopped`]: a fresh read shows no slot processing
+///   (or the server asleep, which it only is with no task): `Ok(true)`;
+///   a slot processing: `Ok(false)`; no usable answer: the error. The caller
+///   keeps the hold unless it is `Ok(true)` (DONE-04).
+/// - Refusals render OpenAI-style (the default).
+#[derive(Debug)]
+pub struct LlamaCppAdapter {
+    settings: AdapterSettings,
+    routes: RouteTable,
+    observer: ObservationClient,
+}
+
+impl LlamaCppAdapter {
+    /// The adapter's name in configuration (`adapter = "llamacpp"`).
+    pub const NAME: &'static str = "llamacpp";
+
+    /// An adapter for the upstream at `settings.target`.
+    ///
+    /// # Behavior
+    ///
+    /// Builds and checks [`ROUTES`] (DESIGN §8); connects nothing.
+    pub fn new(settings: AdapterSettings) -> Result<Self, RouteOverlap> {
+        Ok(LlamaCppAdapter {
+            observer: ObservationClient::new(&settings),
+            routes: route_table()?,
+            settings,
+        })
+    }
+
+    /// The settings it was built with.
+    ///
+    /// # Behavior
+    ///
+    /// As given to [`LlamaCppAdapter::new`].
+    pub fn settings(&self) -> &AdapterSettings {
+        &self.settings
+    }
+
+    /// Whether the server reports itself asleep; `false` when it has no `/props`.
+    async fn sleeping(&self) -> Result<bool, ObserveError> {
+        match self.observer.fetch_json("/props").await {
+            Ok(props) => Ok(is_sleeping(&props)?),
+            Err(e) if is_absent(&e) => Ok(false),
+            Err(e) => Err(e.into()),
+        }
+    }
+}
+
+/// 404 or 501: the endpoint does not exist or is switched off.
+fn is_absent(e: &FetchError) -> bool {
+    matches!(
+        e.status(),
+        Some(http::StatusCode::NOT_FOUND | http::StatusCode::NOT_IMPLEMENTED)
+    )
+}
+
+#[async_trait]
+impl Adapter for LlamaCppAdapter {
+    fn name(&self) -> &str {
+        Self::NAME
+    }
+
+    fn routes(&self) -> &RouteTable {
+        &self.routes
+    }
+
+    fn inspect(
+        &self,
+        route: &WorkRoute,
+        ctx: InspectContext<'_>,
+        body: &[u8],
+    ) -> Result<Inspection, InspectError> {
+        inspect_json_body(route, ctx.path, body)
+    }
+
+    async fn observe(&self) -> Result<ModelObservation, ObserveError> {
+        let taken_at = self.settings.clock.now();
+        if self.sleeping().await? {
+            return Ok(ModelObservation::empty(taken_at));
+        }
+        let (models, slots) = tokio::join!(
+            self.observer.fetch_json("/v1/models"),
+            self.observer.fetch_json("/slots"),
+        );
+        let models = parse_models(&models?)?;
+        let slots = match slots {
+            Ok(v) => Ok(parse_slots(&v)?),
+            Err(e @ FetchError::Unreachable(_) | e @ FetchError::Malformed(_)) => {
+                return Err(e.into());
+            }
+            Err(e) => Err(e),
+        };
+        Ok(observation(taken_at, models, slots))
+    }
+
+    async fn verify_stopped(&self) -> Result<bool, ObserveError> {
+        if self.sleeping().await? {
+            return Ok(true);
+        }
+        let slots = parse_slots(&self.observer.get_json("/slots").await?)?;
+        Ok(slots.processing == 0)
+    }
+}
+
+/// What `/slots` says: how many slots, how many processing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Slots {
+    total: usize,
+    processing: usize,
+}
+
+/// `"is_sleeping"` from `/props`; absent (servers without sleep mode) is awake.
+fn is_sleeping(props: &Value) -> Result<bool, ObserveError> {
+    let Some(props) = props.as_object() else {
+        return Err(ObserveError::Malformed(
+            "GET /props answered something other than a JSON object".into(),
+        ));
+    };
+    match props.get("is_sleeping") {
+        None | Some(Value::Null) => Ok(false),
+        Some(Value::Bool(b)) => Ok(*b),
+        Some(other) => Err(ObserveError::Malformed(format!(
+            "GET /props: is_sleeping is {}, not a boolean",
+            crate::common::inspect_kind(other)
+        ))),
+    }
+}
+
+/// The models `/v1/models` lists: `(name, ready)`.
+fn parse_models(v: &Value) -> Result<Vec<(String, bool)>, ObserveError> {
+    let malformed = |why: &str| ObserveError::Malformed(format!("GET /v1/models: {why}"));
+    let data = v
+        .get("data")
+        .and_then(Value::as_array)
+        .ok_or_else(|| malformed("the answer has no \"data\" list"))?;
+    let mut models: Vec<(String, bool)> = Vec::new();
+    for entry in data {
+        let id = entry
+            .get("id")
+            .and_then(Value::as_str)
+            .ok_or_else(|| malformed("a model entry has no string \"id\""))?;
+        // Router mode: {"status": {"value": "loaded" | "loading" | "unloaded" | "sleeping" ...}}.
+        let ready = match entry.pointer("/status/value").and_then(Value::as_str) {
+            None | Some("loaded") => true,
+            Some("loading") => false,
+            Some(_) => continue,
+        };
+        let aliases = entry
+            .get("aliases")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str);
+        for name in std::iter::once(id).chain(aliases) {
+            if !models.iter().any(|(n, _)| n == name) {
+                models.push((name.to_owned(), ready));
+            }
+        }
+    }
+    Ok(models)
+}
+
+/// Slot states from `/slots`: `is_processing` on current servers, `state`
+/// (0 = idle) on servers before it.
+fn parse_slots(v: &Value) -> Result<Slots, ObserveError> {
+    let malformed = |why: String| ObserveError::Malformed(format!("GET /slots: {why}"));
+    let list = v
+        .as_array()
+        .ok_or_else(|| malformed("the answer is not a list of slots".into()))?;
+    if list.is_empty() {
+        return Err(malformed("the answer lists no slot".into()));
+    }
+    let mut processing = 0;
+    for (i, slot) in list.iter().enumerate() {
+        let busy = match (slot.get("is_processing"), slot.get("state")) {
+            (Some(Value::Bool(b)), _) => *b,
+            (None, Some(state)) => match state.as_u64() {
+                Some(s) => s != 0,
+                None => {
+                    return Err(malformed(format!(
+                        "slot {i} has a state that is not a number"
+                    )));
+                }
+            },
+            _ => {
+                return Err(malformed(format!(
+                    "slot {i} does not say whether it is processing"
+                )));
+            }
+        };
+        processing += usize::from(busy);
+    }
+    Ok(Slots {
+        total: list.len(),
+        processing,
+    })
+}
+
+/// The observation from the models and what `/slots` said (or why it said nothing).
+fn observation(
+    taken_at: vacancy::Moment,
+    models: Vec<(String, bool)>,
+    slots: Result<Slots, FetchError>,
+) -> ModelObservation {
+    let (evidence, foreign_work) = match slots {
+        Ok(Slots { processing: 0, .. }) => (ResidencyEvidence::Proven, None),
+        Ok(Slots { total, processing }) => {
+            let busy = format!("{processing} of {total} slots processing");
+            let why = if processing == total {
+                format!("no idle slot ({busy})")
+            } else {
+                format!("{busy}; resident credit needs idle slots")
+            };
+            (ResidencyEvidence::NotProven(why), Some(busy))
+        }
+        Err(e) => {
+            let hint = if matches!(e, FetchError::Unauthorized { .. }) {
+                "; configure [upstream.credential]"
+            } else {
+                ""
+            };
+            (
+                ResidencyEvidence::NotProven(format!(
+                    "the /slots endpoint is unavailable: {e}{hint}; without it no idle slot is proven"
+                )),
+                None,
+            )
+        }
+    };
+    ModelObservation {
+        taken_at,
+        models: models
+            .into_iter()
+            .map(|(name, ready)| ObservedModel {
+                name,
+                ready,
+                evidence: evidence.clone(),
+            })
+            .collect(),
+        foreign_work,
+    }
+}
+
+#[cfg(test)]
+mod tests;
