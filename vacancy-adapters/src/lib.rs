@@ -9,6 +9,8 @@
 
 pub mod common;
 pub mod llamacpp;
+pub mod openai;
 
 pub use common::{AdapterSettings, FetchError, ObservationClient};
 pub use llamacpp::LlamaCppAdapter;
+pub use openai::OpenAiAdapter;
