@@ -129,6 +129,10 @@ pub struct LlamaCppAdapter {
 
 impl LlamaCppAdapter {
     /// The adapter's name in configuration (`adapter = "llamacpp"`).
+    ///
+    /// # Behavior
+    ///
+    /// What [`Adapter::name`] answers.
     pub const NAME: &'static str = "llamacpp";
 
     /// An adapter for the upstream at `settings.target`.

@@ -78,6 +78,10 @@ pub struct OpenAiAdapter {
 
 impl OpenAiAdapter {
     /// The adapter's name in configuration (`adapter = "openai"`).
+    ///
+    /// # Behavior
+    ///
+    /// What [`Adapter::name`] answers.
     pub const NAME: &'static str = "openai";
 
     /// An adapter for the upstream at `settings.target`.

@@ -10,6 +10,10 @@ use vacancy::RefusalCode;
 use vacancy::traits::{InspectError, Inspection, WorkRoute};
 
 /// The OpenAI Responses route, whose background mode vacancy refuses (ROUTE-05).
+///
+/// # Behavior
+///
+/// Compared with the borrower's path without its query (ROUTE-05..07).
 pub const RESPONSES_PATH: &str = "/v1/responses";
 
 /// The path without its query string.

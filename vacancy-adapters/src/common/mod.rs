@@ -48,6 +48,12 @@ pub struct AdapterSettings {
 
 impl AdapterSettings {
     /// The default bound on one observation request.
+    ///
+    /// # Behavior
+    ///
+    /// 2 s: an upstream slower than that is reported unreachable, so one
+    /// observation (e.g. RES-20's observe-again on the refusal path) never
+    /// holds a request up for longer.
     pub const DEFAULT_OBSERVE_TIMEOUT: Duration = Duration::from_secs(2);
 
     /// Settings for `target`, stamped with `clock`, without a credential and

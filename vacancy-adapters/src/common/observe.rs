@@ -125,6 +125,10 @@ const DETAIL_CHARS: usize = 200;
 
 impl ObservationClient {
     /// The largest answer an observation reads: 4 MiB.
+    ///
+    /// # Behavior
+    ///
+    /// A larger 2xx answer is [`FetchError::Malformed`] (OBS-03).
     pub const BODY_LIMIT: usize = 4 * 1024 * 1024;
 
     /// A client for the settings' target, credential and timeout.
