@@ -13,6 +13,11 @@
 //!   still lists the model. `GET /props` does not wake it, but `GET /slots`
 //!   does (it reloads the model): observation therefore reads `/props` first
 //!   and leaves a sleeping server asleep.
+//! - Reading `/slots` of an awake server also restarts its idle timer: polled
+//!   every second, a server with `--sleep-idle-seconds 2` never fell asleep.
+//!   Whoever schedules observations should observe on demand (admission, the
+//!   RES-20 refusal path, status), not on a timer shorter than the owner's
+//!   sleep setting.
 
 use async_trait::async_trait;
 use serde_json::Value;
