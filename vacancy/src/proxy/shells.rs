@@ -16,6 +16,7 @@ use crate::traits::ObserveError;
 use crate::traits::resource::{CapacitySample, Resource, ResourceKind, SampleError};
 
 /// Sample `resource` every `poll` and whenever a job on it ends (ADM-05).
+/// The caller takes the first sample before the loop starts.
 ///
 /// # Behavior
 ///
@@ -34,6 +35,11 @@ pub async fn sample_loop(
         return;
     };
     loop {
+        tokio::select! {
+            () = tokio::time::sleep(poll) => {}
+            () = trigger.notified() => debug!(resource = %name, "post-job sample"),
+            () = stopped(&mut shutdown) => return,
+        }
         let started = lender.clock().now();
         let result = match tokio::time::timeout(timeout, resource.sample()).await {
             Ok(r) => r,
@@ -43,11 +49,6 @@ pub async fn sample_loop(
             }),
         };
         lender.record_sample(&name, result, started);
-        tokio::select! {
-            () = tokio::time::sleep(poll) => {}
-            () = trigger.notified() => debug!(resource = %name, "post-job sample"),
-            () = stopped(&mut shutdown) => return,
-        }
     }
 }
 

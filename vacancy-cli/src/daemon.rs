@@ -1,0 +1,327 @@
+//! `vacancyd run`: assemble the engine, samplers, adapters and listeners from
+//! a configuration, serve until SIGTERM/SIGINT, then shut down gracefully.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+use tracing::{error, info, warn};
+use vacancy::config::{AdapterKind, Config, ConfigErrors, LoadedConfig, UpstreamConfig};
+use vacancy::engine::{Engine, EngineSpec};
+use vacancy::proxy::shells::{self, HealthCell, UnavailableResource};
+use vacancy::proxy::{Lender, Target, UpstreamRoute, VolatileStore};
+use vacancy::traits::Adapter;
+use vacancy::{MonotonicClock, Resource};
+use vacancy_adapters::{AdapterSettings, LlamaCppAdapter, OpenAiAdapter};
+
+use crate::control::{ControlState, UpstreamInfo};
+
+/// How long open exchanges may finish after a shutdown signal.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
+/// How often upstreams are observed (fresh enough for RES-02's 4 s).
+const OBSERVE_EVERY: Duration = Duration::from_secs(2);
+/// How often the presence backend is asked.
+const PRESENCE_EVERY: Duration = Duration::from_secs(1);
+/// Where login seats are listed on a systemd machine.
+const SEATS_DIR: &str = "/run/systemd/seats";
+
+/// A daemon that could not start, and why.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The configuration is invalid.
+    #[error("{0}")]
+    Config(#[from] ConfigErrors),
+    /// Something configured cannot be set up.
+    #[error("{0}")]
+    Setup(String),
+}
+
+/// Load, assemble and serve; returns when shut down.
+pub async fn run(path: Option<&Path>) -> Result<(), StartError> {
+    let loaded = match path {
+        Some(p) => Config::load(p)?,
+        None => Config::embedded_default()?,
+    };
+    let origin = path.map_or_else(
+        || vacancy::config::EMBEDDED_ORIGIN.to_owned(),
+        |p| p.display().to_string(),
+    );
+    let (shutdown_tx, shutdown) = watch::channel(false);
+    let daemon = start(loaded, &origin, shutdown).await?;
+    wait_for_signal().await;
+    info!("shutting down: no new connections; open exchanges may finish for up to 30 s");
+    let _ = shutdown_tx.send(true);
+    daemon.join().await;
+    info!("stopped");
+    Ok(())
+}
+
+/// The running daemon's tasks.
+pub struct Daemon {
+    tasks: JoinSet<()>,
+}
+
+impl Daemon {
+    async fn join(mut self) {
+        let all = async { while self.tasks.join_next().await.is_some() {} };
+        if tokio::time::timeout(SHUTDOWN_GRACE + Duration::from_secs(5), all)
+            .await
+            .is_err()
+        {
+            warn!("tasks still running after the shutdown grace period; exiting anyway");
+        }
+    }
+}
+
+async fn wait_for_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = tokio::signal::ctrl_c() => {}
+                }
+            }
+            Err(e) => {
+                warn!(error = %e, "cannot listen for SIGTERM; stopping on Ctrl-C only");
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+fn setup(msg: impl Into<String>) -> StartError {
+    StartError::Setup(msg.into())
+}
+
+fn read_credential(
+    u: &UpstreamConfig,
+) -> Result<Option<(http::HeaderName, http::HeaderValue)>, StartError> {
+    let Some(c) = &u.credential else {
+        return Ok(None);
+    };
+    let name = http::HeaderName::from_bytes(c.header.as_bytes()).map_err(|e| {
+        setup(format!(
+            "upstream {:?}: credential header {:?}: {e}",
+            u.name, c.header
+        ))
+    })?;
+    let raw = std::fs::read_to_string(&c.value_file).map_err(|e| {
+        setup(format!(
+            "upstream {:?}: cannot read the credential file {}: {e}",
+            u.name, c.value_file
+        ))
+    })?;
+    let mut value = http::HeaderValue::from_str(raw.trim()).map_err(|_| {
+        setup(format!(
+            "upstream {:?}: the credential in {} is not a valid header value",
+            u.name, c.value_file
+        ))
+    })?;
+    value.set_sensitive(true);
+    Ok(Some((name, value)))
+}
+
+fn build_adapter(
+    u: &UpstreamConfig,
+    clock: MonotonicClock,
+) -> Result<Arc<dyn Adapter>, StartError> {
+    let target: http::Uri = u
+        .target
+        .parse()
+        .map_err(|e| setup(format!("upstream {:?}: target {:?}: {e}", u.name, u.target)))?;
+    let mut settings = AdapterSettings::new(target, clock);
+    if let Some((header, value)) = read_credential(u)? {
+        settings = settings.with_credential(header, value);
+    }
+    let adapter: Arc<dyn Adapter> = match u.adapter {
+        AdapterKind::Llamacpp => Arc::new(
+            LlamaCppAdapter::new(settings).map_err(|e| setup(format!("llamacpp adapter: {e}")))?,
+        ),
+        AdapterKind::Openai => Arc::new(
+            OpenAiAdapter::new(settings).map_err(|e| setup(format!("openai adapter: {e}")))?,
+        ),
+        other => {
+            return Err(setup(format!(
+                "upstream {:?}: the {} adapter is not available in this release; available: llamacpp, openai",
+                u.name,
+                other.as_str()
+            )));
+        }
+    };
+    Ok(adapter)
+}
+
+async fn bind(what: &str, addr: &str) -> Result<TcpListener, StartError> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|e| setup(format!("cannot listen on {addr} for {what}: {e}")))
+}
+
+/// Assemble everything and start serving; `shutdown` turning true stops it.
+pub async fn start(
+    loaded: LoadedConfig,
+    origin: &str,
+    shutdown: watch::Receiver<bool>,
+) -> Result<Daemon, StartError> {
+    let config = loaded.config;
+    for w in &loaded.warnings {
+        warn!(config = %origin, "{w}");
+    }
+    let clock = MonotonicClock::new();
+    let control_addr: SocketAddr = config
+        .server
+        .listen
+        .parse()
+        .map_err(|e| setup(format!("server.listen {:?}: {e}", config.server.listen)))?;
+    if !control_addr.ip().is_loopback() {
+        return Err(setup(format!(
+            "server.listen = {:?}: the control listener binds to loopback only until authentication is available; use 127.0.0.1:PORT",
+            config.server.listen
+        )));
+    }
+
+    let engine = Engine::new(EngineSpec::from(&config)).map_err(|e| setup(e.to_string()))?;
+    let lender = Arc::new(Lender::new(
+        engine,
+        config.resources.iter().map(|r| r.name.clone()),
+        clock,
+        Arc::new(VolatileStore),
+    ));
+    warn!(
+        "this release keeps reservations in memory only: a crash forgets running work (the durable ledger comes next)"
+    );
+
+    let (presence, presence_line) =
+        vacancy::presence::from_mode(config.owner.presence, Path::new(SEATS_DIR));
+    info!("{presence_line}");
+    let presence_name = presence.name().to_owned();
+    let exempt = config.exempt_upstreams();
+    if !exempt.is_empty() {
+        info!(
+            "owner-exempt upstreams (owner_scope = \"resource\"): {}",
+            exempt.join(", ")
+        );
+    }
+
+    let mut tasks = JoinSet::new();
+    for r in &config.resources {
+        let resource: Arc<dyn Resource> = match vacancy::sample::from_config(r, clock) {
+            Ok(s) => s,
+            Err(e) => {
+                error!(resource = %r.name, error = %e, "cannot sample this resource; its work is refused with capacity_unknown");
+                Arc::new(UnavailableResource::new(&r.name, r.kind, &e))
+            }
+        };
+        let poll = Duration::from_millis(r.poll_ms);
+        let timeout = poll
+            .max(Duration::from_secs(2))
+            .min(Duration::from_secs(10));
+        // One sample before the listeners open, so the first borrower is not
+        // refused with capacity_unknown merely because the daemon just started.
+        let started = clock.now();
+        let first = match tokio::time::timeout(timeout, resource.sample()).await {
+            Ok(result) => result,
+            Err(_) => Err(vacancy::SampleError::Unreadable {
+                source_name: r.name.clone(),
+                reason: format!("no answer within {} ms", timeout.as_millis()),
+            }),
+        };
+        lender.record_sample(&r.name, first, started);
+        tasks.spawn(shells::sample_loop(
+            Arc::clone(&lender),
+            resource,
+            poll,
+            timeout,
+            shutdown.clone(),
+        ));
+    }
+    tasks.spawn(shells::presence_loop(
+        Arc::clone(&lender),
+        presence,
+        PRESENCE_EVERY,
+        shutdown.clone(),
+    ));
+
+    let max_body_bytes = usize::try_from(config.server.max_body_mib.saturating_mul(1024 * 1024))
+        .unwrap_or(usize::MAX);
+    let mut infos = Vec::new();
+    let mut servers = Vec::new();
+    for u in &config.upstreams {
+        let adapter = build_adapter(u, clock)?;
+        let id = lender
+            .with_engine(|e| e.upstream_id(&u.name))
+            .ok_or_else(|| setup(format!("upstream {:?} is missing from the engine", u.name)))?;
+        let target =
+            Target::parse(&u.target).map_err(|e| setup(format!("upstream {:?}: {e}", u.name)))?;
+        let route = Arc::new(UpstreamRoute {
+            name: u.name.clone(),
+            id,
+            adapter,
+            target,
+            management: u.management,
+            on_borrower_disconnect: u.on_borrower_disconnect,
+            completion_timeout: Duration::from_secs(u.completion_timeout_s),
+            max_body_bytes,
+            connect_timeout: Duration::from_secs(10),
+        });
+        let listener = bind(&format!("upstream {:?}", u.name), &u.listen).await?;
+        let health = Arc::new(HealthCell::default());
+        infos.push(UpstreamInfo {
+            adapter: u.adapter.as_str().to_owned(),
+            listen: listener
+                .local_addr()
+                .map(|a| a.to_string())
+                .unwrap_or_else(|_| u.listen.clone()),
+            target: u.target.clone(),
+            health: Arc::clone(&health),
+        });
+        tasks.spawn(shells::observe_loop(
+            Arc::clone(&lender),
+            Arc::clone(&route),
+            health,
+            OBSERVE_EVERY,
+            shutdown.clone(),
+        ));
+        servers.push((listener, route));
+    }
+    let control_listener = bind("the control plane", &config.server.listen).await?;
+    let control = control_listener
+        .local_addr()
+        .map_err(|e| setup(format!("control listener: {e}")))?;
+    let state = Arc::new(ControlState {
+        lender: Arc::clone(&lender),
+        upstreams: infos,
+        presence_backend: presence_name,
+        ready: false.into(),
+    });
+    for (listener, route) in servers {
+        info!(upstream = %route.name, adapter = route.adapter.name(), listen = %listener.local_addr().map(|a| a.to_string()).unwrap_or_default(), target = %route.target.authority, "lending upstream");
+        tasks.spawn(vacancy::proxy::serve(
+            listener,
+            Arc::clone(&lender),
+            route,
+            shutdown.clone(),
+            SHUTDOWN_GRACE,
+        ));
+    }
+    tasks.spawn(crate::control::serve(
+        control_listener,
+        Arc::clone(&state),
+        shutdown.clone(),
+    ));
+    state.ready.store(true, Ordering::Release);
+    info!(control = %control, "ready");
+    Ok(Daemon { tasks })
+}

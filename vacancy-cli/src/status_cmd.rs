@@ -1,0 +1,177 @@
+//! `vacancyd status`: what the daemon is doing, for a person or a script.
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Empty};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use serde_json::Value;
+
+/// Fetch `/status` from the control listener at `base`.
+pub async fn fetch(base: &str) -> Result<Value, String> {
+    let url = format!("{}/status", base.trim_end_matches('/'));
+    let uri: http::Uri = url
+        .parse()
+        .map_err(|e| format!("{url:?} is not a URL: {e}"))?;
+    let client: Client<_, Empty<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
+    let resp = tokio::time::timeout(Duration::from_secs(5), client.get(uri))
+        .await
+        .map_err(|_| format!("no answer from {url} within 5 s"))?
+        .map_err(|e| {
+            format!("cannot reach vacancyd at {url}: {e}; is it running (vacancyd run)?")
+        })?;
+    let status = resp.status();
+    let body = resp
+        .into_body()
+        .collect()
+        .await
+        .map_err(|e| format!("reading {url}: {e}"))?
+        .to_bytes();
+    if !status.is_success() {
+        return Err(format!("{url} answered {status}"));
+    }
+    serde_json::from_slice(&body).map_err(|e| format!("{url} did not answer JSON: {e}"))
+}
+
+fn s(v: &Value) -> String {
+    match v {
+        Value::Null => "-".to_owned(),
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// The status as text: resources, upstreams (admitting or why not), work, and
+/// one line per held entry (HELD-03).
+pub fn render(status: &Value) -> String {
+    let mut out = String::new();
+    let on = |b: &Value| {
+        if b.as_bool() == Some(true) {
+            "on"
+        } else {
+            "off"
+        }
+    };
+    let _ = writeln!(
+        out,
+        "lending {}; owner {} (presence {})",
+        on(&status["lending"]),
+        s(&status["owner"]),
+        s(&status["presence_backend"])
+    );
+    let veto = &status["owner_veto"];
+    if veto["active"].as_bool() == Some(true) {
+        let exempt: Vec<String> = veto["exempt_upstreams"]
+            .as_array()
+            .map(|a| a.iter().map(s).collect())
+            .unwrap_or_default();
+        if exempt.is_empty() {
+            let _ = writeln!(out, "owner veto: paused ({})", s(&veto["reason"]));
+        } else {
+            let _ = writeln!(
+                out,
+                "owner veto: paused for host-scoped upstreams only ({}); still lending: {}",
+                s(&veto["reason"]),
+                exempt.join(", ")
+            );
+        }
+    }
+    let _ = writeln!(out, "\nresources:");
+    for r in status["resources"].as_array().into_iter().flatten() {
+        let state = if r["enabled"].as_bool() == Some(false) {
+            "switched off".to_owned()
+        } else if !r["reserved_by"].is_null() {
+            format!("reserved by {}", s(&r["reserved_by"]))
+        } else if !r["capacity_unknown"].is_null() {
+            format!("capacity unknown: {}", s(&r["capacity_unknown"]))
+        } else if r["awaiting_fresh_sample"].as_bool() == Some(true) {
+            "awaiting a post-job sample".to_owned()
+        } else {
+            "free".to_owned()
+        };
+        let _ = writeln!(
+            out,
+            "  {:<10} {:<7} free {:>7}/{:<7} MiB  reserve {:>6}  sample {:>6} ms  {}",
+            s(&r["name"]),
+            s(&r["kind"]),
+            s(&r["free_mib"]),
+            s(&r["total_mib"]),
+            s(&r["reserve_mib"]),
+            s(&r["sample_age_ms"]),
+            state
+        );
+    }
+    let _ = writeln!(out, "\nupstreams:");
+    for u in status["upstreams"].as_array().into_iter().flatten() {
+        let admitting = if u["vacancy"]["admitting"].as_bool() == Some(true) {
+            "admitting".to_owned()
+        } else {
+            format!(
+                "not admitting: {}: {}",
+                s(&u["vacancy"]["code"]),
+                s(&u["vacancy"]["reason"])
+            )
+        };
+        let reach = match u["reachable"].as_bool() {
+            Some(true) => "reachable".to_owned(),
+            Some(false) => format!("UNREACHABLE ({})", s(&u["error"])),
+            None => "not checked yet".to_owned(),
+        };
+        let exempt = if u["owner_scope"] == "resource" {
+            " [owner-exempt]"
+        } else {
+            ""
+        };
+        let _ = writeln!(
+            out,
+            "  {:<12} {:<9} {} -> {}  {}; {}{}",
+            s(&u["name"]),
+            s(&u["adapter"]),
+            s(&u["listen"]),
+            s(&u["target"]),
+            reach,
+            admitting,
+            exempt
+        );
+    }
+    let work = status["work"].as_array().cloned().unwrap_or_default();
+    let _ = writeln!(
+        out,
+        "\nwork: {} entr{}",
+        work.len(),
+        if work.len() == 1 { "y" } else { "ies" }
+    );
+    for w in &work {
+        let resources: Vec<String> = w["resources"]
+            .as_array()
+            .map(|a| a.iter().map(s).collect())
+            .unwrap_or_default();
+        let _ = writeln!(
+            out,
+            "  {}  {:>6}s  {:<12} {:<10} {}",
+            s(&w["id"]),
+            s(&w["age_s"]),
+            s(&w["upstream"]),
+            s(&w["phase"]),
+            resources.join(",")
+        );
+    }
+    for w in work.iter().filter(|w| w["phase"] == "held") {
+        let resources: Vec<String> = w["resources"]
+            .as_array()
+            .map(|a| a.iter().map(s).collect())
+            .unwrap_or_default();
+        let _ = writeln!(
+            out,
+            "held {} age {}s upstream {} resources {}: {}",
+            s(&w["id"]),
+            s(&w["age_s"]),
+            s(&w["upstream"]),
+            resources.join(","),
+            s(&w["held_reason"])
+        );
+    }
+    out
+}

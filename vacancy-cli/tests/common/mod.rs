@@ -1,0 +1,159 @@
+//! Shared setup of the daemon behaviour tests: a real vacancyd process with a
+//! configuration written for the test.
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use vacancy_test_support::{ManagedProcess, free_port, http_request};
+
+/// A running vacancyd with its configuration directory.
+pub struct Daemon {
+    pub process: ManagedProcess,
+    pub dir: tempfile::TempDir,
+    pub control: String,
+    pub proxy: String,
+}
+
+/// Write a capacity file for a `file` sampler.
+pub fn write_capacity(path: &Path, free_mib: u64, total_mib: u64) {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(
+        &tmp,
+        format!(r#"{{"free_mib": {free_mib}, "total_mib": {total_mib}}}"#),
+    )
+    .unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+/// The body of a configuration with one `file`-sampled resource `gpu0` and one
+/// llamacpp upstream `llama` in front of `target`. `extra_upstream` is appended
+/// to the upstream table (e.g. `management = "allow"`).
+pub fn config(
+    dir: &Path,
+    control: u16,
+    proxy: u16,
+    target: &str,
+    reserve: u64,
+    need: u64,
+    extra_upstream: &str,
+) -> String {
+    let capacity = dir.join("gpu0.json");
+    format!(
+        r#"[server]
+listen = "127.0.0.1:{control}"
+
+[owner]
+presence = "none"
+
+[[resource]]
+name = "gpu0"
+kind = "gpu"
+sampler = "file"
+path = "{capacity}"
+reserve_mib = {reserve}
+poll_ms = 60000
+max_sample_age_ms = 120000
+
+[[upstream]]
+name = "llama"
+adapter = "llamacpp"
+listen = "127.0.0.1:{proxy}"
+target = "{target}"
+resource = "gpu0"
+default_min_free_mib = {need}
+{extra_upstream}
+"#,
+        capacity = capacity.display()
+    )
+}
+
+impl Daemon {
+    /// Start vacancyd on a fresh config; `free_mib`/`total_mib` fill the capacity file.
+    pub fn start(
+        target: &str,
+        reserve: u64,
+        need: u64,
+        free_mib: u64,
+        extra_upstream: &str,
+    ) -> Daemon {
+        let dir = tempfile::tempdir().unwrap();
+        let (control, proxy) = (free_port().unwrap(), free_port().unwrap());
+        write_capacity(&dir.path().join("gpu0.json"), free_mib, 64_000);
+        let path = dir.path().join("vacancyd.toml");
+        std::fs::write(
+            &path,
+            config(
+                dir.path(),
+                control,
+                proxy,
+                target,
+                reserve,
+                need,
+                extra_upstream,
+            ),
+        )
+        .unwrap();
+        Self::start_with(dir, &path, control, proxy)
+    }
+
+    /// Start vacancyd on a configuration file already written into `dir`.
+    pub fn start_with(dir: tempfile::TempDir, config: &Path, control: u16, proxy: u16) -> Daemon {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_vacancyd"));
+        cmd.arg("run")
+            .arg("--config")
+            .arg(config)
+            .env("VACANCYD_LOG", "info");
+        let mut process = ManagedProcess::spawn("vacancyd", cmd).unwrap();
+        let control = format!("http://127.0.0.1:{control}");
+        process
+            .wait_http_ok(&format!("{control}/health"), Duration::from_secs(20))
+            .unwrap();
+        Daemon {
+            process,
+            dir,
+            control,
+            proxy: format!("http://127.0.0.1:{proxy}"),
+        }
+    }
+
+    pub fn capacity_file(&self) -> PathBuf {
+        self.dir.path().join("gpu0.json")
+    }
+
+    /// `/status` as JSON.
+    pub async fn status(&self) -> serde_json::Value {
+        http_request("GET", &format!("{}/status", self.control), &[], Vec::new())
+            .await
+            .unwrap()
+            .json()
+            .unwrap()
+    }
+
+    /// Wait until `/status` satisfies `pred`, or panic with the last status.
+    pub async fn wait_status(
+        &self,
+        what: &str,
+        pred: impl Fn(&serde_json::Value) -> bool,
+    ) -> serde_json::Value {
+        let mut last = serde_json::Value::Null;
+        for _ in 0..200 {
+            last = self.status().await;
+            if pred(&last) {
+                return last;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("timed out waiting for {what}; last status: {last:#}");
+    }
+}
+
+/// A completion request body.
+pub fn completion(n_predict: u32, stream: bool) -> Vec<u8> {
+    serde_json::json!({"prompt": "Once upon a time", "n_predict": n_predict, "stream": stream})
+        .to_string()
+        .into_bytes()
+}
+
+pub const JSON: (&str, &str) = ("content-type", "application/json");

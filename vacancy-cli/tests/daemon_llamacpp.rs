@@ -1,0 +1,297 @@
+//! vacancyd end to end in front of a REAL llama-server (xllamacpp, tiny GGUF),
+//! through the counting shim whose records are the oracle of what reached the
+//! upstream. Rules: ADM-01/02/04/05/06, MEM-02, ROUTE-02/03/05/08/09, DONE-01..03.
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::{Daemon, JSON, completion};
+use vacancy_test_support::{
+    CountingShim, LlamaOptions, LlamaServer, TinyModel, http_request, http_stream,
+};
+
+fn busy_model() -> LlamaOptions {
+    // ~110 MB: a completion of a few hundred tokens keeps the slot busy for seconds.
+    LlamaOptions {
+        model: TinyModel {
+            layers: 8,
+            embd: 1024,
+            seed: 1,
+        },
+        ..LlamaOptions::default()
+    }
+}
+
+fn is_work(r: &vacancy_test_support::Record) -> bool {
+    r.method == "POST" && r.path.contains("completion")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_concurrent_completions_one_reaches_the_upstream_the_other_is_busy() {
+    // ADM-01, ADM-02
+    let llama = LlamaServer::start(busy_model()).unwrap();
+    let shim = CountingShim::start(llama.addr()).unwrap();
+    let d = Daemon::start(&shim.base_url(), 1000, 2000, 20_000, "");
+    let url = format!("{}/completion", d.proxy);
+    let (a, b) = tokio::join!(
+        http_request("POST", &url, &[JSON], completion(64, false)),
+        http_request("POST", &url, &[JSON], completion(64, false)),
+    );
+    let (a, b) = (a.unwrap(), b.unwrap());
+    let mut statuses = [a.status, b.status];
+    statuses.sort_unstable();
+    assert_eq!(statuses, [200, 503], "a: {} b: {}", a.text(), b.text());
+    let busy = if a.status == 503 { &a } else { &b };
+    assert_eq!(busy.headers["retry-after"], "2");
+    assert_eq!(busy.json().unwrap()["error"]["code"], "resource_busy");
+    assert_eq!(shim.max_concurrency_where(is_work), 1);
+    assert_eq!(shim.records().iter().filter(|r| is_work(r)).count(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_request_while_one_streams_is_refused_without_reaching_the_upstream() {
+    // ADM-01, ADM-02, and streaming passes through chunk by chunk.
+    let llama = LlamaServer::start(busy_model()).unwrap();
+    let shim = CountingShim::start(llama.addr()).unwrap();
+    let d = Daemon::start(&shim.base_url(), 1000, 2000, 20_000, "");
+    let url = format!("{}/completion", d.proxy);
+    let mut stream = http_stream("POST", &url, &[JSON], completion(96, true))
+        .await
+        .unwrap();
+    assert_eq!(stream.status, 200);
+    assert_eq!(stream.headers["x-accel-buffering"], "no");
+    let first = stream.next_chunk().await.unwrap().unwrap();
+    let second = http_request("POST", &url, &[JSON], completion(4, false))
+        .await
+        .unwrap();
+    assert_eq!(second.status, 503, "{}", second.text());
+    let rest = stream.collect_chunks().await.unwrap();
+    let last = rest.last().expect("more than one chunk");
+    assert!(
+        last.at.duration_since(first.at) > Duration::from_millis(200),
+        "the first chunk must arrive well before the last ({:?})",
+        last.at.duration_since(first.at)
+    );
+    assert_eq!(shim.max_concurrency_where(is_work), 1);
+    d.wait_status("the job to be released", |s| {
+        s["work"].as_array().is_some_and(|w| w.is_empty())
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sequential_requests_wait_for_the_post_job_sample_instead_of_503() {
+    // ADM-04, ADM-05, ADM-06: poll_ms is 60 s, so only the post-job sample can admit.
+    let llama = LlamaServer::start(LlamaOptions::default()).unwrap();
+    let shim = CountingShim::start(llama.addr()).unwrap();
+    let d = Daemon::start(&shim.base_url(), 1000, 2000, 20_000, "");
+    let url = format!("{}/v1/completions", d.proxy);
+    for i in 0..5 {
+        let body = serde_json::json!({"prompt": "hi", "max_tokens": 4})
+            .to_string()
+            .into_bytes();
+        let r = http_request("POST", &url, &[JSON], body).await.unwrap();
+        assert_eq!(r.status, 200, "request {i}: {}", r.text());
+    }
+    assert_eq!(shim.max_concurrency_where(is_work), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_refusal_with_the_mem_02_numbers() {
+    // MEM-02: 31,000 free, 24,000 reserve, 8,000 job.
+    let llama = LlamaServer::start(LlamaOptions::default()).unwrap();
+    let d = Daemon::start(&llama.base_url(), 24_000, 8000, 31_000, "");
+    let r = http_request(
+        "POST",
+        &format!("{}/completion", d.proxy),
+        &[JSON],
+        completion(4, false),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status, 503);
+    let body = r.json().unwrap();
+    assert_eq!(body["error"]["code"], "insufficient_memory");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("7000 MiB"),
+        "{body}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn routes_outside_work_are_refused_or_forwarded_per_the_table() {
+    // ROUTE-02, ROUTE-03, ROUTE-05, ROUTE-08, and malformed bodies.
+    let llama = LlamaServer::start(LlamaOptions::default()).unwrap();
+    let shim = CountingShim::start(llama.addr()).unwrap();
+    let d = Daemon::start(&shim.base_url(), 1000, 2000, 20_000, "");
+    let p = &d.proxy;
+    let cases: [(&str, &str, Vec<u8>, u16, &str); 6] = [
+        ("GET", "/slots", Vec::new(), 403, "route_forbidden"),
+        ("GET", "/no-such-read", Vec::new(), 403, "route_forbidden"),
+        (
+            "POST",
+            "/no-such-work",
+            b"{}".to_vec(),
+            501,
+            "route_not_supported",
+        ),
+        (
+            "POST",
+            "/completion",
+            b"{not json".to_vec(),
+            400,
+            "invalid_request",
+        ),
+        (
+            "POST",
+            "/v1/responses",
+            br#"{"input":"hi","background":true}"#.to_vec(),
+            400,
+            "unsupported_request",
+        ),
+        (
+            "POST",
+            "/v1/responses",
+            b"[1,2]".to_vec(),
+            400,
+            "unsupported_request",
+        ),
+    ];
+    for (method, path, body, status, code) in cases {
+        let r = http_request(method, &format!("{p}{path}"), &[JSON], body)
+            .await
+            .unwrap();
+        assert_eq!(r.status, status, "{method} {path}: {}", r.text());
+        assert_eq!(r.json().unwrap()["error"]["code"], code, "{method} {path}");
+    }
+    // Discovery is forwarded without admission.
+    let r = http_request("GET", &format!("{p}/v1/models"), &[], Vec::new())
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200);
+    // Nothing refused reached the upstream: it saw only GETs (the borrower's
+    // /v1/models and vacancyd's own observations), never a refused route.
+    let seen: Vec<String> = shim
+        .records()
+        .iter()
+        .map(|r| format!("{} {}", r.method, r.path))
+        .collect();
+    assert!(shim.records().iter().all(|r| r.method == "GET"), "{seen:?}");
+    assert!(!seen.iter().any(|s| s.contains("no-such")), "{seen:?}");
+    let s = d.status().await;
+    assert!(s["work"].as_array().unwrap().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn management_allow_forwards_slots_without_a_reservation() {
+    // ROUTE-09
+    let llama = LlamaServer::start(LlamaOptions::default()).unwrap();
+    let shim = CountingShim::start(llama.addr()).unwrap();
+    let d = Daemon::start(
+        &shim.base_url(),
+        1000,
+        2000,
+        20_000,
+        "management = \"allow\"",
+    );
+    let r = http_request("GET", &format!("{}/slots", d.proxy), &[], Vec::new())
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(r.json().unwrap().is_array());
+    let s = d.status().await;
+    assert!(s["work"].as_array().unwrap().is_empty());
+    assert!(s["resources"][0]["reserved_by"].is_null());
+    // An unknown POST stays 501 even with management = "allow" (ROUTE-09 reading).
+    let r = http_request(
+        "POST",
+        &format!("{}/no-such-work", d.proxy),
+        &[JSON],
+        b"{}".to_vec(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status, 501);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_that_is_down_releases_the_reservation() {
+    // DONE-02
+    let port = vacancy_test_support::free_port().unwrap();
+    let d = Daemon::start(&format!("http://127.0.0.1:{port}"), 1000, 2000, 20_000, "");
+    let r = http_request(
+        "POST",
+        &format!("{}/completion", d.proxy),
+        &[JSON],
+        completion(4, false),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status, 502, "{}", r.text());
+    assert_eq!(r.json().unwrap()["error"]["code"], "upstream_unreachable");
+    let s = d.status().await;
+    assert!(s["work"].as_array().unwrap().is_empty(), "{s:#}");
+    d.wait_status("the upstream to show as unreachable", |s| {
+        s["upstreams"][0]["reachable"] == false
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_killed_mid_stream_leaves_the_work_held() {
+    // DONE-03, DONE-04, HELD-01, HELD-02, HELD-03
+    let mut llama = LlamaServer::start(busy_model()).unwrap();
+    let d = Daemon::start(&llama.base_url(), 1000, 2000, 20_000, "");
+    let mut stream = http_stream(
+        "POST",
+        &format!("{}/completion", d.proxy),
+        &[JSON],
+        completion(400, true),
+    )
+    .await
+    .unwrap();
+    assert_eq!(stream.status, 200);
+    stream.next_chunk().await.unwrap().unwrap();
+    llama.kill().unwrap();
+    let broke = loop {
+        match stream.next_chunk().await {
+            Some(Ok(_)) => continue,
+            Some(Err(_)) => break true,
+            None => break false,
+        }
+    };
+    assert!(
+        broke,
+        "a response cut by a dying upstream must not end cleanly"
+    );
+    let s = d
+        .wait_status("a held entry", |s| s["work"][0]["phase"] == "held")
+        .await;
+    let id = s["work"][0]["id"].as_str().unwrap().to_owned();
+    assert_eq!(s["work"][0]["upstream"], "llama");
+    assert_eq!(s["resources"][0]["reserved_by"], id.as_str());
+    // vacancyd status prints a line for the held entry (HELD-03).
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_vacancyd"))
+        .args(["status", "--url", &d.control])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains(&format!("held {id}")), "{text}");
+    assert!(text.contains("resources gpu0"), "{text}");
+    // The held resource refuses new work.
+    let r = http_request(
+        "POST",
+        &format!("{}/completion", d.proxy),
+        &[JSON],
+        completion(4, false),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status, 503);
+}
