@@ -1,0 +1,185 @@
+//! The proxy against upstream faults no real server can be made to show on
+//! demand: a reply that is not HTTP, and WebSocket upgrades on a gated route
+//! (no adapter here has one yet). Rules: DONE-03, ROUTE-10, ROUTE-11.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use vacancy::config::{Management, OnBorrowerDisconnect};
+use vacancy::engine::{CompletionMethod, Engine, EngineSpec, OwnerPresence, Phase, ResourceSpec, UpstreamSpec, WorkStatus};
+use vacancy::proxy::{Lender, Target, UpstreamRoute, VolatileStore};
+use vacancy::traits::{
+    Adapter, InspectContext, InspectError, Inspection, RouteClass, RouteMethod, RouteSpec, RouteTable, WorkRoute,
+};
+use vacancy::{CapacitySample, MonotonicClock, ResourceKind};
+
+struct Gated(RouteTable);
+
+impl Adapter for Gated {
+    fn name(&self) -> &str {
+        "gated"
+    }
+    fn routes(&self) -> &RouteTable {
+        &self.0
+    }
+    fn inspect(&self, _r: &WorkRoute, _c: InspectContext<'_>, _b: &[u8]) -> Result<Inspection, InspectError> {
+        Ok(Inspection::default())
+    }
+}
+
+fn gated() -> Arc<dyn Adapter> {
+    let ws = WorkRoute {
+        completion: CompletionMethod::HeldOnClose,
+        inspect_body: false,
+        websocket: true,
+    };
+    Arc::new(Gated(
+        RouteTable::new(vec![
+            RouteSpec::new(RouteMethod::Get, "/ws", RouteClass::Work(ws)),
+            RouteSpec::new(RouteMethod::Post, "/run", RouteClass::Work(WorkRoute::response_end())),
+        ])
+        .unwrap(),
+    ))
+}
+
+async fn proxy(upstream: SocketAddr) -> (Arc<Lender>, SocketAddr, watch::Sender<bool>) {
+    let spec = EngineSpec {
+        lending: true,
+        resources: vec![ResourceSpec::new("gpu0", ResourceKind::Gpu, 0)],
+        upstreams: vec![UpstreamSpec::new("u", "gpu0", 0)],
+    };
+    let mut engine = Engine::new(spec).unwrap();
+    engine.set_owner(OwnerPresence::Away);
+    let clock = MonotonicClock::new();
+    let lender = Arc::new(Lender::new(engine, ["gpu0".to_owned()], clock, Arc::new(VolatileStore)));
+    lender.record_sample("gpu0", Ok(CapacitySample::memory(10_000, 20_000, clock.now())), clock.now());
+    let route = Arc::new(UpstreamRoute {
+        name: "u".into(),
+        id: lender.with_engine(|e| e.upstream_id("u")).unwrap(),
+        adapter: gated(),
+        target: Target::parse(&format!("http://{upstream}")).unwrap(),
+        management: Management::Deny,
+        on_borrower_disconnect: OnBorrowerDisconnect::Drain,
+        completion_timeout: Duration::from_secs(5),
+        max_body_bytes: 1 << 20,
+        connect_timeout: Duration::from_secs(2),
+    });
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop, rx) = watch::channel(false);
+    tokio::spawn(vacancy::proxy::serve(listener, Arc::clone(&lender), route, rx, Duration::from_secs(1)));
+    (lender, addr, stop)
+}
+
+/// An upstream that answers every connection with `reply`, then echoes what
+/// it reads until the peer closes.
+async fn raw_upstream(reply: &'static [u8], echo: bool) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 4096];
+                // Read the request head.
+                let mut head = Vec::new();
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    let Ok(n) = s.read(&mut buf).await else { return };
+                    if n == 0 {
+                        return;
+                    }
+                    head.extend_from_slice(&buf[..n]);
+                }
+                let _ = s.write_all(reply).await;
+                if echo {
+                    loop {
+                        let Ok(n) = s.read(&mut buf).await else { return };
+                        if n == 0 || s.write_all(&buf[..n]).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+                let _ = s.shutdown().await;
+            });
+        }
+    });
+    addr
+}
+
+async fn settle(lender: &Lender, want: impl Fn(&[WorkStatus]) -> bool) -> Vec<WorkStatus> {
+    for _ in 0..100 {
+        let w = lender.status().work;
+        if want(&w) {
+            return w;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    lender.status().work
+}
+
+async fn read_until(s: &mut TcpStream, needle: &[u8]) -> Vec<u8> {
+    let mut got = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !got.windows(needle.len()).any(|w| w == needle) {
+        let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf)).await.unwrap().unwrap();
+        if n == 0 {
+            break;
+        }
+        got.extend_from_slice(&buf[..n]);
+    }
+    got
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reply_that_is_not_http_never_counts_as_a_clean_end() {
+    // DONE-03, OBS-03's spirit for completion: garbage holds.
+    let up = raw_upstream(b"this is not HTTP at all\r\n\r\n", false).await;
+    let (lender, addr, _stop) = proxy(up).await;
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(b"POST /run HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}").await.unwrap();
+    let reply = read_until(&mut s, b"\r\n\r\n").await;
+    assert!(String::from_utf8_lossy(&reply).starts_with("HTTP/1.1 502"), "{}", String::from_utf8_lossy(&reply));
+    let work = settle(&lender, |w| w.len() == 1 && w[0].phase == Phase::Held).await;
+    assert_eq!(work.len(), 1);
+    assert_eq!(work[0].phase, Phase::Held);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gated_websocket_keeps_its_reservation_after_close() {
+    // ROUTE-10
+    let up = raw_upstream(
+        b"HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n",
+        true,
+    )
+    .await;
+    let (lender, addr, _stop) = proxy(up).await;
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(b"GET /ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n").await.unwrap();
+    let head = read_until(&mut s, b"\r\n\r\n").await;
+    assert!(String::from_utf8_lossy(&head).starts_with("HTTP/1.1 101"), "{}", String::from_utf8_lossy(&head));
+    s.write_all(b"ping").await.unwrap();
+    let echoed = read_until(&mut s, b"ping").await;
+    assert!(echoed.ends_with(b"ping"));
+    assert_eq!(lender.status().work[0].phase, Phase::Forwarding);
+    drop(s);
+    let work = settle(&lender, |w| w.len() == 1 && w[0].phase == Phase::Held).await;
+    assert_eq!(work.len(), 1, "the reservation must survive the close");
+    assert_eq!(work[0].phase, Phase::Held);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_websocket_upstream_that_refuses_the_upgrade_releases() {
+    // ROUTE-11
+    let up = raw_upstream(b"HTTP/1.1 403 Forbidden\r\nContent-Length: 2\r\n\r\nno", false).await;
+    let (lender, addr, _stop) = proxy(up).await;
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(b"GET /ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n").await.unwrap();
+    let reply = read_until(&mut s, b"no").await;
+    assert!(String::from_utf8_lossy(&reply).starts_with("HTTP/1.1 403"), "{}", String::from_utf8_lossy(&reply));
+    let work = settle(&lender, |w| w.is_empty()).await;
+    assert!(work.is_empty(), "{work:?}");
+}
