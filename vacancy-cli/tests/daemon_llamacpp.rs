@@ -295,3 +295,183 @@ async fn an_upstream_killed_mid_stream_leaves_the_work_held() {
     .unwrap();
     assert_eq!(r.status, 503);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_borrower_who_leaves_mid_stream_is_drained_then_released() {
+    // on_borrower_disconnect = "drain" (default): the reply is read to its end.
+    let llama = LlamaServer::start(busy_model()).unwrap();
+    let shim = CountingShim::start(llama.addr()).unwrap();
+    let d = Daemon::start(&shim.base_url(), 1000, 2000, 20_000, "");
+    let mut stream = http_stream(
+        "POST",
+        &format!("{}/completion", d.proxy),
+        &[JSON],
+        completion(48, true),
+    )
+    .await
+    .unwrap();
+    stream.next_chunk().await.unwrap().unwrap();
+    drop(stream);
+    let s = d
+        .wait_status("the drained job to be released", |s| {
+            s["work"].as_array().is_some_and(|w| w.is_empty())
+        })
+        .await;
+    assert!(s["resources"][0]["reserved_by"].is_null());
+    let work: Vec<_> = shim.records().into_iter().filter(is_work).collect();
+    assert_eq!(work.len(), 1);
+    assert!(
+        work[0].completed,
+        "vacancyd must have read the upstream reply to its end"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_borrower_who_leaves_with_cut_stops_the_upstream_and_releases_on_slots_proof() {
+    // on_borrower_disconnect = "cut": the upstream is cut; /slots proves the stop.
+    let llama = LlamaServer::start(busy_model()).unwrap();
+    let shim = CountingShim::start(llama.addr()).unwrap();
+    let d = Daemon::start(
+        &shim.base_url(),
+        1000,
+        2000,
+        20_000,
+        "on_borrower_disconnect = \"cut\"",
+    );
+    let mut stream = http_stream(
+        "POST",
+        &format!("{}/completion", d.proxy),
+        &[JSON],
+        completion(2000, true),
+    )
+    .await
+    .unwrap();
+    stream.next_chunk().await.unwrap().unwrap();
+    drop(stream);
+    let s = d
+        .wait_status("the cut job to be released", |s| {
+            s["work"].as_array().is_some_and(|w| w.is_empty())
+        })
+        .await;
+    assert!(s["resources"][0]["reserved_by"].is_null());
+    let work: Vec<_> = shim.records().into_iter().filter(is_work).collect();
+    assert_eq!(work.len(), 1);
+    assert!(
+        !work[0].completed,
+        "the upstream reply must have been cut, not read to its end"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resident_model_is_charged_its_resident_requirement() {
+    // RES-01, RES-02, RES-16, RES-21: only a loaded, idle model fits.
+    let llama = LlamaServer::start(LlamaOptions::default()).unwrap();
+    // 20,000 free - 1,000 reserve = 19,000: a cold load of 30,000 never fits.
+    let d = Daemon::start(
+        &llama.base_url(),
+        1000,
+        30_000,
+        20_000,
+        "resident_min_free_mib = 500",
+    );
+    let models = http_request("GET", &format!("{}/v1/models", d.proxy), &[], Vec::new())
+        .await
+        .unwrap();
+    let id = models.json().unwrap()["data"][0]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let s = d
+        .wait_status("an observation of the loaded model", |s| {
+            s["upstreams"][0]["models"]
+                .as_array()
+                .is_some_and(|m| !m.is_empty())
+        })
+        .await;
+    assert!(
+        s["upstreams"][0]["residency"][0]
+            .as_str()
+            .unwrap()
+            .contains("resident"),
+        "{s:#}"
+    );
+    let body = serde_json::json!({"model": id, "prompt": "hi", "n_predict": 2})
+        .to_string()
+        .into_bytes();
+    let r = http_request("POST", &format!("{}/completion", d.proxy), &[JSON], body)
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    // Another model is charged a cold load, and the refusal says why no credit applied.
+    let body = serde_json::json!({"model": "not-loaded", "prompt": "hi", "n_predict": 2})
+        .to_string()
+        .into_bytes();
+    let r = http_request("POST", &format!("{}/completion", d.proxy), &[JSON], body)
+        .await
+        .unwrap();
+    assert_eq!(r.status, 503, "{}", r.text());
+    let msg = r.json().unwrap()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(msg.contains("no resident credit"), "{msg}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_work_bodies_get_413_and_metrics_count_it() {
+    let llama = LlamaServer::start(LlamaOptions::default()).unwrap();
+    let d = Daemon::setup(common::Setup {
+        target: &llama.base_url(),
+        reserve: 1000,
+        need: 2000,
+        free: 20_000,
+        server: "max_body_mib = 1",
+        upstream: "",
+    });
+    let big = serde_json::json!({"prompt": "x".repeat(2 * 1024 * 1024), "n_predict": 1})
+        .to_string()
+        .into_bytes();
+    let r = http_request("POST", &format!("{}/completion", d.proxy), &[JSON], big)
+        .await
+        .unwrap();
+    assert_eq!(r.status, 413);
+    assert_eq!(r.json().unwrap()["error"]["code"], "body_too_large");
+    let ok = http_request(
+        "POST",
+        &format!("{}/completion", d.proxy),
+        &[JSON],
+        completion(2, false),
+    )
+    .await
+    .unwrap();
+    assert_eq!(ok.status, 200, "{}", ok.text());
+    let m = http_request("GET", &format!("{}/metrics", d.control), &[], Vec::new())
+        .await
+        .unwrap()
+        .text();
+    assert!(
+        m.contains("vacancyd_refusals_total{upstream=\"llama\",code=\"body_too_large\"} 1"),
+        "{m}"
+    );
+    assert!(
+        m.contains("vacancyd_admissions_total{upstream=\"llama\"} 1"),
+        "{m}"
+    );
+    assert!(
+        m.contains("vacancyd_resource_free_mib{resource=\"gpu0\"} 20000"),
+        "{m}"
+    );
+    assert!(
+        m.contains("vacancyd_work_active{upstream=\"llama\",phase=\"held\"} 0"),
+        "{m}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_stops_the_daemon_cleanly() {
+    let llama = LlamaServer::start(LlamaOptions::default()).unwrap();
+    let mut d = Daemon::start(&llama.base_url(), 1000, 2000, 20_000, "");
+    let status = d.process.terminate(Duration::from_secs(10)).unwrap();
+    assert!(status.success(), "{status:?}\n{}", d.process.log_tail(20));
+    assert!(d.process.log().contains("stopped"));
+}

@@ -27,22 +27,31 @@ pub fn write_capacity(path: &Path, free_mib: u64, total_mib: u64) {
     std::fs::rename(&tmp, path).unwrap();
 }
 
-/// The body of a configuration with one `file`-sampled resource `gpu0` and one
-/// llamacpp upstream `llama` in front of `target`. `extra_upstream` is appended
-/// to the upstream table (e.g. `management = "allow"`).
-pub fn config(
-    dir: &Path,
-    control: u16,
-    proxy: u16,
-    target: &str,
-    reserve: u64,
-    need: u64,
-    extra_upstream: &str,
-) -> String {
+/// What a test daemon is set up with.
+pub struct Setup<'a> {
+    /// The upstream's target URL.
+    pub target: &'a str,
+    /// `reserve_mib` of `gpu0`.
+    pub reserve: u64,
+    /// `default_min_free_mib` of the upstream.
+    pub need: u64,
+    /// Free MiB in the capacity file (total 64,000).
+    pub free: u64,
+    /// Extra `[server]` lines.
+    pub server: &'a str,
+    /// Extra `[[upstream]]` lines.
+    pub upstream: &'a str,
+}
+
+/// A configuration with one `file`-sampled resource `gpu0` (sampled every 60 s,
+/// so after a job only the post-job sample is fresh) and one llamacpp upstream
+/// `llama`.
+pub fn config(dir: &Path, control: u16, proxy: u16, s: &Setup<'_>) -> String {
     let capacity = dir.join("gpu0.json");
     format!(
         r#"[server]
 listen = "127.0.0.1:{control}"
+{server}
 
 [owner]
 presence = "none"
@@ -63,38 +72,37 @@ listen = "127.0.0.1:{proxy}"
 target = "{target}"
 resource = "gpu0"
 default_min_free_mib = {need}
-{extra_upstream}
+{upstream}
 "#,
-        capacity = capacity.display()
+        capacity = capacity.display(),
+        server = s.server,
+        reserve = s.reserve,
+        target = s.target,
+        need = s.need,
+        upstream = s.upstream,
     )
 }
 
 impl Daemon {
-    /// Start vacancyd on a fresh config; `free_mib`/`total_mib` fill the capacity file.
-    pub fn start(
-        target: &str,
-        reserve: u64,
-        need: u64,
-        free_mib: u64,
-        extra_upstream: &str,
-    ) -> Daemon {
+    /// Start vacancyd in front of `target` with `gpu0` at `free` MiB free.
+    pub fn start(target: &str, reserve: u64, need: u64, free: u64, upstream: &str) -> Daemon {
+        Self::setup(Setup {
+            target,
+            reserve,
+            need,
+            free,
+            server: "",
+            upstream,
+        })
+    }
+
+    /// Start vacancyd on a fresh configuration.
+    pub fn setup(s: Setup<'_>) -> Daemon {
         let dir = tempfile::tempdir().unwrap();
         let (control, proxy) = (free_port().unwrap(), free_port().unwrap());
-        write_capacity(&dir.path().join("gpu0.json"), free_mib, 64_000);
+        write_capacity(&dir.path().join("gpu0.json"), s.free, 64_000);
         let path = dir.path().join("vacancyd.toml");
-        std::fs::write(
-            &path,
-            config(
-                dir.path(),
-                control,
-                proxy,
-                target,
-                reserve,
-                need,
-                extra_upstream,
-            ),
-        )
-        .unwrap();
+        std::fs::write(&path, config(dir.path(), control, proxy, &s)).unwrap();
         Self::start_with(dir, &path, control, proxy)
     }
 
