@@ -1,6 +1,7 @@
 //! The llama.cpp adapter against a REAL llama-server (llama.cpp's server code
-//! through PyPI `xllamacpp`), started by these tests with tiny random models.
-//! See `support/mod.rs` for the venv, the cache and the skip switch.
+//! through PyPI `xllamacpp`), started by these tests with tiny random models
+//! through `vacancy-test-support` (which installs the venv and makes the models
+//! into its cache on first use).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod support;
@@ -13,8 +14,9 @@ use vacancy::MonotonicClock;
 use vacancy::engine::{ObservedModel, ResidencyEvidence};
 use vacancy::traits::ObserveError;
 use vacancy_adapters::{AdapterSettings, LlamaCppAdapter};
+use vacancy_test_support::{LlamaOptions, TinyModel};
 
-use support::{LlamaServer, Options};
+use support::ServerExt;
 
 fn adapter(settings: AdapterSettings) -> LlamaCppAdapter {
     LlamaCppAdapter::new(settings).unwrap()
@@ -35,12 +37,9 @@ where
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_server_proves_its_model_resident() {
     // RES-16: every slot idle; the model as /v1/models names it; OBS-01: no borrower headers.
-    if support::skipped() {
-        return;
-    }
-    let server = LlamaServer::start(Options {
-        alias: Some("vacancy-tiny"),
-        ..Options::tiny()
+    let server = support::start(LlamaOptions {
+        alias: Some("vacancy-tiny".into()),
+        ..support::tiny()
     })
     .await;
     let a = adapter(server.settings());
@@ -72,23 +71,21 @@ async fn an_idle_server_proves_its_model_resident() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_busy_slot_is_foreign_work_and_a_cut_stream_is_proven_stopped() {
     // ADM-09, RES-16, DONE-04 (verify_stopped after a cut borrower).
-    if support::skipped() {
-        return;
-    }
-    let server = LlamaServer::start(Options {
-        embd: 256,
-        layers: 4,
+    let server = support::start(LlamaOptions {
+        model: TinyModel {
+            layers: 4,
+            embd: 256,
+            seed: 0,
+        },
         parallel: 1,
-        ctx_per_slot: 2048,
-        ..Options::default()
+        ctx: 2048,
+        ..LlamaOptions::default()
     })
     .await;
     let a = adapter(server.settings());
 
     // A borrower that bypasses vacancy: a long streamed completion.
-    let mut borrower = tokio::net::TcpStream::connect(("127.0.0.1", server.port))
-        .await
-        .unwrap();
+    let mut borrower = tokio::net::TcpStream::connect(server.addr()).await.unwrap();
     let body = r#"{"prompt":"Once upon a time","n_predict":1900,"ignore_eos":true,"stream":true}"#;
     let request = format!(
         "POST /completion HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
@@ -100,7 +97,7 @@ async fn a_busy_slot_is_foreign_work_and_a_cut_stream_is_proven_stopped() {
     assert!(
         String::from_utf8_lossy(&first[..n]).starts_with("HTTP/1.1 200"),
         "{}",
-        server.log_tail()
+        server.process().log_tail(30)
     );
 
     let obs = a.observe().await.unwrap();
@@ -108,7 +105,7 @@ async fn a_busy_slot_is_foreign_work_and_a_cut_stream_is_proven_stopped() {
         obs.foreign_work.as_deref(),
         Some("1 of 1 slots processing"),
         "{}",
-        server.log_tail()
+        server.process().log_tail(30)
     );
     assert_eq!(
         obs.models[0].evidence,
@@ -132,13 +129,10 @@ async fn a_busy_slot_is_foreign_work_and_a_cut_stream_is_proven_stopped() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_keyed_server_under_a_prefix_needs_the_credential() {
     // OBS-02: without [upstream.credential] the observation is unavailable; with it, it works.
-    if support::skipped() {
-        return;
-    }
-    let server = LlamaServer::start(Options {
-        api_key: Some("vacancy-test-key"),
-        api_prefix: Some("/llm"),
-        ..Options::tiny()
+    let server = support::start(LlamaOptions {
+        api_key: Some("vacancy-test-key".into()),
+        api_prefix: Some("/llm".into()),
+        ..support::tiny()
     })
     .await;
     let bare = adapter(server.settings_without_credential());
@@ -162,12 +156,9 @@ async fn a_keyed_server_under_a_prefix_needs_the_credential() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn disabled_slots_are_no_evidence() {
     // RES-16: absence of /slots is never "idle".
-    if support::skipped() {
-        return;
-    }
-    let server = LlamaServer::start(Options {
-        no_slots: true,
-        ..Options::tiny()
+    let server = support::start(LlamaOptions {
+        slots_endpoint: false,
+        ..support::tiny()
     })
     .await;
     let a = adapter(server.settings());
@@ -192,12 +183,9 @@ async fn disabled_slots_are_no_evidence() {
 async fn a_sleeping_server_is_observed_without_waking_it() {
     // --sleep-idle-seconds unloads the model: nothing is resident, and reading
     // /slots would reload it, so observation must leave it asleep.
-    if support::skipped() {
-        return;
-    }
-    let server = LlamaServer::start(Options {
-        sleep_s: Some(1),
-        ..Options::tiny()
+    let server = support::start(LlamaOptions {
+        sleep_idle_seconds: Some(1),
+        ..support::tiny()
     })
     .await;
     eventually("the server sleeps", Duration::from_secs(15), || async {
@@ -211,9 +199,9 @@ async fn a_sleeping_server_is_observed_without_waking_it() {
     assert_eq!(a.verify_stopped().await, Ok(true));
     assert_eq!(server.get("/props").await["is_sleeping"], true);
     assert!(
-        !server.log().contains("exiting sleeping state"),
+        !server.process().log().contains("exiting sleeping state"),
         "observation woke the server:\n{}",
-        server.log_tail()
+        server.process().log_tail(30)
     );
 }
 

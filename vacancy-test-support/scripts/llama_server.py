@@ -7,6 +7,12 @@ Blocks until SIGTERM or SIGINT, then exits 0. It also exits when its parent dies
 
 usage: llama_server.py MODEL.gguf [--host 127.0.0.1] [--port 8080] [--ctx 1024]
                        [--parallel 1] [--threads 2] [--alias NAME] [--no-slots]
+                       [--api-key KEY] [--api-prefix /PREFIX]
+                       [--sleep-idle-seconds SECONDS]
+
+Each option sets the llama-server option of the same name (xllamacpp's
+CommonParams field in brackets): --alias (model_alias), --api-key (api_keys),
+--api-prefix (api_prefix), --sleep-idle-seconds (sleep_idle_seconds).
 """
 import argparse
 import os
@@ -28,6 +34,12 @@ def main():
     ap.add_argument("--alias", default=None)
     ap.add_argument("--no-slots", action="store_true",
                     help="disable the /slots endpoint (as a server started without --slots)")
+    ap.add_argument("--api-key", default=None,
+                    help="require 'Authorization: Bearer KEY' on every non-public endpoint")
+    ap.add_argument("--api-prefix", default=None,
+                    help="serve every endpoint under this path prefix, e.g. /llm")
+    ap.add_argument("--sleep-idle-seconds", type=int, default=None,
+                    help="unload the model after this many idle seconds (sleeping state)")
     a = ap.parse_args()
 
     parent = os.getppid()
@@ -47,8 +59,14 @@ def main():
     p.endpoint_metrics = True
     p.endpoint_slots = not a.no_slots
     p.endpoint_props = True
-    if a.alias and hasattr(p, "model_alias"):
+    if a.alias:
         p.model_alias = {a.alias}
+    if a.api_key:
+        p.api_keys = [a.api_key]
+    if a.api_prefix:
+        p.api_prefix = a.api_prefix
+    if a.sleep_idle_seconds is not None:
+        p.sleep_idle_seconds = a.sleep_idle_seconds
 
     srv = xlc.Server(p)
     print("listening on", srv.listening_address, flush=True)

@@ -133,6 +133,18 @@ pub struct LlamaOptions {
     /// Whether `/slots` is served (`--slots`); without it the server answers 501
     /// there. Default true.
     pub slots_endpoint: bool,
+    /// The model's name in `/v1/models` and `/props` (`--alias`). Default none:
+    /// the server names it by its file name (`….gguf`).
+    pub alias: Option<String>,
+    /// The API key the server asks for (`--api-key`): every endpoint but the
+    /// public ones answers 401 without `Authorization: Bearer KEY`. Default none.
+    pub api_key: Option<String>,
+    /// A path prefix, e.g. `/llm`, under which the server serves every endpoint
+    /// (`--api-prefix`; see [`LlamaServer::api_url`]). Default none.
+    pub api_prefix: Option<String>,
+    /// Idle seconds after which the server unloads the model and sleeps until
+    /// the next request (`--sleep-idle-seconds`). Default none: it never sleeps.
+    pub sleep_idle_seconds: Option<u32>,
 }
 
 impl Default for LlamaOptions {
@@ -143,6 +155,10 @@ impl Default for LlamaOptions {
             ctx: 1024,
             threads: 2,
             slots_endpoint: true,
+            alias: None,
+            api_key: None,
+            api_prefix: None,
+            sleep_idle_seconds: None,
         }
     }
 }
@@ -164,7 +180,8 @@ impl LlamaServer {
     pub const READY_TIMEOUT: Duration = Duration::from_secs(120);
 
     /// Starts a server on a free port: ensures the venv and the model, starts the
-    /// server and waits for `/health` to answer 200. If another process took the
+    /// server and waits for `/health` (under the prefix, with the key, if any) to
+    /// answer 200. If another process took the
     /// port in between, it tries again on another.
     pub fn start(options: LlamaOptions) -> Result<Self, SupportError> {
         let mut attempt = 1;
@@ -185,6 +202,14 @@ impl LlamaServer {
     /// Starts a server on `port`, e.g. the port of one that a test killed, to
     /// bring an upstream back where the daemon expects it.
     pub fn start_on(port: u16, options: LlamaOptions) -> Result<Self, SupportError> {
+        if let Some(prefix) = &options.api_prefix
+            && (!prefix.starts_with('/') || prefix.ends_with('/'))
+        {
+            return Err(SupportError::Invalid {
+                what: format!("api_prefix {prefix:?}"),
+                message: "it must start with '/' and not end with one, e.g. \"/llm\"".into(),
+            });
+        }
         let venv = PythonVenv::ensure(LLAMA_VENV, LLAMA_PACKAGES)?;
         let model_path = options.model.ensure()?;
         let mut cmd = Command::new(PythonVenv::python(&venv));
@@ -202,9 +227,32 @@ impl LlamaServer {
         if !options.slots_endpoint {
             cmd.arg("--no-slots");
         }
+        if let Some(alias) = &options.alias {
+            cmd.arg("--alias").arg(alias);
+        }
+        if let Some(key) = &options.api_key {
+            cmd.arg("--api-key").arg(key);
+        }
+        if let Some(prefix) = &options.api_prefix {
+            cmd.arg("--api-prefix").arg(prefix);
+        }
+        if let Some(seconds) = options.sleep_idle_seconds {
+            cmd.arg("--sleep-idle-seconds").arg(seconds.to_string());
+        }
         let mut process = ManagedProcess::spawn("llama-server", cmd)?;
-        process.wait_http_ok(
-            &format!("http://127.0.0.1:{port}/health"),
+        // With a prefix, /health lives under it and is no longer public: probe
+        // it with the key.
+        let authorization = bearer(&options);
+        let headers: Vec<(&str, &str)> = authorization
+            .iter()
+            .map(|value| ("authorization", value.as_str()))
+            .collect();
+        process.wait_http_ok_with(
+            &format!(
+                "http://127.0.0.1:{port}{}/health",
+                options.api_prefix.as_deref().unwrap_or("")
+            ),
+            &headers,
             Self::READY_TIMEOUT,
         )?;
         Ok(Self {
@@ -222,9 +270,27 @@ impl LlamaServer {
         Ok(())
     }
 
-    /// `http://127.0.0.1:PORT`, without a trailing slash.
+    /// `http://127.0.0.1:PORT`, without a trailing slash (and without the
+    /// [`api_prefix`](LlamaOptions::api_prefix): see [`api_url`](Self::api_url)).
     pub fn base_url(&self) -> String {
         format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// Where its endpoints live: [`base_url`](Self::base_url) followed by the
+    /// [`api_prefix`](LlamaOptions::api_prefix), if any, e.g.
+    /// `http://127.0.0.1:PORT/llm`; without a prefix, the same as `base_url`.
+    pub fn api_url(&self) -> String {
+        format!(
+            "{}{}",
+            self.base_url(),
+            self.options.api_prefix.as_deref().unwrap_or("")
+        )
+    }
+
+    /// The `Authorization` header value the server asks for (`Bearer KEY`), if
+    /// it was started with an [`api_key`](LlamaOptions::api_key).
+    pub fn authorization(&self) -> Option<String> {
+        bearer(&self.options)
     }
 
     /// The address it listens on.
@@ -263,6 +329,11 @@ impl LlamaServer {
     }
 }
 
+/// `Bearer KEY` for the options' API key, if any.
+fn bearer(options: &LlamaOptions) -> Option<String> {
+    options.api_key.as_ref().map(|key| format!("Bearer {key}"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -283,5 +354,42 @@ mod tests {
             ..TinyModel::default()
         };
         assert!(matches!(bad.ensure(), Err(SupportError::Invalid { .. })));
+    }
+
+    #[test]
+    fn malformed_prefixes_are_refused_before_any_work() {
+        for prefix in ["llm", "/llm/", "/"] {
+            let options = LlamaOptions {
+                api_prefix: Some(prefix.into()),
+                ..LlamaOptions::default()
+            };
+            assert!(
+                matches!(
+                    LlamaServer::start_on(1, options),
+                    Err(SupportError::Invalid { .. })
+                ),
+                "{prefix}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_defaults_add_no_switches() {
+        let options = LlamaOptions::default();
+        assert_eq!(
+            (
+                &options.alias,
+                &options.api_key,
+                &options.api_prefix,
+                options.sleep_idle_seconds
+            ),
+            (&None, &None, &None, None)
+        );
+        assert_eq!(bearer(&options), None);
+        let keyed = LlamaOptions {
+            api_key: Some("k".into()),
+            ..options
+        };
+        assert_eq!(bearer(&keyed).as_deref(), Some("Bearer k"));
     }
 }

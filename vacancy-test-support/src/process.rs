@@ -177,6 +177,17 @@ impl ManagedProcess {
     /// Polls `GET url` until it answers 200 (ready), the process exits (error with
     /// the log tail), or `timeout` passes (error with the last answer and the log tail).
     pub fn wait_http_ok(&mut self, url: &str, timeout: Duration) -> Result<(), SupportError> {
+        self.wait_http_ok_with(url, &[], timeout)
+    }
+
+    /// [`wait_http_ok`](Self::wait_http_ok), sending `headers` with every probe
+    /// (e.g. the credential of a server that asks for one).
+    pub fn wait_http_ok_with(
+        &mut self,
+        url: &str,
+        headers: &[(&str, &str)],
+        timeout: Duration,
+    ) -> Result<(), SupportError> {
         let start = Instant::now();
         loop {
             if let Some(status) = self.exit_status() {
@@ -189,7 +200,7 @@ impl ManagedProcess {
             }
             let left = timeout.saturating_sub(start.elapsed());
             let attempt = left.clamp(Duration::from_millis(100), Duration::from_secs(2));
-            let last = match http_get_status(url, attempt) {
+            let last = match get_status(url, headers, attempt) {
                 Ok(200) => return Ok(()),
                 Ok(code) => format!("last answer: HTTP {code}"),
                 Err(e) => format!("last error: {e}"),
@@ -244,6 +255,11 @@ pub(crate) fn describe(cmd: &Command) -> String {
 /// returns the status code. A small blocking HTTP/1.1 client for readiness probes;
 /// `timeout` bounds the connect and each read and write.
 pub fn http_get_status(url: &str, timeout: Duration) -> Result<u16, SupportError> {
+    get_status(url, &[], timeout)
+}
+
+/// [`http_get_status`] with extra request headers.
+fn get_status(url: &str, headers: &[(&str, &str)], timeout: Duration) -> Result<u16, SupportError> {
     let fail = |message: String| SupportError::http("GET", url, message);
     let rest = url
         .strip_prefix("http://")
@@ -263,7 +279,14 @@ pub fn http_get_status(url: &str, timeout: Duration) -> Result<u16, SupportError
         .set_read_timeout(Some(timeout))
         .and_then(|()| stream.set_write_timeout(Some(timeout)))
         .map_err(|e| fail(format!("set timeouts: {e}")))?;
-    let request = format!("GET {path} HTTP/1.1\r\nHost: {authority}\r\nConnection: close\r\n\r\n");
+    let mut request = format!("GET {path} HTTP/1.1\r\nHost: {authority}\r\nConnection: close\r\n");
+    for (name, value) in headers {
+        if [name, value].iter().any(|s| s.contains(['\r', '\n'])) {
+            return Err(fail(format!("header {name:?} has a line break")));
+        }
+        request.push_str(&format!("{name}: {value}\r\n"));
+    }
+    request.push_str("\r\n");
     stream
         .write_all(request.as_bytes())
         .map_err(|e| fail(format!("send: {e}")))?;

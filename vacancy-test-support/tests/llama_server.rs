@@ -155,3 +155,59 @@ fn options_reach_the_server_and_sse_streams_through_the_shim() {
     assert_eq!(reply.status, 502);
     assert_eq!(shim.records()[3].status, None);
 }
+
+#[test]
+fn alias_key_prefix_and_sleep_reach_the_server() {
+    let rt = runtime();
+    let server = LlamaServer::start(LlamaOptions {
+        alias: Some("tiny-alias".into()),
+        api_key: Some("test-key".into()),
+        api_prefix: Some("/llm".into()),
+        sleep_idle_seconds: Some(1),
+        ..LlamaOptions::default()
+    })
+    .unwrap();
+    let api = server.api_url();
+    assert_eq!(api, format!("{}/llm", server.base_url()));
+    let authorization = server.authorization().unwrap();
+    assert_eq!(authorization, "Bearer test-key");
+    let key = [("authorization", authorization.as_str())];
+
+    rt.block_on(async {
+        // Everything lives under the prefix; the root has nothing.
+        let root = http_request(
+            "GET",
+            &format!("{}/health", server.base_url()),
+            &key,
+            vec![],
+        )
+        .await
+        .unwrap();
+        assert_eq!(root.status, 404, "{}", root.text());
+
+        let bare = http_request("GET", &format!("{api}/v1/models"), &[], vec![])
+            .await
+            .unwrap();
+        assert_eq!(bare.status, 401, "{}", bare.text());
+
+        let models = http_request("GET", &format!("{api}/v1/models"), &key, vec![])
+            .await
+            .unwrap();
+        assert_eq!(models.status, 200, "{}", models.text());
+        assert_eq!(models.json().unwrap()["data"][0]["id"], "tiny-alias");
+
+        // Idle for a second: the server unloads the model and says so in /props.
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            let props = http_request("GET", &format!("{api}/props"), &key, vec![])
+                .await
+                .unwrap();
+            assert_eq!(props.status, 200, "{}", props.text());
+            if props.json().unwrap()["is_sleeping"] == true {
+                break;
+            }
+            assert!(Instant::now() < deadline, "never slept: {}", props.text());
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+}
