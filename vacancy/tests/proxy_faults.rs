@@ -11,10 +11,14 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use vacancy::config::{Management, OnBorrowerDisconnect};
-use vacancy::engine::{CompletionMethod, Engine, EngineSpec, OwnerPresence, Phase, ResourceSpec, UpstreamSpec, WorkStatus};
+use vacancy::engine::{
+    CompletionMethod, Engine, EngineSpec, OwnerPresence, Phase, ResourceSpec, UpstreamSpec,
+    WorkStatus,
+};
 use vacancy::proxy::{Lender, Target, UpstreamRoute, VolatileStore};
 use vacancy::traits::{
-    Adapter, InspectContext, InspectError, Inspection, RouteClass, RouteMethod, RouteSpec, RouteTable, WorkRoute,
+    Adapter, InspectContext, InspectError, Inspection, RouteClass, RouteMethod, RouteSpec,
+    RouteTable, WorkRoute,
 };
 use vacancy::{CapacitySample, MonotonicClock, ResourceKind};
 
@@ -27,7 +31,12 @@ impl Adapter for Gated {
     fn routes(&self) -> &RouteTable {
         &self.0
     }
-    fn inspect(&self, _r: &WorkRoute, _c: InspectContext<'_>, _b: &[u8]) -> Result<Inspection, InspectError> {
+    fn inspect(
+        &self,
+        _r: &WorkRoute,
+        _c: InspectContext<'_>,
+        _b: &[u8],
+    ) -> Result<Inspection, InspectError> {
         Ok(Inspection::default())
     }
 }
@@ -41,7 +50,11 @@ fn gated() -> Arc<dyn Adapter> {
     Arc::new(Gated(
         RouteTable::new(vec![
             RouteSpec::new(RouteMethod::Get, "/ws", RouteClass::Work(ws)),
-            RouteSpec::new(RouteMethod::Post, "/run", RouteClass::Work(WorkRoute::response_end())),
+            RouteSpec::new(
+                RouteMethod::Post,
+                "/run",
+                RouteClass::Work(WorkRoute::response_end()),
+            ),
         ])
         .unwrap(),
     ))
@@ -56,8 +69,17 @@ async fn proxy(upstream: SocketAddr) -> (Arc<Lender>, SocketAddr, watch::Sender<
     let mut engine = Engine::new(spec).unwrap();
     engine.set_owner(OwnerPresence::Away);
     let clock = MonotonicClock::new();
-    let lender = Arc::new(Lender::new(engine, ["gpu0".to_owned()], clock, Arc::new(VolatileStore)));
-    lender.record_sample("gpu0", Ok(CapacitySample::memory(10_000, 20_000, clock.now())), clock.now());
+    let lender = Arc::new(Lender::new(
+        engine,
+        ["gpu0".to_owned()],
+        clock,
+        Arc::new(VolatileStore),
+    ));
+    lender.record_sample(
+        "gpu0",
+        Ok(CapacitySample::memory(10_000, 20_000, clock.now())),
+        clock.now(),
+    );
     let route = Arc::new(UpstreamRoute {
         name: "u".into(),
         id: lender.with_engine(|e| e.upstream_id("u")).unwrap(),
@@ -72,7 +94,13 @@ async fn proxy(upstream: SocketAddr) -> (Arc<Lender>, SocketAddr, watch::Sender<
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (stop, rx) = watch::channel(false);
-    tokio::spawn(vacancy::proxy::serve(listener, Arc::clone(&lender), route, rx, Duration::from_secs(1)));
+    tokio::spawn(vacancy::proxy::serve(
+        listener,
+        Arc::clone(&lender),
+        route,
+        rx,
+        Duration::from_secs(1),
+    ));
     (lender, addr, stop)
 }
 
@@ -88,7 +116,9 @@ async fn raw_upstream(reply: &'static [u8], echo: bool) -> SocketAddr {
                 // Read the request head.
                 let mut head = Vec::new();
                 while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-                    let Ok(n) = s.read(&mut buf).await else { return };
+                    let Ok(n) = s.read(&mut buf).await else {
+                        return;
+                    };
                     if n == 0 {
                         return;
                     }
@@ -97,7 +127,9 @@ async fn raw_upstream(reply: &'static [u8], echo: bool) -> SocketAddr {
                 let _ = s.write_all(reply).await;
                 if echo {
                     loop {
-                        let Ok(n) = s.read(&mut buf).await else { return };
+                        let Ok(n) = s.read(&mut buf).await else {
+                            return;
+                        };
                         if n == 0 || s.write_all(&buf[..n]).await.is_err() {
                             return;
                         }
@@ -125,7 +157,10 @@ async fn read_until(s: &mut TcpStream, needle: &[u8]) -> Vec<u8> {
     let mut got = Vec::new();
     let mut buf = [0u8; 1024];
     while !got.windows(needle.len()).any(|w| w == needle) {
-        let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf)).await.unwrap().unwrap();
+        let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf))
+            .await
+            .unwrap()
+            .unwrap();
         if n == 0 {
             break;
         }
@@ -140,9 +175,15 @@ async fn a_reply_that_is_not_http_never_counts_as_a_clean_end() {
     let up = raw_upstream(b"this is not HTTP at all\r\n\r\n", false).await;
     let (lender, addr, _stop) = proxy(up).await;
     let mut s = TcpStream::connect(addr).await.unwrap();
-    s.write_all(b"POST /run HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}").await.unwrap();
+    s.write_all(b"POST /run HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}")
+        .await
+        .unwrap();
     let reply = read_until(&mut s, b"\r\n\r\n").await;
-    assert!(String::from_utf8_lossy(&reply).starts_with("HTTP/1.1 502"), "{}", String::from_utf8_lossy(&reply));
+    assert!(
+        String::from_utf8_lossy(&reply).starts_with("HTTP/1.1 502"),
+        "{}",
+        String::from_utf8_lossy(&reply)
+    );
     let work = settle(&lender, |w| w.len() == 1 && w[0].phase == Phase::Held).await;
     assert_eq!(work.len(), 1);
     assert_eq!(work[0].phase, Phase::Held);
@@ -158,9 +199,17 @@ async fn a_gated_websocket_keeps_its_reservation_after_close() {
     .await;
     let (lender, addr, _stop) = proxy(up).await;
     let mut s = TcpStream::connect(addr).await.unwrap();
-    s.write_all(b"GET /ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n").await.unwrap();
+    s.write_all(
+        b"GET /ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n",
+    )
+    .await
+    .unwrap();
     let head = read_until(&mut s, b"\r\n\r\n").await;
-    assert!(String::from_utf8_lossy(&head).starts_with("HTTP/1.1 101"), "{}", String::from_utf8_lossy(&head));
+    assert!(
+        String::from_utf8_lossy(&head).starts_with("HTTP/1.1 101"),
+        "{}",
+        String::from_utf8_lossy(&head)
+    );
     s.write_all(b"ping").await.unwrap();
     let echoed = read_until(&mut s, b"ping").await;
     assert!(echoed.ends_with(b"ping"));
@@ -174,12 +223,24 @@ async fn a_gated_websocket_keeps_its_reservation_after_close() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_websocket_upstream_that_refuses_the_upgrade_releases() {
     // ROUTE-11
-    let up = raw_upstream(b"HTTP/1.1 403 Forbidden\r\nContent-Length: 2\r\n\r\nno", false).await;
+    let up = raw_upstream(
+        b"HTTP/1.1 403 Forbidden\r\nContent-Length: 2\r\n\r\nno",
+        false,
+    )
+    .await;
     let (lender, addr, _stop) = proxy(up).await;
     let mut s = TcpStream::connect(addr).await.unwrap();
-    s.write_all(b"GET /ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n").await.unwrap();
+    s.write_all(
+        b"GET /ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n",
+    )
+    .await
+    .unwrap();
     let reply = read_until(&mut s, b"no").await;
-    assert!(String::from_utf8_lossy(&reply).starts_with("HTTP/1.1 403"), "{}", String::from_utf8_lossy(&reply));
+    assert!(
+        String::from_utf8_lossy(&reply).starts_with("HTTP/1.1 403"),
+        "{}",
+        String::from_utf8_lossy(&reply)
+    );
     let work = settle(&lender, |w| w.is_empty()).await;
     assert!(work.is_empty(), "{work:?}");
 }
