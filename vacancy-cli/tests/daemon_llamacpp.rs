@@ -475,3 +475,51 @@ async fn sigterm_stops_the_daemon_cleanly() {
     assert!(status.success(), "{status:?}\n{}", d.process.log_tail(20));
     assert!(d.process.log().contains("stopped"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn work_sent_around_the_proxy_refuses_borrowed_work_while_slots_show_it() {
+    // ADM-08, ADM-09: a direct request acquires no reservation, but the /slots
+    // observation that shows it busy refuses borrowed work as resource_busy.
+    let llama = LlamaServer::start(busy_model()).unwrap();
+    let d = Daemon::start(&llama.base_url(), 1000, 2000, 20_000, "");
+    let mut direct = http_stream(
+        "POST",
+        &format!("{}/completion", llama.base_url()),
+        &[JSON],
+        completion(2000, true),
+    )
+    .await
+    .unwrap();
+    direct.next_chunk().await.unwrap().unwrap();
+    // Direct access and admission are not atomic (ADM-09): the refusal needs an
+    // observation taken while the slot is busy.
+    d.wait_status("an observation of the busy slot", |s| {
+        s["upstreams"][0]["residency"][0]
+            .as_str()
+            .is_some_and(|r| r.contains("no idle slot"))
+    })
+    .await;
+    let r = http_request(
+        "POST",
+        &format!("{}/completion", d.proxy),
+        &[JSON],
+        completion(2, false),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status, 503, "{}", r.text());
+    let body = r.json().unwrap();
+    assert_eq!(body["error"]["code"], "resource_busy");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("did not admit"),
+        "{body}"
+    );
+    assert!(
+        d.status().await["work"].as_array().unwrap().is_empty(),
+        "the direct request holds no reservation"
+    );
+    drop(direct);
+}
