@@ -61,6 +61,7 @@ fn engine(n: usize) -> (Engine, Vec<WorkRequest>) {
             arrived_at: Moment::ZERO,
             completion: CompletionMethod::ResponseEnd,
             reuse: RequestReuse::Reuses,
+            upstream_ref: None,
         })
         .collect();
     (e, requests)

@@ -172,6 +172,7 @@ fn run(reserves: [u64; 3], events: Vec<Event>) -> Result<(), TestCaseError> {
                     arrived_at: now,
                     completion: CompletionMethod::ResponseEnd,
                     reuse: Default::default(),
+                    upstream_ref: None,
                 };
                 if let Decision::Admitted(res) = e.admit(&req, now) {
                     let needs = deps(upstream);

@@ -138,6 +138,8 @@ pub struct RestoredEntry {
     pub admitted_at: Moment,
     /// How its end is proven.
     pub completion: CompletionMethod,
+    /// The upstream's own handle for it (REC-03).
+    pub upstream_ref: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -486,6 +488,7 @@ impl Engine {
             resident_credit: matches!(residency, Residency::Proven),
             admitted_at: now,
             completion: req.completion,
+            upstream_ref: req.upstream_ref.clone(),
         };
         self.entries.insert(
             req.id,
@@ -906,6 +909,7 @@ impl Engine {
                     resident_credit: false,
                     admitted_at: entry.admitted_at,
                     completion: entry.completion,
+                    upstream_ref: entry.upstream_ref,
                 },
                 upstream: up,
                 deps,

@@ -723,6 +723,7 @@ fn restored_entries_return_held_and_a_changed_mapping_is_an_error() {
         resources: vec![GPU.to_owned(), RAM.to_owned()],
         admitted_at: t(0),
         completion: CompletionMethod::ResponseEnd,
+        upstream_ref: Some("prompt-1".to_owned()),
     };
     e.restore_held(entry.clone(), "restored after a restart")
         .unwrap();

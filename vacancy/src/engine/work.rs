@@ -82,6 +82,9 @@ pub struct WorkRequest {
     pub completion: CompletionMethod,
     /// The request's half of the resident-model evidence.
     pub reuse: RequestReuse,
+    /// The upstream's own handle for the work, when the adapter assigns one
+    /// before forwarding (a ComfyUI prompt ID, COMFY-03); recorded with the reservation.
+    pub upstream_ref: Option<String>,
 }
 
 impl WorkRequest {
@@ -94,6 +97,7 @@ impl WorkRequest {
             arrived_at,
             completion: CompletionMethod::ResponseEnd,
             reuse: RequestReuse::Reuses,
+            upstream_ref: None,
         }
     }
 }
@@ -126,6 +130,8 @@ pub struct Reservation {
     pub admitted_at: Moment,
     /// How its end is proven.
     pub completion: CompletionMethod,
+    /// The upstream's own handle for the work (REC-03), when it has one.
+    pub upstream_ref: Option<String>,
 }
 
 /// The engine's answer to a work request.

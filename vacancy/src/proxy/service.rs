@@ -235,6 +235,7 @@ async fn work_request(
         arrived_at,
         completion: work.completion,
         reuse: inspection.reuse,
+        upstream_ref: inspection.upstream_ref,
     };
     let reservation = match lender.admit(&request, &route.name).await {
         Err(refusal) if refusal.observe_again => {
