@@ -1,11 +1,12 @@
 //! The control listener: `/health`, `/status`, `/metrics` (DESIGN §4).
 
 use std::convert::Infallible;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use bytes::Bytes;
-use http_body_util::Full;
+use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
@@ -13,8 +14,13 @@ use hyper_util::rt::TokioIo;
 use serde::Serialize;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tracing::{debug, warn};
-use vacancy::engine::{OwnerVetoStatus, ResourceStatus, Vacancy, WorkStatus};
+use tracing::{debug, info, warn};
+use vacancy::auth::{AuthError, Tokens};
+use vacancy::config::Scope;
+use vacancy::engine::{
+    EngineError, EntryId, HeldRelease, OwnerVetoStatus, ResourceStatus, Vacancy, WorkStatus,
+};
+use vacancy::presence::ManualPresence;
 use vacancy::proxy::Lender;
 use vacancy::proxy::shells::HealthCell;
 
@@ -38,7 +44,11 @@ pub struct ControlState {
     pub upstreams: Vec<UpstreamInfo>,
     /// The presence backend's name.
     pub presence_backend: String,
-    /// True once every listener is bound.
+    /// The switch of `presence = "manual"`, when configured.
+    pub manual: Option<ManualPresence>,
+    /// The control-plane tokens.
+    pub tokens: Tokens,
+    /// True once every listener is bound and the ledger is loaded.
     pub ready: AtomicBool,
 }
 
@@ -130,7 +140,9 @@ impl ControlState {
     }
 }
 
-fn respond(status: u16, content_type: &str, body: impl Into<Bytes>) -> http::Response<Full<Bytes>> {
+type Reply = http::Response<Full<Bytes>>;
+
+fn respond(status: u16, content_type: &str, body: impl Into<Bytes>) -> Reply {
     let mut resp = http::Response::new(Full::new(body.into()));
     *resp.status_mut() =
         http::StatusCode::from_u16(status).unwrap_or(http::StatusCode::INTERNAL_SERVER_ERROR);
@@ -140,9 +152,123 @@ fn respond(status: u16, content_type: &str, body: impl Into<Bytes>) -> http::Res
     resp
 }
 
-fn route(state: &ControlState, req: &http::Request<Incoming>) -> http::Response<Full<Bytes>> {
+/// A JSON error `{"error":{"code":..,"message":..}}`.
+fn error(status: u16, code: &str, message: impl Into<String>) -> Reply {
+    let body = serde_json::json!({"error": {"code": code, "message": message.into()}}).to_string();
+    let mut resp = respond(status, "application/json", body);
+    if status == 401 {
+        resp.headers_mut().insert(
+            http::header::WWW_AUTHENTICATE,
+            http::HeaderValue::from_static("Bearer"),
+        );
+    }
+    resp
+}
+
+fn auth_error(e: AuthError) -> Reply {
+    match e {
+        AuthError::Unauthenticated => error(401, "unauthorized", e.to_string()),
+        AuthError::Forbidden(_) => error(403, "forbidden", e.to_string()),
+    }
+}
+
+/// The header that names the action a mutating call intends (HELD-04).
+const INTENT: &str = "vacancy-intent";
+
+/// Authorize an admin call: token, scope, then intent (HELD-05).
+fn admit_call<'a>(
+    state: &'a ControlState,
+    head: &http::request::Parts,
+    scope: Scope,
+    intent: &str,
+) -> Result<&'a str, Reply> {
+    let authorization = head
+        .headers
+        .get(http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok());
+    let token = state
+        .tokens
+        .authorize(authorization, scope)
+        .map_err(auth_error)?;
+    let said = head
+        .headers
+        .get(INTENT)
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim);
+    if said != Some(intent) {
+        return Err(error(
+            403,
+            "missing_intent",
+            format!("this call needs the header `Vacancy-Intent: {intent}` naming the action"),
+        ));
+    }
+    Ok(token.name.as_str())
+}
+
+/// A JSON object body, read within 64 KiB.
+async fn json_body(body: Incoming) -> Result<serde_json::Map<String, serde_json::Value>, Reply> {
+    let bytes = Limited::new(body, 64 * 1024)
+        .collect()
+        .await
+        .map_err(|e| {
+            error(
+                400,
+                "invalid_request",
+                format!("the body could not be read: {e}"),
+            )
+        })?
+        .to_bytes();
+    match serde_json::from_slice::<serde_json::Value>(&bytes) {
+        Ok(serde_json::Value::Object(map)) => Ok(map),
+        Ok(_) => Err(error(
+            400,
+            "invalid_request",
+            "the body must be a JSON object",
+        )),
+        Err(e) => Err(error(
+            400,
+            "invalid_request",
+            format!("the body is not valid JSON: {e}"),
+        )),
+    }
+}
+
+fn bool_field(map: &serde_json::Map<String, serde_json::Value>, key: &str) -> Result<bool, Reply> {
+    map.get(key)
+        .and_then(serde_json::Value::as_bool)
+        .ok_or_else(|| {
+            error(
+                400,
+                "invalid_request",
+                format!("the body needs a boolean \"{key}\""),
+            )
+        })
+}
+
+fn ok(value: serde_json::Value) -> Reply {
+    respond(200, "application/json", value.to_string())
+}
+
+async fn handle(state: &ControlState, peer: SocketAddr, req: http::Request<Incoming>) -> Reply {
     let json = "application/json";
-    match (req.method(), req.uri().path()) {
+    let (head, body) = req.into_parts();
+    let path = head.uri.path().to_owned();
+    let method = head.method.clone();
+    let read_allowed = || {
+        if peer.ip().is_loopback() {
+            return Ok(());
+        }
+        let authorization = head
+            .headers
+            .get(http::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok());
+        state
+            .tokens
+            .authorize(authorization, Scope::Read)
+            .map(|_| ())
+            .map_err(auth_error)
+    };
+    match (&method, path.as_str()) {
         (&http::Method::GET, "/health") => {
             if state.ready.load(Ordering::Acquire) {
                 respond(200, json, r#"{"status":"ready"}"#)
@@ -150,18 +276,145 @@ fn route(state: &ControlState, req: &http::Request<Incoming>) -> http::Response<
                 respond(503, json, r#"{"status":"starting"}"#)
             }
         }
-        (&http::Method::GET, "/status") => match serde_json::to_vec(&state.status()) {
-            Ok(body) => respond(200, json, body),
-            Err(e) => respond(500, json, format!(r#"{{"error":"cannot render status: {e}"}}"#)),
+        (&http::Method::GET, "/status") => match read_allowed() {
+            Err(r) => r,
+            Ok(()) => match serde_json::to_vec(&state.status()) {
+                Ok(body) => respond(200, json, body),
+                Err(e) => error(500, "internal", format!("cannot render status: {e}")),
+            },
         },
-        (&http::Method::GET, "/metrics") => {
-            respond(200, "text/plain; version=0.0.4", state.metrics())
+        (&http::Method::GET, "/metrics") => match read_allowed() {
+            Err(r) => r,
+            Ok(()) => respond(200, "text/plain; version=0.0.4", state.metrics()),
+        },
+        (&http::Method::POST, "/admin/lending") => {
+            lending(state, &head, body).await.unwrap_or_else(|r| r)
         }
-        (_, path) => respond(
+        (&http::Method::POST, "/admin/owner") => {
+            presence(state, &head, body).await.unwrap_or_else(|r| r)
+        }
+        (&http::Method::POST, p) if p.starts_with("/admin/resources/") => {
+            let name = p.trim_start_matches("/admin/resources/").to_owned();
+            resource(state, &head, body, &name)
+                .await
+                .unwrap_or_else(|r| r)
+        }
+        (&http::Method::POST, p) if p.starts_with("/admin/work/") && p.ends_with("/release") => {
+            let id = p
+                .trim_start_matches("/admin/work/")
+                .trim_end_matches("/release")
+                .to_owned();
+            release_work(state, &head, body, &id)
+                .await
+                .unwrap_or_else(|r| r)
+        }
+        (_, path) => error(
             404,
-            json,
-            serde_json::json!({"error": format!("no control route {path}; try /status, /metrics or /health")}).to_string(),
+            "not_found",
+            format!(
+                "no control route {method} {path}; see /status, /metrics, /health and /admin/*"
+            ),
         ),
+    }
+}
+
+async fn lending(
+    state: &ControlState,
+    head: &http::request::Parts,
+    body: Incoming,
+) -> Result<Reply, Reply> {
+    let who = admit_call(state, head, Scope::Owner, "lending")?;
+    let enabled = bool_field(&json_body(body).await?, "enabled")?;
+    state.lender.with_engine(|e| e.set_lending(enabled));
+    info!(token = who, enabled, "admin: lending switched");
+    Ok(ok(serde_json::json!({"lending": enabled})))
+}
+
+async fn resource(
+    state: &ControlState,
+    head: &http::request::Parts,
+    body: Incoming,
+    name: &str,
+) -> Result<Reply, Reply> {
+    let who = admit_call(state, head, Scope::Owner, "resource")?;
+    let enabled = bool_field(&json_body(body).await?, "enabled")?;
+    state
+        .lender
+        .with_engine(|e| e.set_resource_enabled(name, enabled))
+        .map_err(|e| error(404, "not_found", e.to_string()))?;
+    info!(
+        token = who,
+        resource = name,
+        enabled,
+        "admin: resource switched"
+    );
+    Ok(ok(
+        serde_json::json!({"resource": name, "enabled": enabled}),
+    ))
+}
+
+async fn presence(
+    state: &ControlState,
+    head: &http::request::Parts,
+    body: Incoming,
+) -> Result<Reply, Reply> {
+    let who = admit_call(state, head, Scope::Owner, "presence")?;
+    let present = bool_field(&json_body(body).await?, "present")?;
+    let Some(manual) = &state.manual else {
+        return Err(error(
+            409,
+            "conflict",
+            format!(
+                "owner presence comes from the {} backend; setting it by hand needs [owner] presence = \"manual\"",
+                state.presence_backend
+            ),
+        ));
+    };
+    manual.set(present);
+    // Apply at once rather than at the next presence poll.
+    let presence = if present {
+        vacancy::engine::OwnerPresence::Present
+    } else {
+        vacancy::engine::OwnerPresence::Away
+    };
+    state.lender.with_engine(|e| e.set_owner(presence));
+    info!(token = who, present, "admin: owner presence set");
+    Ok(ok(serde_json::json!({"owner": presence.as_str()})))
+}
+
+async fn release_work(
+    state: &ControlState,
+    head: &http::request::Parts,
+    body: Incoming,
+    id: &str,
+) -> Result<Reply, Reply> {
+    let who = admit_call(state, head, Scope::Admin, "release_work")?;
+    let map = json_body(body).await?;
+    if map.get("upstream_stopped") != Some(&serde_json::Value::Bool(true)) {
+        return Err(error(
+            400,
+            "invalid_request",
+            "confirm with {\"upstream_stopped\": true} after stopping or verifying the job at the upstream",
+        ));
+    }
+    let entry: EntryId = id.parse().map_err(|_| {
+        error(
+            404,
+            "not_found",
+            format!("no work entry {id:?}; IDs are listed by vacancyd status"),
+        )
+    })?;
+    match state
+        .lender
+        .release_held(entry, HeldRelease::AdministratorConfirmed)
+    {
+        Ok(()) => {
+            info!(token = who, entry = %entry, "admin: held work released");
+            Ok(ok(serde_json::json!({"released": entry.to_string()})))
+        }
+        Err(e @ EngineError::UnknownEntry(_)) => Err(error(404, "not_found", e.to_string())),
+        Err(e @ EngineError::NotHeld { .. }) => Err(error(409, "conflict", e.to_string())),
+        Err(e) => Err(error(409, "conflict", e.to_string())),
     }
 }
 
@@ -174,15 +427,15 @@ pub async fn serve(
     loop {
         tokio::select! {
             accepted = listener.accept() => {
-                let Ok((stream, _)) = accepted else {
+                let Ok((stream, peer)) = accepted else {
                     warn!("control accept failed");
                     continue;
                 };
                 let state = Arc::clone(&state);
                 tokio::spawn(async move {
                     let svc = service_fn(move |req| {
-                        let resp = route(&state, &req);
-                        async move { Ok::<_, Infallible>(resp) }
+                        let state = Arc::clone(&state);
+                        async move { Ok::<_, Infallible>(handle(&state, peer, req).await) }
                     });
                     if let Err(e) = http1::Builder::new().serve_connection(TokioIo::new(stream), svc).await {
                         debug!(error = %e, "control connection ended with an error");

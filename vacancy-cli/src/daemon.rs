@@ -185,11 +185,8 @@ pub async fn start(
         .listen
         .parse()
         .map_err(|e| setup(format!("server.listen {:?}: {e}", config.server.listen)))?;
-    if !control_addr.ip().is_loopback() {
-        return Err(setup(format!(
-            "server.listen = {:?}: the control listener binds to loopback only until authentication is available; use 127.0.0.1:PORT",
-            config.server.listen
-        )));
+    if !control_addr.ip().is_loopback() && config.server.tokens.is_empty() {
+        warn!(listen = %control_addr, "the control listener is reachable beyond loopback but no [[server.token]] is configured: /status and /metrics answer only loopback clients, and /admin nobody");
     }
 
     let engine = Engine::new(EngineSpec::from(&config)).map_err(|e| setup(e.to_string()))?;
@@ -203,10 +200,10 @@ pub async fn start(
         "this release keeps reservations in memory only: a crash forgets running work (the durable ledger comes next)"
     );
 
-    let (presence, presence_line) =
-        vacancy::presence::from_mode(config.owner.presence, Path::new(SEATS_DIR));
-    info!("{presence_line}");
-    let presence_name = presence.name().to_owned();
+    let presence = vacancy::presence::from_mode(config.owner.presence, Path::new(SEATS_DIR));
+    info!("{}", presence.line);
+    let presence_name = presence.backend.name().to_owned();
+    let manual = presence.manual.clone();
     let exempt = config.exempt_upstreams();
     if !exempt.is_empty() {
         info!(
@@ -249,7 +246,7 @@ pub async fn start(
     }
     tasks.spawn(shells::presence_loop(
         Arc::clone(&lender),
-        presence,
+        presence.backend,
         PRESENCE_EVERY,
         shutdown.clone(),
     ));
@@ -304,6 +301,8 @@ pub async fn start(
         lender: Arc::clone(&lender),
         upstreams: infos,
         presence_backend: presence_name,
+        manual,
+        tokens: vacancy::auth::Tokens::new(config.server.tokens.clone()),
         ready: false.into(),
     });
     for (listener, route) in servers {

@@ -1,5 +1,6 @@
 //! `vacancyd`: the reference daemon and CLI of vacancy.
 
+mod admin_cmd;
 mod check_config;
 mod control;
 mod daemon;
@@ -36,6 +37,23 @@ enum Command {
         #[arg(long, default_value = "http://127.0.0.1:7480")]
         url: String,
     },
+    /// Ask the running daemon to do something (needs a token with the right scope).
+    AdminRequest {
+        /// The control listener's base URL.
+        #[arg(long, default_value = "http://127.0.0.1:7480")]
+        url: String,
+        /// A file holding the token; else $VACANCYD_TOKEN.
+        #[arg(long)]
+        token_file: Option<PathBuf>,
+        /// release_work <id> | lending on|off | resource <name> on|off | presence present|away
+        #[arg(required = true, num_args = 1..)]
+        action: Vec<String>,
+    },
+    /// Tokens for the control plane.
+    Token {
+        #[command(subcommand)]
+        command: TokenCommand,
+    },
     /// Validate a configuration: print every problem at once with its line,
     /// then sample each resource once and warn about what looks wrong.
     CheckConfig {
@@ -45,6 +63,19 @@ enum Command {
         /// Skip sampling the resources (validate the file only).
         #[arg(long)]
         no_sample: bool,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum TokenCommand {
+    /// Print a new token once, and the `[[server.token]]` lines that store its hash.
+    New {
+        /// The token's name (it appears in the audit log).
+        #[arg(long)]
+        name: String,
+        /// read | owner | admin (admin implies owner implies read).
+        #[arg(long, value_parser = ["read", "owner", "admin"])]
+        scope: String,
     },
 }
 
@@ -84,6 +115,47 @@ fn main() -> ExitCode {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("vacancyd: not started: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Command::Token {
+            command: TokenCommand::New { name, scope },
+        } => match admin_cmd::new_token_text(&name, &scope) {
+            Ok(text) => {
+                print!("{text}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("vacancyd token new: {e}");
+                ExitCode::FAILURE
+            }
+        },
+        Command::AdminRequest {
+            url,
+            token_file,
+            action,
+        } => {
+            let parsed = admin_cmd::Action::parse(&action)
+                .and_then(|a| admin_cmd::token(token_file.as_deref()).map(|t| (a, t)));
+            let (action, token) = match parsed {
+                Ok(x) => x,
+                Err(e) => {
+                    eprintln!("vacancyd admin-request: {e}");
+                    return ExitCode::from(2);
+                }
+            };
+            let rt = match runtime() {
+                Ok(rt) => rt,
+                Err(code) => return code,
+            };
+            match rt.block_on(admin_cmd::send(&url, &token, &action)) {
+                Ok(body) => {
+                    println!("{body}");
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("vacancyd admin-request: {e}");
                     ExitCode::FAILURE
                 }
             }

@@ -427,6 +427,7 @@ async fn oversized_work_bodies_get_413_and_metrics_count_it() {
         free: 20_000,
         server: "max_body_mib = 1",
         upstream: "",
+        presence: "none",
     });
     let big = serde_json::json!({"prompt": "x".repeat(2 * 1024 * 1024), "n_predict": 1})
         .to_string()

@@ -1,6 +1,7 @@
 #![doc = include_str!("../../README.md")]
 #![forbid(unsafe_code)]
 
+pub mod auth;
 pub mod config;
 pub mod engine;
 pub mod presence;

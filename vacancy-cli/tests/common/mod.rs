@@ -41,6 +41,8 @@ pub struct Setup<'a> {
     pub server: &'a str,
     /// Extra `[[upstream]]` lines.
     pub upstream: &'a str,
+    /// `[owner] presence`.
+    pub presence: &'a str,
 }
 
 /// A configuration with one `file`-sampled resource `gpu0` (sampled every 60 s,
@@ -54,7 +56,7 @@ listen = "127.0.0.1:{control}"
 {server}
 
 [owner]
-presence = "none"
+presence = "{presence}"
 
 [[resource]]
 name = "gpu0"
@@ -80,6 +82,7 @@ default_min_free_mib = {need}
         target = s.target,
         need = s.need,
         upstream = s.upstream,
+        presence = s.presence,
     )
 }
 
@@ -93,6 +96,7 @@ impl Daemon {
             free,
             server: "",
             upstream,
+            presence: "none",
         })
     }
 

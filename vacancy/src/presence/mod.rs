@@ -1,11 +1,13 @@
 //! Owner presence backends: where the engine's presence input comes from.
 //!
-//! This release has `none` (a dedicated machine: the owner is never present)
-//! and `auto`. `logind`, `manual` and `command` follow with the owner issue;
-//! until then `auto` on a machine with seats reports *unknown*, which refuses
-//! host-scoped work (OWN-01) rather than lending while the owner may be there.
+//! This release has `none` (a dedicated machine: the owner is never present),
+//! `manual` (the owner says present or away through the admin API) and `auto`.
+//! `logind` and `command` follow with the owner issue; until then `auto` on a
+//! machine with seats reports *unknown*, which refuses host-scoped work
+//! (OWN-01) rather than lending while the owner may be there.
 
 use std::path::Path;
+use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 
@@ -66,24 +68,86 @@ pub fn machine_has_seats(seats_dir: &Path) -> bool {
         .unwrap_or(false)
 }
 
+/// `presence = "manual"`: the owner sets presence through the admin API
+/// (`POST /admin/owner`). It starts unknown, which refuses host-scoped work,
+/// until the owner first says present or away.
+#[derive(Debug, Clone, Default)]
+pub struct ManualPresence(Arc<Mutex<OwnerPresence>>);
+
+impl ManualPresence {
+    /// Record what the owner said.
+    pub fn set(&self, present: bool) {
+        let value = if present {
+            OwnerPresence::Present
+        } else {
+            OwnerPresence::Away
+        };
+        match self.0.lock() {
+            Ok(mut g) => *g = value,
+            Err(p) => *p.into_inner() = value,
+        }
+    }
+
+    fn get(&self) -> OwnerPresence {
+        match self.0.lock() {
+            Ok(g) => *g,
+            Err(p) => *p.into_inner(),
+        }
+    }
+}
+
+#[async_trait]
+impl PresenceBackend for ManualPresence {
+    fn name(&self) -> &str {
+        "manual"
+    }
+    async fn presence(&self) -> OwnerPresence {
+        self.get()
+    }
+}
+
+/// The backend a configuration selects.
+pub struct Presence {
+    /// The backend the presence loop asks.
+    pub backend: Box<dyn PresenceBackend>,
+    /// The switch of the `manual` backend, for the admin API.
+    pub manual: Option<ManualPresence>,
+    /// The line to log at startup.
+    pub line: String,
+}
+
 /// The backend a configuration selects, with the line to log at startup.
-pub fn from_mode(mode: PresenceMode, seats_dir: &Path) -> (Box<dyn PresenceBackend>, String) {
-    let unavailable = |name: &str, why: String| -> (Box<dyn PresenceBackend>, String) {
+pub fn from_mode(mode: PresenceMode, seats_dir: &Path) -> Presence {
+    let plain = |backend: Box<dyn PresenceBackend>, line: String| Presence {
+        backend,
+        manual: None,
+        line,
+    };
+    let unavailable = |name: &str, why: String| -> Presence {
         let line = format!("presence {name}: {why}");
-        (
-            Box::new(UnavailableBackend {
+        Presence {
+            backend: Box::new(UnavailableBackend {
                 name: name.to_owned(),
                 why,
             }),
+            manual: None,
             line,
-        )
+        }
     };
     match mode {
-        PresenceMode::None => (
+        PresenceMode::None => plain(
             Box::new(NoneBackend),
             "presence none: the owner is never present (a dedicated machine)".to_owned(),
         ),
-        PresenceMode::Auto if !machine_has_seats(seats_dir) => (
+        PresenceMode::Manual => {
+            let manual = ManualPresence::default();
+            Presence {
+                backend: Box::new(manual.clone()),
+                manual: Some(manual),
+                line: "presence manual: unknown until the owner says present or away (vacancyd admin-request presence away)".to_owned(),
+            }
+        }
+        PresenceMode::Auto if !machine_has_seats(seats_dir) => plain(
             Box::new(NoneBackend),
             format!(
                 "presence auto: no login seats under {}, so this is a dedicated machine (presence none)",
@@ -92,12 +156,12 @@ pub fn from_mode(mode: PresenceMode, seats_dir: &Path) -> (Box<dyn PresenceBacke
         ),
         PresenceMode::Auto => unavailable(
             "auto",
-            "this machine has login seats but this build cannot read logind yet, so owner presence is unknown and host-scoped upstreams refuse work; set [owner] presence = \"none\" on a dedicated machine".to_owned(),
+            "this machine has login seats but this build cannot read logind yet, so owner presence is unknown and host-scoped upstreams refuse work; set [owner] presence = \"none\" on a dedicated machine, or \"manual\"".to_owned(),
         ),
         other => unavailable(
             other.as_str(),
             format!(
-                "presence = \"{}\" is not available in this build, so owner presence is unknown and host-scoped upstreams refuse work; use [owner] presence = \"none\" or \"auto\"",
+                "presence = \"{}\" is not available in this build, so owner presence is unknown and host-scoped upstreams refuse work; use [owner] presence = \"none\", \"manual\" or \"auto\"",
                 other.as_str()
             ),
         ),
@@ -113,22 +177,35 @@ mod tests {
     async fn none_is_away_and_unavailable_backends_are_unknown() {
         // OWN-01: a backend that cannot answer never reads as away.
         let dir = tempfile::tempdir().unwrap();
-        let (b, line) = from_mode(PresenceMode::None, dir.path());
-        assert_eq!(b.presence().await, OwnerPresence::Away);
-        assert!(line.contains("dedicated"));
-        let (b, _) = from_mode(PresenceMode::Auto, dir.path());
-        assert_eq!(b.presence().await, OwnerPresence::Away, "no seats: none");
+        let p = from_mode(PresenceMode::None, dir.path());
+        assert_eq!(p.backend.presence().await, OwnerPresence::Away);
+        assert!(p.line.contains("dedicated"));
+        let p = from_mode(PresenceMode::Auto, dir.path());
+        assert_eq!(
+            p.backend.presence().await,
+            OwnerPresence::Away,
+            "no seats: none"
+        );
         std::fs::write(dir.path().join("seat0"), "").unwrap();
-        let (b, line) = from_mode(PresenceMode::Auto, dir.path());
-        assert_eq!(b.presence().await, OwnerPresence::Unknown);
-        assert!(line.contains("[owner] presence"), "{line}");
-        for mode in [
-            PresenceMode::Logind,
-            PresenceMode::Manual,
-            PresenceMode::Command,
-        ] {
-            let (b, _) = from_mode(mode, dir.path());
-            assert_eq!(b.presence().await, OwnerPresence::Unknown);
+        let p = from_mode(PresenceMode::Auto, dir.path());
+        assert_eq!(p.backend.presence().await, OwnerPresence::Unknown);
+        assert!(p.line.contains("[owner] presence"), "{}", p.line);
+        for mode in [PresenceMode::Logind, PresenceMode::Command] {
+            let p = from_mode(mode, dir.path());
+            assert_eq!(p.backend.presence().await, OwnerPresence::Unknown);
         }
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn manual_presence_starts_unknown_and_follows_the_owner() {
+        // OWN-01: unknown until the owner speaks.
+        let dir = tempfile::tempdir().unwrap();
+        let p = from_mode(PresenceMode::Manual, dir.path());
+        assert_eq!(p.backend.presence().await, OwnerPresence::Unknown);
+        let switch = p.manual.unwrap();
+        switch.set(false);
+        assert_eq!(p.backend.presence().await, OwnerPresence::Away);
+        switch.set(true);
+        assert_eq!(p.backend.presence().await, OwnerPresence::Present);
     }
 }

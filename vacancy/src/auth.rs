@@ -1,0 +1,191 @@
+//! Control-plane tokens: only their SHA-256 is stored (`[[server.token]]`),
+//! and a presented token is compared by hash in constant time.
+
+use sha2::{Digest, Sha256};
+
+use crate::config::{Scope, TokenConfig};
+
+/// The lowercase hex SHA-256 of a token, as `[[server.token]] sha256` stores it.
+pub fn hash_token(token: &str) -> String {
+    let digest = Sha256::digest(token.as_bytes());
+    let mut hex = String::with_capacity(64);
+    for b in digest.iter() {
+        hex.push(char::from(HEX[usize::from(b >> 4)]));
+        hex.push(char::from(HEX[usize::from(b & 0x0f)]));
+    }
+    hex
+}
+
+const HEX: &[u8; 16] = b"0123456789abcdef";
+
+/// Equal without an early exit, so timing does not reveal how much matched.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// A fresh random token: 32 bytes from the operating system, hex-encoded.
+///
+/// # Errors
+///
+/// The operating system's random source failed.
+pub fn new_token() -> Result<String, getrandom::Error> {
+    let mut bytes = [0u8; 32];
+    getrandom::fill(&mut bytes)?;
+    let mut out = String::from("vac_");
+    for b in bytes {
+        out.push(char::from(HEX[usize::from(b >> 4)]));
+        out.push(char::from(HEX[usize::from(b & 0x0f)]));
+    }
+    Ok(out)
+}
+
+/// Why a request was not authorized. The messages never say which tokens exist.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum AuthError {
+    /// No `Authorization: Bearer` header, or a token that matches no configured hash (401).
+    #[error(
+        "a valid bearer token is required (Authorization: Bearer <token>); create one with `vacancyd token new`"
+    )]
+    Unauthenticated,
+    /// A valid token without the needed scope (403).
+    #[error("this token's scope does not allow this action; it needs scope {0}")]
+    Forbidden(&'static str),
+}
+
+/// The configured tokens.
+#[derive(Debug, Clone, Default)]
+pub struct Tokens {
+    tokens: Vec<TokenConfig>,
+}
+
+impl Tokens {
+    /// The tokens of `[[server.token]]`.
+    pub fn new(tokens: Vec<TokenConfig>) -> Self {
+        Tokens { tokens }
+    }
+
+    /// The token presented in an `Authorization` header value, if it matches
+    /// a configured hash. Every configured hash is compared, matched or not.
+    pub fn authenticate(&self, authorization: Option<&str>) -> Option<&TokenConfig> {
+        let presented = authorization?
+            .strip_prefix("Bearer ")
+            .map(str::trim)
+            .filter(|t| !t.is_empty())?;
+        let hash = hash_token(presented);
+        let mut found = None;
+        for t in &self.tokens {
+            if constant_time_eq(hash.as_bytes(), t.sha256.to_ascii_lowercase().as_bytes())
+                && found.is_none()
+            {
+                found = Some(t);
+            }
+        }
+        found
+    }
+
+    /// Authenticate and check that the token grants `needed`.
+    pub fn authorize(
+        &self,
+        authorization: Option<&str>,
+        needed: Scope,
+    ) -> Result<&TokenConfig, AuthError> {
+        let token = self
+            .authenticate(authorization)
+            .ok_or(AuthError::Unauthenticated)?;
+        if token.grants(needed) {
+            Ok(token)
+        } else {
+            Err(AuthError::Forbidden(needed.as_str()))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn hashes_are_lowercase_hex_sha256() {
+        assert_eq!(
+            hash_token("example-token-do-not-use"),
+            "3690a4a2ed3b26b46a696e9ab873a300d9da3ae56bc84352e2bf724885c91dfd"
+        );
+    }
+
+    #[test]
+    fn new_tokens_are_random_and_long() {
+        let (a, b) = (new_token().unwrap(), new_token().unwrap());
+        assert_ne!(a, b);
+        assert_eq!(a.len(), 4 + 64);
+    }
+
+    #[test]
+    fn scopes_nest_and_unknown_tokens_are_unauthenticated() {
+        let tokens = Tokens::new(vec![
+            TokenConfig {
+                name: "reader".into(),
+                scopes: vec![Scope::Read],
+                sha256: hash_token("r"),
+            },
+            TokenConfig {
+                name: "owner".into(),
+                scopes: vec![Scope::Owner],
+                sha256: hash_token("o").to_ascii_uppercase(),
+            },
+            TokenConfig {
+                name: "ops".into(),
+                scopes: vec![Scope::Admin],
+                sha256: hash_token("a"),
+            },
+        ]);
+        assert_eq!(
+            tokens
+                .authorize(Some("Bearer a"), Scope::Admin)
+                .unwrap()
+                .name,
+            "ops"
+        );
+        assert_eq!(
+            tokens
+                .authorize(Some("Bearer a"), Scope::Read)
+                .unwrap()
+                .name,
+            "ops"
+        );
+        assert_eq!(
+            tokens
+                .authorize(Some("Bearer o"), Scope::Owner)
+                .unwrap()
+                .name,
+            "owner"
+        );
+        assert_eq!(
+            tokens.authorize(Some("Bearer o"), Scope::Admin),
+            Err(AuthError::Forbidden("admin"))
+        );
+        assert_eq!(
+            tokens.authorize(Some("Bearer r"), Scope::Owner),
+            Err(AuthError::Forbidden("owner"))
+        );
+        assert_eq!(
+            tokens.authorize(Some("Bearer x"), Scope::Read),
+            Err(AuthError::Unauthenticated)
+        );
+        assert_eq!(
+            tokens.authorize(Some("a"), Scope::Read),
+            Err(AuthError::Unauthenticated)
+        );
+        assert_eq!(
+            tokens.authorize(None, Scope::Read),
+            Err(AuthError::Unauthenticated)
+        );
+        assert_eq!(
+            tokens.authorize(Some("Bearer "), Scope::Read),
+            Err(AuthError::Unauthenticated)
+        );
+    }
+}
