@@ -174,6 +174,24 @@ struct Entry {
     held_reason: Option<String>,
 }
 
+/// Why [`Engine::evaluate`] did not admit.
+enum Blocked {
+    Wait {
+        until: Moment,
+        resources: Vec<String>,
+    },
+    Refused(Refusal),
+}
+
+impl From<Blocked> for Decision {
+    fn from(b: Blocked) -> Self {
+        match b {
+            Blocked::Wait { until, resources } => Decision::Wait { until, resources },
+            Blocked::Refused(r) => Decision::Refused(r),
+        }
+    }
+}
+
 /// Whether resident credit applies, and if not, why.
 enum Residency {
     Proven,
@@ -461,7 +479,7 @@ impl Engine {
             now,
         ) {
             Ok(charges) => charges,
-            Err(decision) => return decision,
+            Err(blocked) => return blocked.into(),
         };
         let up = req.upstream.0;
         let deps: Vec<usize> = self.upstreams[up].deps.iter().map(|d| d.res).collect();
@@ -515,7 +533,7 @@ impl Engine {
                 code: None,
                 reason: None,
             },
-            Err(Decision::Wait { resources, .. }) => Vacancy {
+            Err(Blocked::Wait { resources, .. }) => Vacancy {
                 admitting: false,
                 code: Some(RefusalCode::ResourceBusy),
                 reason: Some(format!(
@@ -523,15 +541,10 @@ impl Engine {
                     resources.join(", ")
                 )),
             },
-            Err(Decision::Refused(r)) => Vacancy {
+            Err(Blocked::Refused(r)) => Vacancy {
                 admitting: false,
                 code: Some(r.code),
                 reason: Some(r.reason),
-            },
-            Err(Decision::Admitted(_)) => Vacancy {
-                admitting: true,
-                code: None,
-                reason: None,
             },
         }
     }
@@ -629,8 +642,8 @@ impl Engine {
         residency: &Residency,
         arrived_at: Moment,
         now: Moment,
-    ) -> Result<Vec<Charge>, Decision> {
-        let refuse = |r: Refusal| Err(Decision::Refused(r));
+    ) -> Result<Vec<Charge>, Blocked> {
+        let refuse = |r: Refusal| Err(Blocked::Refused(r));
         let u = &self.upstreams[up];
         if !self.lending {
             return refuse(Refusal::new(
@@ -765,7 +778,7 @@ impl Engine {
                     .on_resource(&awaiting[0]),
                 );
             }
-            return Err(Decision::Wait {
+            return Err(Blocked::Wait {
                 until,
                 resources: awaiting,
             });
