@@ -165,10 +165,31 @@ fn error(status: u16, code: &str, message: impl Into<String>) -> Reply {
     resp
 }
 
-fn auth_error(e: AuthError) -> Reply {
+/// An admin call refused: rendered by [`ApiError::reply`].
+struct ApiError {
+    status: u16,
+    code: &'static str,
+    message: String,
+}
+
+impl ApiError {
+    fn reply(self) -> Reply {
+        error(self.status, self.code, self.message)
+    }
+}
+
+fn fail(status: u16, code: &'static str, message: impl Into<String>) -> ApiError {
+    ApiError {
+        status,
+        code,
+        message: message.into(),
+    }
+}
+
+fn auth_error(e: AuthError) -> ApiError {
     match e {
-        AuthError::Unauthenticated => error(401, "unauthorized", e.to_string()),
-        AuthError::Forbidden(_) => error(403, "forbidden", e.to_string()),
+        AuthError::Unauthenticated => fail(401, "unauthorized", e.to_string()),
+        AuthError::Forbidden(_) => fail(403, "forbidden", e.to_string()),
     }
 }
 
@@ -181,7 +202,7 @@ fn admit_call<'a>(
     head: &http::request::Parts,
     scope: Scope,
     intent: &str,
-) -> Result<&'a str, Reply> {
+) -> Result<&'a str, ApiError> {
     let authorization = head
         .headers
         .get(http::header::AUTHORIZATION)
@@ -196,7 +217,7 @@ fn admit_call<'a>(
         .and_then(|v| v.to_str().ok())
         .map(str::trim);
     if said != Some(intent) {
-        return Err(error(
+        return Err(fail(
             403,
             "missing_intent",
             format!("this call needs the header `Vacancy-Intent: {intent}` naming the action"),
@@ -206,12 +227,12 @@ fn admit_call<'a>(
 }
 
 /// A JSON object body, read within 64 KiB.
-async fn json_body(body: Incoming) -> Result<serde_json::Map<String, serde_json::Value>, Reply> {
+async fn json_body(body: Incoming) -> Result<serde_json::Map<String, serde_json::Value>, ApiError> {
     let bytes = Limited::new(body, 64 * 1024)
         .collect()
         .await
         .map_err(|e| {
-            error(
+            fail(
                 400,
                 "invalid_request",
                 format!("the body could not be read: {e}"),
@@ -220,12 +241,12 @@ async fn json_body(body: Incoming) -> Result<serde_json::Map<String, serde_json:
         .to_bytes();
     match serde_json::from_slice::<serde_json::Value>(&bytes) {
         Ok(serde_json::Value::Object(map)) => Ok(map),
-        Ok(_) => Err(error(
+        Ok(_) => Err(fail(
             400,
             "invalid_request",
             "the body must be a JSON object",
         )),
-        Err(e) => Err(error(
+        Err(e) => Err(fail(
             400,
             "invalid_request",
             format!("the body is not valid JSON: {e}"),
@@ -233,11 +254,14 @@ async fn json_body(body: Incoming) -> Result<serde_json::Map<String, serde_json:
     }
 }
 
-fn bool_field(map: &serde_json::Map<String, serde_json::Value>, key: &str) -> Result<bool, Reply> {
+fn bool_field(
+    map: &serde_json::Map<String, serde_json::Value>,
+    key: &str,
+) -> Result<bool, ApiError> {
     map.get(key)
         .and_then(serde_json::Value::as_bool)
         .ok_or_else(|| {
-            error(
+            fail(
                 400,
                 "invalid_request",
                 format!("the body needs a boolean \"{key}\""),
@@ -277,27 +301,27 @@ async fn handle(state: &ControlState, peer: SocketAddr, req: http::Request<Incom
             }
         }
         (&http::Method::GET, "/status") => match read_allowed() {
-            Err(r) => r,
+            Err(e) => e.reply(),
             Ok(()) => match serde_json::to_vec(&state.status()) {
                 Ok(body) => respond(200, json, body),
                 Err(e) => error(500, "internal", format!("cannot render status: {e}")),
             },
         },
         (&http::Method::GET, "/metrics") => match read_allowed() {
-            Err(r) => r,
+            Err(e) => e.reply(),
             Ok(()) => respond(200, "text/plain; version=0.0.4", state.metrics()),
         },
-        (&http::Method::POST, "/admin/lending") => {
-            lending(state, &head, body).await.unwrap_or_else(|r| r)
-        }
-        (&http::Method::POST, "/admin/owner") => {
-            presence(state, &head, body).await.unwrap_or_else(|r| r)
-        }
+        (&http::Method::POST, "/admin/lending") => lending(state, &head, body)
+            .await
+            .unwrap_or_else(ApiError::reply),
+        (&http::Method::POST, "/admin/owner") => presence(state, &head, body)
+            .await
+            .unwrap_or_else(ApiError::reply),
         (&http::Method::POST, p) if p.starts_with("/admin/resources/") => {
             let name = p.trim_start_matches("/admin/resources/").to_owned();
             resource(state, &head, body, &name)
                 .await
-                .unwrap_or_else(|r| r)
+                .unwrap_or_else(ApiError::reply)
         }
         (&http::Method::POST, p) if p.starts_with("/admin/work/") && p.ends_with("/release") => {
             let id = p
@@ -306,7 +330,7 @@ async fn handle(state: &ControlState, peer: SocketAddr, req: http::Request<Incom
                 .to_owned();
             release_work(state, &head, body, &id)
                 .await
-                .unwrap_or_else(|r| r)
+                .unwrap_or_else(ApiError::reply)
         }
         (_, path) => error(
             404,
@@ -322,7 +346,7 @@ async fn lending(
     state: &ControlState,
     head: &http::request::Parts,
     body: Incoming,
-) -> Result<Reply, Reply> {
+) -> Result<Reply, ApiError> {
     let who = admit_call(state, head, Scope::Owner, "lending")?;
     let enabled = bool_field(&json_body(body).await?, "enabled")?;
     state.lender.with_engine(|e| e.set_lending(enabled));
@@ -335,13 +359,13 @@ async fn resource(
     head: &http::request::Parts,
     body: Incoming,
     name: &str,
-) -> Result<Reply, Reply> {
+) -> Result<Reply, ApiError> {
     let who = admit_call(state, head, Scope::Owner, "resource")?;
     let enabled = bool_field(&json_body(body).await?, "enabled")?;
     state
         .lender
         .with_engine(|e| e.set_resource_enabled(name, enabled))
-        .map_err(|e| error(404, "not_found", e.to_string()))?;
+        .map_err(|e| fail(404, "not_found", e.to_string()))?;
     info!(
         token = who,
         resource = name,
@@ -357,11 +381,11 @@ async fn presence(
     state: &ControlState,
     head: &http::request::Parts,
     body: Incoming,
-) -> Result<Reply, Reply> {
+) -> Result<Reply, ApiError> {
     let who = admit_call(state, head, Scope::Owner, "presence")?;
     let present = bool_field(&json_body(body).await?, "present")?;
     let Some(manual) = &state.manual else {
-        return Err(error(
+        return Err(fail(
             409,
             "conflict",
             format!(
@@ -387,18 +411,18 @@ async fn release_work(
     head: &http::request::Parts,
     body: Incoming,
     id: &str,
-) -> Result<Reply, Reply> {
+) -> Result<Reply, ApiError> {
     let who = admit_call(state, head, Scope::Admin, "release_work")?;
     let map = json_body(body).await?;
     if map.get("upstream_stopped") != Some(&serde_json::Value::Bool(true)) {
-        return Err(error(
+        return Err(fail(
             400,
             "invalid_request",
             "confirm with {\"upstream_stopped\": true} after stopping or verifying the job at the upstream",
         ));
     }
     let entry: EntryId = id.parse().map_err(|_| {
-        error(
+        fail(
             404,
             "not_found",
             format!("no work entry {id:?}; IDs are listed by vacancyd status"),
@@ -412,9 +436,9 @@ async fn release_work(
             info!(token = who, entry = %entry, "admin: held work released");
             Ok(ok(serde_json::json!({"released": entry.to_string()})))
         }
-        Err(e @ EngineError::UnknownEntry(_)) => Err(error(404, "not_found", e.to_string())),
-        Err(e @ EngineError::NotHeld { .. }) => Err(error(409, "conflict", e.to_string())),
-        Err(e) => Err(error(409, "conflict", e.to_string())),
+        Err(e @ EngineError::UnknownEntry(_)) => Err(fail(404, "not_found", e.to_string())),
+        Err(e @ EngineError::NotHeld { .. }) => Err(fail(409, "conflict", e.to_string())),
+        Err(e) => Err(fail(409, "conflict", e.to_string())),
     }
 }
 
