@@ -1,0 +1,40 @@
+//! The systemd unit under packaging/ is valid and carries what the recovery
+//! directory rules need (REC-12, REC-22).
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+use std::path::Path;
+use std::process::Command;
+
+fn unit() -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../packaging/vacancyd.service");
+    std::fs::read_to_string(path).unwrap()
+}
+
+#[test]
+fn the_unit_keeps_its_state_in_a_private_state_directory() {
+    let u = unit();
+    for line in ["StateDirectory=vacancyd", "StateDirectoryMode=0700", "UMask=0077", "KillSignal=SIGTERM", "User=vacancyd"] {
+        assert!(u.lines().any(|l| l.trim() == line), "missing {line}");
+    }
+    assert!(u.contains("ExecStart=/usr/bin/vacancyd run --config /etc/vacancyd/vacancyd.toml"));
+}
+
+#[test]
+fn systemd_analyze_verifies_the_unit() {
+    // .ci/run installs systemd where systemd-analyze is missing.
+    let dir = tempfile::tempdir().unwrap();
+    let unit = unit().replace("/usr/bin/vacancyd", env!("CARGO_BIN_EXE_vacancyd"));
+    let path = dir.path().join("vacancyd.service");
+    std::fs::write(&path, unit).unwrap();
+    let out = Command::new("systemd-analyze")
+        .arg("verify")
+        .arg(&path)
+        .output()
+        .expect("systemd-analyze (Debian package systemd) runs");
+    assert!(
+        out.status.success(),
+        "systemd-analyze verify failed:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
