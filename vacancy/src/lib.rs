@@ -3,6 +3,7 @@
 
 pub mod config;
 pub mod engine;
+pub mod ledger;
 pub mod presence;
 pub mod proxy;
 pub mod sample;
