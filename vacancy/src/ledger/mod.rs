@@ -62,6 +62,9 @@ mod location;
 mod lock;
 mod record;
 
+#[cfg(test)]
+mod tests;
+
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Write};
 use std::os::unix::fs::OpenOptionsExt;
