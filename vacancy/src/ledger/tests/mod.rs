@@ -3,6 +3,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod journal;
+mod location;
 
 use std::fs;
 use std::io::Write;
@@ -15,7 +16,6 @@ use crate::time::Moment;
 
 /// A temporary directory with a private `rec` directory inside (mode 0700).
 pub(super) struct Scratch {
-    #[allow(dead_code)] // kept alive while the test runs
     pub(super) tmp: tempfile::TempDir,
     pub(super) rec: PathBuf,
 }
