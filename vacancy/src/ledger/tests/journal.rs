@@ -1,7 +1,7 @@
 //! The journal: persistence, replay, corruption, compaction and the lock.
 
 use std::fs;
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use super::{append, reservation, scratch, with_logs};
 use crate::engine::{
@@ -600,4 +600,87 @@ async fn recovered_entries_restore_as_held_in_the_engine() {
     }
     assert_eq!(after_restart.phase(res.id), Some(Phase::Held));
     assert_eq!(entries[0].upstream_ref.as_deref(), Some("prompt-7"));
+}
+
+/// The measured cost of one `persist` (one appended line and one
+/// `fdatasync`). Run with
+/// `cargo test -p vacancy --release --lib ledger::tests::journal::persist_cost -- --ignored --nocapture`;
+/// `VACANCY_LEDGER_BENCH_DIR` picks the file system (default: the temp dir).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "timing loop, run by hand"]
+async fn persist_cost() {
+    let base = std::env::var_os("VACANCY_LEDGER_BENCH_DIR");
+    let tmp = match &base {
+        Some(b) => tempfile::tempdir_in(b).unwrap(),
+        None => tempfile::tempdir().unwrap(),
+    };
+    let rec = tmp.path().join("rec");
+    {
+        use std::os::unix::fs::DirBuilderExt;
+        fs::DirBuilder::new().mode(0o700).create(&rec).unwrap();
+    }
+    let (ledger, _) = open(&rec);
+    let n = 2000u128;
+    let mut persist = Vec::with_capacity(n as usize);
+    let mut forget = Vec::with_capacity(n as usize);
+    for i in 1..=n {
+        let r = reservation(i, Some("0f6c1c1e-5d1a-4c1e-9a55-3b3c0e6f7a11"));
+        let t = Instant::now();
+        ledger.persist(&r).await.unwrap();
+        persist.push(t.elapsed());
+        let t = Instant::now();
+        ledger.forget(r.id).await.unwrap();
+        forget.push(t.elapsed());
+    }
+    let report = |name: &str, v: &mut Vec<Duration>| {
+        v.sort();
+        let pct = |p: f64| v[((v.len() as f64 - 1.0) * p) as usize];
+        let mean = v.iter().sum::<Duration>() / v.len() as u32;
+        println!(
+            "{name}: n={} mean={:?} p50={:?} p90={:?} p99={:?} max={:?}",
+            v.len(),
+            mean,
+            pct(0.5),
+            pct(0.9),
+            pct(0.99),
+            v[v.len() - 1]
+        );
+    };
+    println!("dir: {}", rec.display());
+    report("persist", &mut persist);
+    report("forget (incl. compactions)", &mut forget);
+
+    // One compaction with ten live (held) entries: write, two syncs, rename.
+    for i in 0..10u128 {
+        let r = reservation(10_000 + i, Some("p"));
+        ledger.persist(&r).await.unwrap();
+        ledger.mark_held(r.id, "uncertain").await.unwrap();
+    }
+    let mut compact = Vec::new();
+    for i in 0..200u128 {
+        let r = reservation(20_000 + i, None);
+        ledger.persist(&r).await.unwrap();
+        ledger.forget(r.id).await.unwrap();
+        let t = Instant::now();
+        ledger.compact().await.unwrap();
+        compact.push(t.elapsed());
+    }
+    report("compact (10 live entries)", &mut compact);
+
+    // The same loop without the ledger: a bare append + fdatasync, the floor.
+    use std::io::Write;
+    let mut f = fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(tmp.path().join("bare"))
+        .unwrap();
+    let line = record::admit_line(&entry(1));
+    let mut bare = Vec::new();
+    for _ in 0..n {
+        let t = Instant::now();
+        f.write_all(&line).unwrap();
+        f.sync_data().unwrap();
+        bare.push(t.elapsed());
+    }
+    report("bare write+fdatasync", &mut bare);
 }
