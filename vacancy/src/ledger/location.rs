@@ -305,7 +305,7 @@ fn probe_service_dir(dir: &Path) -> ServiceDir {
                 .live
                 .ordered()
                 .first()
-                .map(|e| format!(", among them entry {} on upstream {:?}", e.id, e.upstream));
+                .map(|e| format!(", among them entry {}", e.id));
             ServiceDir::Records(format!(
                 "{n} unresolved {}{}",
                 if n == 1 { "entry" } else { "entries" },

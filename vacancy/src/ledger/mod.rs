@@ -35,8 +35,9 @@
 //!
 //! - [`Ledger::persist`](crate::proxy::ReservationStore::persist) appends the
 //!   `admit` line and waits for one `fdatasync` of the journal: the only sync
-//!   on the request path (DESIGN §8). The blocking I/O runs on tokio's
-//!   blocking pool; one mutex keeps appends whole and in order.
+//!   on the request path (DESIGN §8). One writer thread does the blocking
+//!   I/O and applies changes whole, in the order they were submitted, so a
+//!   release never overtakes the admission it releases.
 //! - `mark_held`, `forget` and [`Ledger::rewrite_ref`] append and sync too, off
 //!   the request path. A change for an entry the ledger no longer holds (a
 //!   hold reported after its release) writes nothing, so the journal never
@@ -61,19 +62,22 @@ mod error;
 mod location;
 mod lock;
 mod record;
+mod writer;
 
 #[cfg(test)]
 mod tests;
 
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, Read, Write};
+use std::io::{self, Read};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, mpsc};
+use std::thread::JoinHandle;
 use std::time::SystemTime;
 
 use async_trait::async_trait;
-use tracing::{debug, info, warn};
+use tokio::sync::oneshot;
+use tracing::{info, warn};
 
 use crate::engine::{EntryId, Reservation};
 use crate::proxy::{ReservationStore, StoreError};
@@ -85,21 +89,18 @@ pub use location::{
 pub use record::RecoveredEntry;
 
 use record::{LiveSet, Replay};
+use writer::{Appended, Change, Job, Writer};
 
 /// The journal's file name inside the recovery directory.
 pub const JOURNAL_FILE: &str = "journal.jsonl";
 /// The compaction file's name, present only while a compaction is written.
 pub const COMPACT_FILE: &str = "journal.jsonl.new";
 
-/// Compact once the journal has more lines than this…
-const COMPACT_MIN_LINES: u64 = 1000;
-/// …and more than this many times the live entries' lines.
-const COMPACT_RATIO: u64 = 2;
-
 /// The durable reservation ledger in one recovery directory.
 ///
-/// Cheap to clone: clones share the journal and the lock, which is released
-/// when the last clone is dropped.
+/// Cheap to clone: clones share one writer thread, which owns the journal
+/// and the lock. Dropping the last clone waits for the writes already
+/// submitted, then releases the lock.
 ///
 /// # Behavior
 ///
@@ -118,49 +119,20 @@ pub struct Ledger {
 struct Inner {
     dir: PathBuf,
     journal_path: PathBuf,
-    state: Mutex<State>,
-    /// Held for the ledger's life: the exclusive lock (REC-25).
-    _lock: File,
+    /// To the writer thread, which owns the journal and the lock (REC-25).
+    tx: Option<mpsc::Sender<Job>>,
+    worker: Option<JoinHandle<()>>,
 }
 
-#[derive(Debug)]
-struct State {
-    file: File,
-    /// Bytes in the journal, all of them whole lines.
-    len: u64,
-    /// Lines in the journal.
-    lines: u64,
-    live: LiveSet,
-    /// Lines a compaction would keep: one per live entry, plus one per hold.
-    live_lines: u64,
-    /// Set when the journal's state is in doubt: no more writes.
-    unavailable: Option<String>,
-    compact_min_lines: u64,
-}
-
-/// One change to the journal.
-enum Change {
-    Admit(RecoveredEntry),
-    Held { id: EntryId, reason: String },
-    Ref { id: EntryId, upstream_ref: String },
-    Release { id: EntryId },
-}
-
-impl Change {
-    fn id(&self) -> EntryId {
-        match self {
-            Change::Admit(e) => e.id,
-            Change::Held { id, .. } | Change::Ref { id, .. } | Change::Release { id } => *id,
+impl Drop for Inner {
+    /// Close the queue and wait for the writer to finish what was submitted
+    /// and release the lock, so that a next open finds the directory free.
+    fn drop(&mut self) {
+        self.tx.take();
+        if let Some(worker) = self.worker.take() {
+            let _ = worker.join();
         }
     }
-}
-
-/// What an append did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Appended {
-    Written,
-    /// The entry is gone already: nothing to record.
-    NoEntry,
 }
 
 impl Ledger {
@@ -217,7 +189,7 @@ impl Ledger {
                 line = tail.line,
                 bytes = tail.bytes,
                 "discarding the newest journal record: a crash cut it short while it was being \
-                 saved, so its request was never forwarded (REC-09)"
+                 saved, before it was acknowledged, so no request was forwarded on it (REC-09)"
             );
             file.set_len(replay.good_len)
                 .and_then(|()| file.sync_all())
@@ -233,26 +205,29 @@ impl Ledger {
         for e in &entries {
             info!(
                 entry = %e.id,
-                upstream = %e.upstream,
                 held = e.held_reason.is_some(),
                 "recovered an unresolved work entry"
             );
         }
         let live_lines = live_lines(&live);
+        let writer = Writer {
+            dir: dir.to_path_buf(),
+            journal_path: journal_path.clone(),
+            file,
+            len: good_len,
+            lines,
+            live,
+            live_lines,
+            unavailable: None,
+            compact_min_lines: writer::COMPACT_MIN_LINES,
+        };
+        let (tx, worker) = writer::spawn(writer, lock)?;
         let ledger = Ledger {
             inner: Arc::new(Inner {
                 dir: dir.to_path_buf(),
                 journal_path,
-                state: Mutex::new(State {
-                    file,
-                    len: good_len,
-                    lines,
-                    live,
-                    live_lines,
-                    unavailable: None,
-                    compact_min_lines: COMPACT_MIN_LINES,
-                }),
-                _lock: lock,
+                tx: Some(tx),
+                worker: Some(worker),
             }),
         };
         Ok((ledger, entries))
@@ -268,11 +243,6 @@ impl Ledger {
         &self.inner.journal_path
     }
 
-    #[cfg(test)]
-    fn live_entries(&self) -> usize {
-        self.inner.lock().map(|s| s.live.len()).unwrap_or(0)
-    }
-
     /// Record that the upstream reported its own ID for an entry's work
     /// (ComfyUI before 0.3.45).
     ///
@@ -283,40 +253,37 @@ impl Ledger {
     /// error the caller keeps tracking with the upstream's ID; the old
     /// record still survives a crash, and this logs both IDs (REC-06).
     pub async fn rewrite_ref(&self, entry: EntryId, upstream_ref: &str) -> Result<(), LedgerError> {
-        let inner = Arc::clone(&self.inner);
         let change = Change::Ref {
             id: entry,
             upstream_ref: upstream_ref.to_owned(),
         };
-        let joined = tokio::task::spawn_blocking(move || {
-            let old = inner
-                .lock()
-                .ok()
-                .and_then(|s| s.live.get(entry).and_then(|e| e.upstream_ref.clone()));
-            (old, inner.append(change))
-        })
-        .await;
-        let (old, result) = match joined {
-            Ok((old, Ok(Appended::Written))) => (old, Ok(())),
-            Ok((old, Ok(Appended::NoEntry))) => (
-                old,
+        let result = match self.submit(change) {
+            Ok(reply) => self.reply(reply).await,
+            Err(e) => Err(e),
+        };
+        let (previous, result) = match result {
+            Ok(Appended::Written { previous_ref }) => {
+                info!(
+                    entry = %entry,
+                    recorded_ref = previous_ref.as_deref().unwrap_or(""),
+                    upstream_ref,
+                    "rewrote the record with the upstream's own ID (REC-04)"
+                );
+                return Ok(());
+            }
+            Ok(Appended::NoEntry) => (
+                None,
                 Err(LedgerError::UnknownEntry {
                     path: self.inner.dir.clone(),
                     entry,
                 }),
             ),
-            Ok((old, Err(e))) => (old, Err(e)),
-            Err(e) => (
-                None,
-                Err(self
-                    .inner
-                    .unavailable(&format!("the journal writer stopped: {e}"))),
-            ),
+            Err(e) => (None::<String>, Err(e)),
         };
         if let Err(e) = &result {
             warn!(
                 entry = %entry,
-                recorded_ref = old.as_deref().unwrap_or(""),
+                recorded_ref = previous.as_deref().unwrap_or(""),
                 upstream_ref,
                 error = %e,
                 "could not rewrite the record with the upstream's own ID; tracking continues with \
@@ -334,50 +301,86 @@ impl Ledger {
     /// syncs it, renames it over the journal and syncs the directory: a crash
     /// leaves one or the other (REC-04), and a complete `.new` is completed at
     /// the next open (REC-05). A failure before the rename keeps the old
-    /// journal; a failure after it makes the ledger unavailable.
+    /// journal; a failure after it makes the ledger unavailable. Releases
+    /// compact on their own once the journal holds more than 1000 lines and
+    /// more than twice the lines a compaction keeps.
     pub async fn compact(&self) -> Result<(), LedgerError> {
-        let inner = Arc::clone(&self.inner);
-        tokio::task::spawn_blocking(move || {
-            let mut state = inner.lock()?;
-            if state.lines > state.live_lines + 1 {
-                inner.compact(&mut state)?;
-            }
-            Ok(())
-        })
-        .await
-        .map_err(|e| LedgerError::Unavailable {
+        let (tx, rx) = oneshot::channel();
+        self.send(Job::Compact(tx))?;
+        rx.await.map_err(|_| self.stopped())?
+    }
+
+    /// Queue a change synchronously, before the caller's first await: the
+    /// writer applies changes in submission order, so an admission whose
+    /// request is cancelled mid-`persist` is written before the release
+    /// that the dropped guard sends after it.
+    fn submit(
+        &self,
+        change: Change,
+    ) -> Result<oneshot::Receiver<Result<Appended, LedgerError>>, LedgerError> {
+        let (tx, rx) = oneshot::channel();
+        self.send(Job::Change(change, tx))?;
+        Ok(rx)
+    }
+
+    async fn reply(
+        &self,
+        rx: oneshot::Receiver<Result<Appended, LedgerError>>,
+    ) -> Result<Appended, LedgerError> {
+        rx.await.map_err(|_| self.stopped())?
+    }
+
+    fn send(&self, job: Job) -> Result<(), LedgerError> {
+        self.inner
+            .tx
+            .as_ref()
+            .ok_or_else(|| self.stopped())?
+            .send(job)
+            .map_err(|_| self.stopped())
+    }
+
+    fn stopped(&self) -> LedgerError {
+        LedgerError::Unavailable {
             path: self.inner.dir.clone(),
-            reason: format!("the journal writer stopped: {e}"),
-        })?
+            reason: "the journal writer stopped".to_owned(),
+        }
+    }
+
+    /// Run `f` on the writer's state, in queue order (tests).
+    #[cfg(test)]
+    fn inspect<T: Send + 'static>(&self, f: impl FnOnce(&mut Writer) -> T + Send + 'static) -> T {
+        let (tx, rx) = std::sync::mpsc::channel();
+        self.send(Job::Inspect(Box::new(move |w| {
+            let _ = tx.send(f(w));
+        })))
+        .unwrap_or_else(|e| panic!("{e}"));
+        rx.recv().unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    #[cfg(test)]
+    fn live_entries(&self) -> usize {
+        self.inspect(|w| w.live.len())
     }
 
     #[cfg(test)]
     fn set_compact_min_lines(&self, n: u64) {
-        if let Ok(mut s) = self.inner.lock() {
-            s.compact_min_lines = n;
-        }
+        self.inspect(move |w| w.compact_min_lines = n);
     }
 
     #[cfg(test)]
     fn journal_lines(&self) -> u64 {
-        self.inner.lock().map(|s| s.lines).unwrap_or(0)
+        self.inspect(|w| w.lines)
     }
 
-    async fn run(&self, change: Change) -> Result<Appended, LedgerError> {
-        let inner = Arc::clone(&self.inner);
-        tokio::task::spawn_blocking(move || inner.append(change))
-            .await
-            .map_err(|e| LedgerError::Unavailable {
-                path: self.inner.dir.clone(),
-                reason: format!("the journal writer stopped: {e}"),
-            })?
-    }
-
-    fn store_error(&self, entry: EntryId, e: &LedgerError) -> StoreError {
-        StoreError {
+    async fn store(&self, entry: EntryId, change: Change) -> Result<(), StoreError> {
+        let result = match self.submit(change) {
+            Ok(reply) => self.reply(reply).await,
+            Err(e) => Err(e),
+        };
+        result.map(|_| ()).map_err(|e| StoreError {
             entry,
             reason: e.to_string(),
-        }
+        })
     }
 }
 
@@ -386,11 +389,7 @@ impl ReservationStore for Ledger {
     async fn persist(&self, reservation: &Reservation) -> Result<(), StoreError> {
         let entry =
             RecoveredEntry::from_reservation(reservation, record::unix_ms(SystemTime::now()));
-        let id = entry.id;
-        match self.run(Change::Admit(entry)).await {
-            Ok(_) => Ok(()),
-            Err(e) => Err(self.store_error(id, &e)),
-        }
+        self.store(reservation.id, Change::Admit(entry)).await
     }
 
     async fn mark_held(&self, entry: EntryId, reason: &str) -> Result<(), StoreError> {
@@ -398,178 +397,11 @@ impl ReservationStore for Ledger {
             id: entry,
             reason: reason.to_owned(),
         };
-        match self.run(change).await {
-            Ok(_) => Ok(()),
-            Err(e) => Err(self.store_error(entry, &e)),
-        }
+        self.store(entry, change).await
     }
 
     async fn forget(&self, entry: EntryId) -> Result<(), StoreError> {
-        match self.run(Change::Release { id: entry }).await {
-            Ok(_) => Ok(()),
-            Err(e) => Err(self.store_error(entry, &e)),
-        }
-    }
-}
-
-impl Inner {
-    fn lock(&self) -> Result<std::sync::MutexGuard<'_, State>, LedgerError> {
-        self.state.lock().map_err(|_| LedgerError::Unavailable {
-            path: self.dir.clone(),
-            reason: "a journal write panicked".to_owned(),
-        })
-    }
-
-    fn unavailable(&self, reason: &str) -> LedgerError {
-        LedgerError::Unavailable {
-            path: self.dir.clone(),
-            reason: reason.to_owned(),
-        }
-    }
-
-    /// Append one change and sync it (blocking).
-    fn append(&self, change: Change) -> Result<Appended, LedgerError> {
-        let mut guard = self.lock()?;
-        let state = &mut *guard;
-        if let Some(reason) = &state.unavailable {
-            return Err(self.unavailable(reason));
-        }
-        let id = change.id();
-        let line = match &change {
-            Change::Admit(e) => {
-                if state.live.contains(e.id) {
-                    return Err(LedgerError::DuplicateEntry {
-                        path: self.dir.clone(),
-                        entry: e.id,
-                    });
-                }
-                record::admit_line(e)
-            }
-            Change::Held { id, reason } => {
-                if !state.live.contains(*id) {
-                    debug!(entry = %id, "hold of an entry with no record (released already): nothing to write");
-                    return Ok(Appended::NoEntry);
-                }
-                record::held_line(*id, reason)
-            }
-            Change::Ref { id, upstream_ref } => {
-                if !state.live.contains(*id) {
-                    return Ok(Appended::NoEntry);
-                }
-                record::ref_line(*id, upstream_ref)
-            }
-            Change::Release { id } => {
-                if !state.live.contains(*id) {
-                    debug!(entry = %id, "release of an entry with no record: nothing to write");
-                    return Ok(Appended::NoEntry);
-                }
-                record::release_line(*id)
-            }
-        };
-        let before = state.len;
-        if let Err(e) = state.file.write_all(&line) {
-            // Cut the partial line off so later appends stay readable.
-            if let Err(cut) = state.file.set_len(before) {
-                let reason = format!(
-                    "appending failed ({e}) and the partial record could not be cut off ({cut})"
-                );
-                warn!(entry = %id, path = %self.journal_path.display(), reason = %reason, "journal unavailable");
-                state.unavailable = Some(reason);
-            }
-            return Err(LedgerError::io("append to", &self.journal_path, e));
-        }
-        if let Err(e) = state.file.sync_data() {
-            // After a failed sync the file's contents are in doubt (the kernel
-            // may have dropped the dirty pages): stop writing.
-            let reason = format!("syncing the journal failed ({e})");
-            warn!(entry = %id, path = %self.journal_path.display(), reason = %reason, "journal unavailable");
-            state.unavailable = Some(reason);
-            return Err(LedgerError::io("sync", &self.journal_path, e));
-        }
-        state.len += line.len() as u64;
-        state.lines += 1;
-        match change {
-            Change::Admit(e) => {
-                state.live.insert(e);
-                state.live_lines += 1;
-            }
-            Change::Held { id, reason } => {
-                if let Some(e) = state.live.get_mut(id) {
-                    if e.held_reason.is_none() {
-                        state.live_lines += 1;
-                    }
-                    e.held_reason = Some(reason);
-                }
-            }
-            Change::Ref { id, upstream_ref } => {
-                if let Some(e) = state.live.get_mut(id) {
-                    e.upstream_ref = Some(upstream_ref);
-                }
-            }
-            Change::Release { id } => {
-                if let Some(e) = state.live.remove(id) {
-                    state.live_lines -= 1 + u64::from(e.held_reason.is_some());
-                }
-                if state.lines > state.compact_min_lines
-                    && state.lines > COMPACT_RATIO * (state.live_lines + 1)
-                    && let Err(e) = self.compact(state)
-                {
-                    warn!(path = %self.journal_path.display(), error = %e, "journal compaction failed");
-                }
-            }
-        }
-        Ok(Appended::Written)
-    }
-
-    /// Rewrite the journal with only the live entries (REC-04). Holds the
-    /// state lock, so no append interleaves.
-    fn compact(&self, state: &mut State) -> Result<(), LedgerError> {
-        let new_path = self.dir.join(COMPACT_FILE);
-        let (bytes, lines) = state.live.compacted();
-        remove_if_present(&new_path)?;
-        let written = (|| -> io::Result<File> {
-            let mut f = OpenOptions::new()
-                .read(true)
-                .append(true)
-                .create_new(true)
-                .mode(0o600)
-                .open(&new_path)?;
-            f.write_all(&bytes)?;
-            f.sync_all()?;
-            Ok(f)
-        })();
-        let file = match written {
-            Ok(f) => f,
-            Err(e) => {
-                let _ = fs::remove_file(&new_path);
-                return Err(LedgerError::io("write the compacted journal", &new_path, e));
-            }
-        };
-        if let Err(e) = fs::rename(&new_path, &self.journal_path) {
-            let _ = fs::remove_file(&new_path);
-            return Err(LedgerError::io(
-                "rename the compacted journal over",
-                &self.journal_path,
-                e,
-            ));
-        }
-        // From here the old journal is gone: append only to the new one.
-        let dropped = state.lines - lines;
-        state.file = file;
-        state.len = bytes.len() as u64;
-        state.lines = lines;
-        if let Err(e) = sync_dir(&self.dir) {
-            let reason = format!("the compacted journal's rename could not be synced ({e})");
-            state.unavailable = Some(reason);
-            return Err(e);
-        }
-        info!(
-            path = %self.journal_path.display(),
-            entries = state.live.len(),
-            dropped_lines = dropped,
-            "compacted the journal"
-        );
-        Ok(())
+        self.store(entry, Change::Release { id: entry }).await
     }
 }
 
@@ -620,14 +452,6 @@ fn exists(path: &Path) -> Result<bool, LedgerError> {
         Ok(_) => Ok(true),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
         Err(e) => Err(LedgerError::io("inspect", path, e)),
-    }
-}
-
-fn remove_if_present(path: &Path) -> Result<(), LedgerError> {
-    match fs::remove_file(path) {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(LedgerError::io("remove", path, e)),
     }
 }
 

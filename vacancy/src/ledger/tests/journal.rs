@@ -138,6 +138,26 @@ async fn changes_for_entries_without_a_record_write_nothing() {
 }
 
 #[tokio::test]
+async fn an_admission_cancelled_mid_persist_is_recorded_before_its_release() {
+    // REC-01, REC-02: the proxy's guard releases a request whose persist was
+    // cancelled; the writer applies changes in submission order, so the
+    // release never overtakes the admission (which would leave a phantom
+    // held entry after a restart).
+    let s = scratch();
+    {
+        let (ledger, _) = open(&s.rec);
+        for n in 1..=20u128 {
+            let r = reservation(n, None);
+            // Polled once (the change is queued), then dropped.
+            let _ = tokio::time::timeout(Duration::ZERO, ledger.persist(&r)).await;
+            ledger.forget(r.id).await.unwrap();
+        }
+    }
+    let (_ledger, entries) = open(&s.rec);
+    assert!(entries.is_empty(), "{entries:?}");
+}
+
+#[tokio::test]
 async fn records_hold_job_metadata_only() {
     // REC-26
     let s = scratch();
