@@ -158,6 +158,36 @@ async fn an_admission_cancelled_mid_persist_is_recorded_before_its_release() {
 }
 
 #[tokio::test]
+async fn a_failed_append_refuses_the_reservation_and_keeps_the_journal_readable() {
+    // REC-01: not recorded, not forwarded; REC-08: no torn line left behind
+    let s = scratch();
+    let journal = s.rec.join(JOURNAL_FILE);
+    let (ledger, _) = open(&s.rec);
+    ledger.persist(&reservation(1, None)).await.unwrap();
+    let before = fs::read(&journal).unwrap();
+    // Swap the writer's handle for a read-only one: appends fail, and so
+    // does cutting them back, which leaves the ledger unavailable.
+    let read_only = fs::File::open(&journal).unwrap();
+    ledger.inspect(move |w| w.file = read_only);
+    let e = ledger.persist(&reservation(2, None)).await.unwrap_err();
+    assert_eq!(e.entry, id(2));
+    assert!(
+        e.reason.contains(&journal.display().to_string()),
+        "{}",
+        e.reason
+    );
+    let e = ledger.persist(&reservation(3, None)).await.unwrap_err();
+    assert!(e.reason.contains("unavailable"), "{}", e.reason);
+    assert!(e.reason.contains("restarted"), "{}", e.reason);
+    // A release cannot be recorded either: the record stays, to return held.
+    assert!(ledger.forget(id(1)).await.is_err());
+    drop(ledger);
+    assert_eq!(fs::read(&journal).unwrap(), before);
+    let (_ledger, entries) = open(&s.rec);
+    assert_eq!(ids(&entries), vec![id(1)]);
+}
+
+#[tokio::test]
 async fn records_hold_job_metadata_only() {
     // REC-26
     let s = scratch();
