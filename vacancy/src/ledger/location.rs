@@ -1,0 +1,471 @@
+//! Where the recovery directory is, and whether vacancyd may create it (REC-10..REC-22, Linux).
+
+use std::ffi::OsString;
+use std::fs::{self, DirBuilder};
+use std::io;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+use std::path::{Component, Path, PathBuf};
+
+use tracing::{info, warn};
+
+use crate::ledger::error::LedgerError;
+use crate::ledger::record;
+use crate::ledger::{COMPACT_FILE, JOURNAL_FILE};
+
+/// The supplied systemd unit's state directory; its `admission`
+/// subdirectory is the service's recovery directory (REC-12, REC-14).
+pub const SERVICE_BASE: &str = "/var/lib/vacancyd";
+
+/// Everything [`resolve_location`] decides from, gathered by the caller so
+/// that tests never read the real environment or `/var/lib/vacancyd`.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct LocationInput {
+    /// The configuration file; `None` when vacancyd runs on its embedded default.
+    pub config_path: Option<PathBuf>,
+    /// `server.admission_state_dir` as written (empty: the default location).
+    pub setting: String,
+    /// `$STATE_DIRECTORY`, set by systemd's `StateDirectory=` (REC-12).
+    pub state_directory: Option<OsString>,
+    /// `$XDG_STATE_HOME`, for a run with no configuration file.
+    pub xdg_state_home: Option<OsString>,
+    /// `$HOME`, for a run with no configuration file.
+    pub home: Option<OsString>,
+    /// The service's state directory, normally [`SERVICE_BASE`]; its
+    /// `admission` subdirectory is checked by REC-14..REC-16.
+    pub service_base: PathBuf,
+}
+
+impl LocationInput {
+    /// The input for this process: the environment's `STATE_DIRECTORY`,
+    /// `XDG_STATE_HOME` and `HOME`, and [`SERVICE_BASE`].
+    pub fn from_env(config_path: Option<&Path>, setting: &str) -> Self {
+        LocationInput {
+            config_path: config_path.map(Path::to_path_buf),
+            setting: setting.to_owned(),
+            state_directory: std::env::var_os("STATE_DIRECTORY"),
+            xdg_state_home: std::env::var_os("XDG_STATE_HOME"),
+            home: std::env::var_os("HOME"),
+            service_base: PathBuf::from(SERVICE_BASE),
+        }
+    }
+}
+
+/// Where the default location came from, or that the setting chose the directory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LocationSource {
+    /// `$STATE_DIRECTORY/admission`, under the supplied systemd unit (REC-12).
+    StateDirectory,
+    /// Beside the configuration file, with the `.admission` extension (REC-11, REC-13).
+    BesideConfig,
+    /// `$XDG_STATE_HOME/vacancyd/admission` or `~/.local/state/vacancyd/admission`,
+    /// with no configuration file (DESIGN §3).
+    UserState,
+    /// `server.admission_state_dir` named it (REC-10, REC-17).
+    Setting,
+}
+
+/// The recovery directory to open with [`Ledger::open`](crate::ledger::Ledger::open).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Location {
+    /// The directory (absolute, lexically normalized).
+    pub path: PathBuf,
+    /// Where it came from.
+    pub source: LocationSource,
+    /// Whether it is the default location (the setting is empty or names it).
+    pub is_default: bool,
+    /// Whether this call created it.
+    pub created: bool,
+}
+
+/// Find the recovery directory, creating it only when it is the default.
+///
+/// # Behavior
+///
+/// - The setting selects the directory (REC-10); a relative one resolves
+///   against the configuration file's directory (REC-17).
+/// - Empty setting: `$STATE_DIRECTORY/admission` under systemd (the first
+///   path if it lists several, REC-12); otherwise beside the configuration
+///   file with `.admission` replacing its extension, `vacancyd.toml` →
+///   `vacancyd.admission` (REC-11, REC-13); with no configuration file
+///   `$XDG_STATE_HOME/vacancyd/admission` or `~/.local/state/vacancyd/admission`.
+/// - Empty setting and no `$STATE_DIRECTORY`: the service's recovery
+///   directory `<service_base>/admission` is checked. Holding records of
+///   unfinished or held work (or a journal that cannot be replayed), it
+///   stops startup with [`LedgerError::ServiceRecordsElsewhere`] naming the
+///   `admission_state_dir` line to add (REC-14); existing without records,
+///   or unreadable, it logs a warning that the two locations differ (REC-15);
+///   absent, nothing is said (REC-16).
+/// - The default location (also when the setting names it) is checked first:
+///   no symbolic link on the path, every existing ancestor owned by root or
+///   the running account, none writable by group or others unless it is a
+///   root-owned sticky directory like `/tmp`; a failure stops startup
+///   (REC-18, REC-19). Only then is it created if missing, with missing
+///   parents, mode 0700 from creation (REC-18, REC-21).
+/// - Any other directory must exist already, else [`LedgerError::Missing`]
+///   names it (REC-20).
+/// - The directory must be owned by the running account with mode 0700
+///   ([`check_recovery_dir`], REC-22); vacancyd never changes an existing
+///   directory's permissions or owner (REC-21).
+pub fn resolve_location(input: &LocationInput) -> Result<Location, LedgerError> {
+    let config = match &input.config_path {
+        Some(p) => Some(normalize(
+            &std::path::absolute(p).map_err(|e| LedgerError::io("resolve", p, e))?,
+        )),
+        None => None,
+    };
+    let state_dir = state_directory(input.state_directory.as_ref());
+    let (default, default_source) =
+        default_location(input, config.as_deref(), state_dir.as_deref())?;
+    let setting = input.setting.trim();
+    let (path, source) = if setting.is_empty() {
+        (default.clone(), default_source)
+    } else {
+        let named = Path::new(setting);
+        let abs = if named.is_absolute() {
+            named.to_path_buf()
+        } else {
+            let base = config.as_deref().and_then(Path::parent).ok_or_else(|| {
+                LedgerError::RelativeWithoutConfig {
+                    setting: setting.to_owned(),
+                }
+            })?;
+            base.join(named)
+        };
+        (normalize(&abs), LocationSource::Setting)
+    };
+    let is_default = path == default;
+
+    if setting.is_empty() && state_dir.is_none() {
+        check_service_dir(input, config.as_deref(), &path)?;
+    }
+
+    let euid = running_uid();
+    let mut created = false;
+    if is_default {
+        check_path_safety(&path, euid)?;
+        created = create_private(&path)?;
+        if created {
+            // Look again: nothing may have been swapped in while creating.
+            check_path_safety(&path, euid)?;
+            info!(path = %path.display(), "created the recovery directory");
+        }
+    }
+    check_recovery_dir(&path)?;
+    Ok(Location {
+        path,
+        source,
+        is_default,
+        created,
+    })
+}
+
+/// Check an existing recovery directory: a directory owned by the running
+/// account with permission bits exactly 0700.
+///
+/// # Behavior
+///
+/// Missing: [`LedgerError::Missing`] (REC-20). Another owner:
+/// [`LedgerError::WrongOwner`] naming the path and the `chown` fix; other
+/// permissions: [`LedgerError::WrongMode`] naming the path and `chmod 700`
+/// (REC-22). Never changes the directory (REC-21).
+pub fn check_recovery_dir(path: &Path) -> Result<(), LedgerError> {
+    let meta = match fs::metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            return Err(LedgerError::Missing {
+                path: path.to_path_buf(),
+            });
+        }
+        Err(e) => return Err(LedgerError::io("inspect the recovery directory", path, e)),
+    };
+    if !meta.is_dir() {
+        return Err(LedgerError::NotADirectory {
+            path: path.to_path_buf(),
+        });
+    }
+    let euid = running_uid();
+    if meta.uid() != euid {
+        return Err(LedgerError::WrongOwner {
+            path: path.to_path_buf(),
+            owner: meta.uid(),
+            expected: euid,
+        });
+    }
+    let mode = meta.mode() & 0o777;
+    if mode != 0o700 {
+        return Err(LedgerError::WrongMode {
+            path: path.to_path_buf(),
+            mode,
+        });
+    }
+    Ok(())
+}
+
+/// The effective uid: the owner of the files this process creates.
+pub(crate) fn running_uid() -> u32 {
+    rustix::process::geteuid().as_raw()
+}
+
+/// The first path `$STATE_DIRECTORY` lists (colon-separated), when set and not empty.
+fn state_directory(value: Option<&OsString>) -> Option<PathBuf> {
+    use std::os::unix::ffi::OsStrExt;
+    value?
+        .as_bytes()
+        .split(|&b| b == b':')
+        .find(|p| !p.is_empty())
+        .map(|p| PathBuf::from(std::ffi::OsStr::from_bytes(p)))
+}
+
+fn default_location(
+    input: &LocationInput,
+    config: Option<&Path>,
+    state_dir: Option<&Path>,
+) -> Result<(PathBuf, LocationSource), LedgerError> {
+    if let Some(sd) = state_dir {
+        if !sd.is_absolute() {
+            return Err(LedgerError::NoDefaultLocation {
+                why: format!("STATE_DIRECTORY={} is not an absolute path", sd.display()),
+            });
+        }
+        return Ok((
+            normalize(&sd.join("admission")),
+            LocationSource::StateDirectory,
+        ));
+    }
+    if let Some(cfg) = config {
+        let beside = cfg.with_extension("admission");
+        if beside == cfg {
+            return Err(LedgerError::NoDefaultLocation {
+                why: format!(
+                    "the default recovery directory would be the configuration file {} itself; \
+                     set server.admission_state_dir",
+                    cfg.display()
+                ),
+            });
+        }
+        return Ok((beside, LocationSource::BesideConfig));
+    }
+    let absolute = |v: &Option<OsString>| v.as_ref().map(PathBuf::from).filter(|p| p.is_absolute());
+    if let Some(xdg) = absolute(&input.xdg_state_home) {
+        return Ok((
+            normalize(&xdg.join("vacancyd").join("admission")),
+            LocationSource::UserState,
+        ));
+    }
+    if let Some(home) = absolute(&input.home) {
+        return Ok((
+            normalize(&home.join(".local/state/vacancyd/admission")),
+            LocationSource::UserState,
+        ));
+    }
+    Err(LedgerError::NoDefaultLocation {
+        why: "there is no configuration file and neither XDG_STATE_HOME nor HOME is an absolute \
+              path"
+            .to_owned(),
+    })
+}
+
+/// What the service's recovery directory holds.
+enum ServiceDir {
+    Absent,
+    NoRecords,
+    Unreadable(String),
+    Records(String),
+}
+
+fn probe_service_dir(dir: &Path) -> ServiceDir {
+    match fs::symlink_metadata(dir) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return ServiceDir::Absent,
+        Err(e) => return ServiceDir::Unreadable(e.to_string()),
+        Ok(m) if !m.is_dir() && !m.file_type().is_symlink() => {
+            return ServiceDir::Unreadable("it is not a directory".to_owned());
+        }
+        Ok(_) => {}
+    }
+    let mut found = None;
+    for name in [JOURNAL_FILE, COMPACT_FILE] {
+        let file = dir.join(name);
+        match fs::read(&file) {
+            Ok(bytes) => {
+                found = Some((file, bytes));
+                break;
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return ServiceDir::Unreadable(format!("{}: {e}", file.display())),
+        }
+    }
+    let Some((file, bytes)) = found else {
+        return ServiceDir::NoRecords;
+    };
+    match record::replay(&bytes, &file) {
+        Ok(r) if r.live.len() == 0 => ServiceDir::NoRecords,
+        Ok(r) => {
+            let n = r.live.len();
+            let first = r
+                .live
+                .ordered()
+                .first()
+                .map(|e| format!(", among them entry {}", e.id));
+            ServiceDir::Records(format!(
+                "{n} unresolved {}{}",
+                if n == 1 { "entry" } else { "entries" },
+                first.unwrap_or_default()
+            ))
+        }
+        Err(e) => ServiceDir::Records(format!("a journal that cannot be replayed: {e}")),
+    }
+}
+
+/// REC-14..REC-16: the service's recovery directory, for a run with an empty
+/// setting and no `$STATE_DIRECTORY`.
+fn check_service_dir(
+    input: &LocationInput,
+    config: Option<&Path>,
+    chosen: &Path,
+) -> Result<(), LedgerError> {
+    let service_dir = normalize(&input.service_base.join("admission"));
+    if service_dir == chosen {
+        return Ok(());
+    }
+    match probe_service_dir(&service_dir) {
+        ServiceDir::Absent => Ok(()),
+        ServiceDir::NoRecords => {
+            warn!(
+                service_dir = %service_dir.display(),
+                chosen = %chosen.display(),
+                "the service's recovery directory exists without records, but this run uses \
+                 another: the two locations differ (set server.admission_state_dir to use one \
+                 of them for every start)"
+            );
+            Ok(())
+        }
+        ServiceDir::Unreadable(why) => {
+            warn!(
+                service_dir = %service_dir.display(),
+                chosen = %chosen.display(),
+                reason = %why,
+                "the service's recovery directory cannot be read, and this run uses another: the \
+                 two locations differ (set server.admission_state_dir to use one of them for \
+                 every start)"
+            );
+            Ok(())
+        }
+        ServiceDir::Records(detail) => Err(LedgerError::ServiceRecordsElsewhere {
+            service_dir,
+            chosen: chosen.to_path_buf(),
+            detail,
+            config: match config {
+                Some(c) => c.display().to_string(),
+                None => "a configuration file (this run has none: pass --config)".to_owned(),
+            },
+        }),
+    }
+}
+
+/// REC-18/REC-19: no symbolic link on the path; every existing ancestor owned
+/// by root or `euid` and not writable by group or others unless it is a
+/// root-owned sticky directory. The directory itself, if it exists, must
+/// not be a symbolic link (its owner and mode are [`check_recovery_dir`]'s).
+fn check_path_safety(path: &Path, euid: u32) -> Result<(), LedgerError> {
+    let unsafe_at = |component: &Path, why: String| LedgerError::UnsafePath {
+        path: path.to_path_buf(),
+        component: component.to_path_buf(),
+        why,
+    };
+    let mut prefix = PathBuf::new();
+    let components: Vec<Component<'_>> = path.components().collect();
+    for (i, c) in components.iter().enumerate() {
+        prefix.push(c.as_os_str());
+        let is_leaf = i + 1 == components.len();
+        let meta = match fs::symlink_metadata(&prefix) {
+            Ok(m) => m,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(LedgerError::io("inspect", &prefix, e)),
+        };
+        if meta.file_type().is_symlink() {
+            return Err(unsafe_at(
+                &prefix,
+                "is a symbolic link (the path must not be redirected)".to_owned(),
+            ));
+        }
+        if is_leaf {
+            return Ok(());
+        }
+        if !meta.is_dir() {
+            return Err(unsafe_at(&prefix, "is not a directory".to_owned()));
+        }
+        let uid = meta.uid();
+        if uid != 0 && uid != euid {
+            return Err(unsafe_at(
+                &prefix,
+                format!(
+                    "is owned by uid {uid}, neither root nor the account vacancyd runs as (uid \
+                     {euid})"
+                ),
+            ));
+        }
+        let mode = meta.mode() & 0o7777;
+        let sticky_root = mode & 0o1000 != 0 && uid == 0;
+        if mode & 0o022 != 0 && !sticky_root {
+            return Err(unsafe_at(
+                &prefix,
+                format!(
+                    "is writable by group or others (mode {mode:04o}) and is not a root-owned \
+                     sticky directory like /tmp"
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Create `path` and its missing parents, private from creation (mode 0700),
+/// and make the new entries durable. Returns whether it was created.
+fn create_private(path: &Path) -> Result<bool, LedgerError> {
+    match fs::symlink_metadata(path) {
+        Ok(_) => return Ok(false),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(LedgerError::io("inspect", path, e)),
+    }
+    // The nearest ancestor that exists: every directory below it is new.
+    let mut existing = path.parent();
+    while let Some(p) = existing {
+        if fs::symlink_metadata(p).is_ok() {
+            break;
+        }
+        existing = p.parent();
+    }
+    DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(path)
+        .map_err(|e| LedgerError::io("create the recovery directory", path, e))?;
+    // Sync each parent whose entries changed, deepest first.
+    let mut dir = path.parent();
+    while let Some(d) = dir {
+        super::sync_dir(d)?;
+        if Some(d) == existing {
+            break;
+        }
+        dir = d.parent();
+    }
+    Ok(true)
+}
+
+/// An absolute path with `.` and `..` resolved lexically (the path has no
+/// symbolic links to resolve where it matters: the default is checked).
+fn normalize(path: &Path) -> PathBuf {
+    let mut out = PathBuf::new();
+    for c in path.components() {
+        match c {
+            Component::ParentDir => {
+                if out.parent().is_some() {
+                    out.pop();
+                }
+            }
+            Component::CurDir => {}
+            other => out.push(other.as_os_str()),
+        }
+    }
+    out
+}

@@ -1,0 +1,463 @@
+//! The durable reservation ledger: the recovery directory.
+//!
+//! Every reservation is on disk before its request is forwarded (REC-01), so a
+//! crash never forgets work that may still run. After a restart every
+//! unresolved record comes back, and the daemon returns it as held (REC-02).
+//!
+//! # Layout
+//!
+//! The recovery directory (mode 0700, owned by the account vacancyd runs as)
+//! holds:
+//!
+//! - `journal.jsonl`: an append-only journal, one JSON object per line, each
+//!   ending in `\n` and carrying the format version `v`. Job metadata only:
+//!   entry ID, upstream, model, resources, completion method, wall-clock
+//!   start and the upstream's handle; never prompts, responses or
+//!   credentials (REC-26).
+//!
+//!   ```text
+//!   {"v":1,"op":"admit","id":"…","upstream":"comfy","model":"sdxl","resources":["gpu0","ram"],"completion":"tracked","started_unix_ms":1767225600000,"upstream_ref":"…"}
+//!   {"v":1,"op":"held","id":"…","reason":"the response broke off"}
+//!   {"v":1,"op":"ref","id":"…","upstream_ref":"…"}
+//!   {"v":1,"op":"release","id":"…"}
+//!   {"v":1,"op":"end","entries":1}
+//!   ```
+//!
+//!   `resources` lists the primary resource first; `completion` is
+//!   `response_end`, `tracked` or `held_on_close`; `end` closes a compacted
+//!   file and counts the entries before it. A reader refuses lines with a
+//!   newer `v` than it knows.
+//! - `journal.jsonl.new`: only while a compaction is being written.
+//! - `lock`: locked exclusively for the ledger's life; it names the holder's
+//!   pid and since when (REC-25).
+//!
+//! # Behavior
+//!
+//! - [`Ledger::persist`](crate::proxy::ReservationStore::persist) appends the
+//!   `admit` line and waits for one `fdatasync` of the journal: the only sync
+//!   on the request path (DESIGN §8). One writer thread does the blocking
+//!   I/O and applies changes whole, in the order they were submitted, so a
+//!   release never overtakes the admission it releases.
+//! - `mark_held`, `forget` and [`Ledger::rewrite_ref`] append and sync too, off
+//!   the request path. A change for an entry the ledger no longer holds (a
+//!   hold reported after its release) writes nothing, so the journal never
+//!   names an unknown entry.
+//! - A failed append is cut back off the file; if that or a sync fails, the
+//!   ledger refuses every further write (the proxy then refuses work with
+//!   `ledger_unavailable`) until a restart replays what is on disk.
+//! - When the journal holds many dead lines, a release compacts it: the live
+//!   entries are written to `journal.jsonl.new` with an `end` marker,
+//!   synced, renamed over the journal, and the directory synced, so a crash
+//!   leaves one or the other (REC-04). At open, a complete `.new` is
+//!   completed (REC-05) and an incomplete one removed with a warning.
+//! - At open the journal is replayed (REC-02). A cut-short newest line is
+//!   discarded with a warning and cut off the file (REC-09); any other
+//!   malformed line, unknown op, change for an unknown entry or duplicate
+//!   admission stops startup with an error naming the file and line (REC-08).
+//! - Where the directory is, and whether it may be created, is decided by
+//!   [`resolve_location`] (REC-10..REC-22). vacancyd never deletes the
+//!   directory or its journal (REC-07).
+
+mod error;
+mod location;
+mod lock;
+mod record;
+mod writer;
+
+#[cfg(test)]
+mod tests;
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, mpsc};
+use std::thread::JoinHandle;
+use std::time::SystemTime;
+
+use async_trait::async_trait;
+use tokio::sync::oneshot;
+use tracing::{info, warn};
+
+use crate::engine::{EntryId, Reservation};
+use crate::proxy::{ReservationStore, StoreError};
+
+pub use error::LedgerError;
+pub use location::{
+    Location, LocationInput, LocationSource, SERVICE_BASE, check_recovery_dir, resolve_location,
+};
+pub use record::RecoveredEntry;
+
+use record::{LiveSet, Replay};
+use writer::{Appended, Change, Job, Writer};
+
+/// The journal's file name inside the recovery directory.
+pub const JOURNAL_FILE: &str = "journal.jsonl";
+/// The compaction file's name, present only while a compaction is written.
+pub const COMPACT_FILE: &str = "journal.jsonl.new";
+
+/// The durable reservation ledger in one recovery directory.
+///
+/// Cheap to clone: clones share one writer thread, which owns the journal
+/// and the lock. Dropping the last clone waits for the writes already
+/// submitted, then releases the lock.
+///
+/// # Behavior
+///
+/// Implements [`ReservationStore`]: `persist` returns only after the
+/// reservation's record is synced (REC-01), with exactly one `fdatasync` on
+/// the request path. Records hold job metadata only (REC-26). Only one
+/// ledger may hold a directory at a time (REC-25). See the
+/// [module docs](self) for the journal and its recovery (REC-02, REC-04,
+/// REC-05, REC-08, REC-09).
+#[derive(Debug, Clone)]
+pub struct Ledger {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    dir: PathBuf,
+    journal_path: PathBuf,
+    /// To the writer thread, which owns the journal and the lock (REC-25).
+    tx: Option<mpsc::Sender<Job>>,
+    worker: Option<JoinHandle<()>>,
+}
+
+impl Drop for Inner {
+    /// Close the queue and wait for the writer to finish what was submitted
+    /// and release the lock, so that a next open finds the directory free.
+    fn drop(&mut self) {
+        self.tx.take();
+        if let Some(worker) = self.worker.take() {
+            let _ = worker.join();
+        }
+    }
+}
+
+impl Ledger {
+    /// Open the recovery directory `dir`, replay its journal and return every
+    /// unresolved entry.
+    ///
+    /// Blocking: call it at startup, before serving.
+    ///
+    /// # Behavior
+    ///
+    /// - `dir` must exist, be owned by the running account and have mode 0700
+    ///   (REC-22, [`check_recovery_dir`]); use [`resolve_location`] first to
+    ///   find and, for the default, create it (REC-10..REC-21).
+    /// - Takes the directory's exclusive lock, failing with
+    ///   [`LedgerError::InUse`] naming the holder's pid while another daemon
+    ///   has it (REC-25).
+    /// - Completes a complete `journal.jsonl.new` left by a crash during
+    ///   compaction (REC-05) and removes an incomplete one with a warning.
+    /// - Replays the journal: a cut-short newest line is discarded with a
+    ///   warning and cut off the file (REC-09); any other malformation stops
+    ///   with [`LedgerError::Corrupt`] naming the file and line (REC-08).
+    /// - Returns every unresolved entry, oldest first, whatever its phase
+    ///   before the restart: the caller restores each with
+    ///   [`Engine::restore_held`](crate::engine::Engine::restore_held), which
+    ///   stops startup on a changed resource mapping (REC-08), and returns them
+    ///   all as held (REC-02). Nothing here releases work.
+    pub fn open(dir: &Path) -> Result<(Ledger, Vec<RecoveredEntry>), LedgerError> {
+        check_recovery_dir(dir)?;
+        let lock = lock::acquire(dir)?;
+        let journal_path = dir.join(JOURNAL_FILE);
+        finish_compaction(dir, &journal_path)?;
+
+        let created = !exists(&journal_path)?;
+        let mut file = OpenOptions::new()
+            .read(true)
+            .append(true)
+            .create(true)
+            .mode(0o600)
+            .open(&journal_path)
+            .map_err(|e| LedgerError::io("open the journal", &journal_path, e))?;
+        if created {
+            file.sync_all()
+                .map_err(|e| LedgerError::io("sync the new journal", &journal_path, e))?;
+            sync_dir(dir)?;
+            info!(path = %journal_path.display(), "created an empty journal");
+        }
+        let mut bytes = Vec::new();
+        file.read_to_end(&mut bytes)
+            .map_err(|e| LedgerError::io("read the journal", &journal_path, e))?;
+        let replay = record::replay(&bytes, &journal_path)?;
+        if let Some(tail) = &replay.discarded {
+            warn!(
+                path = %journal_path.display(),
+                line = tail.line,
+                bytes = tail.bytes,
+                "discarding the newest journal record: a crash cut it short while it was being \
+                 saved, before it was acknowledged, so no request was forwarded on it (REC-09)"
+            );
+            file.set_len(replay.good_len)
+                .and_then(|()| file.sync_all())
+                .map_err(|e| LedgerError::io("cut the partial record off", &journal_path, e))?;
+        }
+        let Replay {
+            live,
+            good_len,
+            lines,
+            ..
+        } = replay;
+        let entries: Vec<RecoveredEntry> = live.ordered().into_iter().cloned().collect();
+        for e in &entries {
+            info!(
+                entry = %e.id,
+                held = e.held_reason.is_some(),
+                "recovered an unresolved work entry"
+            );
+        }
+        let live_lines = live_lines(&live);
+        let writer = Writer {
+            dir: dir.to_path_buf(),
+            journal_path: journal_path.clone(),
+            file,
+            len: good_len,
+            lines,
+            live,
+            live_lines,
+            unavailable: None,
+            compact_min_lines: writer::COMPACT_MIN_LINES,
+        };
+        let (tx, worker) = writer::spawn(writer, lock)?;
+        let ledger = Ledger {
+            inner: Arc::new(Inner {
+                dir: dir.to_path_buf(),
+                journal_path,
+                tx: Some(tx),
+                worker: Some(worker),
+            }),
+        };
+        Ok((ledger, entries))
+    }
+
+    /// The recovery directory.
+    pub fn dir(&self) -> &Path {
+        &self.inner.dir
+    }
+
+    /// The journal file.
+    pub fn journal_path(&self) -> &Path {
+        &self.inner.journal_path
+    }
+
+    /// Record that the upstream reported its own ID for an entry's work
+    /// (ComfyUI before 0.3.45).
+    ///
+    /// # Behavior
+    ///
+    /// Appends a `ref` line and syncs it: after a crash the entry comes back
+    /// with either the old or the new handle, never neither (REC-04). On an
+    /// error the caller keeps tracking with the upstream's ID; the old
+    /// record still survives a crash, and this logs both IDs (REC-06).
+    pub async fn rewrite_ref(&self, entry: EntryId, upstream_ref: &str) -> Result<(), LedgerError> {
+        let change = Change::Ref {
+            id: entry,
+            upstream_ref: upstream_ref.to_owned(),
+        };
+        let result = match self.submit(change) {
+            Ok(reply) => self.reply(reply).await,
+            Err(e) => Err(e),
+        };
+        let (previous, result) = match result {
+            Ok(Appended::Written { previous_ref }) => {
+                info!(
+                    entry = %entry,
+                    recorded_ref = previous_ref.as_deref().unwrap_or(""),
+                    upstream_ref,
+                    "rewrote the record with the upstream's own ID (REC-04)"
+                );
+                return Ok(());
+            }
+            Ok(Appended::NoEntry) => (
+                None,
+                Err(LedgerError::UnknownEntry {
+                    path: self.inner.dir.clone(),
+                    entry,
+                }),
+            ),
+            Err(e) => (None::<String>, Err(e)),
+        };
+        if let Err(e) = &result {
+            warn!(
+                entry = %entry,
+                recorded_ref = previous.as_deref().unwrap_or(""),
+                upstream_ref,
+                error = %e,
+                "could not rewrite the record with the upstream's own ID; tracking continues with \
+                 the upstream's ID and the record keeps the old one (REC-06)"
+            );
+        }
+        result
+    }
+
+    /// Compact the journal now if it holds any dead lines; otherwise nothing.
+    ///
+    /// # Behavior
+    ///
+    /// Writes the live entries and an `end` marker to `journal.jsonl.new`,
+    /// syncs it, renames it over the journal and syncs the directory: a crash
+    /// leaves one or the other (REC-04), and a complete `.new` is completed at
+    /// the next open (REC-05). A failure before the rename keeps the old
+    /// journal; a failure after it makes the ledger unavailable. Releases
+    /// compact on their own once the journal holds more than 1000 lines and
+    /// more than twice the lines a compaction keeps.
+    pub async fn compact(&self) -> Result<(), LedgerError> {
+        let (tx, rx) = oneshot::channel();
+        self.send(Job::Compact(tx))?;
+        rx.await.map_err(|_| self.stopped())?
+    }
+
+    /// Queue a change synchronously, before the caller's first await: the
+    /// writer applies changes in submission order, so an admission whose
+    /// request is cancelled mid-`persist` is written before the release
+    /// that the dropped guard sends after it.
+    fn submit(
+        &self,
+        change: Change,
+    ) -> Result<oneshot::Receiver<Result<Appended, LedgerError>>, LedgerError> {
+        let (tx, rx) = oneshot::channel();
+        self.send(Job::Change(change, tx))?;
+        Ok(rx)
+    }
+
+    async fn reply(
+        &self,
+        rx: oneshot::Receiver<Result<Appended, LedgerError>>,
+    ) -> Result<Appended, LedgerError> {
+        rx.await.map_err(|_| self.stopped())?
+    }
+
+    fn send(&self, job: Job) -> Result<(), LedgerError> {
+        self.inner
+            .tx
+            .as_ref()
+            .ok_or_else(|| self.stopped())?
+            .send(job)
+            .map_err(|_| self.stopped())
+    }
+
+    fn stopped(&self) -> LedgerError {
+        LedgerError::Unavailable {
+            path: self.inner.dir.clone(),
+            reason: "the journal writer stopped".to_owned(),
+        }
+    }
+
+    /// Run `f` on the writer's state, in queue order (tests).
+    #[cfg(test)]
+    fn inspect<T: Send + 'static>(&self, f: impl FnOnce(&mut Writer) -> T + Send + 'static) -> T {
+        let (tx, rx) = std::sync::mpsc::channel();
+        self.send(Job::Inspect(Box::new(move |w| {
+            let _ = tx.send(f(w));
+        })))
+        .unwrap_or_else(|e| panic!("{e}"));
+        rx.recv().unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    #[cfg(test)]
+    fn live_entries(&self) -> usize {
+        self.inspect(|w| w.live.len())
+    }
+
+    #[cfg(test)]
+    fn set_compact_min_lines(&self, n: u64) {
+        self.inspect(move |w| w.compact_min_lines = n);
+    }
+
+    #[cfg(test)]
+    fn journal_lines(&self) -> u64 {
+        self.inspect(|w| w.lines)
+    }
+
+    async fn store(&self, entry: EntryId, change: Change) -> Result<(), StoreError> {
+        let result = match self.submit(change) {
+            Ok(reply) => self.reply(reply).await,
+            Err(e) => Err(e),
+        };
+        result.map(|_| ()).map_err(|e| StoreError {
+            entry,
+            reason: e.to_string(),
+        })
+    }
+}
+
+#[async_trait]
+impl ReservationStore for Ledger {
+    async fn persist(&self, reservation: &Reservation) -> Result<(), StoreError> {
+        let entry =
+            RecoveredEntry::from_reservation(reservation, record::unix_ms(SystemTime::now()));
+        self.store(reservation.id, Change::Admit(entry)).await
+    }
+
+    async fn mark_held(&self, entry: EntryId, reason: &str) -> Result<(), StoreError> {
+        let change = Change::Held {
+            id: entry,
+            reason: reason.to_owned(),
+        };
+        self.store(entry, change).await
+    }
+
+    async fn forget(&self, entry: EntryId) -> Result<(), StoreError> {
+        self.store(entry, Change::Release { id: entry }).await
+    }
+}
+
+/// Lines a compaction keeps for these entries (the end marker not counted).
+fn live_lines(live: &LiveSet) -> u64 {
+    live.ordered()
+        .iter()
+        .map(|e| 1 + u64::from(e.held_reason.is_some()))
+        .sum()
+}
+
+/// At open: complete a complete compaction left by a crash (REC-05), remove
+/// an incomplete one.
+fn finish_compaction(dir: &Path, journal_path: &Path) -> Result<(), LedgerError> {
+    let new_path = dir.join(COMPACT_FILE);
+    let bytes = match fs::read(&new_path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(LedgerError::io("read", &new_path, e)),
+    };
+    let complete = match record::replay(&bytes, &new_path) {
+        Ok(r) => r.discarded.is_none() && r.ends_with_marker,
+        Err(_) => false,
+    };
+    if complete {
+        fs::rename(&new_path, journal_path)
+            .map_err(|e| LedgerError::io("complete the compaction by renaming", &new_path, e))?;
+        sync_dir(dir)?;
+        warn!(
+            path = %new_path.display(),
+            "completed a journal compaction that a crash interrupted before its rename (REC-05)"
+        );
+    } else {
+        fs::remove_file(&new_path)
+            .map_err(|e| LedgerError::io("remove the incomplete compaction", &new_path, e))?;
+        sync_dir(dir)?;
+        warn!(
+            path = %new_path.display(),
+            "removed an incomplete journal compaction left by a crash; the journal beside it is \
+             complete"
+        );
+    }
+    Ok(())
+}
+
+fn exists(path: &Path) -> Result<bool, LedgerError> {
+    match fs::symlink_metadata(path) {
+        Ok(_) => Ok(true),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(LedgerError::io("inspect", path, e)),
+    }
+}
+
+/// Make a directory's entries (a created or renamed file) durable.
+pub(crate) fn sync_dir(dir: &Path) -> Result<(), LedgerError> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| LedgerError::io("sync the directory", dir, e))
+}

@@ -1,0 +1,736 @@
+//! The journal: persistence, replay, corruption, compaction and the lock.
+
+use std::fs;
+use std::time::{Duration, Instant, SystemTime};
+
+use super::{append, reservation, scratch, with_logs};
+use crate::engine::{
+    CompletionMethod, Decision, Engine, EngineSpec, EntryId, OwnerPresence, Phase, ResourceSpec,
+    UpstreamSpec, WorkRequest,
+};
+use crate::ledger::record::{self, unix_ms};
+use crate::ledger::{COMPACT_FILE, JOURNAL_FILE, Ledger, LedgerError, RecoveredEntry};
+use crate::proxy::ReservationStore;
+use crate::time::Moment;
+use crate::traits::{CapacitySample, ResourceKind};
+
+fn open(dir: &std::path::Path) -> (Ledger, Vec<RecoveredEntry>) {
+    Ledger::open(dir).unwrap()
+}
+
+fn open_err(dir: &std::path::Path) -> LedgerError {
+    match Ledger::open(dir) {
+        Ok(_) => panic!("open of {} should fail", dir.display()),
+        Err(e) => e,
+    }
+}
+
+fn ids(entries: &[RecoveredEntry]) -> Vec<EntryId> {
+    entries.iter().map(|e| e.id).collect()
+}
+
+fn id(n: u128) -> EntryId {
+    EntryId::from_u128(n)
+}
+
+fn entry(n: u128) -> RecoveredEntry {
+    RecoveredEntry::from_reservation(&reservation(n, None), 1_767_225_600_000 + n as u64)
+}
+
+#[tokio::test]
+async fn persisted_reservation_returns_after_reopen() {
+    // REC-01, REC-02, REC-03, REC-27
+    let s = scratch();
+    let before = unix_ms(SystemTime::now());
+    {
+        let (ledger, entries) = open(&s.rec);
+        assert!(entries.is_empty());
+        ledger
+            .persist(&reservation(1, Some("prompt-abc")))
+            .await
+            .unwrap();
+    }
+    let after = unix_ms(SystemTime::now());
+    let (_ledger, entries) = open(&s.rec);
+    assert_eq!(entries.len(), 1);
+    let e = &entries[0];
+    assert_eq!(e.id, id(1));
+    assert_eq!(e.upstream, "comfy");
+    assert_eq!(e.model.as_deref(), Some("sdxl"));
+    assert_eq!(e.resources, vec!["gpu0".to_owned(), "ram".to_owned()]);
+    assert_eq!(e.completion, CompletionMethod::Tracked);
+    assert_eq!(e.upstream_ref.as_deref(), Some("prompt-abc"));
+    assert_eq!(e.held_reason, None);
+    assert!(before <= e.started_unix_ms && e.started_unix_ms <= after);
+}
+
+#[tokio::test]
+async fn released_entry_is_gone_after_reopen() {
+    // REC-02: only a release removes a record
+    let s = scratch();
+    {
+        let (ledger, _) = open(&s.rec);
+        ledger.persist(&reservation(1, None)).await.unwrap();
+        ledger.persist(&reservation(2, None)).await.unwrap();
+        ledger.forget(id(1)).await.unwrap();
+    }
+    let (_ledger, entries) = open(&s.rec);
+    assert_eq!(ids(&entries), vec![id(2)]);
+}
+
+#[tokio::test]
+async fn held_entry_returns_held_with_its_reason() {
+    // REC-02
+    let s = scratch();
+    {
+        let (ledger, _) = open(&s.rec);
+        ledger.persist(&reservation(1, None)).await.unwrap();
+        ledger
+            .mark_held(id(1), "the response broke off")
+            .await
+            .unwrap();
+    }
+    let (_ledger, entries) = open(&s.rec);
+    assert_eq!(entries.len(), 1);
+    assert_eq!(
+        entries[0].held_reason.as_deref(),
+        Some("the response broke off")
+    );
+}
+
+#[tokio::test]
+async fn rewritten_upstream_ref_returns_after_reopen() {
+    // REC-03, REC-04
+    let s = scratch();
+    {
+        let (ledger, _) = open(&s.rec);
+        ledger.persist(&reservation(1, Some("ours"))).await.unwrap();
+        ledger.rewrite_ref(id(1), "comfys-own").await.unwrap();
+    }
+    let (ledger, entries) = open(&s.rec);
+    assert_eq!(entries[0].upstream_ref.as_deref(), Some("comfys-own"));
+    // REC-06: a rewrite the ledger cannot record is an error for the caller to log.
+    assert!(matches!(
+        ledger.rewrite_ref(id(9), "x").await,
+        Err(LedgerError::UnknownEntry { .. })
+    ));
+}
+
+#[tokio::test]
+async fn changes_for_entries_without_a_record_write_nothing() {
+    // REC-08: the journal never names an entry no record admits (a hold
+    // reported after its release, a release of a reservation never recorded).
+    let s = scratch();
+    let (ledger, _) = open(&s.rec);
+    ledger.persist(&reservation(1, None)).await.unwrap();
+    ledger.forget(id(1)).await.unwrap();
+    let len = fs::metadata(s.rec.join(JOURNAL_FILE)).unwrap().len();
+    ledger.mark_held(id(1), "late").await.unwrap();
+    ledger.forget(id(1)).await.unwrap();
+    ledger.forget(id(7)).await.unwrap();
+    assert_eq!(fs::metadata(s.rec.join(JOURNAL_FILE)).unwrap().len(), len);
+    // A second admission of a live entry is refused, not written.
+    ledger.persist(&reservation(2, None)).await.unwrap();
+    assert!(ledger.persist(&reservation(2, None)).await.is_err());
+    drop(ledger);
+    let (_ledger, entries) = open(&s.rec);
+    assert_eq!(ids(&entries), vec![id(2)]);
+}
+
+#[tokio::test]
+async fn an_admission_cancelled_mid_persist_is_recorded_before_its_release() {
+    // REC-01, REC-02: the proxy's guard releases a request whose persist was
+    // cancelled; the writer applies changes in submission order, so the
+    // release never overtakes the admission (which would leave a phantom
+    // held entry after a restart).
+    let s = scratch();
+    {
+        let (ledger, _) = open(&s.rec);
+        for n in 1..=20u128 {
+            let r = reservation(n, None);
+            // Polled once (the change is queued), then dropped.
+            let _ = tokio::time::timeout(Duration::ZERO, ledger.persist(&r)).await;
+            ledger.forget(r.id).await.unwrap();
+        }
+    }
+    let (_ledger, entries) = open(&s.rec);
+    assert!(entries.is_empty(), "{entries:?}");
+}
+
+#[tokio::test]
+async fn a_failed_append_refuses_the_reservation_and_keeps_the_journal_readable() {
+    // REC-01: not recorded, not forwarded; REC-08: no torn line left behind
+    let s = scratch();
+    let journal = s.rec.join(JOURNAL_FILE);
+    let (ledger, _) = open(&s.rec);
+    ledger.persist(&reservation(1, None)).await.unwrap();
+    let before = fs::read(&journal).unwrap();
+    // Swap the writer's handle for a read-only one: appends fail, and so
+    // does cutting them back, which leaves the ledger unavailable.
+    let read_only = fs::File::open(&journal).unwrap();
+    ledger.inspect(move |w| w.file = read_only);
+    let e = ledger.persist(&reservation(2, None)).await.unwrap_err();
+    assert_eq!(e.entry, id(2));
+    assert!(
+        e.reason.contains(&journal.display().to_string()),
+        "{}",
+        e.reason
+    );
+    let e = ledger.persist(&reservation(3, None)).await.unwrap_err();
+    assert!(e.reason.contains("unavailable"), "{}", e.reason);
+    assert!(e.reason.contains("restarted"), "{}", e.reason);
+    // A release cannot be recorded either: the record stays, to return held.
+    assert!(ledger.forget(id(1)).await.is_err());
+    drop(ledger);
+    assert_eq!(fs::read(&journal).unwrap(), before);
+    let (_ledger, entries) = open(&s.rec);
+    assert_eq!(ids(&entries), vec![id(1)]);
+}
+
+#[tokio::test]
+async fn records_hold_job_metadata_only() {
+    // REC-26
+    let s = scratch();
+    let (ledger, _) = open(&s.rec);
+    ledger.persist(&reservation(1, Some("p"))).await.unwrap();
+    ledger.mark_held(id(1), "uncertain").await.unwrap();
+    ledger.rewrite_ref(id(1), "q").await.unwrap();
+    ledger.forget(id(1)).await.unwrap();
+    let text = fs::read_to_string(s.rec.join(JOURNAL_FILE)).unwrap();
+    let allowed = [
+        "v",
+        "op",
+        "id",
+        "upstream",
+        "model",
+        "resources",
+        "completion",
+        "started_unix_ms",
+        "upstream_ref",
+        "reason",
+        "entries",
+    ];
+    assert_eq!(text.lines().count(), 4);
+    for line in text.lines() {
+        let v: serde_json::Value = serde_json::from_str(line).unwrap();
+        for key in v.as_object().unwrap().keys() {
+            assert!(allowed.contains(&key.as_str()), "unexpected key {key}");
+        }
+        assert_eq!(v["v"], 1);
+    }
+    let first: serde_json::Value = serde_json::from_str(text.lines().next().unwrap()).unwrap();
+    assert_eq!(first["op"], "admit");
+    assert_eq!(first["resources"], serde_json::json!(["gpu0", "ram"]));
+    assert_eq!(first["completion"], "tracked");
+}
+
+#[test]
+fn cut_short_newest_record_is_discarded_with_a_warning_and_cut_off() {
+    // REC-09
+    let s = scratch();
+    let journal = s.rec.join(JOURNAL_FILE);
+    let good = record::admit_line(&entry(1));
+    append(&journal, &good);
+    let partial = record::admit_line(&entry(2));
+    append(&journal, &partial[..partial.len() / 2]);
+
+    let ((ledger, entries), logs) = with_logs(|| open(&s.rec));
+    assert_eq!(ids(&entries), vec![id(1)]);
+    assert!(logs.contains("WARN"), "{logs}");
+    assert!(logs.contains("REC-09"), "{logs}");
+    assert!(logs.contains("line=2"), "{logs}");
+    assert_eq!(fs::read(&journal).unwrap(), good);
+    drop(ledger);
+
+    // Appends continue cleanly after the cut.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    {
+        let (ledger, _) = open(&s.rec);
+        rt.block_on(ledger.persist(&reservation(3, None))).unwrap();
+    }
+    let (_ledger, entries) = open(&s.rec);
+    assert_eq!(ids(&entries), vec![id(1), id(3)]);
+}
+
+#[test]
+fn newest_line_that_is_not_json_is_discarded() {
+    // REC-09: a power loss can leave the newest write as zeros
+    let s = scratch();
+    let journal = s.rec.join(JOURNAL_FILE);
+    append(&journal, &record::admit_line(&entry(1)));
+    append(&journal, &[0u8; 40]);
+    let (_l, entries) = open(&s.rec);
+    assert_eq!(ids(&entries), vec![id(1)]);
+
+    let s = scratch();
+    let journal = s.rec.join(JOURNAL_FILE);
+    append(&journal, &record::admit_line(&entry(1)));
+    append(&journal, b"{\"v\":1,\"op\":\"adm\n");
+    let (_l, entries) = open(&s.rec);
+    assert_eq!(ids(&entries), vec![id(1)]);
+    assert_eq!(fs::read(&journal).unwrap(), record::admit_line(&entry(1)));
+}
+
+#[test]
+fn crash_at_every_byte_of_the_newest_line_never_stops_startup() {
+    // REC-09: whatever the newest line is, a cut anywhere in it is discarded
+    // (or, when whole, replayed); never a startup failure.
+    let base: Vec<Vec<u8>> = vec![
+        record::admit_line(&entry(1)),
+        record::admit_line(&entry(2)),
+        record::held_line(id(2), "uncertain"),
+    ];
+    let lasts: Vec<(Vec<u8>, Vec<EntryId>)> = vec![
+        (record::admit_line(&entry(3)), vec![id(1), id(2), id(3)]),
+        (record::held_line(id(1), "cut"), vec![id(1), id(2)]),
+        (record::ref_line(id(1), "theirs"), vec![id(1), id(2)]),
+        (record::release_line(id(2)), vec![id(1)]),
+    ];
+    for (last, whole) in lasts {
+        for cut in 0..=last.len() {
+            let s = scratch();
+            let journal = s.rec.join(JOURNAL_FILE);
+            let mut bytes: Vec<u8> = base.concat();
+            let prefix_len = bytes.len();
+            bytes.extend_from_slice(&last[..cut]);
+            fs::write(&journal, &bytes).unwrap();
+            let (_l, entries) = Ledger::open(&s.rec).unwrap_or_else(|e| {
+                panic!("cut at {cut} of {:?}: {e}", String::from_utf8_lossy(&last))
+            });
+            if cut == last.len() {
+                assert_eq!(ids(&entries), whole);
+                assert_eq!(fs::read(&journal).unwrap().len(), bytes.len());
+            } else {
+                assert_eq!(ids(&entries), vec![id(1), id(2)]);
+                assert_eq!(fs::read(&journal).unwrap().len(), prefix_len);
+            }
+        }
+    }
+}
+
+#[test]
+fn corrupt_older_record_stops_startup_naming_file_and_line() {
+    // REC-08
+    let s = scratch();
+    let journal = s.rec.join(JOURNAL_FILE);
+    append(&journal, &record::admit_line(&entry(1)));
+    append(&journal, b"{\"v\":1,\"op\":\"adm\n");
+    append(&journal, &record::admit_line(&entry(2)));
+    let before = fs::read(&journal).unwrap();
+    let e = open_err(&s.rec);
+    assert!(matches!(e, LedgerError::Corrupt { line: 2, .. }), "{e}");
+    let msg = e.to_string();
+    assert!(msg.contains(&journal.display().to_string()), "{msg}");
+    assert!(msg.contains("line 2"), "{msg}");
+    assert!(msg.contains("restore it from backup"), "{msg}");
+    assert!(msg.contains("never deletes it"), "{msg}");
+    // Nothing was changed or deleted.
+    assert_eq!(fs::read(&journal).unwrap(), before);
+}
+
+#[test]
+fn unknown_op_duplicate_admit_and_changes_for_unknown_entries_stop_startup() {
+    // REC-08: also when the bad record is the newest (valid JSON is not cut short)
+    let unknown_entry = "00000000-0000-0000-0000-000000000009";
+    let cases: Vec<(String, Vec<u8>, &str)> = vec![
+        (
+            "unknown op".to_owned(),
+            b"{\"v\":1,\"op\":\"teleport\",\"id\":\"00000000-0000-0000-0000-000000000001\"}\n"
+                .to_vec(),
+            "unknown record op",
+        ),
+        (
+            "duplicate admit".to_owned(),
+            record::admit_line(&entry(1)),
+            "admitted twice",
+        ),
+        (
+            "release of unknown".to_owned(),
+            record::release_line(id(9)),
+            unknown_entry,
+        ),
+        (
+            "held of unknown".to_owned(),
+            record::held_line(id(9), "x"),
+            unknown_entry,
+        ),
+        (
+            "ref of unknown".to_owned(),
+            record::ref_line(id(9), "x"),
+            unknown_entry,
+        ),
+        (
+            "no version".to_owned(),
+            b"{\"op\":\"release\",\"id\":\"00000000-0000-0000-0000-000000000001\"}\n".to_vec(),
+            "format version",
+        ),
+        (
+            "bad completion".to_owned(),
+            String::from_utf8(record::admit_line(&entry(5)))
+                .unwrap()
+                .replace("tracked", "psychic")
+                .into_bytes(),
+            "unknown completion method",
+        ),
+    ];
+    for (what, bad, expect) in cases {
+        for bad_is_newest in [true, false] {
+            let s = scratch();
+            let journal = s.rec.join(JOURNAL_FILE);
+            append(&journal, &record::admit_line(&entry(1)));
+            append(&journal, &bad);
+            if !bad_is_newest {
+                append(&journal, &record::admit_line(&entry(3)));
+            }
+            let e = open_err(&s.rec);
+            let msg = e.to_string();
+            assert!(
+                matches!(e, LedgerError::Corrupt { line: 2, .. }),
+                "{what}: {msg}"
+            );
+            assert!(msg.contains(expect), "{what}: {msg}");
+        }
+    }
+}
+
+#[test]
+fn records_from_a_newer_format_stop_startup() {
+    // REC-08: never guess at a newer format
+    let s = scratch();
+    append(
+        &s.rec.join(JOURNAL_FILE),
+        b"{\"v\":2,\"op\":\"admit\",\"id\":\"00000000-0000-0000-0000-000000000001\"}\n",
+    );
+    let e = open_err(&s.rec);
+    assert!(
+        matches!(e, LedgerError::NewerFormat { version: 2, .. }),
+        "{e}"
+    );
+    assert!(e.to_string().contains("newer vacancyd"), "{e}");
+}
+
+#[test]
+fn complete_compaction_beside_the_journal_is_completed_at_open() {
+    // REC-05: the .new holds the rewritten ref; completing it must win
+    let s = scratch();
+    let journal = s.rec.join(JOURNAL_FILE);
+    let new = s.rec.join(COMPACT_FILE);
+    append(&journal, &record::admit_line(&entry(1)));
+    append(&journal, &record::admit_line(&entry(2)));
+    append(&journal, &record::release_line(id(2)));
+    let mut rewritten = entry(1);
+    rewritten.upstream_ref = Some("theirs".to_owned());
+    let mut compacted = record::admit_line(&rewritten);
+    compacted.extend_from_slice(&record::end_line(1));
+    fs::write(&new, &compacted).unwrap();
+
+    let ((_l, entries), logs) = with_logs(|| open(&s.rec));
+    assert_eq!(ids(&entries), vec![id(1)]);
+    assert_eq!(entries[0].upstream_ref.as_deref(), Some("theirs"));
+    assert!(!new.exists());
+    assert_eq!(fs::read(&journal).unwrap(), compacted);
+    assert!(logs.contains("REC-05"), "{logs}");
+}
+
+#[test]
+fn incomplete_compaction_is_removed_and_the_journal_kept() {
+    // REC-04: a crash before the rename leaves the old journal authoritative
+    let s = scratch();
+    let journal = s.rec.join(JOURNAL_FILE);
+    let new = s.rec.join(COMPACT_FILE);
+    append(&journal, &record::admit_line(&entry(1)));
+    append(&journal, &record::admit_line(&entry(2)));
+    let mut full = record::admit_line(&entry(1));
+    full.extend_from_slice(&record::admit_line(&entry(2)));
+    full.extend_from_slice(&record::end_line(2));
+    // Every cut short of the whole file is incomplete, as is a wrong count.
+    let mut cases: Vec<Vec<u8>> = (0..full.len()).map(|n| full[..n].to_vec()).collect();
+    let mut miscounted = record::admit_line(&entry(1));
+    miscounted.extend_from_slice(&record::end_line(5));
+    cases.push(miscounted);
+    for bytes in cases {
+        fs::write(&new, &bytes).unwrap();
+        let ((_l, entries), logs) = with_logs(|| open(&s.rec));
+        assert_eq!(ids(&entries), vec![id(1), id(2)]);
+        assert!(!new.exists());
+        assert!(logs.contains("incomplete"), "{logs}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compaction_keeps_exactly_the_live_entries_and_survives_reopen() {
+    // REC-02, REC-04
+    let s = scratch();
+    {
+        let (ledger, _) = open(&s.rec);
+        ledger.set_compact_min_lines(20);
+        for n in 1..=40u128 {
+            ledger.persist(&reservation(n, Some("p"))).await.unwrap();
+            if n % 10 == 0 {
+                ledger.mark_held(id(n), "uncertain").await.unwrap();
+                ledger
+                    .rewrite_ref(id(n), &format!("theirs-{n}"))
+                    .await
+                    .unwrap();
+            } else {
+                ledger.forget(id(n)).await.unwrap();
+            }
+        }
+        // Without compaction: 40 admits, 36 releases, 8 held/ref lines.
+        assert!(ledger.journal_lines() < 40, "{}", ledger.journal_lines());
+        assert_eq!(ledger.live_entries(), 4);
+        assert!(!s.rec.join(COMPACT_FILE).exists());
+        // Appends after a compaction land in the new journal.
+        ledger.persist(&reservation(41, None)).await.unwrap();
+    }
+    let (ledger, entries) = open(&s.rec);
+    assert_eq!(ids(&entries), vec![id(10), id(20), id(30), id(40), id(41)]);
+    for e in &entries[..4] {
+        assert_eq!(e.held_reason.as_deref(), Some("uncertain"));
+        assert_eq!(e.upstream_ref, Some(format!("theirs-{}", e.id.0.as_u128())));
+    }
+    // An explicit compaction leaves exactly the live lines and the end
+    // marker, and keeps every field (the wall-clock start included).
+    ledger.forget(id(41)).await.unwrap();
+    ledger.compact().await.unwrap();
+    let text = fs::read_to_string(s.rec.join(JOURNAL_FILE)).unwrap();
+    assert_eq!(text.lines().count(), 4 * 2 + 1);
+    assert!(
+        text.ends_with("{\"v\":1,\"op\":\"end\",\"entries\":4}\n"),
+        "{text}"
+    );
+    drop(ledger);
+    let (_ledger, again) = open(&s.rec);
+    assert_eq!(again, entries[..4].to_vec());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_appends_never_interleave() {
+    // REC-01, REC-08: every line whole, every entry back
+    let s = scratch();
+    {
+        let (ledger, _) = open(&s.rec);
+        let mut tasks = Vec::new();
+        for n in 1..=64u128 {
+            let l = ledger.clone();
+            tasks.push(tokio::spawn(async move {
+                l.persist(&reservation(n, Some("p"))).await.unwrap();
+                if n % 2 == 0 {
+                    l.forget(id(n)).await.unwrap();
+                } else {
+                    l.mark_held(id(n), "x").await.unwrap();
+                }
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+    }
+    let (_l, entries) = open(&s.rec);
+    let expect: Vec<EntryId> = (1..=64u128).filter(|n| n % 2 == 1).map(id).collect();
+    let mut got = ids(&entries);
+    got.sort();
+    assert_eq!(got, expect);
+    assert!(
+        entries
+            .iter()
+            .all(|e| e.held_reason.as_deref() == Some("x"))
+    );
+}
+
+#[test]
+fn only_one_ledger_may_open_a_directory() {
+    // REC-25
+    let s = scratch();
+    let (first, _) = open(&s.rec);
+    let e = open_err(&s.rec);
+    let msg = e.to_string();
+    assert!(matches!(e, LedgerError::InUse { .. }), "{msg}");
+    assert!(msg.contains(&s.rec.display().to_string()), "{msg}");
+    assert!(
+        msg.contains(&format!("vacancyd pid {} since ", std::process::id())),
+        "{msg}"
+    );
+    assert!(msg.contains("only one daemon may open it"), "{msg}");
+    // A clone keeps the lock; dropping the last one frees it.
+    let clone = first.clone();
+    drop(first);
+    assert!(matches!(open_err(&s.rec), LedgerError::InUse { .. }));
+    drop(clone);
+    let (_again, _) = open(&s.rec);
+}
+
+#[test]
+fn open_refuses_a_directory_that_is_not_private() {
+    // REC-21, REC-22
+    use std::os::unix::fs::PermissionsExt;
+    let s = scratch();
+    fs::set_permissions(&s.rec, fs::Permissions::from_mode(0o755)).unwrap();
+    let e = open_err(&s.rec);
+    assert!(
+        matches!(e, LedgerError::WrongMode { mode: 0o755, .. }),
+        "{e}"
+    );
+    assert!(
+        e.to_string()
+            .contains(&format!("chmod 700 {}", s.rec.display()))
+    );
+    // Never changed by vacancyd, and nothing written.
+    let meta = fs::metadata(&s.rec).unwrap();
+    assert_eq!(meta.permissions().mode() & 0o777, 0o755);
+    assert!(!s.rec.join(JOURNAL_FILE).exists());
+}
+
+#[test]
+fn recovered_age_comes_from_the_recorded_start_and_the_clock() {
+    // REC-27
+    let now = SystemTime::now();
+    let mut e = entry(1);
+    e.started_unix_ms = unix_ms(now) - 90_000;
+    assert_eq!(e.age(now), Duration::from_secs(90));
+    let restored = e.to_restored(Moment::from_secs(1000), now);
+    assert_eq!(restored.admitted_at, Moment::from_secs(910));
+    // A clock that went back reads as age zero; the timeline's origin bounds it.
+    e.started_unix_ms = unix_ms(now) + 5_000;
+    assert_eq!(e.age(now), Duration::ZERO);
+    e.started_unix_ms = 0;
+    assert_eq!(
+        e.to_restored(Moment::from_secs(5), now).admitted_at,
+        Moment::ZERO
+    );
+}
+
+#[tokio::test]
+async fn recovered_entries_restore_as_held_in_the_engine() {
+    // REC-02, REC-03, REC-08: the daemon's startup path
+    let spec = || {
+        let mut up = UpstreamSpec::new("comfy", "gpu0", 1000);
+        up.also_requires = vec!["ram".to_owned()];
+        EngineSpec {
+            lending: true,
+            resources: vec![
+                ResourceSpec::new("gpu0", ResourceKind::Gpu, 1024),
+                ResourceSpec::new("ram", ResourceKind::Memory, 1024),
+            ],
+            upstreams: vec![up],
+        }
+    };
+    let mut engine = Engine::new(spec()).unwrap();
+    engine.set_owner(OwnerPresence::Away);
+    for r in ["gpu0", "ram"] {
+        engine
+            .record_sample(r, CapacitySample::memory(60_000, 80_000, Moment::ZERO))
+            .unwrap();
+    }
+    let mut req = WorkRequest::new(
+        engine.upstream_id("comfy").unwrap(),
+        Some("sdxl"),
+        Moment::from_millis(1),
+    );
+    req.upstream_ref = Some("prompt-7".to_owned());
+    let Decision::Admitted(res) = engine.admit(&req, Moment::from_millis(1)) else {
+        panic!("not admitted");
+    };
+    let s = scratch();
+    {
+        let (ledger, _) = open(&s.rec);
+        ledger.persist(&res).await.unwrap();
+    }
+    let (_ledger, entries) = open(&s.rec);
+    let mut after_restart = Engine::new(spec()).unwrap();
+    for e in &entries {
+        after_restart
+            .restore_held(
+                e.to_restored(Moment::from_secs(60), SystemTime::now()),
+                "restored after a restart",
+            )
+            .unwrap();
+    }
+    assert_eq!(after_restart.phase(res.id), Some(Phase::Held));
+    assert_eq!(entries[0].upstream_ref.as_deref(), Some("prompt-7"));
+}
+
+/// The measured cost of one `persist` (one appended line and one
+/// `fdatasync`). Run with
+/// `cargo test -p vacancy --release --lib ledger::tests::journal::persist_cost -- --ignored --nocapture`;
+/// `VACANCY_LEDGER_BENCH_DIR` picks the file system (default: the temp dir).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "timing loop, run by hand"]
+async fn persist_cost() {
+    let base = std::env::var_os("VACANCY_LEDGER_BENCH_DIR");
+    let tmp = match &base {
+        Some(b) => tempfile::tempdir_in(b).unwrap(),
+        None => tempfile::tempdir().unwrap(),
+    };
+    let rec = tmp.path().join("rec");
+    {
+        use std::os::unix::fs::DirBuilderExt;
+        fs::DirBuilder::new().mode(0o700).create(&rec).unwrap();
+    }
+    let (ledger, _) = open(&rec);
+    let n = 2000u128;
+    let mut persist = Vec::with_capacity(n as usize);
+    let mut forget = Vec::with_capacity(n as usize);
+    for i in 1..=n {
+        let r = reservation(i, Some("0f6c1c1e-5d1a-4c1e-9a55-3b3c0e6f7a11"));
+        let t = Instant::now();
+        ledger.persist(&r).await.unwrap();
+        persist.push(t.elapsed());
+        let t = Instant::now();
+        ledger.forget(r.id).await.unwrap();
+        forget.push(t.elapsed());
+    }
+    let report = |name: &str, v: &mut Vec<Duration>| {
+        v.sort();
+        let pct = |p: f64| v[((v.len() as f64 - 1.0) * p) as usize];
+        let mean = v.iter().sum::<Duration>() / v.len() as u32;
+        println!(
+            "{name}: n={} mean={:?} p50={:?} p90={:?} p99={:?} max={:?}",
+            v.len(),
+            mean,
+            pct(0.5),
+            pct(0.9),
+            pct(0.99),
+            v[v.len() - 1]
+        );
+    };
+    println!("dir: {}", rec.display());
+    report("persist", &mut persist);
+    report("forget (incl. compactions)", &mut forget);
+
+    // One compaction with ten live (held) entries: write, two syncs, rename.
+    for i in 0..10u128 {
+        let r = reservation(10_000 + i, Some("p"));
+        ledger.persist(&r).await.unwrap();
+        ledger.mark_held(r.id, "uncertain").await.unwrap();
+    }
+    let mut compact = Vec::new();
+    for i in 0..200u128 {
+        let r = reservation(20_000 + i, None);
+        ledger.persist(&r).await.unwrap();
+        ledger.forget(r.id).await.unwrap();
+        let t = Instant::now();
+        ledger.compact().await.unwrap();
+        compact.push(t.elapsed());
+    }
+    report("compact (10 live entries)", &mut compact);
+
+    // The same loop without the ledger: a bare append + fdatasync, the floor.
+    use std::io::Write;
+    let mut f = fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(tmp.path().join("bare"))
+        .unwrap();
+    let line = record::admit_line(&entry(1));
+    let mut bare = Vec::new();
+    for _ in 0..n {
+        let t = Instant::now();
+        f.write_all(&line).unwrap();
+        f.sync_data().unwrap();
+        bare.push(t.elapsed());
+    }
+    report("bare write+fdatasync", &mut bare);
+}

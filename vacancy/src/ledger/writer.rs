@@ -1,0 +1,274 @@
+//! The journal's one writer: a dedicated thread that applies changes in the
+//! order they were submitted, each appended and synced before its reply.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::PathBuf;
+use std::sync::mpsc;
+use std::thread::JoinHandle;
+
+use tokio::sync::oneshot;
+use tracing::{debug, info, warn};
+
+use crate::engine::EntryId;
+use crate::ledger::error::LedgerError;
+use crate::ledger::record::{self, LiveSet, RecoveredEntry};
+use crate::ledger::{COMPACT_FILE, sync_dir};
+
+/// Compact once the journal has more lines than this…
+pub(crate) const COMPACT_MIN_LINES: u64 = 1000;
+/// …and more than this many times the lines a compaction would keep.
+const COMPACT_RATIO: u64 = 2;
+
+/// One change to the journal.
+pub(crate) enum Change {
+    Admit(RecoveredEntry),
+    Held { id: EntryId, reason: String },
+    Ref { id: EntryId, upstream_ref: String },
+    Release { id: EntryId },
+}
+
+impl Change {
+    fn id(&self) -> EntryId {
+        match self {
+            Change::Admit(e) => e.id,
+            Change::Held { id, .. } | Change::Ref { id, .. } | Change::Release { id } => *id,
+        }
+    }
+}
+
+/// What an append did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Appended {
+    /// Written and synced; for a `ref`, the handle it replaced.
+    Written { previous_ref: Option<String> },
+    /// The entry has no record (released already, or never recorded):
+    /// nothing was written, so the journal never names an unknown entry.
+    NoEntry,
+}
+
+/// Work for the writer thread.
+pub(crate) enum Job {
+    Change(Change, oneshot::Sender<Result<Appended, LedgerError>>),
+    Compact(oneshot::Sender<Result<(), LedgerError>>),
+    #[cfg(test)]
+    Inspect(Box<dyn FnOnce(&mut Writer) + Send>),
+}
+
+/// The journal's state, owned by the writer thread.
+#[derive(Debug)]
+pub(crate) struct Writer {
+    pub(crate) dir: PathBuf,
+    pub(crate) journal_path: PathBuf,
+    pub(crate) file: File,
+    /// Bytes in the journal, all of them whole lines.
+    pub(crate) len: u64,
+    /// Lines in the journal.
+    pub(crate) lines: u64,
+    pub(crate) live: LiveSet,
+    /// Lines a compaction would keep: one per live entry, plus one per hold.
+    pub(crate) live_lines: u64,
+    /// Set when the journal's state is in doubt: no more writes.
+    pub(crate) unavailable: Option<String>,
+    pub(crate) compact_min_lines: u64,
+}
+
+/// Start the writer thread. It owns the journal and the directory's lock
+/// (REC-25) and ends, releasing the lock, once every sender is dropped and
+/// the queued jobs are done.
+pub(crate) fn spawn(
+    writer: Writer,
+    lock: File,
+) -> Result<(mpsc::Sender<Job>, JoinHandle<()>), LedgerError> {
+    let (tx, rx) = mpsc::channel::<Job>();
+    let dir = writer.dir.clone();
+    let handle = std::thread::Builder::new()
+        .name("vacancy-ledger".to_owned())
+        .spawn(move || run(rx, writer, lock))
+        .map_err(|e| LedgerError::io("start the journal writer for", dir, e))?;
+    Ok((tx, handle))
+}
+
+fn run(rx: mpsc::Receiver<Job>, mut w: Writer, lock: File) {
+    while let Ok(job) = rx.recv() {
+        match job {
+            Job::Change(change, reply) => {
+                // The caller may have gone (a cancelled request): the record
+                // is written all the same, in submission order.
+                let _ = reply.send(w.append(change));
+            }
+            Job::Compact(reply) => {
+                let result = if w.lines > w.live_lines + 1 {
+                    w.compact()
+                } else {
+                    Ok(())
+                };
+                let _ = reply.send(result);
+            }
+            #[cfg(test)]
+            Job::Inspect(f) => f(&mut w),
+        }
+    }
+    drop(lock);
+}
+
+impl Writer {
+    fn unavailable_error(&self, reason: &str) -> LedgerError {
+        LedgerError::Unavailable {
+            path: self.dir.clone(),
+            reason: reason.to_owned(),
+        }
+    }
+
+    /// Append one change and sync it.
+    fn append(&mut self, change: Change) -> Result<Appended, LedgerError> {
+        if let Some(reason) = &self.unavailable {
+            return Err(self.unavailable_error(reason));
+        }
+        let id = change.id();
+        let mut previous_ref = None;
+        let line = match &change {
+            Change::Admit(e) => {
+                if self.live.contains(e.id) {
+                    return Err(LedgerError::DuplicateEntry {
+                        path: self.dir.clone(),
+                        entry: e.id,
+                    });
+                }
+                record::admit_line(e)
+            }
+            Change::Held { id, reason } => {
+                if !self.live.contains(*id) {
+                    debug!(entry = %id, "hold of an entry with no record (released already): nothing to write");
+                    return Ok(Appended::NoEntry);
+                }
+                record::held_line(*id, reason)
+            }
+            Change::Ref { id, upstream_ref } => {
+                let Some(e) = self.live.get(*id) else {
+                    return Ok(Appended::NoEntry);
+                };
+                previous_ref = e.upstream_ref.clone();
+                record::ref_line(*id, upstream_ref)
+            }
+            Change::Release { id } => {
+                if !self.live.contains(*id) {
+                    debug!(entry = %id, "release of an entry with no record: nothing to write");
+                    return Ok(Appended::NoEntry);
+                }
+                record::release_line(*id)
+            }
+        };
+        let before = self.len;
+        if let Err(e) = self.file.write_all(&line) {
+            // Cut the partial line off so later appends stay readable.
+            if let Err(cut) = self.file.set_len(before) {
+                let reason = format!(
+                    "appending failed ({e}) and the partial record could not be cut off ({cut})"
+                );
+                warn!(entry = %id, path = %self.journal_path.display(), reason = %reason, "journal unavailable");
+                self.unavailable = Some(reason);
+            }
+            return Err(LedgerError::io("append to", &self.journal_path, e));
+        }
+        if let Err(e) = self.file.sync_data() {
+            // After a failed sync the file's contents are in doubt (the kernel
+            // may have dropped the dirty pages): stop writing.
+            let reason = format!("syncing the journal failed ({e})");
+            warn!(entry = %id, path = %self.journal_path.display(), reason = %reason, "journal unavailable");
+            self.unavailable = Some(reason);
+            return Err(LedgerError::io("sync", &self.journal_path, e));
+        }
+        self.len += line.len() as u64;
+        self.lines += 1;
+        match change {
+            Change::Admit(e) => {
+                self.live.insert(e);
+                self.live_lines += 1;
+            }
+            Change::Held { id, reason } => {
+                if let Some(e) = self.live.get_mut(id) {
+                    if e.held_reason.is_none() {
+                        self.live_lines += 1;
+                    }
+                    e.held_reason = Some(reason);
+                }
+            }
+            Change::Ref { id, upstream_ref } => {
+                if let Some(e) = self.live.get_mut(id) {
+                    e.upstream_ref = Some(upstream_ref);
+                }
+            }
+            Change::Release { id } => {
+                if let Some(e) = self.live.remove(id) {
+                    self.live_lines -= 1 + u64::from(e.held_reason.is_some());
+                }
+                if self.lines > self.compact_min_lines
+                    && self.lines > COMPACT_RATIO * (self.live_lines + 1)
+                    && let Err(e) = self.compact()
+                {
+                    warn!(path = %self.journal_path.display(), error = %e, "journal compaction failed");
+                }
+            }
+        }
+        Ok(Appended::Written { previous_ref })
+    }
+
+    /// Rewrite the journal with only the live entries (REC-04).
+    pub(crate) fn compact(&mut self) -> Result<(), LedgerError> {
+        let new_path = self.dir.join(COMPACT_FILE);
+        let (bytes, lines) = self.live.compacted();
+        match fs::remove_file(&new_path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(LedgerError::io("remove", &new_path, e)),
+        }
+        let written = (|| -> io::Result<File> {
+            let mut f = OpenOptions::new()
+                .read(true)
+                .append(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&new_path)?;
+            f.write_all(&bytes)?;
+            f.sync_all()?;
+            Ok(f)
+        })();
+        let file = match written {
+            Ok(f) => f,
+            Err(e) => {
+                let _ = fs::remove_file(&new_path);
+                return Err(LedgerError::io("write the compacted journal", &new_path, e));
+            }
+        };
+        if let Err(e) = fs::rename(&new_path, &self.journal_path) {
+            let _ = fs::remove_file(&new_path);
+            return Err(LedgerError::io(
+                "rename the compacted journal over",
+                &self.journal_path,
+                e,
+            ));
+        }
+        // From here the old journal is gone: append only to the new one.
+        let dropped = self.lines - lines;
+        self.file = file;
+        self.len = bytes.len() as u64;
+        self.lines = lines;
+        if let Err(e) = sync_dir(&self.dir) {
+            // The rename may not survive a crash, and appends to the new file
+            // would be lost with it: stop writing.
+            self.unavailable = Some(format!(
+                "the compacted journal's rename could not be synced ({e})"
+            ));
+            return Err(e);
+        }
+        info!(
+            path = %self.journal_path.display(),
+            entries = self.live.len(),
+            dropped_lines = dropped,
+            "compacted the journal"
+        );
+        Ok(())
+    }
+}
