@@ -13,8 +13,9 @@ use tokio::task::JoinSet;
 use tracing::{error, info, warn};
 use vacancy::config::{AdapterKind, Config, ConfigErrors, LoadedConfig, UpstreamConfig};
 use vacancy::engine::{Engine, EngineSpec};
+use vacancy::ledger::{Ledger, LocationInput, resolve_location};
 use vacancy::proxy::shells::{self, HealthCell, UnavailableResource};
-use vacancy::proxy::{Lender, Target, UpstreamRoute, VolatileStore};
+use vacancy::proxy::{Lender, Target, UpstreamRoute};
 use vacancy::traits::Adapter;
 use vacancy::{MonotonicClock, Resource};
 use vacancy_adapters::{AdapterSettings, LlamaCppAdapter, OpenAiAdapter};
@@ -52,7 +53,7 @@ pub async fn run(path: Option<&Path>) -> Result<(), StartError> {
         |p| p.display().to_string(),
     );
     let (shutdown_tx, shutdown) = watch::channel(false);
-    let daemon = start(loaded, &origin, shutdown).await?;
+    let daemon = start(loaded, path, &origin, shutdown).await?;
     wait_for_signal().await;
     info!("shutting down: no new connections; open exchanges may finish for up to 30 s");
     let _ = shutdown_tx.send(true);
@@ -169,9 +170,39 @@ async fn bind(what: &str, addr: &str) -> Result<TcpListener, StartError> {
         .map_err(|e| setup(format!("cannot listen on {addr} for {what}: {e}")))
 }
 
+/// Find and open the recovery directory (REC-10..22, REC-25) and return every
+/// unresolved record to the engine as held (REC-02): restarting never
+/// releases work. A record the configuration no longer maps stops startup (REC-08).
+fn open_ledger(
+    config: &Config,
+    config_path: Option<&Path>,
+    engine: &mut Engine,
+    clock: MonotonicClock,
+) -> Result<Ledger, StartError> {
+    let input = LocationInput::from_env(config_path, &config.server.admission_state_dir);
+    let location = resolve_location(&input).map_err(|e| setup(e.to_string()))?;
+    let (ledger, recovered) = Ledger::open(&location.path).map_err(|e| setup(e.to_string()))?;
+    info!(dir = %location.path.display(), created = location.created, restored = recovered.len(), "recovery directory open");
+    let (now, wall) = (clock.now(), std::time::SystemTime::now());
+    for entry in &recovered {
+        let reason = entry.held_reason.clone().unwrap_or_else(|| {
+            "restored after a restart; the daemon stopped before its end was proven".to_owned()
+        });
+        engine.restore_held(entry.to_restored(now, wall), &reason).map_err(|e| {
+            setup(format!(
+                "{e} (recovery directory {}); vacancyd does not start rather than forget this work",
+                location.path.display()
+            ))
+        })?;
+        warn!(entry = %entry.id, upstream = %entry.upstream, resources = %entry.resources.join(","), age_s = entry.age(wall).as_secs(), "held work restored: stop or verify it at the upstream, then release it as an administrator");
+    }
+    Ok(ledger)
+}
+
 /// Assemble everything and start serving; `shutdown` turning true stops it.
 pub async fn start(
     loaded: LoadedConfig,
+    config_path: Option<&Path>,
     origin: &str,
     shutdown: watch::Receiver<bool>,
 ) -> Result<Daemon, StartError> {
@@ -189,16 +220,14 @@ pub async fn start(
         warn!(listen = %control_addr, "the control listener is reachable beyond loopback but no [[server.token]] is configured: /status and /metrics answer only loopback clients, and /admin nobody");
     }
 
-    let engine = Engine::new(EngineSpec::from(&config)).map_err(|e| setup(e.to_string()))?;
+    let mut engine = Engine::new(EngineSpec::from(&config)).map_err(|e| setup(e.to_string()))?;
+    let ledger = open_ledger(&config, config_path, &mut engine, clock)?;
     let lender = Arc::new(Lender::new(
         engine,
         config.resources.iter().map(|r| r.name.clone()),
         clock,
-        Arc::new(VolatileStore),
+        Arc::new(ledger),
     ));
-    warn!(
-        "this release keeps reservations in memory only: a crash forgets running work (the durable ledger comes next)"
-    );
 
     let presence = vacancy::presence::from_mode(config.owner.presence, Path::new(SEATS_DIR));
     info!("{}", presence.line);

@@ -41,11 +41,21 @@ fn is_work(r: &vacancy_test_support::Record) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_never_forgets_work_that_reached_the_upstream() {
-    let kills: usize = std::env::var("VACANCY_CRASH_KILLS").ok().and_then(|v| v.parse().ok()).unwrap_or(50);
-    let seed: u64 = std::env::var("VACANCY_CRASH_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or(0x5eed_cafe);
+    let kills: usize = std::env::var("VACANCY_CRASH_KILLS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(50);
+    let seed: u64 = std::env::var("VACANCY_CRASH_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0x5eed_cafe);
     let mut rng = Rng(seed);
     let llama = LlamaServer::start(LlamaOptions {
-        model: TinyModel { layers: 4, embd: 256, seed: 2 },
+        model: TinyModel {
+            layers: 4,
+            embd: 256,
+            seed: 2,
+        },
         ..LlamaOptions::default()
     })
     .unwrap();
@@ -87,7 +97,13 @@ async fn kill_9_never_forgets_work_that_reached_the_upstream() {
                         .map(|_| {
                             let url = url.clone();
                             tokio::spawn(async move {
-                                let _ = http_request("POST", &url, &[JSON], completion(tokens as u32, true)).await;
+                                let _ = http_request(
+                                    "POST",
+                                    &url,
+                                    &[JSON],
+                                    completion(tokens as u32, true),
+                                )
+                                .await;
                             })
                         })
                         .collect();
@@ -101,22 +117,44 @@ async fn kill_9_never_forgets_work_that_reached_the_upstream() {
         process.kill().unwrap();
         load.abort();
         // What reached the upstream this round, and which did not finish.
-        assert!(shim.wait_idle(Duration::from_secs(30)), "the upstream still works after the kill");
+        assert!(
+            shim.wait_idle(Duration::from_secs(30)),
+            "the upstream still works after the kill"
+        );
         let work: Vec<_> = shim.records().into_iter().filter(is_work).collect();
         let incomplete = work.iter().filter(|r| !r.completed).count();
 
         // Restart on the same configuration and recovery directory.
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_vacancyd"));
-        cmd.arg("run").arg("--config").arg(&config).env("VACANCYD_LOG", "info");
+        cmd.arg("run")
+            .arg("--config")
+            .arg(&config)
+            .env("VACANCYD_LOG", "info")
+            .env("VACANCYD_SERVICE_BASE", dir.path().join("service-base"));
         process = vacancy_test_support::ManagedProcess::spawn("vacancyd", cmd).unwrap();
-        if let Err(e) = process.wait_http_ok(&format!("{control}/health"), Duration::from_secs(20)) {
+        if let Err(e) = process.wait_http_ok(&format!("{control}/health"), Duration::from_secs(20))
+        {
             panic!("round {round} (seed {seed}): restart failed: {e}");
         }
-        let status = http_request("GET", &format!("{control}/status"), &[], Vec::new()).await.unwrap().json().unwrap();
+        let status = http_request("GET", &format!("{control}/status"), &[], Vec::new())
+            .await
+            .unwrap()
+            .json()
+            .unwrap();
         let entries = status["work"].as_array().unwrap().clone();
-        let ids: BTreeSet<String> = entries.iter().map(|w| w["id"].as_str().unwrap().to_owned()).collect();
-        assert_eq!(ids.len(), entries.len(), "round {round}: duplicated entries {entries:?}");
-        assert!(entries.iter().all(|w| w["phase"] == "held"), "round {round}: restored entries must be held: {entries:?}");
+        let ids: BTreeSet<String> = entries
+            .iter()
+            .map(|w| w["id"].as_str().unwrap().to_owned())
+            .collect();
+        assert_eq!(
+            ids.len(),
+            entries.len(),
+            "round {round}: duplicated entries {entries:?}"
+        );
+        assert!(
+            entries.iter().all(|w| w["phase"] == "held"),
+            "round {round}: restored entries must be held: {entries:?}"
+        );
         assert!(
             entries.len() >= incomplete,
             "round {round} (seed {seed}): {incomplete} requests reached the upstream without finishing but only {} entries came back held",
@@ -132,7 +170,11 @@ async fn kill_9_never_forgets_work_that_reached_the_upstream() {
             let r = http_request(
                 "POST",
                 &format!("{control}/admin/work/{id}/release"),
-                &[JSON, ("authorization", &auth), ("vacancy-intent", "release_work")],
+                &[
+                    JSON,
+                    ("authorization", &auth),
+                    ("vacancy-intent", "release_work"),
+                ],
                 br#"{"upstream_stopped": true}"#.to_vec(),
             )
             .await

@@ -13,7 +13,13 @@ fn unit() -> String {
 #[test]
 fn the_unit_keeps_its_state_in_a_private_state_directory() {
     let u = unit();
-    for line in ["StateDirectory=vacancyd", "StateDirectoryMode=0700", "UMask=0077", "KillSignal=SIGTERM", "User=vacancyd"] {
+    for line in [
+        "StateDirectory=vacancyd",
+        "StateDirectoryMode=0700",
+        "UMask=0077",
+        "KillSignal=SIGTERM",
+        "User=vacancyd",
+    ] {
         assert!(u.lines().any(|l| l.trim() == line), "missing {line}");
     }
     assert!(u.contains("ExecStart=/usr/bin/vacancyd run --config /etc/vacancyd/vacancyd.toml"));

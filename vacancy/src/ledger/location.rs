@@ -16,6 +16,11 @@ use crate::ledger::{COMPACT_FILE, JOURNAL_FILE};
 /// subdirectory is the service's recovery directory (REC-12, REC-14).
 pub const SERVICE_BASE: &str = "/var/lib/vacancyd";
 
+/// The environment variable that moves [`SERVICE_BASE`], for packagers whose
+/// service keeps state elsewhere and for tests, which must never read the
+/// real host's service directory. The location rules stay the same.
+pub const SERVICE_BASE_ENV: &str = "VACANCYD_SERVICE_BASE";
+
 /// Everything [`resolve_location`] decides from, gathered by the caller so
 /// that tests never read the real environment or `/var/lib/vacancyd`.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -45,7 +50,9 @@ impl LocationInput {
             state_directory: std::env::var_os("STATE_DIRECTORY"),
             xdg_state_home: std::env::var_os("XDG_STATE_HOME"),
             home: std::env::var_os("HOME"),
-            service_base: PathBuf::from(SERVICE_BASE),
+            service_base: std::env::var_os(SERVICE_BASE_ENV)
+                .filter(|v| !v.is_empty())
+                .map_or_else(|| PathBuf::from(SERVICE_BASE), PathBuf::from),
         }
     }
 }

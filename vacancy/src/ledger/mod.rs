@@ -84,7 +84,8 @@ use crate::proxy::{ReservationStore, StoreError};
 
 pub use error::LedgerError;
 pub use location::{
-    Location, LocationInput, LocationSource, SERVICE_BASE, check_recovery_dir, resolve_location,
+    Location, LocationInput, LocationSource, SERVICE_BASE, SERVICE_BASE_ENV, check_recovery_dir,
+    resolve_location,
 };
 pub use record::RecoveredEntry;
 
