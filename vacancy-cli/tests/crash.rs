@@ -4,8 +4,9 @@
 //! admissions, then restarted. Every round asserts (REC-01, REC-02, REC-09):
 //! - startup never fails (a record cut short by the kill is discarded, REC-09);
 //! - every request that reached the upstream and did not finish is held;
-//! - no entry is duplicated, and no more entries come back than were admitted;
-//! then it releases the held entries through the admin API so the next round
+//! - no entry is duplicated, and every restored entry is held.
+//!
+//! Then it releases the held entries through the admin API so the next round
 //! tests something. `VACANCY_CRASH_KILLS` sets the number of kills (default 50).
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 

@@ -1,7 +1,7 @@
 //! The journal: persistence, replay, corruption, compaction and the lock.
 
 use std::fs;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
 
 use super::{append, reservation, scratch, with_logs};
 use crate::engine::{
