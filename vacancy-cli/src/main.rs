@@ -45,7 +45,7 @@ enum Command {
         /// A file holding the token; else $VACANCYD_TOKEN.
         #[arg(long)]
         token_file: Option<PathBuf>,
-        /// release_work <id> | lending on|off | resource <name> on|off | presence present|away
+        /// release_work ID | lending on|off | resource NAME on|off | presence present|away
         #[arg(required = true, num_args = 1..)]
         action: Vec<String>,
     },
