@@ -43,6 +43,13 @@ fn s(v: &Value) -> String {
     }
 }
 
+/// A JSON array of names as `a,b,c`.
+fn joined(v: &Value) -> String {
+    v.as_array()
+        .map(|a| a.iter().map(s).collect::<Vec<_>>().join(","))
+        .unwrap_or_default()
+}
+
 /// The status as text: resources, upstreams (admitting or why not), work, and
 /// one line per held entry (HELD-03).
 pub fn render(status: &Value) -> String {
@@ -144,10 +151,6 @@ pub fn render(status: &Value) -> String {
         if work.len() == 1 { "y" } else { "ies" }
     );
     for w in &work {
-        let resources: Vec<String> = w["resources"]
-            .as_array()
-            .map(|a| a.iter().map(s).collect())
-            .unwrap_or_default();
         let _ = writeln!(
             out,
             "  {}  {:>6}s  {:<12} {:<10} {}",
@@ -155,23 +158,51 @@ pub fn render(status: &Value) -> String {
             s(&w["age_s"]),
             s(&w["upstream"]),
             s(&w["phase"]),
-            resources.join(",")
+            joined(&w["resources"])
         );
     }
     for w in work.iter().filter(|w| w["phase"] == "held") {
-        let resources: Vec<String> = w["resources"]
-            .as_array()
-            .map(|a| a.iter().map(s).collect())
-            .unwrap_or_default();
         let _ = writeln!(
             out,
             "held {} age {}s upstream {} resources {}: {}",
             s(&w["id"]),
             s(&w["age_s"]),
             s(&w["upstream"]),
-            resources.join(","),
+            joined(&w["resources"]),
             s(&w["held_reason"])
         );
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn held_entries_get_a_line_and_exempt_upstreams_are_named() {
+        // HELD-03, SCOPE-15
+        let status = serde_json::json!({
+            "lending": true, "owner": "present", "presence_backend": "manual",
+            "owner_veto": {"active": true, "reason": "the owner is present", "exempt_upstreams": ["tts"]},
+            "resources": [{"name": "gpu0", "kind": "gpu", "free_mib": 1, "total_mib": 2, "reserve_mib": 0,
+                           "sample_age_ms": 5, "enabled": true, "reserved_by": "e1", "capacity_unknown": null}],
+            "upstreams": [{"name": "tts", "adapter": "openai", "listen": "a", "target": "b", "reachable": true,
+                           "owner_scope": "resource", "vacancy": {"admitting": true}}],
+            "work": [{"id": "e1", "age_s": 12, "upstream": "llama", "phase": "held",
+                      "resources": ["gpu0", "ram"], "held_reason": "cut"}]
+        });
+        let text = render(&status);
+        assert!(
+            text.contains("held e1 age 12s upstream llama resources gpu0,ram: cut"),
+            "{text}"
+        );
+        assert!(
+            text.contains("paused for host-scoped upstreams only"),
+            "{text}"
+        );
+        assert!(text.contains("still lending: tts"), "{text}");
+        assert!(text.contains("[owner-exempt]"), "{text}");
+        assert!(text.contains("reserved by e1"), "{text}");
+    }
 }
