@@ -342,7 +342,8 @@ enum Reply {
 /// [`PROMPT`]; if the answer does not give [`EXPECTED`], retries once through
 /// `POST /v1/chat/completions` with [`CHAT_PROMPT`] and the wider token limit,
 /// takes the `<think>` block out, and judges again. It never panics: every HTTP
-/// failure is an [`GateOutcome::Unanswered`] with the reason.
+/// failure is an [`GateOutcome::Unanswered`] with the reason. Run it on a Tokio
+/// runtime with its time driver enabled (the budget is a Tokio timeout).
 ///
 /// # Behavior
 /// - GATE-02: one greedy completion of "The capital of France is", expecting
