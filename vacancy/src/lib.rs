@@ -4,6 +4,7 @@
 pub mod auth;
 pub mod config;
 pub mod engine;
+pub mod gate;
 pub mod ledger;
 pub mod presence;
 pub mod proxy;
