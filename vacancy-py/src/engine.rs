@@ -686,11 +686,14 @@ impl Reservation {
     }
 
     fn __repr__(&self) -> String {
+        let model = self
+            .model
+            .as_ref()
+            .map_or_else(|| "None".to_owned(), |m| format!("{m:?}"));
         format!(
-            "Reservation(id={:?}, upstream={:?}, model={:?}, resources={:?})",
+            "Reservation(id={:?}, upstream={:?}, model={model}, resources={:?})",
             self.id,
             self.upstream,
-            self.model,
             self.resources()
         )
     }
