@@ -10,9 +10,9 @@ use pyo3::types::{PyDict, PyList, PyType};
 
 use vacancy::config::{LoadedConfig, PresenceMode};
 use vacancy::engine::{
-    CompletionMethod, Decision, EngineSpec, EntryId, HeldRelease, ModelObservation,
-    ObservedModel, OwnerPresence, Phase, PressureVerdict, ReleaseEffect, ReleaseOutcome,
-    ResidencyEvidence, WorkRequest,
+    CompletionMethod, Decision, EngineSpec, EntryId, HeldRelease, ModelObservation, ObservedModel,
+    OwnerPresence, Phase, PressureVerdict, ReleaseEffect, ReleaseOutcome, ResidencyEvidence,
+    WorkRequest,
 };
 use vacancy::{CapacitySample, Moment, MonotonicClock};
 
@@ -30,7 +30,10 @@ pub struct Config {
     loaded: LoadedConfig,
 }
 
-fn parsed(py: Python<'_>, r: Result<LoadedConfig, vacancy::config::ConfigErrors>) -> PyResult<Config> {
+fn parsed(
+    py: Python<'_>,
+    r: Result<LoadedConfig, vacancy::config::ConfigErrors>,
+) -> PyResult<Config> {
     match r {
         Ok(loaded) => Ok(Config { loaded }),
         Err(e) => Err(config_error(py, &e)?),
@@ -177,9 +180,11 @@ impl Inner {
     }
 
     fn upstream(&self, name: &str) -> Result<vacancy::engine::UpstreamId, Error> {
-        self.engine
-            .upstream_id(name)
-            .ok_or_else(|| Error::Engine(vacancy::engine::EngineError::UnknownUpstream(name.to_owned())))
+        self.engine.upstream_id(name).ok_or_else(|| {
+            Error::Engine(vacancy::engine::EngineError::UnknownUpstream(
+                name.to_owned(),
+            ))
+        })
     }
 }
 
@@ -268,7 +273,11 @@ impl Engine {
     }
 
     /// Run `f` on the engine with the lock held; map its error after the lock is dropped.
-    fn with<T>(&self, py: Python<'_>, f: impl FnOnce(&mut Inner) -> Result<T, Error>) -> PyResult<T> {
+    fn with<T>(
+        &self,
+        py: Python<'_>,
+        f: impl FnOnce(&mut Inner) -> Result<T, Error>,
+    ) -> PyResult<T> {
         let r = {
             let mut g = self.lock();
             f(&mut g)
@@ -390,7 +399,13 @@ impl Engine {
 
     /// A failed sample: capacity is unknown until a later success.
     #[pyo3(signature = (resource, reason, at = None))]
-    fn sample_failed(&self, py: Python<'_>, resource: &str, reason: &str, at: Option<f64>) -> PyResult<()> {
+    fn sample_failed(
+        &self,
+        py: Python<'_>,
+        resource: &str,
+        reason: &str,
+        at: Option<f64>,
+    ) -> PyResult<()> {
         self.with(py, |g| {
             let m = g.moment(&self.clock, at)?;
             Ok(g.engine.record_sample_failure(resource, m, reason)?)
@@ -562,7 +577,12 @@ impl Engine {
 
     /// The pressure verdict for a resource: `None` admits, a reason refuses.
     #[pyo3(signature = (resource, refuses = None))]
-    fn set_pressure(&self, py: Python<'_>, resource: &str, refuses: Option<String>) -> PyResult<()> {
+    fn set_pressure(
+        &self,
+        py: Python<'_>,
+        resource: &str,
+        refuses: Option<String>,
+    ) -> PyResult<()> {
         let verdict = refuses.map_or(PressureVerdict::Admits, PressureVerdict::Refuses);
         self.with(py, |g| Ok(g.engine.set_pressure(resource, verdict)?))
     }
@@ -666,7 +686,9 @@ impl Reservation {
             None => ReleaseOutcome::Completed,
             Some(t) => ReleaseOutcome::Uncertain(format!(
                 "{} raised inside the reservation's with block",
-                t.name().map(|n| n.to_string()).unwrap_or_else(|_| "an exception".to_owned())
+                t.name()
+                    .map(|n| n.to_string())
+                    .unwrap_or_else(|_| "an exception".to_owned())
             )),
         };
         let engine = self.engine.get();

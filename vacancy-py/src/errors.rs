@@ -53,9 +53,10 @@ const NAMES: [&str; 11] = [
 ];
 
 fn class<'py>(py: Python<'py>, name: &str) -> PyResult<&'py Bound<'py, PyType>> {
-    let i = NAMES.iter().position(|n| *n == name).ok_or_else(|| {
-        PyRuntimeError::new_err(format!("vacancy: no exception class {name}"))
-    })?;
+    let i = NAMES
+        .iter()
+        .position(|n| *n == name)
+        .ok_or_else(|| PyRuntimeError::new_err(format!("vacancy: no exception class {name}")))?;
     CLASSES[i].import(py, "vacancy._errors", name)
 }
 

@@ -142,7 +142,7 @@ def test_release_outcomes_and_held_entries(engine: vacancy.Engine) -> None:
         engine.release_held(other.id, at=5.0)
     assert engine.release(other.id, "not_forwarded", at=5.0) == ["ram"]
     with pytest.raises(ValueError):
-        engine.release(other.id, "maybe", at=5.0)
+        engine.release(other.id, "maybe", at=5.0)  # type: ignore[arg-type]
 
 
 def test_observe_gives_resident_credit(engine: vacancy.Engine) -> None:
@@ -167,9 +167,9 @@ def test_observe_gives_resident_credit(engine: vacancy.Engine) -> None:
         engine.admit("ollama", "llama3.1:8b", now=5.0)
     assert "every slot is busy" in caught.value.reason
     with pytest.raises(ValueError):
-        engine.observe("ollama", [{"name": "x", "resdent": True}], at=5.0)
+        engine.observe("ollama", [{"name": "x", "resdent": True}], at=5.0)  # type: ignore[list-item]
     with pytest.raises(TypeError):
-        engine.observe("ollama", "llama3.1:8b", at=5.0)  # type: ignore[arg-type]
+        engine.observe("ollama", "llama3.1:8b", at=5.0)
     with pytest.raises(vacancy.UnknownUpstream):
         engine.observe("vllm", [], at=5.0)
 

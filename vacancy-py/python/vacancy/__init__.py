@@ -22,16 +22,19 @@ from vacancy._errors import (
     VacancyError,
     WaitForSample,
 )
+from vacancy._types import Charge, ObservedModel
 from vacancy._vacancy import POST_JOB_SAMPLE_WAIT_S, Config, Engine, Reservation
 
 __all__ = [
     "POST_JOB_SAMPLE_WAIT_S",
+    "Charge",
     "Config",
     "ConfigError",
     "ConfigProblem",
     "Engine",
     "EntryHeld",
     "NotHeld",
+    "ObservedModel",
     "Refused",
     "Reservation",
     "ResourceBusy",

@@ -6,7 +6,7 @@ ordinary, picklable exception classes with typed attributes.
 
 from __future__ import annotations
 
-from typing import Any, TypedDict
+import typing
 
 __all__ = [
     "ConfigError",
@@ -24,7 +24,7 @@ __all__ = [
 ]
 
 
-class ConfigProblem(TypedDict):
+class ConfigProblem(typing.TypedDict):
     """One problem in a configuration."""
 
     path: str
@@ -67,7 +67,7 @@ class Refused(VacancyError):
     http_status: int
     retry_after_s: int | None
     reason: str
-    details: dict[str, Any]
+    details: dict[str, typing.Any]
 
     def __init__(
         self,
@@ -77,7 +77,7 @@ class Refused(VacancyError):
         http_status: int,
         retry_after_s: int | None,
         reason: str,
-        details: dict[str, Any],
+        details: dict[str, typing.Any],
     ) -> None:
         super().__init__(message)
         self.code = code

@@ -3,22 +3,14 @@
 import os
 from collections.abc import Sequence
 from types import TracebackType
-from typing import Any, Literal, TypedDict, final
+from typing import Any, Literal, final
 
 from vacancy._errors import ConfigProblem
+from vacancy._types import Charge, ObservedModel
+
+__all__ = ["POST_JOB_SAMPLE_WAIT_S", "Config", "Engine", "Reservation"]
 
 POST_JOB_SAMPLE_WAIT_S: float
-
-class ObservedModel(TypedDict, total=False):
-    name: str
-    ready: bool
-    proven: bool
-    reason: str | None
-
-class Charge(TypedDict):
-    resource: str
-    required_mib: int
-    free_mib: int
 
 @final
 class Config:
