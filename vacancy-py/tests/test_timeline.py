@@ -75,3 +75,28 @@ def test_blocking_admit_without_a_sample_raises_resource_busy_after_4_s(
     waited = time.monotonic() - started
     assert 3.9 <= waited < 6.0, waited
     assert caught.value.retry_after_s == 2
+
+
+def test_concurrent_admits_from_threads_admit_exactly_one(config: vacancy.Config) -> None:
+    # ADM-01 across Python threads: the engine's lock serializes them.
+    engine = vacancy.Engine(config)
+    feed_real(engine)
+    barrier = threading.Barrier(8)
+    won: list[vacancy.Reservation] = []
+    busy: list[vacancy.ResourceBusy] = []
+
+    def borrower() -> None:
+        barrier.wait()
+        try:
+            won.append(engine.admit("llamacpp"))
+        except vacancy.ResourceBusy as err:
+            busy.append(err)
+
+    threads = [threading.Thread(target=borrower) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(won) == 1
+    assert len(busy) == 7
+    assert all(err.retry_after_s == 2 for err in busy)
