@@ -1,0 +1,30 @@
+"""Dict shapes the engine takes and gives, for type checkers."""
+
+from __future__ import annotations
+
+import typing
+
+__all__ = ["Charge", "ObservedModel"]
+
+
+class ObservedModel(typing.TypedDict, total=False):
+    """One loaded model in ``Engine.observe``; a bare name means ready and proven."""
+
+    name: typing.Required[str]
+    """The model's name exactly as requests name it."""
+    ready: bool
+    """Loaded and ready to serve (default ``True``)."""
+    proven: bool
+    """The upstream's own evidence proves reuse, e.g. an idle slot (default ``True``)."""
+    reason: str | None
+    """Why reuse is not proven, shown in refusals (with ``proven=False``)."""
+
+
+class Charge(typing.TypedDict):
+    """What a reservation charged on one resource."""
+
+    resource: str
+    required_mib: int
+    """MiB required above the reserve (0 for a dependency no requirement names)."""
+    free_mib: int
+    """Free MiB in the sample admission decided on."""

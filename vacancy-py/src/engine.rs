@@ -1,0 +1,722 @@
+//! `Config`, `Engine` and `Reservation`.
+
+use std::path::PathBuf;
+use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList, PyType};
+
+use vacancy::config::{LoadedConfig, PresenceMode};
+use vacancy::engine::{
+    CompletionMethod, Decision, EngineSpec, EntryId, HeldRelease, ModelObservation, ObservedModel,
+    OwnerPresence, Phase, PressureVerdict, ReleaseEffect, ReleaseOutcome, ResidencyEvidence,
+    WorkRequest,
+};
+use vacancy::{CapacitySample, Moment, MonotonicClock};
+
+use crate::convert::json_to_py;
+use crate::errors::{Error, IntoPyResult, config_error};
+
+/// How often a waiting `admit()` wakes up to let Python handle signals (Ctrl-C).
+const SIGNAL_CHECK: Duration = Duration::from_millis(100);
+
+// ---- Config ------------------------------------------------------------
+
+/// A validated configuration (the daemon's TOML schema).
+#[pyclass(frozen, module = "vacancy._vacancy")]
+pub struct Config {
+    loaded: LoadedConfig,
+}
+
+fn parsed(
+    py: Python<'_>,
+    r: Result<LoadedConfig, vacancy::config::ConfigErrors>,
+) -> PyResult<Config> {
+    match r {
+        Ok(loaded) => Ok(Config { loaded }),
+        Err(e) => Err(config_error(py, &e)?),
+    }
+}
+
+#[pymethods]
+impl Config {
+    /// Parse and validate a configuration text.
+    #[staticmethod]
+    #[pyo3(signature = (text, origin = "<string>"))]
+    fn from_toml(py: Python<'_>, text: &str, origin: &str) -> PyResult<Config> {
+        parsed(py, vacancy::config::Config::parse(text, origin))
+    }
+
+    /// Read, parse and validate a configuration file.
+    #[staticmethod]
+    fn from_file(py: Python<'_>, path: PathBuf) -> PyResult<Config> {
+        parsed(py, vacancy::config::Config::load(&path))
+    }
+
+    /// Valid but noteworthy things, as `{path, line, message}` dicts.
+    #[getter]
+    fn warnings<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let list = PyList::empty(py);
+        for w in &self.loaded.warnings {
+            let d = PyDict::new(py);
+            d.set_item("path", &w.path)?;
+            d.set_item("line", w.line)?;
+            d.set_item("message", &w.message)?;
+            list.append(d)?;
+        }
+        Ok(list)
+    }
+
+    /// The resource names, in configuration order.
+    #[getter]
+    fn resources(&self) -> Vec<String> {
+        self.loaded
+            .config
+            .resources
+            .iter()
+            .map(|r| r.name.clone())
+            .collect()
+    }
+
+    /// The upstream names, in configuration order.
+    #[getter]
+    fn upstreams(&self) -> Vec<String> {
+        self.loaded
+            .config
+            .upstreams
+            .iter()
+            .map(|u| u.name.clone())
+            .collect()
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "Config(resources={:?}, upstreams={:?})",
+            self.resources(),
+            self.upstreams()
+        )
+    }
+}
+
+// ---- time ----------------------------------------------------------------
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Timeline {
+    /// No call has fixed the timeline yet.
+    Unset,
+    /// The engine's monotonic clock (no `at=`/`now=` given).
+    Real,
+    /// Explicit seconds (`at=`/`now=` given).
+    Simulated,
+}
+
+fn secs(m: Moment) -> f64 {
+    m.as_nanos() as f64 / 1e9
+}
+
+fn moment_of(s: f64) -> Result<Moment, Error> {
+    if !s.is_finite() || s < 0.0 {
+        return Err(Error::Timeline(format!(
+            "a time must be a finite, non-negative number of seconds, not {s}"
+        )));
+    }
+    Ok(Moment::from_nanos((s * 1e9).round() as u64))
+}
+
+// ---- Engine --------------------------------------------------------------
+
+struct Inner {
+    engine: vacancy::Engine,
+    timeline: Timeline,
+    /// The latest moment any call used.
+    latest: Moment,
+}
+
+impl Inner {
+    /// The moment of a call: `at` on a simulated timeline, the clock otherwise.
+    fn moment(&mut self, clock: &MonotonicClock, at: Option<f64>) -> Result<Moment, Error> {
+        let m = match (at, self.timeline) {
+            (Some(_), Timeline::Real) => {
+                return Err(Error::Timeline(
+                    "this engine runs on its monotonic clock (an earlier call gave no time); \
+                     passing at=/now= mixes simulated and real time: use a separate Engine for simulation"
+                        .to_owned(),
+                ));
+            }
+            (None, Timeline::Simulated) => {
+                return Err(Error::Timeline(
+                    "this engine runs on simulated time (an earlier call gave at=/now=); \
+                     pass at=/now= to every call, or use a separate Engine on the real clock"
+                        .to_owned(),
+                ));
+            }
+            (Some(s), _) => {
+                self.timeline = Timeline::Simulated;
+                moment_of(s)?
+            }
+            (None, _) => {
+                self.timeline = Timeline::Real;
+                clock.now()
+            }
+        };
+        self.latest = self.latest.max(m);
+        Ok(m)
+    }
+
+    /// The moment for a call that takes no time of its own: the clock, or the
+    /// latest simulated moment.
+    fn current(&mut self, clock: &MonotonicClock) -> Moment {
+        match self.timeline {
+            Timeline::Simulated => self.latest,
+            Timeline::Real | Timeline::Unset => {
+                self.timeline = Timeline::Real;
+                let m = clock.now();
+                self.latest = self.latest.max(m);
+                m
+            }
+        }
+    }
+
+    fn upstream(&self, name: &str) -> Result<vacancy::engine::UpstreamId, Error> {
+        self.engine.upstream_id(name).ok_or_else(|| {
+            Error::Engine(vacancy::engine::EngineError::UnknownUpstream(
+                name.to_owned(),
+            ))
+        })
+    }
+}
+
+/// The admission engine: the daemon's rules, embedded. See `docs/python.md`.
+#[pyclass(frozen, module = "vacancy._vacancy")]
+pub struct Engine {
+    inner: Mutex<Inner>,
+    /// Notified on every successful sample, for `admit()` waiting on one.
+    sampled: Condvar,
+    clock: MonotonicClock,
+}
+
+fn entry_id(id: &str) -> Result<EntryId, Error> {
+    id.parse::<EntryId>()
+        .map_err(|_| Error::BadId(id.to_owned()))
+}
+
+fn released(effect: ReleaseEffect) -> Vec<String> {
+    match effect {
+        ReleaseEffect::Released { sample_now } => sample_now,
+        ReleaseEffect::Held => Vec::new(),
+    }
+}
+
+/// A work entry ID from a `str` or a `Reservation`.
+fn id_arg(id: &Bound<'_, PyAny>) -> PyResult<String> {
+    if let Ok(r) = id.cast::<Reservation>() {
+        return Ok(r.get().id.clone());
+    }
+    id.extract::<String>()
+        .map_err(|_| PyTypeError::new_err("id must be a work entry ID (str) or a Reservation"))
+}
+
+fn observed_model(item: &Bound<'_, PyAny>) -> PyResult<ObservedModel> {
+    if let Ok(name) = item.extract::<String>() {
+        return Ok(ObservedModel {
+            name,
+            ready: true,
+            evidence: ResidencyEvidence::Proven,
+        });
+    }
+    let d = item.cast::<PyDict>().map_err(|_| {
+        PyTypeError::new_err("each observed model is a name (str) or a dict with at least 'name'")
+    })?;
+    for key in d.keys() {
+        let key: String = key.extract()?;
+        if !matches!(key.as_str(), "name" | "ready" | "proven" | "reason") {
+            return Err(PyValueError::new_err(format!(
+                "unknown key {key:?} in an observed model; known: name, ready, proven, reason"
+            )));
+        }
+    }
+    let name: String = d
+        .get_item("name")?
+        .ok_or_else(|| PyValueError::new_err("an observed model needs a 'name'"))?
+        .extract()?;
+    let get_bool = |key: &str| -> PyResult<bool> {
+        match d.get_item(key)? {
+            Some(v) => v.extract(),
+            None => Ok(true),
+        }
+    };
+    let ready = get_bool("ready")?;
+    let proven = get_bool("proven")?;
+    let reason: Option<String> = match d.get_item("reason")? {
+        Some(v) => v.extract()?,
+        None => None,
+    };
+    let evidence = if proven {
+        ResidencyEvidence::Proven
+    } else {
+        ResidencyEvidence::NotProven(reason.unwrap_or_else(|| {
+            "the upstream's evidence does not prove the loaded model will be reused".to_owned()
+        }))
+    };
+    Ok(ObservedModel {
+        name,
+        ready,
+        evidence,
+    })
+}
+
+impl Engine {
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Run `f` on the engine with the lock held; map its error after the lock is dropped.
+    fn with<T>(
+        &self,
+        py: Python<'_>,
+        f: impl FnOnce(&mut Inner) -> Result<T, Error>,
+    ) -> PyResult<T> {
+        let r = {
+            let mut g = self.lock();
+            f(&mut g)
+        };
+        r.py(py)
+    }
+
+    /// One cycle of a real-time wait for the post-job sample, with the GIL
+    /// released: admit now, and if the answer is still `Wait`, sleep until a
+    /// sample lands, the wait ends or the signal-check interval passes.
+    fn wait_cycle(&self, req: &WorkRequest) -> Option<Decision> {
+        let mut g = self.lock();
+        let now = self.clock.now();
+        g.latest = g.latest.max(now);
+        match g.engine.admit(req, now) {
+            Decision::Wait { until, .. } => {
+                let slice = until.since(now).min(SIGNAL_CHECK);
+                let (g, _) = self
+                    .sampled
+                    .wait_timeout(g, slice)
+                    .unwrap_or_else(PoisonError::into_inner);
+                drop(g);
+                None
+            }
+            d => Some(d),
+        }
+    }
+}
+
+fn parse_outcome(outcome: &str, reason: Option<&str>) -> PyResult<ReleaseOutcome> {
+    match outcome {
+        "completed" => Ok(ReleaseOutcome::Completed),
+        "not_forwarded" => Ok(ReleaseOutcome::NotForwarded),
+        "uncertain" => Ok(ReleaseOutcome::Uncertain(
+            reason
+                .unwrap_or("the end of the work could not be proven")
+                .to_owned(),
+        )),
+        other => Err(PyValueError::new_err(format!(
+            "outcome must be 'completed', 'not_forwarded' or 'uncertain', not {other:?}"
+        ))),
+    }
+}
+
+fn parse_completion(completion: &str) -> PyResult<CompletionMethod> {
+    match completion {
+        "response_end" => Ok(CompletionMethod::ResponseEnd),
+        "tracked" => Ok(CompletionMethod::Tracked),
+        "held_on_close" => Ok(CompletionMethod::HeldOnClose),
+        other => Err(PyValueError::new_err(format!(
+            "completion must be 'response_end', 'tracked' or 'held_on_close', not {other:?}"
+        ))),
+    }
+}
+
+#[pymethods]
+impl Engine {
+    #[new]
+    fn new(py: Python<'_>, config: &Config) -> PyResult<Self> {
+        let spec = EngineSpec::from(&config.loaded.config);
+        let mut engine = vacancy::Engine::new(spec).map_err(|e| Error::Spec(e).into_py(py))?;
+        // No presence backend runs inside Python: a dedicated machine
+        // (presence = "none") starts away, every other mode unknown until told.
+        if config.loaded.config.owner.presence == PresenceMode::None {
+            engine.set_owner(OwnerPresence::Away);
+        }
+        Ok(Engine {
+            inner: Mutex::new(Inner {
+                engine,
+                timeline: Timeline::Unset,
+                latest: Moment::ZERO,
+            }),
+            sampled: Condvar::new(),
+            clock: MonotonicClock::new(),
+        })
+    }
+
+    /// The engine's current time in seconds: its clock, or the latest simulated moment.
+    fn now(&self) -> f64 {
+        let mut g = self.lock();
+        secs(g.current(&self.clock))
+    }
+
+    /// Whether the engine runs on simulated time (`None` until a call decides).
+    #[getter]
+    fn simulated(&self) -> Option<bool> {
+        match self.lock().timeline {
+            Timeline::Unset => None,
+            Timeline::Real => Some(false),
+            Timeline::Simulated => Some(true),
+        }
+    }
+
+    /// A successful capacity sample of `resource`.
+    #[pyo3(signature = (resource, free_mib, total_mib, at = None, *, busy_pct = None))]
+    fn sample(
+        &self,
+        py: Python<'_>,
+        resource: &str,
+        free_mib: u64,
+        total_mib: u64,
+        at: Option<f64>,
+        busy_pct: Option<u8>,
+    ) -> PyResult<()> {
+        self.with(py, |g| {
+            let taken_at = g.moment(&self.clock, at)?;
+            let sample = CapacitySample {
+                free_mib,
+                total_mib,
+                busy_pct,
+                taken_at,
+            };
+            g.engine.record_sample(resource, sample)?;
+            Ok(())
+        })?;
+        self.sampled.notify_all();
+        Ok(())
+    }
+
+    /// A failed sample: capacity is unknown until a later success.
+    #[pyo3(signature = (resource, reason, at = None))]
+    fn sample_failed(
+        &self,
+        py: Python<'_>,
+        resource: &str,
+        reason: &str,
+        at: Option<f64>,
+    ) -> PyResult<()> {
+        self.with(py, |g| {
+            let m = g.moment(&self.clock, at)?;
+            Ok(g.engine.record_sample_failure(resource, m, reason)?)
+        })
+    }
+
+    /// A model observation of `upstream`: the loaded models, each a name or a
+    /// dict `{name, ready=True, proven=True, reason=None}`.
+    #[pyo3(signature = (upstream, models, at = None, *, foreign_work = None))]
+    fn observe(
+        &self,
+        py: Python<'_>,
+        upstream: &str,
+        models: &Bound<'_, PyAny>,
+        at: Option<f64>,
+        foreign_work: Option<String>,
+    ) -> PyResult<()> {
+        if models.is_instance_of::<pyo3::types::PyString>() {
+            return Err(PyTypeError::new_err("models must be a list, not a str"));
+        }
+        let models = models
+            .try_iter()?
+            .map(|item| observed_model(&item?))
+            .collect::<PyResult<Vec<_>>>()?;
+        self.with(py, |g| {
+            let up = g.upstream(upstream)?;
+            let taken_at = g.moment(&self.clock, at)?;
+            g.engine.observe(
+                up,
+                ModelObservation {
+                    taken_at,
+                    models,
+                    foreign_work,
+                },
+            )?;
+            Ok(())
+        })
+    }
+
+    /// Decide borrowed work on `upstream`.
+    #[pyo3(signature = (upstream, model = None, *, now = None, arrived_at = None, completion = "response_end"))]
+    fn admit(
+        slf: &Bound<'_, Self>,
+        upstream: &str,
+        model: Option<&str>,
+        now: Option<f64>,
+        arrived_at: Option<f64>,
+        completion: &str,
+    ) -> PyResult<Reservation> {
+        let py = slf.py();
+        let this = slf.get();
+        let completion = parse_completion(completion)?;
+        if arrived_at.is_some() && now.is_none() {
+            return Err(PyValueError::new_err(
+                "arrived_at= is for simulated time: pass now= as well",
+            ));
+        }
+        let (req, mut decision) = this.with(py, |g| {
+            let up = g.upstream(upstream)?;
+            let t = g.moment(&this.clock, now)?;
+            let arrived = match arrived_at {
+                Some(a) => moment_of(a)?,
+                None => t,
+            };
+            let mut req = WorkRequest::new(up, model, arrived);
+            req.completion = completion;
+            let d = g.engine.admit(&req, t);
+            Ok((req, d))
+        })?;
+        loop {
+            match decision {
+                Decision::Admitted(r) => return Ok(Reservation::new(r, slf.clone().unbind())),
+                Decision::Refused(r) => return Err(Error::Refused(r).into_py(py)),
+                Decision::Wait { until, resources } => {
+                    if now.is_some() {
+                        return Err(Error::Wait {
+                            until: secs(until),
+                            arrived_at: secs(req.arrived_at),
+                            resources,
+                        }
+                        .into_py(py));
+                    }
+                    // ADM-06 on the real clock: wait for the sample with the GIL
+                    // and the engine's lock released, so another thread can feed it.
+                    loop {
+                        if let Some(d) = py.detach(|| this.wait_cycle(&req)) {
+                            decision = d;
+                            break;
+                        }
+                        py.check_signals()?;
+                    }
+                }
+            }
+        }
+    }
+
+    /// The reply came; the caller now tracks the job at the upstream.
+    fn start_tracking(&self, py: Python<'_>, id: &Bound<'_, PyAny>) -> PyResult<()> {
+        let id = id_arg(id)?;
+        self.with(py, |g| Ok(g.engine.start_tracking(entry_id(&id)?)?))
+    }
+
+    /// End a forwarding or tracking job. Returns the resources to sample now
+    /// (empty when the entry turned held).
+    #[pyo3(signature = (id, outcome = "completed", reason = None, *, at = None))]
+    fn release(
+        &self,
+        py: Python<'_>,
+        id: &Bound<'_, PyAny>,
+        outcome: &str,
+        reason: Option<&str>,
+        at: Option<f64>,
+    ) -> PyResult<Vec<String>> {
+        let id = id_arg(id)?;
+        let outcome = parse_outcome(outcome, reason)?;
+        self.with(py, |g| {
+            let eid = entry_id(&id)?;
+            let m = g.moment(&self.clock, at)?;
+            Ok(released(g.engine.release(eid, outcome, m)?))
+        })
+    }
+
+    /// Release a held entry on an administrator's confirmation (`by="administrator"`)
+    /// or tracking proof (`by="tracking"`). Returns the resources to sample now.
+    #[pyo3(signature = (id, *, by = "administrator", at = None))]
+    fn release_held(
+        &self,
+        py: Python<'_>,
+        id: &Bound<'_, PyAny>,
+        by: &str,
+        at: Option<f64>,
+    ) -> PyResult<Vec<String>> {
+        let id = id_arg(id)?;
+        let by = match by {
+            "administrator" => HeldRelease::AdministratorConfirmed,
+            "tracking" => HeldRelease::TrackingProof,
+            other => {
+                return Err(PyValueError::new_err(format!(
+                    "by must be 'administrator' or 'tracking', not {other:?}"
+                )));
+            }
+        };
+        self.with(py, |g| {
+            let eid = entry_id(&id)?;
+            let m = g.moment(&self.clock, at)?;
+            Ok(released(g.engine.release_held(eid, by, m)?))
+        })
+    }
+
+    /// What the presence backend says: `True` present, `False` away, `None` unknown.
+    fn set_owner_present(&self, present: Option<bool>) {
+        let presence = match present {
+            Some(true) => OwnerPresence::Present,
+            Some(false) => OwnerPresence::Away,
+            None => OwnerPresence::Unknown,
+        };
+        self.lock().engine.set_owner(presence);
+    }
+
+    /// The lending switch.
+    fn set_lending(&self, enabled: bool) {
+        self.lock().engine.set_lending(enabled);
+    }
+
+    /// A resource's switch.
+    fn set_resource_enabled(&self, py: Python<'_>, name: &str, enabled: bool) -> PyResult<()> {
+        self.with(py, |g| Ok(g.engine.set_resource_enabled(name, enabled)?))
+    }
+
+    /// The pressure verdict for a resource: `None` admits, a reason refuses.
+    #[pyo3(signature = (resource, refuses = None))]
+    fn set_pressure(
+        &self,
+        py: Python<'_>,
+        resource: &str,
+        refuses: Option<String>,
+    ) -> PyResult<()> {
+        let verdict = refuses.map_or(PressureVerdict::Admits, PressureVerdict::Refuses);
+        self.with(py, |g| Ok(g.engine.set_pressure(resource, verdict)?))
+    }
+
+    /// The engine's status as plain dicts and lists (the daemon's `/status` engine part).
+    #[pyo3(signature = (at = None))]
+    fn status(&self, py: Python<'_>, at: Option<f64>) -> PyResult<Py<PyAny>> {
+        let value = self.with(py, |g| {
+            let m = g.moment(&self.clock, at)?;
+            Ok(serde_json::to_value(g.engine.status(m)).unwrap_or_default())
+        })?;
+        json_to_py(py, &value)
+    }
+
+    fn __repr__(&self) -> String {
+        let g = self.lock();
+        format!(
+            "Engine(lending={}, owner={}, entries={})",
+            g.engine.lending(),
+            g.engine.owner().as_str(),
+            g.engine.entry_count()
+        )
+    }
+}
+
+// ---- Reservation -----------------------------------------------------------
+
+/// An admitted job. It holds its resources until released; as a context
+/// manager a clean exit releases it as completed and an exception turns it held.
+#[pyclass(frozen, module = "vacancy._vacancy")]
+pub struct Reservation {
+    /// The work entry ID (a UUID string).
+    #[pyo3(get)]
+    id: String,
+    /// The upstream's name.
+    #[pyo3(get)]
+    upstream: String,
+    /// The model, when known.
+    #[pyo3(get)]
+    model: Option<String>,
+    /// Whether resident-model credit applied (RES-01).
+    #[pyo3(get)]
+    resident_credit: bool,
+    /// When it was admitted, in seconds on the engine's timeline.
+    #[pyo3(get)]
+    admitted_at: f64,
+    charges: Vec<vacancy::engine::Charge>,
+    engine: Py<Engine>,
+}
+
+impl Reservation {
+    fn new(r: vacancy::Reservation, engine: Py<Engine>) -> Self {
+        Reservation {
+            id: r.id.to_string(),
+            upstream: r.upstream,
+            model: r.model,
+            resident_credit: r.resident_credit,
+            admitted_at: secs(r.admitted_at),
+            charges: r.charges,
+            engine,
+        }
+    }
+}
+
+#[pymethods]
+impl Reservation {
+    /// The resources it holds, primary first.
+    #[getter]
+    fn resources(&self) -> Vec<String> {
+        self.charges.iter().map(|c| c.resource.clone()).collect()
+    }
+
+    /// What it charged: `{resource, required_mib, free_mib}` per resource.
+    #[getter]
+    fn charges<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let list = PyList::empty(py);
+        for c in &self.charges {
+            let d = PyDict::new(py);
+            d.set_item("resource", &c.resource)?;
+            d.set_item("required_mib", c.required_mib)?;
+            d.set_item("free_mib", c.free_mib)?;
+            list.append(d)?;
+        }
+        Ok(list)
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    /// A clean exit releases the work as completed; an exception turns it
+    /// held (uncertain). An entry already released or held is left as it is.
+    fn __exit__(
+        &self,
+        py: Python<'_>,
+        exc_type: Option<&Bound<'_, PyType>>,
+        _exc: Option<&Bound<'_, PyAny>>,
+        _tb: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<bool> {
+        let outcome = match exc_type {
+            None => ReleaseOutcome::Completed,
+            Some(t) => ReleaseOutcome::Uncertain(format!(
+                "{} raised inside the reservation's with block",
+                t.name()
+                    .map(|n| n.to_string())
+                    .unwrap_or_else(|_| "an exception".to_owned())
+            )),
+        };
+        let engine = self.engine.get();
+        let id = self.id.clone();
+        engine.with(py, |g| {
+            let eid = entry_id(&id)?;
+            match g.engine.phase(eid) {
+                Some(Phase::Forwarding | Phase::Tracking) => {
+                    let m = g.current(&engine.clock);
+                    g.engine.release(eid, outcome, m)?;
+                    Ok(())
+                }
+                Some(Phase::Held) | None => Ok(()),
+            }
+        })?;
+        Ok(false)
+    }
+
+    fn __repr__(&self) -> String {
+        let model = self
+            .model
+            .as_ref()
+            .map_or_else(|| "None".to_owned(), |m| format!("{m:?}"));
+        format!(
+            "Reservation(id={:?}, upstream={:?}, model={model}, resources={:?})",
+            self.id,
+            self.upstream,
+            self.resources()
+        )
+    }
+}
