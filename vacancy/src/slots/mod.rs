@@ -8,9 +8,11 @@
 //! Nothing here reads a clock, spawns a process or talks to systemd: time is an
 //! argument (or an injected clock), and callers own the side effects.
 
+pub mod breaker;
 pub mod error;
 pub mod state;
 
+pub use breaker::{BreakerSeed, BreakerSnapshot, BreakerState, CrashLoopBreaker, cooldown_s};
 pub use error::SlotError;
 pub use state::{
     DISPATCHABLE_STATES, LEGAL_TRANSITIONS, SlotState, UnknownSlotState, check_transition,
