@@ -10,10 +10,18 @@
 
 pub mod breaker;
 pub mod error;
+pub mod eviction;
+mod keys;
 pub mod state;
 
 pub use breaker::{BreakerSeed, BreakerSnapshot, BreakerState, CrashLoopBreaker, cooldown_s};
 pub use error::SlotError;
+pub use eviction::{
+    DEFAULT_PINNED_ANCHORS, DEFAULT_PRIORITY, EvictionCandidate, EvictionPlan,
+    LruRetirementWarnings, MAX_PRELOAD_VICTIMS, PinnedAction, PreloadNeed, SlotPlacement,
+    check_npu_exclusivity, check_pinned, clamp_priority, eviction_order, is_eviction_candidate,
+    is_pinned, plan_preload_eviction, priority_from_value, reject_retired_lru, validate_priority,
+};
 pub use state::{
     DISPATCHABLE_STATES, LEGAL_TRANSITIONS, SlotState, UnknownSlotState, check_transition,
     selection_rank, sort_by_selection,
