@@ -12,6 +12,7 @@ pub mod breaker;
 pub mod error;
 pub mod eviction;
 mod keys;
+pub mod record;
 pub mod state;
 
 pub use breaker::{BreakerSeed, BreakerSnapshot, BreakerState, CrashLoopBreaker, cooldown_s};
@@ -21,6 +22,10 @@ pub use eviction::{
     LruRetirementWarnings, MAX_PRELOAD_VICTIMS, PinnedAction, PreloadNeed, SlotPlacement,
     check_npu_exclusivity, check_pinned, clamp_priority, eviction_order, is_eviction_candidate,
     is_pinned, plan_preload_eviction, priority_from_value, reject_retired_lru, validate_priority,
+};
+pub use record::{
+    STATE_FILE_NAME, SlotStateRecord, StateRecordError, read_state_record, state_record_path,
+    write_state_record,
 };
 pub use state::{
     DISPATCHABLE_STATES, LEGAL_TRANSITIONS, SlotState, UnknownSlotState, check_transition,
