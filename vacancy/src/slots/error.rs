@@ -153,12 +153,15 @@ pub enum SlotError {
     /// The seed names the code but not its status; 400 is this crate's reading
     /// (it is a slot-config error).
     #[error(
-        "slot {slot:?} is unconverted: delete {} from the slot file and put the values on its profile",
-        keys.join(", ")
+        "slot {slot:?} is unconverted: delete {} from {} and put the values on its profile",
+        keys.join(", "),
+        file.as_deref().unwrap_or("the slot file")
     )]
     Unconverted {
         /// The slot.
         slot: String,
+        /// The slot file, when the caller knows it (SLOTCFG-10 names it).
+        file: Option<String>,
         /// The tuning keys still in the file, dotted.
         keys: Vec<String>,
     },
@@ -337,7 +340,9 @@ impl SlotError {
             SlotError::TuningKeyDenied { keys }
             | SlotError::LlamaEnvDenied { keys }
             | SlotError::RemovedKeyDenied { keys } => json!({ "keys": keys }),
-            SlotError::Unconverted { slot, keys } => json!({ "slot": slot, "keys": keys }),
+            SlotError::Unconverted { slot, file, keys } => {
+                json!({ "slot": slot, "file": file, "keys": keys })
+            }
             SlotError::ProfileMissing { slot, profile } => {
                 json!({ "slot": slot, "profile": profile })
             }
@@ -502,6 +507,7 @@ mod tests {
             (
                 SlotError::Unconverted {
                     slot: s("a"),
+                    file: None,
                     keys: vec![s("parallel")],
                 },
                 "slot.unconverted",

@@ -9,6 +9,7 @@
 //! argument (or an injected clock), and callers own the side effects.
 
 pub mod breaker;
+pub mod config;
 pub mod error;
 pub mod eviction;
 mod keys;
@@ -16,6 +17,10 @@ pub mod record;
 pub mod state;
 
 pub use breaker::{BreakerSeed, BreakerSnapshot, BreakerState, CrashLoopBreaker, cooldown_s};
+pub use config::{
+    Autoload, ConversionBlocked, autoload_for_create, bound_model, check_unconverted,
+    conversion_blocked, guard_slot_write_payload, is_activated, resolve_autoload,
+};
 pub use error::SlotError;
 pub use eviction::{
     DEFAULT_PINNED_ANCHORS, DEFAULT_PRIORITY, EvictionCandidate, EvictionPlan,
