@@ -9,14 +9,21 @@
 //! argument (or an injected clock), and callers own the side effects.
 
 pub mod breaker;
+pub mod budget;
 pub mod config;
 pub mod error;
 pub mod eviction;
 mod keys;
+pub mod launch;
+pub mod providers;
 pub mod record;
 pub mod state;
 
 pub use breaker::{BreakerSeed, BreakerSnapshot, BreakerState, CrashLoopBreaker, cooldown_s};
+pub use budget::{
+    BUDGET_EVICTION_UNLOADS, LIFECYCLE_OVERHEAD, LifecycleBudgetInputs, LifecycleOp,
+    slot_lifecycle_budget,
+};
 pub use config::{
     Autoload, ConversionBlocked, autoload_for_create, bound_model, check_unconverted,
     conversion_blocked, guard_slot_write_payload, is_activated, resolve_autoload,
@@ -28,6 +35,11 @@ pub use eviction::{
     check_npu_exclusivity, check_pinned, clamp_priority, eviction_order, is_eviction_candidate,
     is_pinned, plan_preload_eviction, priority_from_value, reject_retired_lru, validate_priority,
 };
+pub use launch::{
+    FlagProvenance, LaunchFlag, LaunchLayer, ResolvedLaunch, canonical_flag, compose_launch_argv,
+    llama_device_arg, parse_launch_args,
+};
+pub use providers::{SELF_MANAGED_PROVIDERS, provider_requires_model};
 pub use record::{
     STATE_FILE_NAME, SlotStateRecord, StateRecordError, read_state_record, state_record_path,
     write_state_record,
