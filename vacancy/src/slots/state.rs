@@ -222,6 +222,60 @@ pub fn sort_by_selection<T>(candidates: &mut [T], state_of: impl Fn(&T) -> &str)
     candidates.sort_by_key(|c| selection_rank(state_of(c)));
 }
 
+/// What a health probe concluded about a slot whose container is up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HealthOutcome {
+    /// Non-empty `/v1/models` plus a passing sentinel completion (and, for an
+    /// llm slot, a passing output-sanity gate).
+    Ready,
+    /// The process answers but `/v1/models` is empty.
+    EmptyModels,
+    /// The probe returned non-ready responses.
+    NotReady,
+    /// The probe did not resolve (timed out or was ambiguous).
+    Unresolved,
+}
+
+/// The state a health-probe outcome puts a WARMING slot in.
+///
+/// # Behavior
+///
+/// Ready → READY (SLOT-05); empty model list → IDLE (SLOT-07); not ready →
+/// WARMING (SLOT-04); unresolved → WARMING, never ERROR (SLOT-29).
+pub const fn state_after_health(outcome: HealthOutcome) -> SlotState {
+    match outcome {
+        HealthOutcome::Ready => SlotState::Ready,
+        HealthOutcome::EmptyModels => SlotState::Idle,
+        HealthOutcome::NotReady | HealthOutcome::Unresolved => SlotState::Warming,
+    }
+}
+
+/// How a slot's unit ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum UnitExit {
+    /// A deliberate, clean stop.
+    CleanStop,
+    /// A crash (or a crash loop).
+    Crashed,
+}
+
+/// The state a slot settles in once its unit has ended.
+///
+/// # Behavior
+///
+/// A deliberate stop is not a failure: OFFLINE, and a cached ERROR converges
+/// to OFFLINE too (SLOT-11, SLOT-13). A crash is ERROR, and a crashed slot
+/// keeps its ERROR (SLOT-14). The caller still moves the slot through legal
+/// transitions ([`check_transition`]).
+pub const fn state_after_exit(exit: UnitExit) -> SlotState {
+    match exit {
+        UnitExit::CleanStop => SlotState::Offline,
+        UnitExit::Crashed => SlotState::Error,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -352,5 +406,31 @@ mod tests {
         sort_by_selection(&mut c, |x| x.1);
         let names: Vec<_> = c.iter().map(|x| x.0).collect();
         assert_eq!(names, vec!["c", "f", "e", "g", "b", "a", "d"]);
+    }
+    // SLOT-04, SLOT-05, SLOT-07, SLOT-29
+    #[test]
+    fn slot_29_unresolved_health_resolves_to_warming() {
+        assert_eq!(state_after_health(HealthOutcome::Unresolved), Warming);
+        assert_eq!(state_after_health(HealthOutcome::NotReady), Warming);
+        assert_eq!(state_after_health(HealthOutcome::Ready), Ready);
+        assert_eq!(state_after_health(HealthOutcome::EmptyModels), Idle);
+        for o in [
+            HealthOutcome::Unresolved,
+            HealthOutcome::NotReady,
+            HealthOutcome::Ready,
+            HealthOutcome::EmptyModels,
+        ] {
+            let to = state_after_health(o);
+            assert!(to == Warming || check_transition(Warming, to).is_ok());
+        }
+    }
+
+    // SLOT-11, SLOT-13, SLOT-14
+    #[test]
+    fn slot_11_14_clean_stop_is_offline_crash_keeps_error() {
+        assert_eq!(state_after_exit(UnitExit::CleanStop), Offline);
+        assert_eq!(state_after_exit(UnitExit::Crashed), Error);
+        assert!(check_transition(Error, state_after_exit(UnitExit::CleanStop)).is_ok());
+        assert!(check_transition(Unloading, state_after_exit(UnitExit::CleanStop)).is_ok());
     }
 }
