@@ -9,6 +9,7 @@ pub mod ledger;
 pub mod presence;
 pub mod proxy;
 pub mod sample;
+pub mod slots;
 #[cfg(feature = "testkit")]
 pub mod testkit;
 pub mod time;
