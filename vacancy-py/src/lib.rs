@@ -4,7 +4,7 @@
 //! defines the exception classes in `vacancy._errors`, which this module raises.
 //! Every Rust error becomes a Python exception; nothing here panics on input.
 //!
-//! The engine is sans-IO and not thread-safe, so [`Engine`] keeps it in a mutex.
+//! The engine is sans-IO and not thread-safe, so the `Engine` class keeps it in a mutex.
 //! Rule kept throughout: **no Python code runs while the mutex is held** (a
 //! thread holding the mutex never needs the GIL), so a thread blocked on the
 //! mutex with the GIL cannot deadlock with the holder. Results are computed
