@@ -36,3 +36,64 @@ pub fn json_to_py(py: Python<'_>, v: &Value) -> PyResult<Py<PyAny>> {
         }
     })
 }
+
+/// A Python `dict`/`list`/`tuple`/`str`/`int`/`float`/`bool`/`None` as a JSON
+/// value; anything else is a `TypeError` naming the type.
+pub fn py_to_json(v: &Bound<'_, PyAny>) -> PyResult<Value> {
+    use pyo3::exceptions::{PyTypeError, PyValueError};
+    use pyo3::types::{PyBool, PyFloat, PyInt, PyString, PyTuple};
+    if v.is_none() {
+        return Ok(Value::Null);
+    }
+    if let Ok(b) = v.cast::<PyBool>() {
+        return Ok(Value::Bool(b.is_true()));
+    }
+    if v.is_instance_of::<PyInt>() {
+        if let Ok(i) = v.extract::<i64>() {
+            return Ok(Value::from(i));
+        }
+        if let Ok(u) = v.extract::<u64>() {
+            return Ok(Value::from(u));
+        }
+        return Err(PyValueError::new_err("integer out of the JSON range"));
+    }
+    if let Ok(f) = v.cast::<PyFloat>() {
+        let f = f.value();
+        return serde_json::Number::from_f64(f)
+            .map(Value::Number)
+            .ok_or_else(|| PyValueError::new_err(format!("{f} is not a JSON number")));
+    }
+    if let Ok(s) = v.cast::<PyString>() {
+        return Ok(Value::String(s.to_str()?.to_owned()));
+    }
+    if let Ok(d) = v.cast::<PyDict>() {
+        let mut map = serde_json::Map::new();
+        for (k, item) in d.iter() {
+            let key = k.cast::<PyString>().map_err(|_| {
+                PyTypeError::new_err(format!(
+                    "JSON object keys must be str, got {}",
+                    k.get_type()
+                        .name()
+                        .map(|n| n.to_string())
+                        .unwrap_or_default()
+                ))
+            })?;
+            map.insert(key.to_str()?.to_owned(), py_to_json(&item)?);
+        }
+        return Ok(Value::Object(map));
+    }
+    if v.is_instance_of::<PyList>() || v.is_instance_of::<PyTuple>() {
+        let mut items = Vec::new();
+        for item in v.try_iter()? {
+            items.push(py_to_json(&item?)?);
+        }
+        return Ok(Value::Array(items));
+    }
+    Err(PyTypeError::new_err(format!(
+        "{} is not JSON data (dict, list, str, int, float, bool or None)",
+        v.get_type()
+            .name()
+            .map(|n| n.to_string())
+            .unwrap_or_default()
+    )))
+}

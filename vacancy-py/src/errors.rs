@@ -173,3 +173,48 @@ impl<T> IntoPyResult<T> for Result<T, Error> {
         self.map_err(|e| e.into_py(py))
     }
 }
+
+/// Raise the `vacancy._errors` class named by [`SlotError::name`], carrying
+/// `code`, `http_status`, `details` and `retry_after_s`.
+pub fn slot_error(py: Python<'_>, e: &vacancy::slots::SlotError) -> PyErr {
+    let made = (|| -> PyResult<PyErr> {
+        let kwargs = PyDict::new(py);
+        kwargs.set_item("code", e.code())?;
+        kwargs.set_item("http_status", e.http_status())?;
+        kwargs.set_item("details", crate::convert::json_to_py(py, &e.details())?)?;
+        kwargs.set_item("retry_after_s", e.retry_after_s())?;
+        let cls = py.import("vacancy._errors")?.getattr(e.name())?;
+        Ok(PyErr::from_value(
+            cls.call((e.to_string(),), Some(&kwargs))?,
+        ))
+    })();
+    match made {
+        Ok(e) | Err(e) => e,
+    }
+}
+
+/// Raise `StateRecordCorrupt` or `StateRecordIOError`, naming the file.
+pub fn state_record_error(py: Python<'_>, e: &vacancy::slots::StateRecordError) -> PyErr {
+    use vacancy::slots::StateRecordError;
+    let made = (|| -> PyResult<PyErr> {
+        let kwargs = PyDict::new(py);
+        kwargs.set_item("path", e.path().to_string_lossy().into_owned())?;
+        let name = match e {
+            StateRecordError::Corrupt { detail, .. } => {
+                kwargs.set_item("detail", detail)?;
+                "StateRecordCorrupt"
+            }
+            StateRecordError::Io { source, .. } => {
+                kwargs.set_item("detail", source.to_string())?;
+                "StateRecordIOError"
+            }
+        };
+        let cls = py.import("vacancy._errors")?.getattr(name)?;
+        Ok(PyErr::from_value(
+            cls.call((e.to_string(),), Some(&kwargs))?,
+        ))
+    })();
+    match made {
+        Ok(e) | Err(e) => e,
+    }
+}

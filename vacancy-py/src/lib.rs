@@ -14,6 +14,7 @@
 mod convert;
 mod engine;
 mod errors;
+mod slots;
 
 use pyo3::prelude::*;
 
@@ -27,5 +28,6 @@ fn _vacancy(m: &Bound<'_, PyModule>) -> PyResult<()> {
         "POST_JOB_SAMPLE_WAIT_S",
         vacancy::engine::POST_JOB_SAMPLE_WAIT.as_secs_f64(),
     )?;
+    slots::register(m)?;
     Ok(())
 }

@@ -12,9 +12,31 @@ __all__ = [
     "ConfigError",
     "ConfigProblem",
     "EntryHeld",
+    "IllegalSlotTransition",
     "NotHeld",
+    "NpuExclusivityViolation",
     "Refused",
     "ResourceBusy",
+    "SeamTimeout",
+    "SlotConfigError",
+    "SlotCrashLooping",
+    "SlotError",
+    "SlotHealthFailed",
+    "SlotIllegalTransition",
+    "SlotLlamaEnvDenied",
+    "SlotNotFound",
+    "SlotNotReady",
+    "SlotOutputSanityFailed",
+    "SlotPinned",
+    "SlotProfileMissing",
+    "SlotRemovedKeyDenied",
+    "SlotSpawnFailed",
+    "SlotTerminateTimeout",
+    "SlotTuningKeyDenied",
+    "SlotUnconverted",
+    "StateRecordCorrupt",
+    "StateRecordError",
+    "StateRecordIOError",
     "TimelineError",
     "UnknownEntry",
     "UnknownResource",
@@ -136,3 +158,133 @@ class NotHeld(VacancyError):
 class TimelineError(VacancyError, ValueError):
     """Simulated and real time were mixed on one engine, or a time is not a
     finite, non-negative number of seconds."""
+
+
+class SlotError(VacancyError):
+    """A typed ``slot.*`` error of hal0's slot lifecycle (SERR).
+
+    ``code`` is the machine-readable code (``slot.crash_looping``, ...),
+    ``http_status`` the HTTP status hal0 answers it with, ``details`` the
+    structured rest (``slot``, ``from``/``to``, ``keys``, ...), and
+    ``retry_after_s`` the ``Retry-After`` seconds (only ``SlotCrashLooping``
+    has one). The subclass names are hal0's error names.
+    """
+
+    code: str
+    http_status: int
+    details: dict[str, typing.Any]
+    retry_after_s: int | None
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: str,
+        http_status: int,
+        details: dict[str, typing.Any],
+        retry_after_s: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.code = code
+        self.http_status = http_status
+        self.details = details
+        self.retry_after_s = retry_after_s
+
+    def to_json(self) -> dict[str, typing.Any]:
+        """The error body hal0 answers with: ``{code, message, details}``."""
+        return {"code": self.code, "message": str(self), "details": self.details}
+
+
+class SlotNotFound(SlotError, LookupError):
+    """``slot.not_found`` (404)."""
+
+
+class IllegalSlotTransition(SlotError):
+    """``slot.illegal_transition`` (409): the state machine forbids the move (SLOT-01)."""
+
+
+SlotIllegalTransition = IllegalSlotTransition
+"""Alias of :class:`IllegalSlotTransition` (hal0's name)."""
+
+
+class SlotNotReady(SlotError):
+    """``slot.not_ready`` (503)."""
+
+
+class SlotSpawnFailed(SlotError):
+    """``slot.spawn_failed`` (500)."""
+
+
+class SlotHealthFailed(SlotError):
+    """``slot.health_failed`` (503)."""
+
+
+class SlotOutputSanityFailed(SlotError):
+    """``slot.output_sanity_failed`` (500): the output-sanity gate heard a wrong answer."""
+
+
+class SlotCrashLooping(SlotError):
+    """``slot.crash_looping`` (503, with ``retry_after_s``): the breaker is open (BRK)."""
+
+
+class SlotTerminateTimeout(SlotError):
+    """``slot.terminate_timeout`` (504)."""
+
+
+class SeamTimeout(SlotError):
+    """``slot.seam_timeout`` (504)."""
+
+
+class SlotConfigError(SlotError, ValueError):
+    """``slot.config_error`` (400); ``details["key"]`` names the key path."""
+
+
+class SlotTuningKeyDenied(SlotError, ValueError):
+    """``slot.tuning_key_denied`` (400): tuning keys belong on a profile."""
+
+
+class SlotLlamaEnvDenied(SlotError, ValueError):
+    """``slot.llama_env_denied`` (400): ``[server].env`` sets llama-server options."""
+
+
+class SlotRemovedKeyDenied(SlotError, ValueError):
+    """``slot.removed_key_denied`` (400): a key removed from the slot schema."""
+
+
+class SlotUnconverted(SlotError, ValueError):
+    """``slot.unconverted`` (400): the slot file still carries tuning keys."""
+
+
+class SlotProfileMissing(SlotError):
+    """``slot.profile_missing`` (422)."""
+
+
+class NpuExclusivityViolation(SlotError):
+    """``slot.npu_exclusivity_violation`` (409): a second NPU LLM slot with a bound model."""
+
+
+class SlotPinned(SlotError):
+    """``slot.pinned`` (409): pass ``force=True`` to unload or delete a pinned slot."""
+
+
+class StateRecordError(VacancyError):
+    """A slot state record (``state.json``) could not be read or written.
+
+    ``path`` names the file; ``detail`` says what went wrong.
+    """
+
+    path: str
+    detail: str
+
+    def __init__(self, message: str, *, path: str, detail: str) -> None:
+        super().__init__(message)
+        self.path = path
+        self.detail = detail
+
+
+class StateRecordCorrupt(StateRecordError, ValueError):
+    """The file is torn or not a valid slot state record (not JSON, missing fields)."""
+
+
+class StateRecordIOError(StateRecordError, OSError):
+    """The file or its directory could not be read, written, renamed or synced."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typing
 
-__all__ = ["Charge", "ObservedModel"]
+__all__ = ["BreakerSnapshot", "Charge", "ObservedModel"]
 
 
 class ObservedModel(typing.TypedDict, total=False):
@@ -28,3 +28,12 @@ class Charge(typing.TypedDict):
     """MiB required above the reserve (0 for a dependency no requirement names)."""
     free_mib: int
     """Free MiB in the sample admission decided on."""
+
+
+class BreakerSnapshot(typing.TypedDict):
+    """A crash-loop breaker's state: the shape of a slot's ``metadata["breaker"]``."""
+
+    state: typing.Literal["backoff", "parked", "half-open"]
+    failures: int
+    retry_after_s: int
+    """Seconds until the next start is allowed (0 in half-open)."""
