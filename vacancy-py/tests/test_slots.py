@@ -37,7 +37,7 @@ LEGAL = {
 
 
 def test_slot_state_is_a_str_enum() -> None:
-    assert S.READY == "ready"
+    assert S.READY == "ready"  # type: ignore[comparison-overlap]
     assert S("idle") is S.IDLE
     assert [str(s) for s in S] == [
         "offline", "pulling", "starting", "warming", "ready",
@@ -405,7 +405,9 @@ def test_slotcfg_22_argv_with_provenance() -> None:
     assert slots.canonical_flag("-c") == "--ctx-size"
     assert slots.llama_device_arg("rocm") == "ROCm0" and slots.llama_device_arg("npu") is None
     with pytest.raises(ValueError):
-        slots.compose_launch_argv(None, {"nope": []})  # type: ignore[dict-item]
+        slots.compose_launch_argv(None, {"nope": []})
+    with pytest.raises(TypeError):
+        slots.compose_launch_argv(None, {"base": ["-c", slots.LaunchFlag("-t", ("4",))]})
 
 
 # ---- providers (PROV-01) ------------------------------------------------------------------------
@@ -428,7 +430,7 @@ class FakeLlama(BaseHTTPRequestHandler):
         self.rfile.read(int(self.headers.get("Content-Length", "0")))
         type(self).paths.append(self.path)
         if self.path == "/completion":
-            body = {"content": f" {self.answer}."}
+            body: dict[str, object] = {"content": f" {self.answer}."}
         else:
             body = {
                 "choices": [

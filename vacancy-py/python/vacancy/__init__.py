@@ -3,7 +3,9 @@
 The same rules the daemon ``vacancyd`` applies, embedded: build an
 :class:`Engine` from a :class:`Config`, feed it capacity samples, model
 observations and owner presence, and ask it to ``admit`` and ``release``
-borrowed work. See ``docs/python.md``.
+borrowed work. :mod:`vacancy.slots` holds hal0's slot lifecycle rules (states,
+typed errors, the crash-loop breaker, eviction, state records, the output-sanity
+gate). See ``docs/python.md``.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from vacancy._errors import (
 )
 from vacancy._types import Charge, ObservedModel
 from vacancy._vacancy import POST_JOB_SAMPLE_WAIT_S, Config, Engine, Reservation
+from vacancy import slots
 
 __all__ = [
     "POST_JOB_SAMPLE_WAIT_S",
@@ -44,4 +47,5 @@ __all__ = [
     "UnknownUpstream",
     "VacancyError",
     "WaitForSample",
+    "slots",
 ]

@@ -478,20 +478,21 @@ class ResolvedLaunch:
 
 def compose_launch_argv(
     program: str | None,
-    layers: _abc.Mapping[typing.Literal["base", "model", "profile", "slot"], _abc.Iterable[str] | _abc.Iterable[LaunchFlag]]
-    | _abc.Iterable[tuple[typing.Literal["base", "model", "profile", "slot"], _abc.Iterable[str] | _abc.Iterable[LaunchFlag]]],
+    layers: _abc.Mapping[str, _abc.Iterable[str | LaunchFlag]],
 ) -> ResolvedLaunch:
     """Compose base < model < profile < slot, deduplicated last-wins by canonical
     flag (``-c`` is ``--ctx-size``), with the layer of each surviving flag
-    (SLOTCFG-22..29). A layer is argv tokens or :class:`LaunchFlag` s."""
-    pairs = layers.items() if isinstance(layers, _abc.Mapping) else layers
+    (SLOTCFG-22..29). A layer (``base``, ``model``, ``profile`` or ``slot``) is
+    argv tokens or :class:`LaunchFlag` s."""
     raw: list[tuple[str, list[tuple[str, list[str]]]]] = []
-    for layer, items in pairs:
+    for layer, items in layers.items():
         seq = list(items)
         if all(isinstance(i, str) for i in seq):
             flags = _v.parse_launch_args(typing.cast(list[str], seq))
-        else:
+        elif all(isinstance(i, LaunchFlag) for i in seq):
             flags = [(f.flag, list(f.values)) for f in typing.cast(list[LaunchFlag], seq)]
+        else:
+            raise TypeError(f"layer {layer!r}: give argv tokens (str) or LaunchFlags, not a mix")
         raw.append((layer, flags))
     argv, provenance = _v.compose_launch_argv(program, raw)
     return ResolvedLaunch(
