@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::sync::Notify;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::engine::{
     Decision, Engine, EngineError, EngineStatus, EntryId, HeldRelease, ModelObservation, Refusal,
@@ -140,7 +140,7 @@ impl Lender {
                 }
                 Decision::Refused(refusal) => {
                     self.metrics.refused(upstream, refusal.code);
-                    info!(upstream, code = %refusal.code, reason = %refusal.reason, "refused");
+                    debug!(upstream, code = %refusal.code, reason = %refusal.reason, "refused");
                     return Err(refusal);
                 }
                 Decision::Wait { until, resources } => {

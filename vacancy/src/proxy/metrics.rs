@@ -15,7 +15,7 @@ pub struct Metrics {
 #[derive(Debug, Default)]
 struct Counters {
     admissions: BTreeMap<String, u64>,
-    refusals: BTreeMap<(String, &'static str), u64>,
+    refusals: BTreeMap<String, BTreeMap<&'static str, u64>>,
     yields: BTreeMap<String, u64>,
 }
 
@@ -30,15 +30,24 @@ impl Metrics {
 
     /// One admission on `upstream`.
     pub fn admitted(&self, upstream: &str) {
-        self.with(|c| *c.admissions.entry(upstream.to_owned()).or_default() += 1);
+        self.with(|c| match c.admissions.get_mut(upstream) {
+            Some(n) => *n += 1,
+            None => {
+                c.admissions.insert(upstream.to_owned(), 1);
+            }
+        });
     }
 
     /// One refusal on `upstream` with `code`.
     pub fn refused(&self, upstream: &str, code: RefusalCode) {
         self.with(|c| {
-            *c.refusals
-                .entry((upstream.to_owned(), code.as_str()))
-                .or_default() += 1
+            // Look up by reference first: refusals are the hot path, so no
+            // allocation once an upstream has been seen.
+            let codes = match c.refusals.get_mut(upstream) {
+                Some(codes) => codes,
+                None => c.refusals.entry(upstream.to_owned()).or_default(),
+            };
+            *codes.entry(code.as_str()).or_default() += 1;
         });
     }
 
@@ -69,11 +78,13 @@ impl Metrics {
                 "# HELP vacancyd_refusals_total Borrowed requests refused, by code."
             );
             let _ = writeln!(out, "# TYPE vacancyd_refusals_total counter");
-            for ((upstream, code), n) in &c.refusals {
-                let _ = writeln!(
-                    out,
-                    "vacancyd_refusals_total{{upstream=\"{upstream}\",code=\"{code}\"}} {n}"
-                );
+            for (upstream, codes) in &c.refusals {
+                for (code, n) in codes {
+                    let _ = writeln!(
+                        out,
+                        "vacancyd_refusals_total{{upstream=\"{upstream}\",code=\"{code}\"}} {n}"
+                    );
+                }
             }
             let _ = writeln!(
                 out,
