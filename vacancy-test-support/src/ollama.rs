@@ -32,7 +32,8 @@
 //! `options.num_ctx`, else the Modelfile's `num_ctx`, else the default (4096). If
 //! the model is not loaded, or loaded with another `num_ctx` or an older digest
 //! (after [`OllamaEmulator::set_digest`], as after `ollama pull`), it is (re)loaded
-//! with `context_length = num_ctx × parallel`. `keep_alive` (a Go duration string
+//! with `context_length = num_ctx × parallel` (`num_ctx` capped at the model's
+//! trained context, as Ollama caps it). `keep_alive` (a Go duration string
 //! such as `"5m"`, or a number of seconds; default `5m`) sets `expires_at` from the
 //! end of the request; `0` unloads right after it, a negative value keeps it
 //! forever (reported, as Ollama does, about 292 years ahead). A model stays loaded
@@ -500,7 +501,9 @@ impl State {
         };
         let num_ctx = num_ctx
             .or(model.modelfile_num_ctx)
-            .unwrap_or(self.options.default_num_ctx);
+            .unwrap_or(self.options.default_num_ctx)
+            // Ollama caps the context at the model's trained context.
+            .min(model.max_context.max(1));
         if let Some(l) = self.loaded.get_mut(name)
             && l.num_ctx == num_ctx
             && l.digest == model.digest
