@@ -683,12 +683,12 @@ async fn handle(
         (Method::GET, "/api/tags") => json_reply(200, &tags(&state)),
         (Method::GET, "/api/ps") => json_reply(200, &ps(&state)),
         (Method::POST, "/api/show") => show(&state, &body),
-        (Method::POST, "/api/generate") => generate(&state, &body, Api::Generate),
-        (Method::POST, "/api/chat") => generate(&state, &body, Api::Chat),
+        (Method::POST, "/api/generate") => generate(&state, &body, Api::Generate).await,
+        (Method::POST, "/api/chat") => generate(&state, &body, Api::Chat).await,
         (Method::POST, "/api/embed") => embed(&state, &body, Api::Embed),
         (Method::POST, "/api/embeddings") => embed(&state, &body, Api::Embeddings),
-        (Method::POST, "/v1/chat/completions") => generate(&state, &body, Api::OpenAiChat),
-        (Method::POST, "/v1/completions") => generate(&state, &body, Api::OpenAiCompletion),
+        (Method::POST, "/v1/chat/completions") => generate(&state, &body, Api::OpenAiChat).await,
+        (Method::POST, "/v1/completions") => generate(&state, &body, Api::OpenAiCompletion).await,
         (Method::POST, "/v1/embeddings") => embed(&state, &body, Api::OpenAiEmbeddings),
         (Method::GET, "/v1/models") => json_reply(200, &openai_models(&state)),
         (_, p) if p.starts_with("/v1/") => openai_error(404, "404 page not found"),
@@ -931,7 +931,21 @@ fn prompt_of(api: Api, body: &Value) -> String {
     }
 }
 
-fn generate(state: &Arc<Shared>, body: &Value, api: Api) -> Response<RespBody> {
+async fn generate(state: &Arc<Shared>, body: &Value, api: Api) -> Response<RespBody> {
+    let (mut response, status) = start_job(state, body, api);
+    // Without streaming, the status waits for the outcome: 500 on a failure.
+    if let Some(status) = status {
+        let status = status.await.unwrap_or(500);
+        *response.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::OK);
+    }
+    response
+}
+
+/// A response, and without streaming, where its status will come from.
+type Started = (Response<RespBody>, Option<oneshot::Receiver<u16>>);
+
+/// Answers at once (an error, a load, an unload), or starts the job.
+fn start_job(state: &Arc<Shared>, body: &Value, api: Api) -> Started {
     let err = |status: u16, message: &str| {
         if api.openai() {
             openai_error(status, message)
@@ -941,11 +955,11 @@ fn generate(state: &Arc<Shared>, body: &Value, api: Api) -> Response<RespBody> {
     };
     let asked = body["model"].as_str().unwrap_or("").to_owned();
     if asked.is_empty() {
-        return err(400, "model is required");
+        return (err(400, "model is required"), None);
     }
     let keep = match keep_alive(&body["keep_alive"]) {
         Ok(k) => k.unwrap_or(KeepAlive::For(Duration::from_secs(300))),
-        Err(e) => return err(400, &e),
+        Err(e) => return (err(400, &e), None),
     };
     let prompt = prompt_of(api, body);
     let has_messages = body["messages"].as_array().is_some_and(|m| !m.is_empty());
@@ -956,7 +970,7 @@ fn generate(state: &Arc<Shared>, body: &Value, api: Api) -> Response<RespBody> {
     };
     let mut st = state.lock();
     let Some(name) = st.resolve(&asked) else {
-        return err(404, &format!("model '{asked}' not found"));
+        return (err(404, &format!("model '{asked}' not found")), None);
     };
     let created_at = rfc3339(SystemTime::now());
     let head = |reason: &str| {
@@ -972,13 +986,13 @@ fn generate(state: &Arc<Shared>, body: &Value, api: Api) -> Response<RespBody> {
     };
     if empty && keep == KeepAlive::For(Duration::ZERO) {
         st.loaded.remove(&name);
-        return json_reply(200, &head("unload"));
+        return (json_reply(200, &head("unload")), None);
     }
     let t0 = Instant::now();
     let (_, load_id) = st.ensure_loaded(&name, requested_num_ctx(body));
     if empty {
         st.release(&name, load_id, keep, false);
-        return json_reply(200, &head("load"));
+        return (json_reply(200, &head("load")), None);
     }
     let limit = if api.openai() {
         body["max_tokens"].as_u64()
@@ -1011,8 +1025,10 @@ fn generate(state: &Arc<Shared>, body: &Value, api: Api) -> Response<RespBody> {
         (true, false) => "application/x-ndjson",
         (false, _) => "application/json; charset=utf-8",
     };
-    tokio::spawn(run_job(Arc::clone(state), job, llama, delay, tx));
-    streaming(content_type, rx)
+    let (status_tx, status_rx) = oneshot::channel();
+    let stream = job.stream;
+    tokio::spawn(run_job(Arc::clone(state), job, llama, delay, tx, status_tx));
+    (streaming(content_type, rx), (!stream).then_some(status_rx))
 }
 
 /// Generates the tokens of `job` and writes its body into `tx`; ends the request
@@ -1023,6 +1039,7 @@ async fn run_job(
     llama: Option<String>,
     delay: Duration,
     tx: mpsc::Sender<Bytes>,
+    status: oneshot::Sender<u16>,
 ) {
     let mut guard = Release {
         state: Arc::clone(&state),
@@ -1073,6 +1090,7 @@ async fn run_job(
     let eval = eval_start.elapsed();
     // The request ends before the client can see its end.
     guard.finish();
+    let _ = status.send(if error.is_some() { 500 } else { 200 });
     if let Some(e) = error {
         let msg = if job.api.openai() {
             json!({ "error": { "message": e, "type": "api_error" } })

@@ -529,6 +529,10 @@ fn generates_through_a_real_llama_server() {
             .filter_map(|l| l["response"].as_str())
             .collect();
         assert!(!streamed.is_empty(), "{text}");
+        assert!(
+            !streamed.starts_with("The sky"),
+            "filler, not llama-server: {text}"
+        );
 
         let one = post_json(
             &base,
@@ -542,5 +546,36 @@ fn generates_through_a_real_llama_server() {
             !one["message"]["content"].as_str().unwrap().is_empty(),
             "{one}"
         );
+    });
+}
+
+#[test]
+fn a_failing_llama_server_gives_ollama_errors() {
+    let dead = vacancy_test_support::free_port().unwrap();
+    let emu = OllamaEmulator::start(OllamaOptions {
+        llama_server: Some(format!("http://127.0.0.1:{dead}")),
+        ..OllamaOptions::default()
+    })
+    .unwrap();
+    let base = emu.base_url();
+    runtime().block_on(async {
+        let (status, text) = post(
+            &base,
+            "/api/generate",
+            json!({"model": "llama3", "prompt": "x", "stream": false}),
+        )
+        .await;
+        assert_eq!(status, 500, "{text}");
+        assert!(serde_json::from_str::<Value>(&text).unwrap()["error"].is_string());
+        // Streaming: the status is sent already; the error comes as the last line.
+        let (status, text) = post(
+            &base,
+            "/api/chat",
+            json!({"model": "llama3", "messages": [{"role": "user", "content": "x"}]}),
+        )
+        .await;
+        assert_eq!(status, 200);
+        assert!(ndjson(&text).last().unwrap()["error"].is_string(), "{text}");
+        assert_eq!(emu.in_flight(), 0);
     });
 }
