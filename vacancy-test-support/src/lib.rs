@@ -8,6 +8,8 @@
 //!   GGUF model, all installed on demand into [`cache_dir`].
 //! - [`CountingShim`]: a forwarding proxy that records every request it relays; the
 //!   oracle of "the upstream never saw two work requests at once".
+//! - [`OllamaEmulator`]: an emulated Ollama API (see [`ollama`]), generating
+//!   filler text or through a real [`LlamaServer`].
 //! - [`http_request`], [`http_stream`], [`http_get_status`]: small HTTP clients.
 //!
 //! Everything works from an empty cache; the cache only speeds up reruns. The first
@@ -36,6 +38,7 @@
 mod error;
 mod http;
 mod llama;
+pub mod ollama;
 mod process;
 mod python;
 mod shim;
@@ -45,6 +48,7 @@ use std::path::PathBuf;
 pub use error::SupportError;
 pub use http::{Chunk, HttpReply, HttpStream, http_request, http_stream};
 pub use llama::{LLAMA_PACKAGES, LLAMA_VENV, LlamaOptions, LlamaServer, TinyModel};
+pub use ollama::{LoadedModelInfo, OllamaEmulator, OllamaModel, OllamaOptions, OllamaRequest};
 pub use process::{ManagedProcess, http_get_status};
 pub use python::PythonVenv;
 pub use shim::{CountingShim, Record};
