@@ -1,5 +1,6 @@
 //! Adapters for the upstreams vacancy lends: llama.cpp's `llama-server`
-//! ([`llamacpp`]) and OpenAI-compatible servers ([`openai`]).
+//! ([`llamacpp`]), Ollama ([`ollama`]) and OpenAI-compatible servers
+//! ([`openai`]).
 //!
 //! Each adapter is data plus code: a route table declared once as a constant
 //! and checked for overlaps when the adapter is built, request inspection
@@ -9,8 +10,10 @@
 
 pub mod common;
 pub mod llamacpp;
+pub mod ollama;
 pub mod openai;
 
 pub use common::{AdapterSettings, FetchError, ObservationClient};
 pub use llamacpp::LlamaCppAdapter;
+pub use ollama::OllamaAdapter;
 pub use openai::OpenAiAdapter;
