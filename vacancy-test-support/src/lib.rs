@@ -35,6 +35,7 @@
 //! }
 //! ```
 
+mod background;
 mod error;
 mod http;
 mod llama;

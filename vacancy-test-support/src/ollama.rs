@@ -51,11 +51,10 @@
 
 use std::collections::HashMap;
 use std::convert::Infallible;
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
@@ -68,6 +67,7 @@ use hyper_util::rt::TokioIo;
 use serde_json::{Value, json};
 use tokio::sync::{mpsc, oneshot};
 
+use crate::background::BackgroundServer;
 use crate::error::SupportError;
 
 /// The Ollama release whose API the emulator follows (see the module docs).
@@ -220,10 +220,8 @@ pub struct OllamaRequest {
 /// free 127.0.0.1 port (see the module docs for what it emulates).
 #[derive(Debug)]
 pub struct OllamaEmulator {
-    addr: SocketAddr,
+    server: BackgroundServer,
     state: Arc<Shared>,
-    stop: Option<oneshot::Sender<()>>,
-    thread: Option<JoinHandle<()>>,
 }
 
 impl OllamaEmulator {
@@ -235,50 +233,28 @@ impl OllamaEmulator {
                 message: "it must be at least 1".into(),
             });
         }
-        let std_listener = std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-            .map_err(|e| SupportError::io("ollama emulator: bind 127.0.0.1:0", e))?;
-        let addr = std_listener
-            .local_addr()
-            .map_err(|e| SupportError::io("ollama emulator: read its address", e))?;
-        std_listener
-            .set_nonblocking(true)
-            .map_err(|e| SupportError::io("ollama emulator: make the listener non-blocking", e))?;
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
             .build()
             .map_err(|e| SupportError::io("ollama emulator: build its tokio runtime", e))?;
-        let listener = {
-            let _entered = runtime.enter();
-            tokio::net::TcpListener::from_std(std_listener)
-                .map_err(|e| SupportError::io("ollama emulator: register the listener", e))?
-        };
         let state = Arc::new(Shared::new(options));
-        let (stop, stopped) = oneshot::channel();
         let thread_state = Arc::clone(&state);
-        let thread = std::thread::Builder::new()
-            .name(format!("ollama-emulator-{}", addr.port()))
-            .spawn(move || {
-                runtime.block_on(serve(listener, thread_state, stopped));
-                runtime.shutdown_background();
-            })
-            .map_err(|e| SupportError::io("ollama emulator: spawn its thread", e))?;
-        Ok(Self {
-            addr,
-            state,
-            stop: Some(stop),
-            thread: Some(thread),
-        })
+        let server =
+            BackgroundServer::start("ollama-emulator", runtime, move |listener, stopped| {
+                serve(listener, thread_state, stopped)
+            })?;
+        Ok(Self { server, state })
     }
 
     /// The address it listens on.
     pub fn addr(&self) -> SocketAddr {
-        self.addr
+        self.server.addr()
     }
 
     /// `http://127.0.0.1:PORT`, without a trailing slash.
     pub fn base_url(&self) -> String {
-        format!("http://{}", self.addr)
+        format!("http://{}", self.server.addr())
     }
 
     /// Loads `model` before any request, as an installer's preload would: with
@@ -396,19 +372,7 @@ impl OllamaEmulator {
     /// Stops listening and cuts the running exchanges. Idempotent; also done on
     /// drop.
     pub fn stop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            // An error means the thread is already gone.
-            let _ = stop.send(());
-        }
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
-    }
-}
-
-impl Drop for OllamaEmulator {
-    fn drop(&mut self) {
-        self.stop();
+        self.server.stop();
     }
 }
 

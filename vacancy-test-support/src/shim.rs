@@ -1,11 +1,10 @@
 //! A forwarding HTTP/1.1 proxy that records every request it relays.
 
 use std::convert::Infallible;
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -19,6 +18,7 @@ use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use tokio::sync::oneshot;
 
+use crate::background::BackgroundServer;
 use crate::error::SupportError;
 
 /// One request the shim relayed.
@@ -56,62 +56,41 @@ pub struct Record {
 /// request only after reading a whole response never shows a false overlap.
 #[derive(Debug)]
 pub struct CountingShim {
-    addr: SocketAddr,
+    server: BackgroundServer,
     upstream: SocketAddr,
     log: Arc<Log>,
-    stop: Option<oneshot::Sender<()>>,
-    thread: Option<JoinHandle<()>>,
 }
 
 impl CountingShim {
     /// Starts a shim in front of `upstream`.
     pub fn start(upstream: SocketAddr) -> Result<Self, SupportError> {
-        let std_listener = std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-            .map_err(|e| SupportError::io("counting shim: bind 127.0.0.1:0", e))?;
-        let addr = std_listener
-            .local_addr()
-            .map_err(|e| SupportError::io("counting shim: read its address", e))?;
-        std_listener
-            .set_nonblocking(true)
-            .map_err(|e| SupportError::io("counting shim: make the listener non-blocking", e))?;
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .map_err(|e| SupportError::io("counting shim: build its tokio runtime", e))?;
-        let listener = {
-            let _entered = runtime.enter();
-            tokio::net::TcpListener::from_std(std_listener)
-                .map_err(|e| SupportError::io("counting shim: register the listener", e))?
-        };
         let log = Arc::new(Log::default());
-        let (stop, stopped) = oneshot::channel();
         let thread_log = Arc::clone(&log);
-        let thread = std::thread::Builder::new()
-            .name(format!("counting-shim-{}", addr.port()))
-            .spawn(move || {
-                runtime.block_on(serve(listener, upstream, thread_log, stopped));
-                // Dropping the runtime cancels the exchanges still running; their
-                // records end as not completed.
-                drop(runtime);
-            })
-            .map_err(|e| SupportError::io("counting shim: spawn its thread", e))?;
+        // Stopping the runtime cancels the exchanges still running; their records
+        // end as not completed.
+        let server =
+            BackgroundServer::start("counting-shim", runtime, move |listener, stopped| {
+                serve(listener, upstream, thread_log, stopped)
+            })?;
         Ok(Self {
-            addr,
+            server,
             upstream,
             log,
-            stop: Some(stop),
-            thread: Some(thread),
         })
     }
 
     /// The address the shim listens on.
     pub fn addr(&self) -> SocketAddr {
-        self.addr
+        self.server.addr()
     }
 
     /// `http://127.0.0.1:PORT` of the shim, without a trailing slash.
     pub fn base_url(&self) -> String {
-        format!("http://{}", self.addr)
+        format!("http://{}", self.server.addr())
     }
 
     /// The upstream it forwards to.
@@ -170,20 +149,7 @@ impl CountingShim {
     /// Stops listening and cuts the exchanges still running (their records end as
     /// not completed). Idempotent; also done on drop.
     pub fn stop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            // An error means the thread is already gone.
-            let _ = stop.send(());
-        }
-        if let Some(thread) = self.thread.take() {
-            // A panic in the shim thread has nowhere better to go than the join.
-            let _ = thread.join();
-        }
-    }
-}
-
-impl Drop for CountingShim {
-    fn drop(&mut self) {
-        self.stop();
+        self.server.stop();
     }
 }
 
