@@ -121,28 +121,29 @@ impl Lender {
     }
 
     /// Decide a request, waiting up to the engine's bound for a post-job
-    /// sample (ADM-06). Counts the outcome in the metrics.
+    /// sample (ADM-06), and count the outcome in the metrics.
     pub async fn admit(
         &self,
         request: &WorkRequest,
         upstream: &str,
     ) -> Result<Reservation, Refusal> {
+        let outcome = self.decide(request).await;
+        self.count(upstream, &outcome);
+        outcome
+    }
+
+    /// Decide a request, waiting up to the engine's bound for a post-job
+    /// sample (ADM-06), without counting it: for callers that may decide the
+    /// same request twice (RES-20) and count once with [`count`](Self::count).
+    pub async fn decide(&self, request: &WorkRequest) -> Result<Reservation, Refusal> {
         loop {
             let landed = self.sample_landed.notified();
             tokio::pin!(landed);
             landed.as_mut().enable();
             let now = self.clock.now();
             match self.with_engine(|e| e.admit(request, now)) {
-                Decision::Admitted(r) => {
-                    self.metrics.admitted(upstream);
-                    info!(entry = %r.id, upstream, model = r.model.as_deref().unwrap_or(""), resident_credit = r.resident_credit, "admitted");
-                    return Ok(r);
-                }
-                Decision::Refused(refusal) => {
-                    self.metrics.refused(upstream, refusal.code);
-                    debug!(upstream, code = %refusal.code, reason = %refusal.reason, "refused");
-                    return Err(refusal);
-                }
+                Decision::Admitted(r) => return Ok(r),
+                Decision::Refused(refusal) => return Err(refusal),
                 Decision::Wait { until, resources } => {
                     for r in &resources {
                         if let Some(t) = self.sample_now.get(r) {
@@ -155,6 +156,20 @@ impl Lender {
                         () = tokio::time::sleep_until(deadline) => {}
                     }
                 }
+            }
+        }
+    }
+
+    /// Count and log one request's final admission outcome.
+    pub fn count(&self, upstream: &str, outcome: &Result<Reservation, Refusal>) {
+        match outcome {
+            Ok(r) => {
+                self.metrics.admitted(upstream);
+                info!(entry = %r.id, upstream, model = r.model.as_deref().unwrap_or(""), resident_credit = r.resident_credit, "admitted");
+            }
+            Err(refusal) => {
+                self.metrics.refused(upstream, refusal.code);
+                debug!(upstream, code = %refusal.code, reason = %refusal.reason, "refused");
             }
         }
     }

@@ -237,17 +237,16 @@ async fn work_request(
         reuse: inspection.reuse,
         upstream_ref: inspection.upstream_ref,
     };
-    let reservation = match lender.admit(&request, &route.name).await {
-        Err(refusal) if refusal.observe_again => {
-            // RES-20: the observation was only too old; observe once more.
-            if let Ok(obs) = route.adapter.observe().await {
-                lender.observe(route.id, obs);
-            }
-            lender.admit(&request, &route.name).await
+    let mut outcome = lender.decide(&request).await;
+    if matches!(&outcome, Err(refusal) if refusal.observe_again) {
+        // RES-20: the observation was only too old; observe once more.
+        if let Ok(obs) = route.adapter.observe().await {
+            lender.observe(route.id, obs);
         }
-        other => other,
-    };
-    let reservation = match reservation {
+        outcome = lender.decide(&request).await;
+    }
+    lender.count(&route.name, &outcome);
+    let reservation = match outcome {
         Ok(r) => r,
         Err(refusal) => return refusal_response(&route, &refusal, false),
     };
