@@ -184,13 +184,42 @@ async fn closed_port() -> std::io::Result<SocketAddr> {
     l.local_addr()
 }
 
-struct Harness {
-    lender: Arc<Lender>,
-    addr: SocketAddr,
+/// The real proxy in front of `upstream` with one always-free resource, for
+/// conformance checks and for adapter authors' own tests. Stops when dropped.
+pub struct ProxyUnderTest {
+    /// The admission shell: its status shows what the proxy holds.
+    pub lender: Arc<Lender>,
+    /// Where borrowers connect.
+    pub addr: SocketAddr,
     stop: watch::Sender<bool>,
 }
 
-async fn harness(adapter: Arc<dyn Adapter>, upstream: SocketAddr) -> Result<Harness, String> {
+impl Drop for ProxyUnderTest {
+    fn drop(&mut self) {
+        let _ = self.stop.send(true);
+    }
+}
+
+impl ProxyUnderTest {
+    /// Start the proxy for `adapter` in front of `upstream`; borrowers who leave
+    /// are drained (`on_borrower_disconnect = "drain"`).
+    pub async fn start(adapter: Arc<dyn Adapter>, upstream: SocketAddr) -> Result<Self, String> {
+        harness(adapter, upstream).await
+    }
+
+    /// The work entries once `want` holds, or after 2 s, whichever is first.
+    pub async fn settle(
+        &self,
+        want: impl Fn(&[crate::engine::WorkStatus]) -> bool,
+    ) -> Vec<crate::engine::WorkStatus> {
+        settle(&self.lender, want).await
+    }
+}
+
+async fn harness(
+    adapter: Arc<dyn Adapter>,
+    upstream: SocketAddr,
+) -> Result<ProxyUnderTest, String> {
     let spec = EngineSpec {
         lending: true,
         resources: vec![ResourceSpec::new("testkit", ResourceKind::Memory, 0)],
@@ -236,7 +265,7 @@ async fn harness(adapter: Arc<dyn Adapter>, upstream: SocketAddr) -> Result<Harn
         rx,
         Duration::from_secs(1),
     ));
-    Ok(Harness { lender, addr, stop })
+    Ok(ProxyUnderTest { lender, addr, stop })
 }
 
 /// Send `sample` through the proxy; the status and whether the body ended cleanly.

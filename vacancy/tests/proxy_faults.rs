@@ -9,18 +9,12 @@ use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::watch;
-use vacancy::config::{Management, OnBorrowerDisconnect};
-use vacancy::engine::{
-    CompletionMethod, Engine, EngineSpec, OwnerPresence, Phase, ResourceSpec, UpstreamSpec,
-    WorkStatus,
-};
-use vacancy::proxy::{Lender, Target, UpstreamRoute, VolatileStore};
+use vacancy::engine::{CompletionMethod, Phase};
+use vacancy::testkit::ProxyUnderTest;
 use vacancy::traits::{
     Adapter, InspectContext, InspectError, Inspection, RouteClass, RouteMethod, RouteSpec,
     RouteTable, WorkRoute,
 };
-use vacancy::{CapacitySample, MonotonicClock, ResourceKind};
 
 struct Gated(RouteTable);
 
@@ -60,48 +54,8 @@ fn gated() -> Arc<dyn Adapter> {
     ))
 }
 
-async fn proxy(upstream: SocketAddr) -> (Arc<Lender>, SocketAddr, watch::Sender<bool>) {
-    let spec = EngineSpec {
-        lending: true,
-        resources: vec![ResourceSpec::new("gpu0", ResourceKind::Gpu, 0)],
-        upstreams: vec![UpstreamSpec::new("u", "gpu0", 0)],
-    };
-    let mut engine = Engine::new(spec).unwrap();
-    engine.set_owner(OwnerPresence::Away);
-    let clock = MonotonicClock::new();
-    let lender = Arc::new(Lender::new(
-        engine,
-        ["gpu0".to_owned()],
-        clock,
-        Arc::new(VolatileStore),
-    ));
-    lender.record_sample(
-        "gpu0",
-        Ok(CapacitySample::memory(10_000, 20_000, clock.now())),
-        clock.now(),
-    );
-    let route = Arc::new(UpstreamRoute {
-        name: "u".into(),
-        id: lender.with_engine(|e| e.upstream_id("u")).unwrap(),
-        adapter: gated(),
-        target: Target::parse(&format!("http://{upstream}")).unwrap(),
-        management: Management::Deny,
-        on_borrower_disconnect: OnBorrowerDisconnect::Drain,
-        completion_timeout: Duration::from_secs(5),
-        max_body_bytes: 1 << 20,
-        connect_timeout: Duration::from_secs(2),
-    });
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let (stop, rx) = watch::channel(false);
-    tokio::spawn(vacancy::proxy::serve(
-        listener,
-        Arc::clone(&lender),
-        route,
-        rx,
-        Duration::from_secs(1),
-    ));
-    (lender, addr, stop)
+async fn proxy(upstream: SocketAddr) -> ProxyUnderTest {
+    ProxyUnderTest::start(gated(), upstream).await.unwrap()
 }
 
 /// An upstream that answers every connection with `reply`, then echoes what
@@ -142,17 +96,6 @@ async fn raw_upstream(reply: &'static [u8], echo: bool) -> SocketAddr {
     addr
 }
 
-async fn settle(lender: &Lender, want: impl Fn(&[WorkStatus]) -> bool) -> Vec<WorkStatus> {
-    for _ in 0..100 {
-        let w = lender.status().work;
-        if want(&w) {
-            return w;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    lender.status().work
-}
-
 async fn read_until(s: &mut TcpStream, needle: &[u8]) -> Vec<u8> {
     let mut got = Vec::new();
     let mut buf = [0u8; 1024];
@@ -173,7 +116,8 @@ async fn read_until(s: &mut TcpStream, needle: &[u8]) -> Vec<u8> {
 async fn a_reply_that_is_not_http_never_counts_as_a_clean_end() {
     // DONE-03, OBS-03's spirit for completion: garbage holds.
     let up = raw_upstream(b"this is not HTTP at all\r\n\r\n", false).await;
-    let (lender, addr, _stop) = proxy(up).await;
+    let p = proxy(up).await;
+    let addr = p.addr;
     let mut s = TcpStream::connect(addr).await.unwrap();
     s.write_all(b"POST /run HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}")
         .await
@@ -184,7 +128,9 @@ async fn a_reply_that_is_not_http_never_counts_as_a_clean_end() {
         "{}",
         String::from_utf8_lossy(&reply)
     );
-    let work = settle(&lender, |w| w.len() == 1 && w[0].phase == Phase::Held).await;
+    let work = p
+        .settle(|w| w.len() == 1 && w[0].phase == Phase::Held)
+        .await;
     assert_eq!(work.len(), 1);
     assert_eq!(work[0].phase, Phase::Held);
 }
@@ -197,7 +143,8 @@ async fn a_gated_websocket_keeps_its_reservation_after_close() {
         true,
     )
     .await;
-    let (lender, addr, _stop) = proxy(up).await;
+    let p = proxy(up).await;
+    let addr = p.addr;
     let mut s = TcpStream::connect(addr).await.unwrap();
     s.write_all(
         b"GET /ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n",
@@ -213,9 +160,11 @@ async fn a_gated_websocket_keeps_its_reservation_after_close() {
     s.write_all(b"ping").await.unwrap();
     let echoed = read_until(&mut s, b"ping").await;
     assert!(echoed.ends_with(b"ping"));
-    assert_eq!(lender.status().work[0].phase, Phase::Forwarding);
+    assert_eq!(p.lender.status().work[0].phase, Phase::Forwarding);
     drop(s);
-    let work = settle(&lender, |w| w.len() == 1 && w[0].phase == Phase::Held).await;
+    let work = p
+        .settle(|w| w.len() == 1 && w[0].phase == Phase::Held)
+        .await;
     assert_eq!(work.len(), 1, "the reservation must survive the close");
     assert_eq!(work[0].phase, Phase::Held);
 }
@@ -228,7 +177,8 @@ async fn a_websocket_upstream_that_refuses_the_upgrade_releases() {
         false,
     )
     .await;
-    let (lender, addr, _stop) = proxy(up).await;
+    let p = proxy(up).await;
+    let addr = p.addr;
     let mut s = TcpStream::connect(addr).await.unwrap();
     s.write_all(
         b"GET /ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n",
@@ -241,6 +191,6 @@ async fn a_websocket_upstream_that_refuses_the_upgrade_releases() {
         "{}",
         String::from_utf8_lossy(&reply)
     );
-    let work = settle(&lender, |w| w.is_empty()).await;
+    let work = p.settle(|w| w.is_empty()).await;
     assert!(work.is_empty(), "{work:?}");
 }
