@@ -102,13 +102,10 @@ impl Adapter for HaikuAdapter {
         // A real adapter would GET /haiku/models with the operator's credential.
         Ok(ModelObservation {
             taken_at: self.clock.now(),
-            models: vec![ObservedModel {
-                name: "basho-1".to_owned(),
-                ready: true,
-                evidence: ResidencyEvidence::NotProven(
-                    "the haiku server reports no idle state".to_owned(),
-                ),
-            }],
+            models: vec![ObservedModel::new(
+                "basho-1".to_owned(),
+                ResidencyEvidence::NotProven("the haiku server reports no idle state".to_owned()),
+            )],
             foreign_work: None,
         })
     }

@@ -358,9 +358,8 @@ fn observation(
         models: models
             .into_iter()
             .map(|(name, ready)| ObservedModel {
-                name,
                 ready,
-                evidence: evidence.clone(),
+                ..ObservedModel::new(name, evidence.clone())
             })
             .collect(),
         foreign_work,

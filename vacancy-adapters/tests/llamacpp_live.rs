@@ -48,11 +48,10 @@ async fn an_idle_server_proves_its_model_resident() {
     assert!(obs.taken_at >= before);
     assert_eq!(
         obs.models,
-        [ObservedModel {
-            name: "vacancy-tiny".into(),
-            ready: true,
-            evidence: ResidencyEvidence::Proven,
-        }]
+        [ObservedModel::new(
+            "vacancy-tiny",
+            ResidencyEvidence::Proven
+        )]
     );
     assert_eq!(obs.foreign_work, None);
     assert_eq!(a.verify_stopped().await, Ok(true));

@@ -5,7 +5,7 @@
 
 use vacancy::Adapter;
 use vacancy::MonotonicClock;
-use vacancy::engine::{ObservedModel, ResidencyEvidence};
+use vacancy::engine::ResidencyEvidence;
 use vacancy::traits::ObserveError;
 use vacancy_adapters::{AdapterSettings, OllamaAdapter};
 use vacancy_test_support::{OllamaEmulator, OllamaOptions, http_request};
@@ -30,13 +30,19 @@ async fn a_preloaded_model_is_proven_resident() {
     let before = a.settings().clock.now();
     let obs = a.observe().await.unwrap();
     assert!(obs.taken_at >= before);
+    assert_eq!(obs.models.len(), 1, "{obs:?}");
+    let m = &obs.models[0];
+    assert_eq!((m.name.as_str(), m.ready), ("llama3:latest", true));
+    assert_eq!(m.context_length, Some(4096));
+    assert!(m.digest.is_some());
+    // The emulator's models set no Modelfile num_ctx: only an explicit
+    // num_ctx equal to the loaded context is known to reuse it (RES-05 b).
     assert_eq!(
-        obs.models,
-        [ObservedModel {
-            name: "llama3:latest".into(),
-            ready: true,
-            evidence: ResidencyEvidence::Proven,
-        }]
+        m.evidence,
+        ResidencyEvidence::ProvenFor {
+            kinds: vec!["llama3:latest, num_ctx 4096, /api".into()],
+            otherwise: "llama3:latest is loaded with context 4096, which requests of this kind are not known to reuse (nothing learned for it; the Modelfile sets no num_ctx)".into(),
+        }
     );
     assert_eq!(obs.foreign_work, None);
     // Observation reads /api/ps only, with GET (OBS-01: nothing of a borrower's).
@@ -45,7 +51,8 @@ async fn a_preloaded_model_is_proven_resident() {
         .into_iter()
         .map(|r| format!("{} {}", r.method, r.path))
         .collect();
-    assert_eq!(asked, ["GET /api/ps", "GET /api/ps"]);
+    // /api/show once for the new digest (RES-09).
+    assert_eq!(asked, ["GET /api/ps", "GET /api/ps", "POST /api/show"]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -104,10 +111,10 @@ async fn a_malformed_ps_gives_no_credit() {
     emulator.set_fail_ps(true);
     assert!(matches!(a.observe().await, Err(ObserveError::Malformed(_))));
     emulator.set_fail_ps(false);
-    assert_eq!(
+    assert!(matches!(
         a.observe().await.unwrap().models[0].evidence,
-        ResidencyEvidence::Proven
-    );
+        ResidencyEvidence::ProvenFor { .. }
+    ));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

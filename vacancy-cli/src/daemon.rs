@@ -18,7 +18,8 @@ use vacancy::proxy::shells::{self, HealthCell, UnavailableResource};
 use vacancy::proxy::{Lender, Target, UpstreamRoute};
 use vacancy::traits::Adapter;
 use vacancy::{MonotonicClock, Resource};
-use vacancy_adapters::{AdapterSettings, LlamaCppAdapter, OpenAiAdapter};
+use vacancy_adapters::ollama::ContextCache;
+use vacancy_adapters::{AdapterSettings, LlamaCppAdapter, OllamaAdapter, OpenAiAdapter};
 
 use crate::control::{ControlState, UpstreamInfo};
 
@@ -137,6 +138,7 @@ fn read_credential(
 fn build_adapter(
     u: &UpstreamConfig,
     clock: MonotonicClock,
+    contexts: &Arc<ContextCache>,
 ) -> Result<Arc<dyn Adapter>, StartError> {
     let target: http::Uri = u
         .target
@@ -153,9 +155,14 @@ fn build_adapter(
         AdapterKind::Openai => Arc::new(
             OpenAiAdapter::new(settings).map_err(|e| setup(format!("openai adapter: {e}")))?,
         ),
+        AdapterKind::Ollama => Arc::new(
+            OllamaAdapter::new(settings)
+                .map_err(|e| setup(format!("ollama adapter: {e}")))?
+                .with_context_cache(Arc::clone(contexts), &u.name),
+        ),
         other => {
             return Err(setup(format!(
-                "upstream {:?}: the {} adapter is not available in this release; available: llamacpp, openai",
+                "upstream {:?}: the {} adapter is not available in this release; available: llamacpp, ollama, openai",
                 u.name,
                 other.as_str()
             )));
@@ -178,7 +185,7 @@ fn open_ledger(
     config_path: Option<&Path>,
     engine: &mut Engine,
     clock: MonotonicClock,
-) -> Result<Ledger, StartError> {
+) -> Result<(Ledger, std::path::PathBuf), StartError> {
     let input = LocationInput::from_env(config_path, &config.server.admission_state_dir);
     let location = resolve_location(&input).map_err(|e| setup(e.to_string()))?;
     let (ledger, recovered) = Ledger::open(&location.path).map_err(|e| setup(e.to_string()))?;
@@ -196,7 +203,7 @@ fn open_ledger(
         })?;
         warn!(entry = %entry.id, upstream = %entry.upstream, resources = %entry.resources.join(","), age_s = entry.age(wall).as_secs(), "held work restored: stop or verify it at the upstream, then release it as an administrator");
     }
-    Ok(ledger)
+    Ok((ledger, location.path))
 }
 
 /// Assemble everything and start serving; `shutdown` turning true stops it.
@@ -221,7 +228,20 @@ pub async fn start(
     }
 
     let mut engine = Engine::new(EngineSpec::from(&config)).map_err(|e| setup(e.to_string()))?;
-    let ledger = open_ledger(&config, config_path, &mut engine, clock)?;
+    let (ledger, state_dir) = open_ledger(&config, config_path, &mut engine, clock)?;
+    // RES-13: learned Ollama contexts live beside the ledger; a cache that
+    // cannot be read is logged and never blocks startup (RES-15).
+    let contexts = Arc::new(
+        if config
+            .upstreams
+            .iter()
+            .any(|u| u.adapter == AdapterKind::Ollama)
+        {
+            ContextCache::open(&state_dir)
+        } else {
+            ContextCache::in_memory()
+        },
+    );
     let lender = Arc::new(Lender::new(
         engine,
         config.resources.iter().map(|r| r.name.clone()),
@@ -285,7 +305,7 @@ pub async fn start(
     let mut infos = Vec::new();
     let mut servers = Vec::new();
     for u in &config.upstreams {
-        let adapter = build_adapter(u, clock)?;
+        let adapter = build_adapter(u, clock, &contexts)?;
         let id = lender
             .with_engine(|e| e.upstream_id(&u.name))
             .ok_or_else(|| setup(format!("upstream {:?} is missing from the engine", u.name)))?;

@@ -204,7 +204,7 @@ fn entry_id(id: &str) -> Result<EntryId, Error> {
 
 fn released(effect: ReleaseEffect) -> Vec<String> {
     match effect {
-        ReleaseEffect::Released { sample_now } => sample_now,
+        ReleaseEffect::Released { sample_now, .. } => sample_now,
         ReleaseEffect::Held => Vec::new(),
     }
 }
@@ -220,11 +220,7 @@ fn id_arg(id: &Bound<'_, PyAny>) -> PyResult<String> {
 
 fn observed_model(item: &Bound<'_, PyAny>) -> PyResult<ObservedModel> {
     if let Ok(name) = item.extract::<String>() {
-        return Ok(ObservedModel {
-            name,
-            ready: true,
-            evidence: ResidencyEvidence::Proven,
-        });
+        return Ok(ObservedModel::new(name, ResidencyEvidence::Proven));
     }
     let d = item.cast::<PyDict>().map_err(|_| {
         PyTypeError::new_err("each observed model is a name (str) or a dict with at least 'name'")
@@ -261,9 +257,8 @@ fn observed_model(item: &Bound<'_, PyAny>) -> PyResult<ObservedModel> {
         }))
     };
     Ok(ObservedModel {
-        name,
         ready,
-        evidence,
+        ..ObservedModel::new(name, evidence)
     })
 }
 

@@ -58,6 +58,7 @@ fn engine(n: usize) -> (Engine, Vec<WorkRequest>) {
             id: EntryId::from_u128(0),
             upstream: e.upstream_id(&format!("up{i}")).unwrap(),
             model: Some("llama3.1:8b".into()),
+            canonical_model: None,
             arrived_at: Moment::ZERO,
             completion: CompletionMethod::ResponseEnd,
             reuse: RequestReuse::Reuses,

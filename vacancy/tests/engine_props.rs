@@ -169,6 +169,7 @@ fn run(reserves: [u64; 3], events: Vec<Event>) -> Result<(), TestCaseError> {
                     id: EntryId::from_u128(s.next_id),
                     upstream: up,
                     model: model.map(|m| MODELS[m].to_owned()),
+                    canonical_model: None,
                     arrived_at: now,
                     completion: CompletionMethod::ResponseEnd,
                     reuse: Default::default(),
@@ -302,11 +303,7 @@ fn run(reserves: [u64; 3], events: Vec<Event>) -> Result<(), TestCaseError> {
                     up,
                     ModelObservation {
                         taken_at: now,
-                        models: vec![ObservedModel {
-                            name: MODELS[model].into(),
-                            ready: true,
-                            evidence: ResidencyEvidence::Proven,
-                        }],
+                        models: vec![ObservedModel::new(MODELS[model], ResidencyEvidence::Proven)],
                         foreign_work: None,
                     },
                 )

@@ -5,7 +5,7 @@ use std::error::Error as _;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Empty, Limited};
+use http_body_util::{BodyExt, Full, Limited};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
@@ -102,7 +102,7 @@ impl From<FetchError> for ObserveError {
 ///   with the reason, never read without TLS.
 #[derive(Clone)]
 pub struct ObservationClient {
-    client: Client<HttpConnector, Empty<Bytes>>,
+    client: Client<HttpConnector, Full<Bytes>>,
     target: http::Uri,
     credential: Option<(http::HeaderName, http::HeaderValue)>,
     timeout: Duration,
@@ -180,14 +180,47 @@ impl ObservationClient {
     /// credential only (OBS-01/02), a 2xx answer that is not JSON is
     /// [`FetchError::Malformed`] (OBS-03).
     pub async fn fetch_json(&self, path: &str) -> Result<serde_json::Value, FetchError> {
+        self.exchange_json(http::Method::GET, path, None).await
+    }
+
+    /// `POST path` with a JSON body, read as JSON, as an [`ObserveError`] on failure.
+    ///
+    /// # Behavior
+    ///
+    /// As [`ObservationClient::get_json`], for the reads an upstream only
+    /// answers to a POST (Ollama's `/api/show`) and for vacancy's own control
+    /// requests (Ollama's unload): vacancy's credential only, bounded.
+    pub async fn post_json(
+        &self,
+        path: &str,
+        body: &serde_json::Value,
+    ) -> Result<serde_json::Value, FetchError> {
+        self.exchange_json(
+            http::Method::POST,
+            path,
+            Some(body.to_string().into_bytes()),
+        )
+        .await
+    }
+
+    async fn exchange_json(
+        &self,
+        method: http::Method,
+        path: &str,
+        body: Option<Vec<u8>>,
+    ) -> Result<serde_json::Value, FetchError> {
         let full = self.full_path(path);
-        let what = format!("GET {full}");
+        let what = format!("{method} {full}");
         let uri = self.uri(&full, &what)?;
-        let mut request = http::Request::get(uri);
+        let mut request = http::Request::builder().method(method).uri(uri);
         if let Some((name, value)) = &self.credential {
             request = request.header(name, value);
         }
-        let request = request.body(Empty::new()).map_err(|e| {
+        if body.is_some() {
+            request = request.header(http::header::CONTENT_TYPE, "application/json");
+        }
+        let body = Full::new(Bytes::from(body.unwrap_or_default()));
+        let request = request.body(body).map_err(|e| {
             FetchError::Unreachable(format!("{what}: cannot build the request: {e}"))
         })?;
         match tokio::time::timeout(self.timeout, self.read(request, &what)).await {
@@ -225,7 +258,7 @@ impl ObservationClient {
 
     async fn read(
         &self,
-        request: http::Request<Empty<Bytes>>,
+        request: http::Request<Full<Bytes>>,
         what: &str,
     ) -> Result<serde_json::Value, FetchError> {
         let response = self.client.request(request).await.map_err(|e| {

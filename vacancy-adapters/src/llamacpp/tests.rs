@@ -302,11 +302,7 @@ async fn idle_slots_prove_residency() {
         assert_eq!(obs.models.len(), 1);
         assert_eq!(
             model(&obs, "tiny.gguf"),
-            ObservedModel {
-                name: "tiny.gguf".into(),
-                ready: true,
-                evidence: ResidencyEvidence::Proven
-            }
+            ObservedModel::new("tiny.gguf", ResidencyEvidence::Proven)
         );
         assert_eq!(obs.foreign_work, None);
         assert_eq!(paths(&server), ["/props", "/slots", "/v1/models"]);

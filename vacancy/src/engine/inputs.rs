@@ -42,8 +42,17 @@ pub enum PressureVerdict {
 /// Whether the upstream's own evidence proves a loaded model will be reused.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ResidencyEvidence {
-    /// The adapter's evidence holds (e.g. llama.cpp: an idle slot, RES-16).
+    /// The adapter's evidence holds for any request (e.g. llama.cpp: an idle slot, RES-16).
     Proven,
+    /// The evidence holds only for requests of these kinds
+    /// ([`RequestReuse::ReusesAs`](crate::engine::RequestReuse::ReusesAs)), e.g. the
+    /// Ollama request kinds known to reuse the loaded context (RES-05).
+    ProvenFor {
+        /// The kinds credited.
+        kinds: Vec<String>,
+        /// Why a request of any other kind is not (RES-21).
+        otherwise: String,
+    },
     /// It does not, with the reason shown in refusals (RES-21).
     NotProven(String),
 }
@@ -57,6 +66,37 @@ pub struct ObservedModel {
     pub ready: bool,
     /// The adapter's residency evidence for this model.
     pub evidence: ResidencyEvidence,
+    /// The loaded weights' digest, where the upstream reports one (Ollama).
+    pub digest: Option<String>,
+    /// The context the model is loaded with, in tokens, where reported (Ollama).
+    pub context_length: Option<u64>,
+}
+
+impl ObservedModel {
+    /// A ready model with `evidence` and nothing else reported.
+    pub fn new(name: impl Into<String>, evidence: ResidencyEvidence) -> Self {
+        ObservedModel {
+            name: name.into(),
+            ready: true,
+            evidence,
+            digest: None,
+            context_length: None,
+        }
+    }
+}
+
+/// A request of a known kind finished, and no other work was admitted on the
+/// upstream's resources since: the first observation taken after
+/// `finished_at` shows what that kind leaves loaded (RES-07). Given to the
+/// adapter by [`Engine::take_lesson`](crate::engine::Engine::take_lesson).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lesson {
+    /// The model identity of the finished request.
+    pub model: String,
+    /// Its kind ([`RequestReuse::ReusesAs`](crate::engine::RequestReuse::ReusesAs)).
+    pub kind: String,
+    /// When it was released.
+    pub finished_at: Moment,
 }
 
 /// What an adapter saw when it observed its upstream.

@@ -27,7 +27,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 pub use inputs::{
-    ModelObservation, ObservedModel, OwnerPresence, PressureVerdict, ResidencyEvidence,
+    Lesson, ModelObservation, ObservedModel, OwnerPresence, PressureVerdict, ResidencyEvidence,
 };
 pub use priors::MAX_PRIOR_IDENTITIES;
 pub use refusal::{Refusal, RefusalCode};
@@ -118,6 +118,9 @@ pub enum ReleaseEffect {
     Released {
         /// The resources to sample at once.
         sample_now: Vec<String>,
+        /// The upstream whose work ended: observe it now, so residency has
+        /// evidence taken after the job (RES-02) and a lesson is learned (RES-07).
+        observe_now: Option<UpstreamId>,
     },
     /// The outcome was uncertain: the entry is held and keeps its resources.
     Held,
@@ -163,6 +166,9 @@ struct UpstreamState {
     spec: UpstreamSpec,
     deps: Vec<Dep>,
     observation: Option<ModelObservation>,
+    /// The last released request of a known kind, until an observation
+    /// takes it or an admission on a shared resource voids it (RES-07).
+    lesson: Option<Lesson>,
 }
 
 #[derive(Debug)]
@@ -172,6 +178,8 @@ struct Entry {
     deps: Vec<usize>,
     phase: Phase,
     held_reason: Option<String>,
+    /// (model identity, kind) of a request of a known kind (RES-06).
+    kind: Option<(String, String)>,
 }
 
 /// Why [`Engine::evaluate`] did not admit.
@@ -188,6 +196,23 @@ impl From<Blocked> for Decision {
         match b {
             Blocked::Wait { until, resources } => Decision::Wait { until, resources },
             Blocked::Refused(r) => Decision::Refused(r),
+        }
+    }
+}
+
+/// The two names of a request's model: as written (configuration, MEM-06)
+/// and as the upstream reports it (observations and priors).
+#[derive(Debug, Clone, Copy, Default)]
+struct ModelNames<'a> {
+    written: Option<&'a str>,
+    identity: Option<&'a str>,
+}
+
+impl<'a> ModelNames<'a> {
+    fn of(req: &'a WorkRequest) -> Self {
+        ModelNames {
+            written: req.model.as_deref(),
+            identity: req.identity(),
         }
     }
 }
@@ -240,6 +265,7 @@ impl Engine {
                 spec: u,
                 deps,
                 observation: None,
+                lesson: None,
             });
         }
         Ok(Engine {
@@ -447,8 +473,28 @@ impl Engine {
     /// footprint measurements taken before now no longer hold, and new work
     /// waits for a fresh sample (RECL-45).
     pub fn record_unload(&mut self, resource: &str, now: Moment) -> Result<(), EngineError> {
-        self.resource_mut(resource)?.disturbed(now);
+        let i = self.resource_idx(resource)?;
+        self.resources[i].disturbed(now);
+        for u in &mut self.upstreams {
+            if u.deps.iter().any(|d| d.res == i) {
+                u.lesson = None;
+            }
+        }
         Ok(())
+    }
+
+    /// The lesson an observation of `upstream` taken at `observed_at` teaches:
+    /// the last released request of a known kind, when it finished before the
+    /// observation started and nothing was admitted on the upstream's
+    /// resources since (RES-07). Taken once: later observations teach nothing.
+    /// An observation started before the request finished leaves it in place.
+    pub fn take_lesson(&mut self, upstream: UpstreamId, observed_at: Moment) -> Option<Lesson> {
+        let u = self.upstreams.get_mut(upstream.0)?;
+        if u.lesson.as_ref()?.finished_at < observed_at {
+            u.lesson.take()
+        } else {
+            None
+        }
     }
 
     // ---- admission -----------------------------------------------------
@@ -470,14 +516,9 @@ impl Engine {
                 format!("no upstream #{}", req.upstream.0),
             ));
         };
-        let residency = self.residency(u, req.model.as_deref(), &req.reuse, now);
-        let charges = match self.evaluate(
-            req.upstream.0,
-            req.model.as_deref(),
-            &residency,
-            req.arrived_at,
-            now,
-        ) {
+        let names = ModelNames::of(req);
+        let residency = self.residency(u, names.identity, &req.reuse, now);
+        let charges = match self.evaluate(req.upstream.0, names, &residency, req.arrived_at, now) {
             Ok(charges) => charges,
             Err(blocked) => return blocked.into(),
         };
@@ -487,10 +528,10 @@ impl Engine {
             let r = &mut self.resources[dep.res];
             r.holder = Some(req.id);
             // A new job confounds any measurement under way on this resource.
-            r.footprint = match (&req.model, dep.budget) {
+            r.footprint = match (names.identity, dep.budget) {
                 (Some(model), Budget::Primary | Budget::Required(_)) => Some(PendingFootprint {
                     upstream: up,
-                    model: model.clone(),
+                    model: model.to_owned(),
                     free_at_admission: charge.free_mib,
                     admitted_at: now,
                     observed_at: None,
@@ -498,6 +539,17 @@ impl Engine {
                 _ => None,
             };
         }
+        // RES-07: work on a shared resource changes what the upstream holds,
+        // so an observation after now teaches no earlier request's kind.
+        for u in &mut self.upstreams {
+            if u.deps.iter().any(|d| deps.contains(&d.res)) {
+                u.lesson = None;
+            }
+        }
+        let kind = match (names.identity, req.reuse.kind()) {
+            (Some(model), Some(kind)) => Some((model.to_owned(), kind.to_owned())),
+            _ => None,
+        };
         let reservation = Reservation {
             id: req.id,
             upstream: self.upstreams[up].spec.name.clone(),
@@ -516,6 +568,7 @@ impl Engine {
                 deps,
                 phase: Phase::Forwarding,
                 held_reason: None,
+                kind,
             },
         );
         Decision::Admitted(reservation)
@@ -527,7 +580,7 @@ impl Engine {
             why: "the status decision charges the default budget".to_owned(),
             stale: false,
         };
-        match self.evaluate(upstream.0, None, &not_proven, now, now) {
+        match self.evaluate(upstream.0, ModelNames::default(), &not_proven, now, now) {
             Ok(_) => Vacancy {
                 admitting: true,
                 code: None,
@@ -574,8 +627,17 @@ impl Engine {
         if !m.ready {
             return not(format!("{model:?} is not ready on the upstream"));
         }
-        if let ResidencyEvidence::NotProven(why) = &m.evidence {
-            return not(why.clone());
+        match (&m.evidence, reuse) {
+            (ResidencyEvidence::Proven, _) => {}
+            (ResidencyEvidence::NotProven(why), _) => return not(why.clone()),
+            (ResidencyEvidence::ProvenFor { kinds, otherwise }, RequestReuse::ReusesAs(kind)) => {
+                if !kinds.iter().any(|k| k == kind) {
+                    return not(format!("{otherwise} (this request: {kind})"));
+                }
+            }
+            (ResidencyEvidence::ProvenFor { otherwise, .. }, _) => {
+                return not(format!("{otherwise} (the request's kind is unknown)"));
+            }
         }
         for dep in &u.deps {
             let r = &self.resources[dep.res];
@@ -605,9 +667,10 @@ impl Engine {
         &mut self,
         up: usize,
         dep: Dep,
-        model: Option<&str>,
+        names: ModelNames<'_>,
         resident: bool,
     ) -> Option<u64> {
+        let model = names.written;
         let spec = &self.upstreams[up].spec;
         let kind = self.resources[dep.res].spec.kind;
         let configured = match dep.budget {
@@ -629,7 +692,7 @@ impl Engine {
                     .unwrap_or(spec.resident_min_free_mib),
             );
         }
-        let prior = model.and_then(|m| self.priors.get(up, m, dep.res));
+        let prior = names.identity.and_then(|m| self.priors.get(up, m, dep.res));
         // MEM-08: a prior raises the requirement, never lowers it.
         Some(prior.map_or(configured, |p| p.max(configured)))
     }
@@ -638,7 +701,7 @@ impl Engine {
     fn evaluate(
         &mut self,
         up: usize,
-        model: Option<&str>,
+        names: ModelNames<'_>,
         residency: &Residency,
         arrived_at: Moment,
         now: Moment,
@@ -733,7 +796,7 @@ impl Engine {
                 awaiting.push(self.resources[dep.res].spec.name.clone());
                 continue;
             }
-            let required = self.requirement(up, dep, model, resident);
+            let required = self.requirement(up, dep, names, resident);
             let r = &self.resources[dep.res];
             let sample = match r.capacity(now) {
                 Capacity::Known(s) => s,
@@ -749,7 +812,7 @@ impl Engine {
             };
             if let Some(refusal) = r.check_fit(&sample, required) {
                 let mut refusal = refusal;
-                if let (Residency::NotProven { why, stale }, Some(_)) = (residency, model) {
+                if let (Residency::NotProven { why, stale }, Some(_)) = (residency, names.written) {
                     // RES-21: say why no resident credit applied.
                     refusal
                         .reason
@@ -823,7 +886,20 @@ impl Engine {
             return Err(EngineError::EntryHeld(id));
         }
         match outcome {
-            ReleaseOutcome::Completed | ReleaseOutcome::NotForwarded => Ok(self.free(id, now)),
+            ReleaseOutcome::Completed => {
+                if let Some((model, kind)) = e.kind.take() {
+                    let up = e.upstream;
+                    let effect = self.free(id, now);
+                    self.upstreams[up].lesson = Some(Lesson {
+                        model,
+                        kind,
+                        finished_at: now,
+                    });
+                    return Ok(effect);
+                }
+                Ok(self.free(id, now))
+            }
+            ReleaseOutcome::NotForwarded => Ok(self.free(id, now)),
             ReleaseOutcome::Uncertain(reason) => {
                 e.phase = Phase::Held;
                 e.held_reason = Some(reason);
@@ -854,6 +930,7 @@ impl Engine {
         let Some(e) = self.entries.remove(&id) else {
             return ReleaseEffect::Released {
                 sample_now: Vec::new(),
+                observe_now: None,
             };
         };
         let mut sample_now = Vec::with_capacity(e.deps.len());
@@ -865,7 +942,10 @@ impl Engine {
             r.disturbed(now);
             sample_now.push(r.spec.name.clone());
         }
-        ReleaseEffect::Released { sample_now }
+        ReleaseEffect::Released {
+            sample_now,
+            observe_now: Some(UpstreamId(e.upstream)),
+        }
     }
 
     /// Return an entry recorded before a restart as held, reserving its
@@ -928,6 +1008,7 @@ impl Engine {
                 deps,
                 phase: Phase::Held,
                 held_reason: Some(reason.to_owned()),
+                kind: None,
             },
         );
         Ok(())

@@ -109,7 +109,8 @@ fn released_resource_needs_a_sample_taken_after_the_job() {
     assert_eq!(
         effect,
         ReleaseEffect::Released {
-            sample_now: vec![GPU.to_owned(), RAM.to_owned()]
+            sample_now: vec![GPU.to_owned(), RAM.to_owned()],
+            observe_now: e.upstream_id("llm"),
         }
     );
     assert!(matches!(
@@ -290,11 +291,10 @@ fn observe_loaded(e: &mut Engine, upstream: &str, model: &str, at: u64) {
         id,
         ModelObservation {
             taken_at: t(at),
-            models: vec![ObservedModel {
-                name: model.to_owned(),
-                ready: true,
-                evidence: ResidencyEvidence::Proven,
-            }],
+            models: vec![ObservedModel::new(
+                model.to_owned(),
+                ResidencyEvidence::Proven,
+            )],
             foreign_work: None,
         },
     )
@@ -472,6 +472,190 @@ fn request_that_cannot_reuse_the_model_gets_no_credit() {
     r.reuse = RequestReuse::Cannot("the request sets runner option num_gpu".to_owned());
     let refusal = refused(e.admit(&r, t(10)));
     assert!(refusal.reason.contains("num_gpu"), "{}", refusal.reason);
+}
+
+fn observe_for_kinds(e: &mut Engine, model: &str, kinds: &[&str], at: u64) {
+    let id = e.upstream_id("llm").unwrap();
+    e.observe(
+        id,
+        ModelObservation {
+            taken_at: t(at),
+            models: vec![ObservedModel::new(
+                model,
+                ResidencyEvidence::ProvenFor {
+                    kinds: kinds.iter().map(|k| (*k).to_owned()).collect(),
+                    otherwise: format!("{model} is loaded with context 8192"),
+                },
+            )],
+            foreign_work: None,
+        },
+    )
+    .unwrap();
+}
+
+fn kind_req(e: &Engine, model: &str, canonical: Option<&str>, kind: &str, at: u64) -> WorkRequest {
+    let mut r = req(e, "llm", Some(model), at);
+    r.canonical_model = canonical.map(str::to_owned);
+    r.reuse = RequestReuse::ReusesAs(kind.to_owned());
+    r
+}
+
+#[test]
+fn kind_evidence_credits_only_the_kinds_it_names() {
+    // RES-05, RES-06, RES-21
+    let mut spec = gpu_and_ram();
+    spec.upstreams[0].default_min_free_mib = 70_000; // only fits with credit
+    let mut e = ready(spec, 0);
+    observe_for_kinds(&mut e, "m:latest", &["m:latest, num_ctx unset, /api"], 5);
+    let other = kind_req(
+        &e,
+        "m",
+        Some("m:latest"),
+        "m:latest, num_ctx 4096, /api",
+        10,
+    );
+    let r = refused(e.admit(&other, t(10)));
+    assert!(
+        r.reason.contains("loaded with context 8192"),
+        "{}",
+        r.reason
+    );
+    assert!(
+        r.reason
+            .contains("this request: m:latest, num_ctx 4096, /api"),
+        "{}",
+        r.reason
+    );
+    // A request without a kind is not credited on kind evidence either.
+    let mut plain = req(&e, "llm", Some("m:latest"), 10);
+    plain.reuse = RequestReuse::Reuses;
+    let r = refused(e.admit(&plain, t(10)));
+    assert!(r.reason.contains("kind is unknown"), "{}", r.reason);
+    // The named kind, with the request written as "m": matched by its canonical model.
+    let ok = kind_req(
+        &e,
+        "m",
+        Some("m:latest"),
+        "m:latest, num_ctx unset, /api",
+        10,
+    );
+    let res = admitted(e.admit(&ok, t(10)));
+    assert!(res.resident_credit);
+    assert_eq!(
+        res.model.as_deref(),
+        Some("m"),
+        "the reservation keeps the written name"
+    );
+}
+
+#[test]
+fn configuration_stays_exact_while_observations_match_the_canonical_model() {
+    // MEM-06 with RES-06: [upstream.models] is looked up by the name as written.
+    let mut spec = gpu_and_ram();
+    spec.upstreams[0].models.insert(
+        "m".to_owned(),
+        ModelBudget {
+            min_free_mib: Some(1234),
+            resident_min_free_mib: None,
+        },
+    );
+    let mut e = ready(spec, 0);
+    let r = kind_req(&e, "m", Some("m:latest"), "k", 10);
+    let res = admitted(e.admit(&r, t(10)));
+    assert_eq!(res.charges[0].required_mib, 1234);
+    assert!(!res.resident_credit);
+}
+
+#[test]
+fn a_finished_request_of_a_kind_teaches_the_next_observation_only() {
+    // RES-07
+    let mut e = ready(gpu_and_ram(), 0);
+    let up = e.upstream_id("llm").unwrap();
+    let r = kind_req(
+        &e,
+        "m",
+        Some("m:latest"),
+        "m:latest, num_ctx unset, /v1",
+        10,
+    );
+    let res = admitted(e.admit(&r, t(10)));
+    assert_eq!(e.take_lesson(up, t(15)), None, "nothing finished yet");
+    let effect = e.release(res.id, ReleaseOutcome::Completed, t(20)).unwrap();
+    assert!(matches!(effect, ReleaseEffect::Released { observe_now: Some(u), .. } if u == up));
+    // An observation that started before the end teaches nothing and leaves the lesson.
+    assert_eq!(e.take_lesson(up, t(20)), None);
+    let lesson = e.take_lesson(up, t(21)).unwrap();
+    assert_eq!(
+        lesson,
+        Lesson {
+            model: "m:latest".to_owned(),
+            kind: "m:latest, num_ctx unset, /v1".to_owned(),
+            finished_at: t(20),
+        }
+    );
+    assert_eq!(
+        e.take_lesson(up, t(22)),
+        None,
+        "only the first observation learns"
+    );
+}
+
+#[test]
+fn an_admission_on_a_shared_resource_voids_the_lesson() {
+    // RES-07: "an observation taken after another admission teaches nothing".
+    let mut e = ready(gpu_and_ram(), 0);
+    let up = e.upstream_id("llm").unwrap();
+    let r = kind_req(&e, "m", None, "k", 10);
+    let res = admitted(e.admit(&r, t(10)));
+    e.release(res.id, ReleaseOutcome::Completed, t(20)).unwrap();
+    e.record_sample(RAM, CapacitySample::memory(64_000, 80_000, t(21)))
+        .unwrap();
+    // The ram-only lane shares ram with llm: its admission voids llm's lesson.
+    let lane = admitted(admit(&mut e, "cpu-lane", None, 22));
+    assert_eq!(e.take_lesson(up, t(30)), None);
+    e.release(lane.id, ReleaseOutcome::Completed, t(40))
+        .unwrap();
+    assert_eq!(e.take_lesson(up, t(41)), None);
+}
+
+#[test]
+fn uncertain_unforwarded_kindless_and_yielded_work_teaches_nothing() {
+    // RES-07: only a request of a known kind that finished teaches.
+    let mut e = ready(gpu_and_ram(), 0);
+    let up = e.upstream_id("llm").unwrap();
+    let resample = |e: &mut Engine, at: u64| {
+        for r in [GPU, RAM] {
+            e.record_sample(r, CapacitySample::memory(64_000, 80_000, t(at)))
+                .unwrap();
+        }
+    };
+    let r = kind_req(&e, "m", None, "k", 10);
+    let res = admitted(e.admit(&r, t(10)));
+    e.release(res.id, ReleaseOutcome::NotForwarded, t(11))
+        .unwrap();
+    assert_eq!(e.take_lesson(up, t(12)), None, "not forwarded");
+    resample(&mut e, 13);
+    let r = kind_req(&e, "m", None, "k", 14);
+    let res = admitted(e.admit(&r, t(14)));
+    e.release(res.id, ReleaseOutcome::Uncertain("cut".into()), t(15))
+        .unwrap();
+    e.release_held(res.id, HeldRelease::AdministratorConfirmed, t(16))
+        .unwrap();
+    assert_eq!(
+        e.take_lesson(up, t(17)),
+        None,
+        "held, then released by an admin"
+    );
+    resample(&mut e, 18);
+    let res = admitted(admit(&mut e, "llm", Some("m"), 19));
+    e.release(res.id, ReleaseOutcome::Completed, t(20)).unwrap();
+    assert_eq!(e.take_lesson(up, t(21)), None, "a request without a kind");
+    resample(&mut e, 22);
+    let r = kind_req(&e, "m", None, "k", 23);
+    let res = admitted(e.admit(&r, t(23)));
+    e.release(res.id, ReleaseOutcome::Completed, t(24)).unwrap();
+    e.record_unload(GPU, t(25)).unwrap();
+    assert_eq!(e.take_lesson(up, t(26)), None, "a yield came between");
 }
 
 #[test]

@@ -63,8 +63,24 @@ pub enum RequestReuse {
     /// The request reuses the model if the observation shows it resident.
     #[default]
     Reuses,
+    /// The request reuses a loaded model only where the adapter's evidence
+    /// names its kind ([`ResidencyEvidence::ProvenFor`](crate::engine::ResidencyEvidence::ProvenFor)),
+    /// e.g. Ollama's (canonical model, explicit `num_ctx` or none, route
+    /// family), RES-06. A released request of a kind teaches the adapter what
+    /// the next observation shows ([`Lesson`](crate::engine::Lesson), RES-07).
+    ReusesAs(String),
     /// The request cannot reuse a loaded model, with the reason (RES-21).
     Cannot(String),
+}
+
+impl RequestReuse {
+    /// The request's kind, when it has one.
+    pub fn kind(&self) -> Option<&str> {
+        match self {
+            RequestReuse::ReusesAs(kind) => Some(kind),
+            _ => None,
+        }
+    }
 }
 
 /// A request for borrowed work on one upstream.
@@ -76,6 +92,11 @@ pub struct WorkRequest {
     pub upstream: UpstreamId,
     /// The model the request names, when it names one (MEM-06: exact match).
     pub model: Option<String>,
+    /// The model as the upstream reports it, when that differs from `model`
+    /// (Ollama resolves `llama3` to `llama3:latest`). Observations, residency
+    /// and learned priors match this identity; configuration lookups keep
+    /// `model` exact (MEM-06). `None`: the identity is `model`.
+    pub canonical_model: Option<String>,
     /// When the request arrived: the ADM-06 wait is bounded from here.
     pub arrived_at: Moment,
     /// How the end of this work will be proven.
@@ -88,12 +109,19 @@ pub struct WorkRequest {
 }
 
 impl WorkRequest {
+    /// The model identity observations and priors match: the canonical model
+    /// when the adapter gave one, else the model as written.
+    pub fn identity(&self) -> Option<&str> {
+        self.canonical_model.as_deref().or(self.model.as_deref())
+    }
+
     /// A request with a fresh random ID that completes at the response end.
     pub fn new(upstream: UpstreamId, model: Option<&str>, arrived_at: Moment) -> Self {
         WorkRequest {
             id: EntryId::random(),
             upstream,
             model: model.map(str::to_owned),
+            canonical_model: None,
             arrived_at,
             completion: CompletionMethod::ResponseEnd,
             reuse: RequestReuse::Reuses,

@@ -8,8 +8,8 @@ use tokio::sync::Notify;
 use tracing::{debug, info, warn};
 
 use crate::engine::{
-    Decision, Engine, EngineError, EngineStatus, EntryId, HeldRelease, ModelObservation, Refusal,
-    ReleaseEffect, ReleaseOutcome, Reservation, UpstreamId, WorkRequest,
+    Decision, Engine, EngineError, EngineStatus, EntryId, HeldRelease, Lesson, ModelObservation,
+    Refusal, ReleaseEffect, ReleaseOutcome, Reservation, UpstreamId, WorkRequest,
 };
 use crate::proxy::metrics::Metrics;
 use crate::proxy::store::ReservationStore;
@@ -28,6 +28,7 @@ pub struct Lender {
     clock: MonotonicClock,
     sample_landed: Notify,
     sample_now: HashMap<String, Arc<Notify>>,
+    observe_now: Mutex<HashMap<UpstreamId, Arc<Notify>>>,
     store: Arc<dyn ReservationStore>,
     metrics: Metrics,
 }
@@ -54,6 +55,7 @@ impl Lender {
                 .into_iter()
                 .map(|r| (r, Arc::new(Notify::new())))
                 .collect(),
+            observe_now: Mutex::new(HashMap::new()),
             store,
             metrics: Metrics::default(),
         }
@@ -91,6 +93,21 @@ impl Lender {
     /// The trigger a resource's sampling loop waits on besides its interval.
     pub fn sample_trigger(&self, resource: &str) -> Option<Arc<Notify>> {
         self.sample_now.get(resource).cloned()
+    }
+
+    /// The trigger an upstream's observation loop waits on besides its
+    /// interval: pulled when work on the upstream ends (RES-02, RES-07).
+    pub fn observe_trigger(&self, upstream: UpstreamId) -> Arc<Notify> {
+        let mut map = match self.observe_now.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        };
+        Arc::clone(map.entry(upstream).or_default())
+    }
+
+    /// The lesson an observation taken at `observed_at` teaches (RES-07).
+    pub fn take_lesson(&self, upstream: UpstreamId, observed_at: crate::Moment) -> Option<Lesson> {
+        self.with_engine(|e| e.take_lesson(upstream, observed_at))
     }
 
     /// Record a sampler's result and wake requests waiting for a sample.
@@ -185,9 +202,12 @@ impl Lender {
         };
         let now = self.clock.now();
         match self.with_engine(|e| e.release(entry, outcome, now)) {
-            Ok(ReleaseEffect::Released { sample_now }) => {
+            Ok(ReleaseEffect::Released {
+                sample_now,
+                observe_now,
+            }) => {
                 info!(entry = %entry, "released");
-                self.after_release(entry, &sample_now);
+                self.after_release(entry, &sample_now, observe_now);
             }
             Ok(ReleaseEffect::Held) => {
                 let reason = held_reason.unwrap_or_default();
@@ -207,18 +227,25 @@ impl Lender {
     pub fn release_held(&self, entry: EntryId, by: HeldRelease) -> Result<(), EngineError> {
         let now = self.clock.now();
         let effect = self.with_engine(|e| e.release_held(entry, by, now))?;
-        if let ReleaseEffect::Released { sample_now } = effect {
+        if let ReleaseEffect::Released {
+            sample_now,
+            observe_now,
+        } = effect
+        {
             info!(entry = %entry, by = ?by, "held work released");
-            self.after_release(entry, &sample_now);
+            self.after_release(entry, &sample_now, observe_now);
         }
         Ok(())
     }
 
-    fn after_release(&self, entry: EntryId, resources: &[String]) {
+    fn after_release(&self, entry: EntryId, resources: &[String], observe: Option<UpstreamId>) {
         for r in resources {
             if let Some(t) = self.sample_now.get(r) {
                 t.notify_one();
             }
+        }
+        if let Some(upstream) = observe {
+            self.observe_trigger(upstream).notify_one();
         }
         let store = Arc::clone(&self.store);
         spawn_store_update(async move {

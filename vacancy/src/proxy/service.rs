@@ -19,6 +19,7 @@ use crate::proxy::forward::{
     upstream_request,
 };
 use crate::proxy::lender::Lender;
+use crate::proxy::shells::observe_upstream;
 use crate::traits::{InspectContext, RoutePolicy, WorkRoute, route_policy};
 
 /// How much of an unread request body a refusal drains to keep the connection alive.
@@ -232,6 +233,7 @@ async fn work_request(
         id: entry,
         upstream: route.id,
         model: inspection.model,
+        canonical_model: inspection.canonical_model,
         arrived_at,
         completion: work.completion,
         reuse: inspection.reuse,
@@ -240,8 +242,8 @@ async fn work_request(
     let mut outcome = lender.decide(&request).await;
     if matches!(&outcome, Err(refusal) if refusal.observe_again) {
         // RES-20: the observation was only too old; observe once more.
-        if let Ok(obs) = route.adapter.observe().await {
-            lender.observe(route.id, obs);
+        if let Err(e) = observe_upstream(&lender, &route).await {
+            debug!(upstream = %route.name, error = %e, "RES-20 re-observation failed");
         }
         outcome = lender.decide(&request).await;
     }

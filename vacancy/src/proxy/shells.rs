@@ -7,8 +7,7 @@ use async_trait::async_trait;
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
-use crate::engine::OwnerPresence;
-use crate::engine::ResidencyEvidence;
+use crate::engine::{ModelObservation, ObservedModel, OwnerPresence, ResidencyEvidence};
 use crate::presence::PresenceBackend;
 use crate::proxy::lender::Lender;
 use crate::proxy::{UpstreamRoute, stopped};
@@ -118,8 +117,60 @@ impl HealthCell {
     }
 }
 
-/// Observe an upstream every `every`: loaded models and residency evidence
-/// feed the engine; reachability feeds `/status`.
+/// Observe an upstream once and give the observation to the engine: what the
+/// observation loop and the RES-20 refusal path both do.
+///
+/// # Behavior
+///
+/// When the observation is the first one after a request of a known kind
+/// finished, with nothing admitted since, the adapter learns from it first
+/// (RES-07) and the engine gets the evidence that lesson changed.
+pub async fn observe_upstream(
+    lender: &Lender,
+    route: &UpstreamRoute,
+) -> Result<ModelObservation, ObserveError> {
+    let mut obs = route.adapter.observe().await?;
+    if let Some(lesson) = lender.take_lesson(route.id, obs.taken_at) {
+        route.adapter.learn(&lesson, &mut obs).await;
+    }
+    lender.observe(route.id, obs.clone());
+    Ok(obs)
+}
+
+/// How `/status` describes one observed model's residency (RES-22).
+pub fn describe_residency(m: &ObservedModel) -> String {
+    let mut loaded = String::new();
+    if let Some(ctx) = m.context_length {
+        loaded.push_str(&format!(", context {ctx}"));
+    }
+    if let Some(digest) = &m.digest {
+        let short: String = digest
+            .trim_start_matches("sha256:")
+            .chars()
+            .take(12)
+            .collect();
+        loaded.push_str(&format!(", digest {short}"));
+    }
+    let state = if m.ready { "loaded" } else { "loading" };
+    match &m.evidence {
+        ResidencyEvidence::Proven => format!("{}: {state}{loaded}; resident", m.name),
+        ResidencyEvidence::ProvenFor { kinds, otherwise } if kinds.is_empty() => {
+            format!("{}: {state}{loaded}; not proven ({otherwise})", m.name)
+        }
+        ResidencyEvidence::ProvenFor { kinds, .. } => format!(
+            "{}: {state}{loaded}; resident for {}",
+            m.name,
+            kinds.join("; ")
+        ),
+        ResidencyEvidence::NotProven(why) => {
+            format!("{}: {state}{loaded}; not proven ({why})", m.name)
+        }
+    }
+}
+
+/// Observe an upstream every `every`, and at once when work on it ends:
+/// loaded models and residency evidence feed the engine; reachability feeds
+/// `/status`.
 pub async fn observe_loop(
     lender: Arc<Lender>,
     route: Arc<UpstreamRoute>,
@@ -128,27 +179,15 @@ pub async fn observe_loop(
     mut shutdown: watch::Receiver<bool>,
 ) {
     let mut was_reachable: Option<bool> = None;
+    let trigger = lender.observe_trigger(route.id);
     loop {
-        let next = match route.adapter.observe().await {
-            Ok(obs) => {
-                let h = UpstreamHealth {
-                    reachable: Some(true),
-                    error: None,
-                    models: obs.models.iter().map(|m| m.name.clone()).collect(),
-                    residency: obs
-                        .models
-                        .iter()
-                        .map(|m| match &m.evidence {
-                            ResidencyEvidence::Proven => format!("{}: resident", m.name),
-                            ResidencyEvidence::NotProven(why) => {
-                                format!("{}: not proven ({why})", m.name)
-                            }
-                        })
-                        .collect(),
-                };
-                lender.observe(route.id, obs);
-                h
-            }
+        let next = match observe_upstream(&lender, &route).await {
+            Ok(obs) => UpstreamHealth {
+                reachable: Some(true),
+                error: None,
+                models: obs.models.iter().map(|m| m.name.clone()).collect(),
+                residency: obs.models.iter().map(describe_residency).collect(),
+            },
             Err(ObserveError::Unsupported) => {
                 let addr = (route.target.host.as_str(), route.target.port);
                 match tokio::time::timeout(
@@ -181,9 +220,15 @@ pub async fn observe_loop(
             }
             was_reachable = next.reachable;
         }
+        if let Some(error) = &next.error
+            && next.reachable == Some(true)
+        {
+            debug!(upstream = %route.name, error = %error, "observation failed");
+        }
         health.set(next);
         tokio::select! {
             () = tokio::time::sleep(every) => {}
+            () = trigger.notified() => debug!(upstream = %route.name, "post-job observation"),
             () = stopped(&mut shutdown) => return,
         }
     }

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 
-use crate::engine::{EntryId, ModelObservation, Refusal, RefusalCode, RequestReuse};
+use crate::engine::{EntryId, Lesson, ModelObservation, Refusal, RefusalCode, RequestReuse};
 use crate::traits::reclaimer::Reclaimer;
 use crate::traits::routes::{RouteClass, RouteTable, WorkRoute};
 
@@ -13,6 +13,10 @@ use crate::traits::routes::{RouteClass, RouteTable, WorkRoute};
 pub struct Inspection {
     /// The model the request names (MEM-06), exactly as written.
     pub model: Option<String>,
+    /// The model as the upstream reports it when that differs from `model`
+    /// (Ollama's canonical name: `llama3` is `llama3:latest`); observations,
+    /// residency and learned priors match it. `None`: the same as `model`.
+    pub canonical_model: Option<String>,
     /// Whether the request would reuse a loaded model (the request's half of RES evidence).
     pub reuse: RequestReuse,
     /// A replacement body to forward instead of the original (e.g. ComfyUI's
@@ -161,6 +165,13 @@ pub trait Adapter: Send + Sync {
     /// Observe the upstream: loaded models, residency evidence, foreign work.
     async fn observe(&self) -> Result<ModelObservation, ObserveError> {
         Err(ObserveError::Unsupported)
+    }
+
+    /// Learn from `observation`, the first one taken after a request of a known
+    /// kind finished with nothing admitted since (RES-07), and update its
+    /// residency evidence with what was learned. The default learns nothing.
+    async fn learn(&self, lesson: &Lesson, observation: &mut ModelObservation) {
+        let _ = (lesson, observation);
     }
 
     /// After a borrower disconnected and vacancyd cut the upstream response

@@ -1,5 +1,5 @@
 //! Ollama: its native `/api` routes and its OpenAI-compatible `/v1` ones,
-//! observed through `GET /api/ps`.
+//! observed through `GET /api/ps` and `POST /api/show`.
 //!
 //! Wire shapes follow Ollama v0.32.15 (`docs/api.md`, `api/types.go`), as the
 //! emulator in `vacancy-test-support` reproduces them:
@@ -11,25 +11,62 @@
 //!   shows a time about 292 years ahead.
 //! - `/api/ps` does not say whether a request is running on a model, so it
 //!   proves no idle state and shows no foreign work.
+//! - `POST /api/show {"model"}` answers the Modelfile's parameters as text
+//!   lines (`num_ctx  8192`).
 //!
-//! This slice credits residency by the unload time alone (RES-03) and the
-//! request's runner options (RES-04); matching the loaded context (RES-05..15)
-//! is not part of it.
+//! # Resident credit (RES-01..15)
+//!
+//! A request is credited as resident only when all of these hold:
+//!
+//! 1. `/api/ps` shows its model (canonically named, [`canonical_model`]) with
+//!    an unload at least 30 s away (RES-03), a digest and a `context_length`;
+//! 2. it sets no runner option other than `options.num_ctx` (RES-04,
+//!    [`RUNNER_OPTIONS`]);
+//! 3. its kind ([`RequestKind`]: canonical model, explicit `num_ctx` or none,
+//!    `/api` or `/v1`) is known to reuse the loaded context
+//!    ([`LearnedContexts::evidence`], RES-05, RES-10, RES-11).
+//!
+//! The engine checks the rest (observation ready, ≤ 4 s old, after the last
+//! job or yield, RES-02). Kinds are learned from the first `/api/ps` after a
+//! request of that kind finished with nothing admitted since (RES-07,
+//! [`Adapter::learn`]), kept per digest in `learned-contexts.json`
+//! ([`ContextCache`], RES-12..15). The Modelfile `num_ctx` is read from
+//! `/api/show` once per digest (RES-09).
 
-use std::time::SystemTime;
+mod cache;
+mod contexts;
+mod names;
+mod ps;
+mod show;
+mod unload;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use serde::Deserialize;
-use serde::de::IgnoredAny;
 use serde_json::Value;
-use vacancy::engine::{ModelObservation, ObservedModel, Refusal, RequestReuse, ResidencyEvidence};
+use tracing::{debug, info, warn};
+use vacancy::engine::{
+    Lesson, ModelObservation, ObservedModel, Refusal, RequestReuse, ResidencyEvidence,
+};
 use vacancy::traits::routes::RouteOverlap;
 use vacancy::traits::{
-    Adapter, InspectContext, InspectError, Inspection, ObserveError, RenderedRefusal, RouteClass,
-    RouteMethod, RouteSpec, RouteTable, WorkRoute, render_ollama,
+    Adapter, InspectContext, InspectError, Inspection, ObserveError, Reclaimer, RenderedRefusal,
+    RouteClass, RouteMethod, RouteSpec, RouteTable, WorkRoute, render_ollama,
 };
 
-use crate::common::{AdapterSettings, ObservationClient, inspect_json_body, request_path};
+use crate::common::{
+    AdapterSettings, FetchError, ObservationClient, inspect_json_body, request_path,
+};
+pub use cache::{CacheWriteError, ContextCache, FILE_NAME as LEARNED_CONTEXTS_FILE};
+pub use contexts::{
+    LearnedContexts, LearnedKind, MAX_KINDS_PER_MODEL, MAX_MODELS, ModelContexts, Modelfile,
+};
+pub use names::{Family, RequestKind, canonical_model};
+pub use ps::{MIN_UNLOAD_SECS, PsModel, parse_ps};
+pub use show::modelfile_num_ctx;
+pub use unload::OllamaUnloader;
 
 const WORK: RouteClass = RouteClass::Work(WorkRoute::response_end());
 
@@ -129,38 +166,48 @@ pub const RUNNER_OPTIONS: &[&str] = &[
     "embedding_only",
 ];
 
-/// How far ahead a loaded model's unload must be for resident credit (RES-03).
-pub const MIN_UNLOAD_SECS: i64 = 30;
-
 /// The adapter for Ollama (name `ollama`).
 ///
 /// # Behavior
 ///
 /// - Routes: [`ROUTES`] (ROUTE-01..03, ROUTE-08, ROUTE-09, ROUTE-12).
 /// - Inspection: [`inspect_json_body`] on every work route: a JSON object,
-///   `model` a string kept exactly (MEM-06), and the Responses background
-///   rule (ROUTE-05..07). On the native `/api` routes, `options` must be a
-///   JSON object (or absent or `null`), else 400 `invalid_request`; one
+///   `model` a string kept exactly for configuration (MEM-06), and the
+///   Responses background rule (ROUTE-05..07). The request's canonical
+///   model is what observations and priors match. On the native `/api`
+///   routes, `options` must be a JSON object (or absent or `null`) and
+///   `options.num_ctx` a positive number, else 400 `invalid_request`; one
 ///   naming a [`RUNNER_OPTIONS`] key makes the request
-///   `RequestReuse::Cannot("the request sets runner option X")` (RES-04).
-///   The `/v1` routes have no `options`: Ollama does not read it there.
+///   `RequestReuse::Cannot("the request sets runner option X")` (RES-04);
+///   otherwise the request is `RequestReuse::ReusesAs(kind)` (RES-06).
+///   The `/v1` routes never set `num_ctx`: Ollama does not read `options` there.
 /// - Completion: the clean end of the response (DONE-01).
 /// - Observation ([`Adapter::observe`]), with `[upstream.credential]` only
-///   (OBS-01/02), stamped before the request: `GET /api/ps`, one
-///   [`ObservedModel`] per loaded model (by its `name`), ready, and
-///   [`ResidencyEvidence::Proven`] only when its `expires_at` is at least
-///   [`MIN_UNLOAD_SECS`] away (RES-03), else `NotProven("unloads in N s")`.
-///   An answer without a `models` list, an entry without a string `name`, or
-///   an `expires_at` that is not RFC 3339 is [`ObserveError::Malformed`],
-///   never an observation (OBS-03).
+///   (OBS-01/02), stamped before the request: `GET /api/ps`, then
+///   `POST /api/show` for each digest not read before (RES-09). Each loaded
+///   model is an [`ObservedModel`] (canonical name, digest, context) with
+///   evidence `NotProven` when it unloads within [`MIN_UNLOAD_SECS`]
+///   (RES-03) or lacks a digest or context, else `ProvenFor` the kinds known
+///   to reuse it (RES-05). A malformed `/api/ps` is [`ObserveError::Malformed`],
+///   never an observation (OBS-03); a malformed `/api/show` only withholds
+///   the Modelfile rule for that digest.
+/// - Learning ([`Adapter::learn`]): the lesson's kind gets the context the
+///   observation shows, under its digest; written to the [`ContextCache`].
 /// - No `verify_stopped` proof: `/api/ps` does not show running requests, so
 ///   a cut stream keeps its hold (DONE-04).
+/// - Reclaimer: [`OllamaUnloader`].
 /// - Refusals render in Ollama's dialect, `{"error": "code: reason"}`.
 #[derive(Debug)]
 pub struct OllamaAdapter {
     settings: AdapterSettings,
     routes: RouteTable,
     observer: ObservationClient,
+    unloader: Arc<OllamaUnloader>,
+    cache: Arc<ContextCache>,
+    /// The cache key: the upstream's name.
+    upstream: String,
+    /// Modelfile `num_ctx` per digest, read once each (RES-09).
+    modelfiles: Mutex<HashMap<String, Modelfile>>,
 }
 
 impl OllamaAdapter {
@@ -171,17 +218,42 @@ impl OllamaAdapter {
     /// What [`Adapter::name`] answers.
     pub const NAME: &'static str = "ollama";
 
-    /// An adapter for the upstream at `settings.target`.
+    /// An adapter for the upstream at `settings.target`, learning into an
+    /// in-memory [`ContextCache`].
     ///
     /// # Behavior
     ///
     /// Builds and checks [`ROUTES`] (DESIGN §8); connects nothing.
     pub fn new(settings: AdapterSettings) -> Result<Self, RouteOverlap> {
+        let unload_client = ObservationClient::new(
+            &settings
+                .clone()
+                .with_observe_timeout(OllamaUnloader::DEFAULT_BOUND),
+        );
         Ok(OllamaAdapter {
             observer: ObservationClient::new(&settings),
+            unloader: Arc::new(OllamaUnloader::new(
+                unload_client,
+                OllamaUnloader::DEFAULT_BOUND,
+            )),
             routes: route_table()?,
             settings,
+            cache: Arc::new(ContextCache::in_memory()),
+            upstream: String::new(),
+            modelfiles: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// The same adapter learning into `cache` under the key `upstream` (the
+    /// upstream's name), so learned contexts survive restarts (RES-13).
+    ///
+    /// # Behavior
+    ///
+    /// Several Ollama upstreams share one cache, each under its own name.
+    pub fn with_context_cache(mut self, cache: Arc<ContextCache>, upstream: &str) -> Self {
+        self.cache = cache;
+        self.upstream = upstream.to_owned();
+        self
     }
 
     /// The settings it was built with.
@@ -191,6 +263,64 @@ impl OllamaAdapter {
     /// As given to [`OllamaAdapter::new`].
     pub fn settings(&self) -> &AdapterSettings {
         &self.settings
+    }
+
+    /// The cache it learns into.
+    ///
+    /// # Behavior
+    ///
+    /// Shared with the daemon's other Ollama adapters.
+    pub fn context_cache(&self) -> &Arc<ContextCache> {
+        &self.cache
+    }
+
+    fn modelfiles(&self) -> std::sync::MutexGuard<'_, HashMap<String, Modelfile>> {
+        match self.modelfiles.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        }
+    }
+
+    /// The Modelfile `num_ctx` of the model with `digest`, read from
+    /// `/api/show` the first time the digest is seen (RES-09).
+    async fn modelfile(&self, reported: &str, digest: &str) -> Modelfile {
+        if let Some(known) = self.modelfiles().get(digest) {
+            return *known;
+        }
+        let read = match self
+            .observer
+            .post_json("/api/show", &serde_json::json!({ "model": reported }))
+            .await
+        {
+            Ok(v) => modelfile_num_ctx(&v),
+            // Not reachable now: ask again on the next observation.
+            Err(FetchError::Unreachable(why)) => {
+                debug!(upstream = %self.upstream, model = %reported, error = %why, "POST /api/show unreachable; Modelfile num_ctx unknown for now");
+                return Modelfile::Unknown;
+            }
+            Err(e) => Err(e.to_string()),
+        };
+        let modelfile = read.unwrap_or_else(|why| {
+            warn!(upstream = %self.upstream, model = %reported, error = %why, "unusable /api/show answer; the Modelfile num_ctx rule gives no credit for this digest");
+            Modelfile::Unknown
+        });
+        self.modelfiles().insert(digest.to_owned(), modelfile);
+        modelfile
+    }
+
+    /// The evidence for one loaded model (RES-03, RES-05).
+    fn evidence(&self, m: &PsModel, modelfile: Modelfile) -> ResidencyEvidence {
+        if m.unloads_in < MIN_UNLOAD_SECS {
+            return ResidencyEvidence::NotProven(format!("unloads in {} s", m.unloads_in.max(0)));
+        }
+        let (Some(digest), Some(loaded)) = (&m.digest, m.context_length) else {
+            return ResidencyEvidence::NotProven(
+                "/api/ps does not report the model's digest and context_length, so no request is known to reuse the loaded context".to_owned(),
+            );
+        };
+        self.cache.read(&self.upstream, |c| {
+            c.evidence(&m.name, digest, loaded, modelfile)
+        })
     }
 }
 
@@ -211,8 +341,35 @@ impl Adapter for OllamaAdapter {
         body: &[u8],
     ) -> Result<Inspection, InspectError> {
         let mut inspection = inspect_json_body(route, ctx.path, body)?;
-        if route.inspect_body && request_path(ctx.path).starts_with("/api/") {
-            inspection.reuse = runner_option_reuse(body)?;
+        if !route.inspect_body {
+            return Ok(inspection);
+        }
+        let family = if request_path(ctx.path).starts_with("/api/") {
+            Family::Api
+        } else {
+            Family::V1
+        };
+        let options = match family {
+            Family::Api => native_options(body)?,
+            Family::V1 => NativeOptions::default(),
+        };
+        let Some(model) = inspection.model.as_deref() else {
+            return Ok(inspection);
+        };
+        let canonical = canonical_model(model);
+        inspection.reuse = match options.runner_option {
+            Some(key) => RequestReuse::Cannot(format!("the request sets runner option {key}")),
+            None => RequestReuse::ReusesAs(
+                RequestKind {
+                    model: canonical.clone(),
+                    num_ctx: options.num_ctx,
+                    family,
+                }
+                .to_string(),
+            ),
+        };
+        if canonical != model {
+            inspection.canonical_model = Some(canonical);
         }
         Ok(inspection)
     }
@@ -220,155 +377,142 @@ impl Adapter for OllamaAdapter {
     async fn observe(&self) -> Result<ModelObservation, ObserveError> {
         let taken_at = self.settings.clock.now();
         let ps = self.observer.get_json("/api/ps").await?;
-        let now = unix_seconds(SystemTime::now());
+        let listed = parse_ps(&ps, ps::unix_now())?;
+        let mut models = Vec::with_capacity(listed.len());
+        for m in &listed {
+            let modelfile = match &m.digest {
+                Some(digest) => {
+                    let forgot = self
+                        .cache
+                        .update(&self.upstream, |c| c.note_digest(&m.name, digest));
+                    if let Err(e) = forgot {
+                        warn!(upstream = %self.upstream, error = %e, "could not write the learned-contexts cache");
+                    }
+                    self.modelfile(&m.reported, digest).await
+                }
+                None => Modelfile::Unknown,
+            };
+            models.push(ObservedModel {
+                digest: m.digest.clone(),
+                context_length: m.context_length,
+                ..ObservedModel::new(m.name.clone(), self.evidence(m, modelfile))
+            });
+        }
         Ok(ModelObservation {
             taken_at,
-            models: parse_ps(&ps, now)?,
+            models,
             foreign_work: None,
         })
+    }
+
+    async fn learn(&self, lesson: &Lesson, observation: &mut ModelObservation) {
+        let kind: RequestKind = match lesson.kind.parse() {
+            Ok(k) => k,
+            Err(e) => {
+                warn!(upstream = %self.upstream, error = %e, "a lesson with a kind this adapter did not write; nothing learned");
+                return;
+            }
+        };
+        let Some(m) = observation.models.iter_mut().find(|m| m.name == kind.model) else {
+            debug!(upstream = %self.upstream, kind = %kind, "the model was not loaded after the request; nothing learned");
+            return;
+        };
+        let (Some(digest), Some(loaded)) = (m.digest.clone(), m.context_length) else {
+            debug!(upstream = %self.upstream, kind = %kind, "no digest or context_length in /api/ps; nothing learned");
+            return;
+        };
+        let modelfile = self
+            .modelfiles()
+            .get(&digest)
+            .copied()
+            .unwrap_or(Modelfile::Unknown);
+        let mut learned = None;
+        let written = self.cache.update(&self.upstream, |c| {
+            learned = Some(c.learn(&kind, &digest, loaded, modelfile));
+            true
+        });
+        if let Err(e) = written {
+            warn!(upstream = %self.upstream, error = %e, "could not write the learned-contexts cache; the lesson is kept in memory");
+        }
+        if let Some(l) = learned {
+            info!(upstream = %self.upstream, kind = %kind, context = l.context, parallel = l.parallel, "learned the context a request kind leaves loaded");
+        }
+        // The evidence changes only where the other proofs (unload time,
+        // digest, context) already held.
+        if matches!(m.evidence, ResidencyEvidence::ProvenFor { .. }) {
+            m.evidence = self.cache.read(&self.upstream, |c| {
+                c.evidence(&m.name, &digest, loaded, modelfile)
+            });
+        }
     }
 
     fn render_refusal(&self, refusal: &Refusal) -> RenderedRefusal {
         render_ollama(refusal)
     }
+
+    fn reclaimer(&self) -> Option<Arc<dyn Reclaimer>> {
+        Some(Arc::clone(&self.unloader) as Arc<dyn Reclaimer>)
+    }
 }
 
-/// The top level of a native request, reading `options` keys only; every
-/// other member (prompt, messages) is skipped unparsed.
+/// What a native request's `options` say for residency.
+#[derive(Debug, Default)]
+struct NativeOptions {
+    /// `options.num_ctx`, when set.
+    num_ctx: Option<u64>,
+    /// The first runner option it sets (RES-04).
+    runner_option: Option<String>,
+}
+
+/// The top level of a native request, reading `options` only; every other
+/// member (prompt, messages) is skipped unparsed.
 #[derive(Deserialize)]
 struct NativeRequest {
     #[serde(default)]
-    options: Option<std::collections::BTreeMap<String, IgnoredAny>>,
+    options: Option<std::collections::BTreeMap<String, Value>>,
 }
 
-/// RES-04: whether a native request's `options` name a runner option.
-fn runner_option_reuse(body: &[u8]) -> Result<RequestReuse, InspectError> {
+/// RES-04, RES-06: a native request's runner options and `num_ctx`.
+fn native_options(body: &[u8]) -> Result<NativeOptions, InspectError> {
     // The body already passed `inspect_json_body`: a JSON object in UTF-8.
     let request: NativeRequest = serde_json::from_slice(body).map_err(|e| {
         InspectError::invalid(format!(
             "\"options\" must be an object of option names and values, named once: {e}"
         ))
     })?;
-    let set = request
-        .options
-        .into_iter()
-        .flat_map(|o| o.into_keys())
-        .find(|key| RUNNER_OPTIONS.contains(&key.as_str()));
-    Ok(match set {
-        Some(key) => RequestReuse::Cannot(format!("the request sets runner option {key}")),
-        None => RequestReuse::Reuses,
+    let options = request.options.unwrap_or_default();
+    let runner_option = options
+        .keys()
+        .find(|key| RUNNER_OPTIONS.contains(&key.as_str()))
+        .cloned();
+    let num_ctx = match options.get("num_ctx") {
+        None | Some(Value::Null) => None,
+        Some(v) => Some(num_ctx_value(v).ok_or_else(|| {
+            InspectError::invalid(format!(
+                "options.num_ctx must be a positive whole number of tokens, not {v}"
+            ))
+        })?),
+    };
+    Ok(NativeOptions {
+        num_ctx,
+        runner_option,
     })
 }
 
-/// The models `/api/ps` lists, each with its RES-03 evidence at `now` (Unix seconds).
-fn parse_ps(v: &Value, now: i64) -> Result<Vec<ObservedModel>, ObserveError> {
-    let malformed = |why: String| ObserveError::Malformed(format!("GET /api/ps: {why}"));
-    let list = v
-        .get("models")
-        .and_then(Value::as_array)
-        .ok_or_else(|| malformed("the answer has no \"models\" list".into()))?;
-    let mut models = Vec::with_capacity(list.len());
-    for (i, entry) in list.iter().enumerate() {
-        let name = entry
-            .get("name")
-            .and_then(Value::as_str)
-            .ok_or_else(|| malformed(format!("model {i} has no string \"name\"")))?;
-        let expires = entry
-            .get("expires_at")
-            .and_then(Value::as_str)
-            .and_then(parse_rfc3339)
-            .ok_or_else(|| malformed(format!("model {i} has no RFC 3339 \"expires_at\"")))?;
-        let left = expires.saturating_sub(now);
-        let evidence = if left >= MIN_UNLOAD_SECS {
-            ResidencyEvidence::Proven
-        } else {
-            ResidencyEvidence::NotProven(format!("unloads in {} s", left.max(0)))
-        };
-        models.push(ObservedModel {
-            name: name.to_owned(),
-            ready: true,
-            evidence,
-        });
+/// `num_ctx` as Ollama reads it: a JSON number, truncated to a whole number
+/// (Go's `int(float64)` in `api.Options.FromMap`), at least 1.
+fn num_ctx_value(v: &Value) -> Option<u64> {
+    if let Some(n) = v.as_u64() {
+        return (n > 0).then_some(n);
     }
-    Ok(models)
-}
-
-/// Whole seconds since the Unix epoch (negative before it).
-fn unix_seconds(t: SystemTime) -> i64 {
-    match t.duration_since(SystemTime::UNIX_EPOCH) {
-        Ok(d) => i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
-        Err(e) => i64::try_from(e.duration().as_secs()).map_or(i64::MIN, |s| -s),
+    let f = v.as_f64()?;
+    if (1.0..1e15).contains(&f) {
+        // Truncation toward zero is Ollama's conversion; the range is checked above.
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        let n = f as u64;
+        return Some(n);
     }
-}
-
-/// An RFC 3339 date-time (`2024-06-04T14:38:31.83753-07:00`, `...Z`) as
-/// whole Unix seconds, fractions dropped; `None` if it is not one.
-fn parse_rfc3339(s: &str) -> Option<i64> {
-    let b = s.as_bytes();
-    let num = |r: std::ops::Range<usize>| -> Option<i64> {
-        let digits = b.get(r)?;
-        if !digits.iter().all(u8::is_ascii_digit) {
-            return None;
-        }
-        std::str::from_utf8(digits).ok()?.parse().ok()
-    };
-    if b.len() < 20 || b[4] != b'-' || b[7] != b'-' || b[13] != b':' || b[16] != b':' {
-        return None;
-    }
-    if !matches!(b[10], b'T' | b't' | b' ') {
-        return None;
-    }
-    let (year, month, day) = (num(0..4)?, num(5..7)?, num(8..10)?);
-    let (hour, minute, second) = (num(11..13)?, num(14..16)?, num(17..19)?);
-    let leap = year % 4 == 0 && (year % 100 != 0 || year % 400 == 0);
-    let month_days = match month {
-        1 | 3 | 5 | 7 | 8 | 10 | 12 => 31,
-        4 | 6 | 9 | 11 => 30,
-        2 if leap => 29,
-        2 => 28,
-        _ => return None,
-    };
-    if day < 1 || day > month_days || hour > 23 || minute > 59 || second > 60 {
-        return None;
-    }
-    let mut rest = &s[19..];
-    if let Some(frac) = rest.strip_prefix('.') {
-        let digits = frac.bytes().take_while(u8::is_ascii_digit).count();
-        if digits == 0 {
-            return None;
-        }
-        rest = &frac[digits..];
-    }
-    let offset = match rest.as_bytes() {
-        [b'Z' | b'z'] => 0,
-        [sign @ (b'+' | b'-'), h1, h2, b':', m1, m2] => {
-            let hm = [*h1, *h2, *m1, *m2];
-            if !hm.iter().all(u8::is_ascii_digit) {
-                return None;
-            }
-            let h = i64::from(hm[0] - b'0') * 10 + i64::from(hm[1] - b'0');
-            let m = i64::from(hm[2] - b'0') * 10 + i64::from(hm[3] - b'0');
-            if h > 23 || m > 59 {
-                return None;
-            }
-            let secs = h * 3600 + m * 60;
-            if *sign == b'+' { secs } else { -secs }
-        }
-        _ => return None,
-    };
-    let days = days_from_civil(year, month, day);
-    Some(days * 86_400 + hour * 3600 + minute * 60 + second - offset)
-}
-
-/// Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's algorithm).
-fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
-    let y = if month <= 2 { year - 1 } else { year };
-    let era = y.div_euclid(400);
-    let yoe = y.rem_euclid(400);
-    let mp = (month + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + day - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
+    None
 }
 
 #[cfg(test)]
@@ -545,7 +689,7 @@ mod tests {
             r#"{"model":"llama3","prompt":"","keep_alive":0}"#,
         ] {
             let i = inspect(&a, "/api/generate", body).unwrap();
-            assert_eq!(i.reuse, RequestReuse::Reuses, "{body}");
+            assert!(matches!(i.reuse, RequestReuse::ReusesAs(_)), "{body}");
             assert_eq!(i.model.as_deref(), Some("llama3"));
         }
         // /v1 has no options: Ollama does not read them there.
@@ -555,7 +699,7 @@ mod tests {
             r#"{"model":"llama3","messages":[],"options":{"num_gpu":1}}"#,
         )
         .unwrap();
-        assert_eq!(i.reuse, RequestReuse::Reuses);
+        assert_eq!(i.reuse, kind("llama3:latest", None, Family::V1));
     }
 
     #[test]
@@ -586,88 +730,73 @@ mod tests {
         );
     }
 
-    #[test]
-    fn rfc3339_times_parse_to_unix_seconds() {
-        assert_eq!(parse_rfc3339("1970-01-01T00:00:00Z"), Some(0));
-        assert_eq!(
-            parse_rfc3339("2024-03-01T00:00:00.000001Z"),
-            Some(1_709_251_200)
-        );
-        assert_eq!(
-            parse_rfc3339("2024-06-04T14:38:31.83753-07:00"),
-            Some(1_717_537_111)
-        );
-        assert_eq!(
-            parse_rfc3339("2024-06-04T21:38:31+00:00"),
-            Some(1_717_537_111)
-        );
-        assert!(parse_rfc3339("2318-02-23T22:51:18.123456789+01:00").unwrap() > 10_000_000_000);
-        for bad in [
-            "",
-            "2024-06-04",
-            "2024-06-04T14:38:31",
-            "2024-13-01T00:00:00Z",
-            "2023-02-29T00:00:00Z",
-            "2024-06-04T14:38:31.Z",
-            "2024-06-04T14:38:31+0700",
-            "2024-06-04T14:38:31Zjunk",
-            "soon",
-        ] {
-            assert_eq!(parse_rfc3339(bad), None, "{bad}");
-        }
+    fn kind(model: &str, num_ctx: Option<u64>, family: Family) -> RequestReuse {
+        RequestReuse::ReusesAs(
+            RequestKind {
+                model: model.into(),
+                num_ctx,
+                family,
+            }
+            .to_string(),
+        )
     }
 
     #[test]
-    fn ps_credits_only_models_unloading_30_s_or_more_ahead() {
-        // RES-03
-        let now = 1_717_537_111;
-        let ps = serde_json::json!({"models": [
-            {"name": "a:latest", "expires_at": "2024-06-04T21:39:01Z"},
-            {"name": "b:latest", "expires_at": "2024-06-04T21:39:00Z"},
-            {"name": "c:latest", "expires_at": "2024-06-04T21:00:00Z"},
-        ]});
-        let models = parse_ps(&ps, now).unwrap();
-        let evidence: Vec<_> = models
-            .iter()
-            .map(|m| (m.name.as_str(), m.ready, &m.evidence))
-            .collect();
-        assert_eq!(
-            evidence,
-            [
-                ("a:latest", true, &ResidencyEvidence::Proven),
-                (
-                    "b:latest",
-                    true,
-                    &ResidencyEvidence::NotProven("unloads in 29 s".into())
-                ),
-                (
-                    "c:latest",
-                    true,
-                    &ResidencyEvidence::NotProven("unloads in 0 s".into())
-                ),
-            ]
-        );
-        assert_eq!(
-            parse_ps(&serde_json::json!({"models": []}), now),
-            Ok(vec![])
-        );
+    fn requests_carry_their_kind_and_canonical_model() {
+        // RES-06: (canonical model, explicit num_ctx or none, route family).
+        let a = adapter();
+        let i = inspect(&a, "/api/generate", r#"{"model":"llama3","prompt":"hi"}"#).unwrap();
+        assert_eq!(i.model.as_deref(), Some("llama3"));
+        assert_eq!(i.canonical_model.as_deref(), Some("llama3:latest"));
+        assert_eq!(i.reuse, kind("llama3:latest", None, Family::Api));
+        let i = inspect(
+            &a,
+            "/api/chat",
+            r#"{"model":"llama3:latest","messages":[],"options":{"num_ctx":8192}}"#,
+        )
+        .unwrap();
+        assert_eq!(i.canonical_model, None, "already canonical");
+        assert_eq!(i.reuse, kind("llama3:latest", Some(8192), Family::Api));
+        // Ollama truncates a fractional num_ctx.
+        let i = inspect(
+            &a,
+            "/api/embed",
+            r#"{"model":"m","input":"x","options":{"num_ctx":2048.9}}"#,
+        )
+        .unwrap();
+        assert_eq!(i.reuse, kind("m:latest", Some(2048), Family::Api));
+        // /v1 never sets num_ctx, whatever its body carries.
+        let i = inspect(
+            &a,
+            "/v1/chat/completions",
+            r#"{"model":"llama3","messages":[],"options":{"num_ctx":8192,"num_gpu":1}}"#,
+        )
+        .unwrap();
+        assert_eq!(i.reuse, kind("llama3:latest", None, Family::V1));
+        // No model: no kind.
+        let i = inspect(&a, "/api/generate", r#"{"prompt":"hi"}"#).unwrap();
+        assert_eq!(i.reuse, RequestReuse::Reuses);
     }
 
     #[test]
-    fn a_malformed_ps_is_no_observation() {
-        // OBS-03
-        for bad in [
-            serde_json::json!({}),
-            serde_json::json!([]),
-            serde_json::json!({"models": {}}),
-            serde_json::json!({"models": [{"expires_at": "2024-06-04T21:39:01Z"}]}),
-            serde_json::json!({"models": [{"name": "a"}]}),
-            serde_json::json!({"models": [{"name": "a", "expires_at": "tomorrow"}]}),
+    fn a_num_ctx_that_is_not_a_positive_number_is_invalid() {
+        let a = adapter();
+        for body in [
+            r#"{"model":"m","options":{"num_ctx":"8k"}}"#,
+            r#"{"model":"m","options":{"num_ctx":0}}"#,
+            r#"{"model":"m","options":{"num_ctx":-4096}}"#,
+            r#"{"model":"m","options":{"num_ctx":[1]}}"#,
         ] {
-            assert!(
-                matches!(parse_ps(&bad, 0), Err(ObserveError::Malformed(_))),
-                "{bad}"
-            );
+            let e = inspect(&a, "/api/generate", body).unwrap_err();
+            assert_eq!(e.code, RefusalCode::InvalidRequest, "{body}");
+            assert!(e.message.contains("num_ctx"), "{}", e.message);
         }
+        let i = inspect(
+            &a,
+            "/api/generate",
+            r#"{"model":"m","options":{"num_ctx":null}}"#,
+        )
+        .unwrap();
+        assert_eq!(i.reuse, kind("m:latest", None, Family::Api));
     }
 }

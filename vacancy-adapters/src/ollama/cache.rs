@@ -1,0 +1,266 @@
+//! `learned-contexts.json`: learned Ollama contexts kept across restarts
+//! (RES-13), a cache whose loss costs only full charges (RES-15).
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use serde::{Deserialize, Serialize};
+use tracing::{info, warn};
+
+use super::contexts::LearnedContexts;
+
+/// The cache file's name in the admission state directory (RES-13).
+pub const FILE_NAME: &str = "learned-contexts.json";
+
+/// The file format this version writes and reads.
+const VERSION: u32 = 1;
+
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct Document {
+    version: u32,
+    /// Per upstream name.
+    upstreams: BTreeMap<String, LearnedContexts>,
+}
+
+/// Why the cache could not be written. The daemon logs it and keeps lending:
+/// what was learned stays in memory until the next write succeeds.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot write {path}: {source}")]
+pub struct CacheWriteError {
+    path: PathBuf,
+    #[source]
+    source: std::io::Error,
+}
+
+/// Learned contexts of every Ollama upstream, shared by their adapters, in
+/// memory and (with a directory) in `learned-contexts.json`.
+///
+/// # Behavior
+///
+/// - [`ContextCache::open`] reads the file; a missing, unreadable or
+///   malformed file is logged with the reason and the daemon starts without
+///   it (RES-15): it never blocks startup.
+/// - Each change is written at once, atomically (a temporary file in the
+///   same directory, synced, renamed over the old one, directory synced), so
+///   a crash leaves the old file or the new one, never a torn one.
+/// - Without a directory (a library user's in-memory adapter) nothing is written.
+#[derive(Debug)]
+pub struct ContextCache {
+    path: Option<PathBuf>,
+    doc: Mutex<Document>,
+}
+
+impl ContextCache {
+    /// A cache that lives in memory only.
+    pub fn in_memory() -> Self {
+        ContextCache {
+            path: None,
+            doc: Mutex::new(Document {
+                version: VERSION,
+                upstreams: BTreeMap::new(),
+            }),
+        }
+    }
+
+    /// The cache kept in `dir/learned-contexts.json`, loaded now.
+    ///
+    /// # Behavior
+    ///
+    /// Never fails: a file it cannot use is logged (with why) and replaced
+    /// by the next write (RES-15).
+    pub fn open(dir: &Path) -> Self {
+        let path = dir.join(FILE_NAME);
+        let doc = match std::fs::read(&path) {
+            Ok(bytes) => match serde_json::from_slice::<Document>(&bytes) {
+                Ok(doc) if doc.version == VERSION => {
+                    let mut doc = doc;
+                    for contexts in doc.upstreams.values_mut() {
+                        contexts.sanitize();
+                    }
+                    let models: usize = doc.upstreams.values().map(|c| c.models.len()).sum();
+                    info!(path = %path.display(), models, "learned Ollama contexts loaded");
+                    doc
+                }
+                Ok(doc) => {
+                    warn!(path = %path.display(), version = doc.version, "learned-contexts.json has a version this vacancyd does not read; starting without learned contexts (requests are charged in full until they teach them again)");
+                    Document::fresh()
+                }
+                Err(e) => {
+                    warn!(path = %path.display(), error = %e, "learned-contexts.json is unreadable; starting without learned contexts (requests are charged in full until they teach them again)");
+                    Document::fresh()
+                }
+            },
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                info!(path = %path.display(), "no learned-contexts.json yet; starting without learned contexts");
+                Document::fresh()
+            }
+            Err(e) => {
+                warn!(path = %path.display(), error = %e, "learned-contexts.json cannot be read; starting without learned contexts (requests are charged in full until they teach them again)");
+                Document::fresh()
+            }
+        };
+        ContextCache {
+            path: Some(path),
+            doc: Mutex::new(doc),
+        }
+    }
+
+    /// Where the cache is written, if anywhere.
+    pub fn path(&self) -> Option<&Path> {
+        self.path.as_deref()
+    }
+
+    /// Read `upstream`'s contexts.
+    pub fn read<R>(&self, upstream: &str, f: impl FnOnce(&LearnedContexts) -> R) -> R {
+        let doc = self.lock();
+        match doc.upstreams.get(upstream) {
+            Some(c) => f(c),
+            None => f(&LearnedContexts::default()),
+        }
+    }
+
+    /// Change `upstream`'s contexts; when `f` says it changed something
+    /// (returns `true`), write the file.
+    pub fn update(
+        &self,
+        upstream: &str,
+        f: impl FnOnce(&mut LearnedContexts) -> bool,
+    ) -> Result<(), CacheWriteError> {
+        let mut doc = self.lock();
+        let changed = f(doc.upstreams.entry(upstream.to_owned()).or_default());
+        if !changed {
+            return Ok(());
+        }
+        doc.upstreams.retain(|_, c| !c.models.is_empty());
+        let Some(path) = &self.path else {
+            return Ok(());
+        };
+        write_atomically(path, &doc).map_err(|source| CacheWriteError {
+            path: path.clone(),
+            source,
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Document> {
+        match self.doc.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        }
+    }
+}
+
+impl Document {
+    fn fresh() -> Self {
+        Document {
+            version: VERSION,
+            upstreams: BTreeMap::new(),
+        }
+    }
+}
+
+fn write_atomically(path: &Path, doc: &Document) -> std::io::Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let bytes = serde_json::to_vec_pretty(doc).map_err(std::io::Error::other)?;
+    let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
+    tmp.write_all(&bytes)?;
+    tmp.as_file().sync_all()?;
+    tmp.persist(path).map_err(|e| e.error)?;
+    std::fs::File::open(dir)?.sync_all()
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::ollama::contexts::Modelfile;
+    use crate::ollama::names::{Family, RequestKind};
+
+    fn kind() -> RequestKind {
+        RequestKind {
+            model: "llama3:latest".into(),
+            num_ctx: None,
+            family: Family::Api,
+        }
+    }
+
+    #[test]
+    fn learned_contexts_survive_a_reopen() {
+        // RES-13
+        let dir = tempfile::tempdir().unwrap();
+        let cache = ContextCache::open(dir.path());
+        cache
+            .update("ollama", |c| {
+                c.learn(&kind(), "sha256:d", 8192, Modelfile::Unset);
+                true
+            })
+            .unwrap();
+        let reopened = ContextCache::open(dir.path());
+        let kinds = reopened.read("ollama", |c| c.models["llama3:latest"].kinds.clone());
+        assert_eq!(kinds.len(), 1);
+        assert_eq!(kinds[0].context, 8192);
+        assert_eq!(reopened.read("other", |c| c.models.len()), 0);
+        let text = std::fs::read_to_string(dir.path().join(FILE_NAME)).unwrap();
+        assert!(text.contains("\"digest\": \"sha256:d\""), "{text}");
+    }
+
+    #[test]
+    fn a_missing_or_corrupt_file_starts_empty_and_is_replaced() {
+        // RES-15
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(
+            ContextCache::open(dir.path()).read("o", |c| c.models.len()),
+            0
+        );
+        let path = dir.path().join(FILE_NAME);
+        for junk in ["{not json", "[]", r#"{"version": 99, "upstreams": {}}"#, ""] {
+            std::fs::write(&path, junk).unwrap();
+            let cache = ContextCache::open(dir.path());
+            assert_eq!(cache.read("o", |c| c.models.len()), 0, "{junk}");
+            cache
+                .update("o", |c| {
+                    c.learn(&kind(), "sha256:d", 4096, Modelfile::Unset);
+                    true
+                })
+                .unwrap();
+            assert_eq!(
+                ContextCache::open(dir.path()).read("o", |c| c.models.len()),
+                1
+            );
+        }
+    }
+
+    #[test]
+    fn an_unchanged_update_writes_nothing_and_memory_only_never_writes() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = ContextCache::open(dir.path());
+        cache.update("o", |_| false).unwrap();
+        assert!(!dir.path().join(FILE_NAME).exists());
+        let mem = ContextCache::in_memory();
+        mem.update("o", |c| {
+            c.learn(&kind(), "sha256:d", 4096, Modelfile::Unset);
+            true
+        })
+        .unwrap();
+        assert_eq!(mem.read("o", |c| c.models.len()), 1);
+        assert!(mem.path().is_none());
+    }
+
+    #[test]
+    fn a_write_that_fails_is_an_error_and_keeps_memory() {
+        let dir = tempfile::tempdir().unwrap();
+        let gone = dir.path().join("gone");
+        std::fs::create_dir(&gone).unwrap();
+        let cache = ContextCache::open(&gone);
+        std::fs::remove_dir(&gone).unwrap();
+        let err = cache
+            .update("o", |c| {
+                c.learn(&kind(), "sha256:d", 4096, Modelfile::Unset);
+                true
+            })
+            .unwrap_err();
+        assert!(err.to_string().contains("learned-contexts.json"), "{err}");
+        assert_eq!(cache.read("o", |c| c.models.len()), 1);
+    }
+}
