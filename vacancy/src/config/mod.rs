@@ -49,7 +49,8 @@ pub use schema::{
 };
 
 /// The configuration `vacancyd run` uses when no `--config` is given: system
-/// memory as the one resource and a local llama-server lent on 127.0.0.1:8081.
+/// memory as the one resource, a local llama-server lent on 127.0.0.1:8081 and
+/// a local Ollama lent on 127.0.0.1:11435 (DESIGN §3).
 pub const EMBEDDED_DEFAULT: &str = r#"# vacancyd's built-in configuration, used when no --config is given.
 
 [server]
@@ -73,6 +74,14 @@ listen = "127.0.0.1:8081"
 target = "http://127.0.0.1:8080"
 resource = "ram"
 default_min_free_mib = 2048
+
+[[upstream]]
+name = "ollama"
+adapter = "ollama"
+listen = "127.0.0.1:11435"
+target = "http://127.0.0.1:11434"
+resource = "ram"
+default_min_free_mib = 4096
 "#;
 
 /// The origin named in errors about [`EMBEDDED_DEFAULT`].

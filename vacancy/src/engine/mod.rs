@@ -483,6 +483,30 @@ impl Engine {
         Ok(())
     }
 
+    /// An upstream acknowledged unloading its models (a yield): every
+    /// resource it borrows is disturbed as by [`record_unload`](Self::record_unload),
+    /// so residency needs a newer observation and new work a fresh sample
+    /// (RECL-45). Never a release and never recovered memory (RECL-49).
+    pub fn record_yield(&mut self, upstream: UpstreamId, now: Moment) -> Result<(), EngineError> {
+        let deps: Vec<usize> = self
+            .upstreams
+            .get(upstream.0)
+            .ok_or_else(|| EngineError::UnknownUpstream(format!("#{}", upstream.0)))?
+            .deps
+            .iter()
+            .map(|d| d.res)
+            .collect();
+        for &i in &deps {
+            self.resources[i].disturbed(now);
+        }
+        for u in &mut self.upstreams {
+            if u.deps.iter().any(|d| deps.contains(&d.res)) {
+                u.lesson = None;
+            }
+        }
+        Ok(())
+    }
+
     /// The lesson an observation of `upstream` taken at `observed_at` teaches:
     /// the last released request of a known kind, when it finished before the
     /// observation started and nothing was admitted on the upstream's

@@ -567,6 +567,36 @@ fn configuration_stays_exact_while_observations_match_the_canonical_model() {
 }
 
 #[test]
+fn footprints_are_measured_and_charged_by_the_canonical_model() {
+    // MEM-07, MEM-08 with RES-06: `llama3` and `llama3:latest` are one identity.
+    let spec = EngineSpec {
+        lending: true,
+        resources: vec![ResourceSpec::new(GPU, ResourceKind::Gpu, 1000)],
+        upstreams: vec![UpstreamSpec::new("llm", GPU, 4000)],
+    };
+    let mut e = ready(spec, 0);
+    let up = e.upstream_id("llm").unwrap();
+    let mut r = req(&e, "llm", Some("llama3"), 10);
+    r.canonical_model = Some("llama3:latest".to_owned());
+    let res = admitted(e.admit(&r, t(10)));
+    observe_loaded(&mut e, "llm", "llama3:latest", 20);
+    e.record_sample(GPU, CapacitySample::memory(57_000, 80_000, t(25)))
+        .unwrap();
+    assert_eq!(e.learned_prior(up, "llama3:latest", GPU), Some(7000));
+    assert_eq!(e.learned_prior(up, "llama3", GPU), None);
+    e.release(res.id, ReleaseOutcome::Completed, t(30)).unwrap();
+    e.record_sample(GPU, CapacitySample::memory(64_000, 80_000, t(31)))
+        .unwrap();
+    let mut again = req(&e, "llm", Some("llama3:latest"), 40);
+    again.reuse = RequestReuse::Cannot("the request sets runner option num_gpu".to_owned());
+    let res = admitted(e.admit(&again, t(40)));
+    assert_eq!(
+        res.charges[0].required_mib, 7000,
+        "the prior raises the requirement"
+    );
+}
+
+#[test]
 fn a_finished_request_of_a_kind_teaches_the_next_observation_only() {
     // RES-07
     let mut e = ready(gpu_and_ram(), 0);

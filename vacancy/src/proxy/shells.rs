@@ -11,8 +11,8 @@ use crate::engine::{ModelObservation, ObservedModel, OwnerPresence, ResidencyEvi
 use crate::presence::PresenceBackend;
 use crate::proxy::lender::Lender;
 use crate::proxy::{UpstreamRoute, stopped};
-use crate::traits::ObserveError;
 use crate::traits::resource::{CapacitySample, Resource, ResourceKind, SampleError};
+use crate::traits::{ObserveError, ReclaimError, UnloadAck};
 
 /// Sample `resource` every `poll` and whenever a job on it ends (ADM-05).
 /// The caller takes the first sample before the loop starts.
@@ -135,6 +135,41 @@ pub async fn observe_upstream(
     }
     lender.observe(route.id, obs.clone());
     Ok(obs)
+}
+
+/// Ask an upstream to unload its models (a yield, for reclaim).
+///
+/// # Behavior
+///
+/// Uses the adapter's [`Reclaimer`](crate::traits::Reclaimer); an adapter
+/// without one is [`ReclaimError::Unsupported`]. An acknowledgement is
+/// counted in `vacancyd_yields_total{upstream}` (OBS-04) and disturbs the
+/// upstream's resources: residency proofs taken before it no longer hold and
+/// new work waits for a fresh sample (RECL-45). It releases nothing and is
+/// never counted as recovered memory (RECL-49).
+pub async fn yield_upstream(
+    lender: &Lender,
+    route: &UpstreamRoute,
+) -> Result<UnloadAck, ReclaimError> {
+    let Some(reclaimer) = route.adapter.reclaimer() else {
+        return Err(ReclaimError::Unsupported(format!(
+            "the {} adapter cannot unload models",
+            route.adapter.name()
+        )));
+    };
+    let ack = reclaimer.unload().await;
+    match &ack {
+        Ok(UnloadAck::Acknowledged { models }) => {
+            lender.metrics().yielded(&route.name);
+            let now = lender.clock().now();
+            if let Err(e) = lender.with_engine(|e| e.record_yield(route.id, now)) {
+                warn!(upstream = %route.name, error = %e, "yield for an unknown upstream");
+            }
+            info!(upstream = %route.name, models = models.unwrap_or(0), "upstream acknowledged the unload (not proof of freed memory)");
+        }
+        Err(e) => warn!(upstream = %route.name, error = %e, "unload failed"),
+    }
+    ack
 }
 
 /// How `/status` describes one observed model's residency (RES-22).
