@@ -142,6 +142,10 @@ pub fn render(status: &Value) -> String {
             admitting,
             exempt
         );
+        // RES-22: what the last observation proves about loaded models.
+        for line in u["residency"].as_array().into_iter().flatten() {
+            let _ = writeln!(out, "    model {}", s(line));
+        }
     }
     let work = status["work"].as_array().cloned().unwrap_or_default();
     let _ = writeln!(
@@ -188,7 +192,8 @@ mod tests {
             "resources": [{"name": "gpu0", "kind": "gpu", "free_mib": 1, "total_mib": 2, "reserve_mib": 0,
                            "sample_age_ms": 5, "enabled": true, "reserved_by": "e1", "capacity_unknown": null}],
             "upstreams": [{"name": "tts", "adapter": "openai", "listen": "a", "target": "b", "reachable": true,
-                           "owner_scope": "resource", "vacancy": {"admitting": true}}],
+                           "owner_scope": "resource", "vacancy": {"admitting": true},
+                           "residency": ["qwen3-tts: loaded; not proven (busy)"]}],
             "work": [{"id": "e1", "age_s": 12, "upstream": "llama", "phase": "held",
                       "resources": ["gpu0", "ram"], "held_reason": "cut"}]
         });
@@ -204,5 +209,10 @@ mod tests {
         assert!(text.contains("still lending: tts"), "{text}");
         assert!(text.contains("[owner-exempt]"), "{text}");
         assert!(text.contains("reserved by e1"), "{text}");
+        // RES-22
+        assert!(
+            text.contains("    model qwen3-tts: loaded; not proven (busy)"),
+            "{text}"
+        );
     }
 }

@@ -11,7 +11,7 @@ use pyo3::types::{PyDict, PyList, PyType};
 use vacancy::config::{LoadedConfig, PresenceMode};
 use vacancy::engine::{
     CompletionMethod, Decision, EngineSpec, EntryId, HeldRelease, ModelObservation, ObservedModel,
-    OwnerPresence, Phase, PressureVerdict, ReleaseEffect, ReleaseOutcome, ResidencyEvidence,
+    OwnerPresence, Phase, PressureVerdict, ReleaseEffect, ReleaseOutcome, RequestReuse, ResidencyEvidence,
     WorkRequest,
 };
 use vacancy::{CapacitySample, Moment, MonotonicClock};
@@ -227,9 +227,9 @@ fn observed_model(item: &Bound<'_, PyAny>) -> PyResult<ObservedModel> {
     })?;
     for key in d.keys() {
         let key: String = key.extract()?;
-        if !matches!(key.as_str(), "name" | "ready" | "proven" | "reason") {
+        if !matches!(key.as_str(), "name" | "ready" | "proven" | "reason" | "kinds") {
             return Err(PyValueError::new_err(format!(
-                "unknown key {key:?} in an observed model; known: name, ready, proven, reason"
+                "unknown key {key:?} in an observed model; known: name, ready, proven, reason, kinds"
             )));
         }
     }
@@ -249,7 +249,29 @@ fn observed_model(item: &Bound<'_, PyAny>) -> PyResult<ObservedModel> {
         Some(v) => v.extract()?,
         None => None,
     };
-    let evidence = if proven {
+    let kinds: Option<Vec<String>> = match d.get_item("kinds")? {
+        Some(v) if !v.is_none() => {
+            if v.is_instance_of::<pyo3::types::PyString>() {
+                return Err(PyTypeError::new_err("kinds must be a list of str, not a str"));
+            }
+            Some(v.extract()?)
+        }
+        _ => None,
+    };
+    let evidence = if let Some(kinds) = kinds {
+        // RES-05: proven only for requests of these kinds.
+        if !proven {
+            return Err(PyValueError::new_err(
+                "an observed model has either kinds= (proven for those kinds) or proven=False, not both",
+            ));
+        }
+        ResidencyEvidence::ProvenFor {
+            kinds,
+            otherwise: reason.unwrap_or_else(|| {
+                "the loaded model is not known to serve requests of this kind".to_owned()
+            }),
+        }
+    } else if proven {
         ResidencyEvidence::Proven
     } else {
         ResidencyEvidence::NotProven(reason.unwrap_or_else(|| {
@@ -441,7 +463,8 @@ impl Engine {
     }
 
     /// Decide borrowed work on `upstream`.
-    #[pyo3(signature = (upstream, model = None, *, now = None, arrived_at = None, completion = "response_end"))]
+    #[pyo3(signature = (upstream, model = None, *, now = None, arrived_at = None, completion = "response_end", kind = None, canonical_model = None, cannot_reuse = None))]
+    #[allow(clippy::too_many_arguments)]
     fn admit(
         slf: &Bound<'_, Self>,
         upstream: &str,
@@ -449,10 +472,23 @@ impl Engine {
         now: Option<f64>,
         arrived_at: Option<f64>,
         completion: &str,
+        kind: Option<String>,
+        canonical_model: Option<String>,
+        cannot_reuse: Option<String>,
     ) -> PyResult<Reservation> {
         let py = slf.py();
         let this = slf.get();
         let completion = parse_completion(completion)?;
+        let reuse = match (kind, cannot_reuse) {
+            (Some(_), Some(_)) => {
+                return Err(PyValueError::new_err(
+                    "kind= and cannot_reuse= exclude each other: a request either has a kind or cannot reuse a loaded model",
+                ));
+            }
+            (Some(k), None) => RequestReuse::ReusesAs(k),
+            (None, Some(why)) => RequestReuse::Cannot(why),
+            (None, None) => RequestReuse::Reuses,
+        };
         if arrived_at.is_some() && now.is_none() {
             return Err(PyValueError::new_err(
                 "arrived_at= is for simulated time: pass now= as well",
@@ -467,6 +503,8 @@ impl Engine {
             };
             let mut req = WorkRequest::new(up, model, arrived);
             req.completion = completion;
+            req.reuse = reuse;
+            req.canonical_model = canonical_model;
             let d = g.engine.admit(&req, t);
             Ok((req, d))
         })?;
@@ -495,6 +533,33 @@ impl Engine {
                 }
             }
         }
+    }
+
+    /// The lesson an observation of `upstream` taken at `at` teaches (RES-07):
+    /// `{model, kind, finished_at}` of the last request of a known kind that
+    /// finished before `at` with nothing admitted on its resources since, or
+    /// `None`. Taken once.
+    #[pyo3(signature = (upstream, at = None))]
+    fn take_lesson<'py>(
+        &self,
+        py: Python<'py>,
+        upstream: &str,
+        at: Option<f64>,
+    ) -> PyResult<Option<Bound<'py, PyDict>>> {
+        let lesson = self.with(py, |g| {
+            let up = g.upstream(upstream)?;
+            let t = g.moment(&self.clock, at)?;
+            Ok(g.engine.take_lesson(up, t))
+        })?;
+        lesson
+            .map(|l| {
+                let d = PyDict::new(py);
+                d.set_item("model", l.model)?;
+                d.set_item("kind", l.kind)?;
+                d.set_item("finished_at", secs(l.finished_at))?;
+                Ok(d)
+            })
+            .transpose()
     }
 
     /// The reply came; the caller now tracks the job at the upstream.

@@ -24,7 +24,7 @@ from vacancy._errors import (
     VacancyError,
     WaitForSample,
 )
-from vacancy._types import Charge, ObservedModel
+from vacancy._types import Charge, Lesson, ObservedModel
 from vacancy._vacancy import POST_JOB_SAMPLE_WAIT_S, Config, Engine, Reservation
 from vacancy import slots
 
@@ -37,6 +37,7 @@ __all__ = [
     "Engine",
     "EntryHeld",
     "NotHeld",
+    "Lesson",
     "ObservedModel",
     "Refused",
     "Reservation",

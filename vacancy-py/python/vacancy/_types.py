@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typing
 
-__all__ = ["BreakerSnapshot", "Charge", "ObservedModel"]
+__all__ = ["BreakerSnapshot", "Charge", "Lesson", "ObservedModel"]
 
 
 class ObservedModel(typing.TypedDict, total=False):
@@ -17,7 +17,22 @@ class ObservedModel(typing.TypedDict, total=False):
     proven: bool
     """The upstream's own evidence proves reuse, e.g. an idle slot (default ``True``)."""
     reason: str | None
-    """Why reuse is not proven, shown in refusals (with ``proven=False``)."""
+    """Why reuse is not proven, shown in refusals (with ``proven=False``, or
+    for requests of other kinds with ``kinds``)."""
+    kinds: list[str]
+    """Proven only for requests of these kinds (``Engine.admit(kind=...)``),
+    e.g. the Ollama request kinds known to reuse the loaded context (RES-05)."""
+
+
+class Lesson(typing.TypedDict):
+    """What ``Engine.take_lesson`` returns: a finished request of a known kind (RES-07)."""
+
+    model: str
+    """The model identity (canonical model) of the finished request."""
+    kind: str
+    """Its kind, as given to ``Engine.admit(kind=...)``."""
+    finished_at: float
+    """When it was released, in the engine's seconds."""
 
 
 class Charge(typing.TypedDict):

@@ -6,7 +6,7 @@ from types import TracebackType
 from typing import Any, Literal, final
 
 from vacancy._errors import ConfigProblem
-from vacancy._types import BreakerSnapshot, Charge, ObservedModel
+from vacancy._types import BreakerSnapshot, Charge, Lesson, ObservedModel
 
 
 __all__ = [
@@ -121,7 +121,11 @@ class Engine:
         now: float | None = None,
         arrived_at: float | None = None,
         completion: Literal["response_end", "tracked", "held_on_close"] = "response_end",
+        kind: str | None = None,
+        canonical_model: str | None = None,
+        cannot_reuse: str | None = None,
     ) -> Reservation: ...
+    def take_lesson(self, upstream: str, at: float | None = None) -> Lesson | None: ...
     def start_tracking(self, id: str | Reservation) -> None: ...
     def release(
         self,
