@@ -838,3 +838,88 @@ async fn management_routes_are_forbidden_and_discovery_is_forwarded() {
     assert!(s["work"].as_array().unwrap().is_empty(), "{s:#}");
     assert!(admissions(&d).is_empty());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_learned_context_that_differs_from_the_loaded_one_is_charged_in_full() {
+    // RES-11: the model was since reloaded differently. RES-05 (b) still
+    // credits an explicit num_ctx equal to the new context.
+    let emu = emulator();
+    assert!(emu.set_modelfile_num_ctx("llama3", Some(8192)));
+    let d = start(&emu.base_url(), HIGH);
+    d.wait_status("the upstream to be observed", |s| {
+        s["upstreams"][0]["reachable"] == true
+    })
+    .await;
+    let ps = streamed_then_lower(&d, &emu, "/v1/chat/completions", v1_chat()).await;
+    assert_eq!(emu.loaded()[0].context_length, 8192);
+    settle(
+        &d,
+        &emu,
+        ps,
+        LOW,
+        "the /v1 kind to be learned at 8192",
+        |r| r.contains("context 8192") && r.contains(&format!("{MODEL}, num_ctx unset, /v1")),
+    )
+    .await;
+    assert!(
+        learned_kinds(&read_cache(&d))
+            .contains(&json!({"num_ctx": null, "family": "v1", "context": 8192}))
+    );
+    // The owner reloads the model with another context, directly on Ollama.
+    emu.preload("llama3", Some(4096)).unwrap();
+    wait_residency(&d, "the reload to be observed", |r| {
+        r.contains("context 4096")
+    })
+    .await;
+    let error = assert_uncredited(&post(&d, "/v1/chat/completions", &v1_chat()).await);
+    assert!(error.contains("loaded with context 4096"), "{error}");
+    assert!(error.contains("num_ctx unset /v1 → 8192"), "{error}");
+    let reply = post(
+        &d,
+        "/api/generate",
+        &generate(Some(json!({"num_ctx": 4096}))),
+    )
+    .await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    assert_eq!(admissions(&d).last(), Some(&true));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_too_old_observation_is_refreshed_once_on_the_refusal_path() {
+    // RES-20: observations fail for over 4 s, so the last good one is too
+    // old; the refusal path observes once more and the request is credited.
+    // The observation loop may refresh first (it runs every 2 s): such a
+    // round proves nothing and is repeated.
+    let emu = emulator();
+    emu.preload("llama3", Some(4096)).unwrap();
+    let d = start(&emu.base_url(), LOW);
+    wait_residency(&d, "the preloaded model to be credited", |r| {
+        r.contains(&format!("{MODEL}, num_ctx 4096, /api"))
+    })
+    .await;
+    let body = generate(Some(json!({"num_ctx": 4096})));
+    for round in 0..3 {
+        emu.set_override("/api/ps", Some((200, "garbage".into())));
+        d.wait_status("the observation to fail", |s| {
+            s["upstreams"][0]["error"]
+                .as_str()
+                .is_some_and(|e| e.contains("malformed"))
+        })
+        .await;
+        tokio::time::sleep(Duration::from_millis(4500)).await;
+        let refreshes_before = plain_log(&d).matches("(RES-20)").count();
+        emu.set_override("/api/ps", None);
+        let reply = post(&d, "/api/generate", &body).await;
+        assert_eq!(reply.status, 200, "round {round}: {}", reply.text());
+        assert_eq!(admissions(&d).last(), Some(&true));
+        if plain_log(&d).matches("(RES-20)").count() > refreshes_before {
+            return;
+        }
+        let ps = ps_count(&emu);
+        settle(&d, &emu, ps, LOW, "a post-job observation", |r| {
+            r.contains("num_ctx 4096, /api")
+        })
+        .await;
+    }
+    panic!("the observation loop refreshed first in every round; RES-20 was never exercised");
+}

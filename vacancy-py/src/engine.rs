@@ -11,8 +11,8 @@ use pyo3::types::{PyDict, PyList, PyType};
 use vacancy::config::{LoadedConfig, PresenceMode};
 use vacancy::engine::{
     CompletionMethod, Decision, EngineSpec, EntryId, HeldRelease, ModelObservation, ObservedModel,
-    OwnerPresence, Phase, PressureVerdict, ReleaseEffect, ReleaseOutcome, RequestReuse, ResidencyEvidence,
-    WorkRequest,
+    OwnerPresence, Phase, PressureVerdict, ReleaseEffect, ReleaseOutcome, RequestReuse,
+    ResidencyEvidence, WorkRequest,
 };
 use vacancy::{CapacitySample, Moment, MonotonicClock};
 
@@ -227,7 +227,10 @@ fn observed_model(item: &Bound<'_, PyAny>) -> PyResult<ObservedModel> {
     })?;
     for key in d.keys() {
         let key: String = key.extract()?;
-        if !matches!(key.as_str(), "name" | "ready" | "proven" | "reason" | "kinds") {
+        if !matches!(
+            key.as_str(),
+            "name" | "ready" | "proven" | "reason" | "kinds"
+        ) {
             return Err(PyValueError::new_err(format!(
                 "unknown key {key:?} in an observed model; known: name, ready, proven, reason, kinds"
             )));
@@ -252,7 +255,9 @@ fn observed_model(item: &Bound<'_, PyAny>) -> PyResult<ObservedModel> {
     let kinds: Option<Vec<String>> = match d.get_item("kinds")? {
         Some(v) if !v.is_none() => {
             if v.is_instance_of::<pyo3::types::PyString>() {
-                return Err(PyTypeError::new_err("kinds must be a list of str, not a str"));
+                return Err(PyTypeError::new_err(
+                    "kinds must be a list of str, not a str",
+                ));
             }
             Some(v.extract()?)
         }

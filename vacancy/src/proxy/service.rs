@@ -9,7 +9,7 @@ use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use tokio::sync::oneshot;
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 use crate::engine::{EntryId, Refusal, RefusalCode, ReleaseOutcome, WorkRequest};
 use crate::proxy::UpstreamRoute;
@@ -242,6 +242,7 @@ async fn work_request(
     let mut outcome = lender.decide(&request).await;
     if matches!(&outcome, Err(refusal) if refusal.observe_again) {
         // RES-20: the observation was only too old; observe once more.
+        info!(entry = %entry, upstream = %route.name, "the resident observation was too old; observing once more before deciding (RES-20)");
         if let Err(e) = observe_upstream(&lender, &route).await {
             debug!(upstream = %route.name, error = %e, "RES-20 re-observation failed");
         }
