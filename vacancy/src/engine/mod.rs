@@ -888,6 +888,17 @@ impl Engine {
         Ok(())
     }
 
+    /// The upstream named its own handle for the work (ComfyUI before 0.3.45,
+    /// REC-04): the reservation carries it from now on.
+    pub fn set_upstream_ref(&mut self, id: EntryId, upstream_ref: &str) -> Result<(), EngineError> {
+        let e = self
+            .entries
+            .get_mut(&id)
+            .ok_or(EngineError::UnknownEntry(id))?;
+        e.reservation.upstream_ref = Some(upstream_ref.to_owned());
+        Ok(())
+    }
+
     /// End a forwarding or tracking job.
     ///
     /// # Behavior

@@ -404,6 +404,15 @@ impl ReservationStore for Ledger {
     async fn forget(&self, entry: EntryId) -> Result<(), StoreError> {
         self.store(entry, Change::Release { id: entry }).await
     }
+
+    async fn rewrite_ref(&self, entry: EntryId, upstream_ref: &str) -> Result<(), StoreError> {
+        Ledger::rewrite_ref(self, entry, upstream_ref)
+            .await
+            .map_err(|e| StoreError {
+                entry,
+                reason: e.to_string(),
+            })
+    }
 }
 
 /// Lines a compaction keeps for these entries (the end marker not counted).

@@ -57,6 +57,15 @@ impl CompletionGuard {
         self.entry
     }
 
+    /// The reply came and the adapter's tracker follows the job now (the
+    /// engine's phase turns `tracking`); the guard still holds the entry if
+    /// the tracking task ends without a verdict.
+    pub fn tracking(&mut self) {
+        if let Err(e) = self.lender.with_engine(|e| e.start_tracking(self.entry)) {
+            warn!(entry = %self.entry, error = %e, "could not mark the entry as tracked");
+        }
+    }
+
     /// End the entry with `outcome`; later calls do nothing.
     pub fn finish(&mut self, outcome: ReleaseOutcome) {
         if !self.finished {

@@ -19,6 +19,7 @@ pub mod metrics;
 pub mod service;
 pub mod shells;
 pub mod store;
+pub mod tracked;
 
 use std::sync::Arc;
 use std::time::Duration;

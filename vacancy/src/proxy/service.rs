@@ -11,7 +11,7 @@ use hyper_util::rt::TokioIo;
 use tokio::sync::oneshot;
 use tracing::{debug, info, warn};
 
-use crate::engine::{EntryId, Refusal, RefusalCode, ReleaseOutcome, WorkRequest};
+use crate::engine::{CompletionMethod, EntryId, Refusal, RefusalCode, ReleaseOutcome, WorkRequest};
 use crate::proxy::UpstreamRoute;
 use crate::proxy::completion::{CompletionGuard, GuardedBody};
 use crate::proxy::forward::{
@@ -20,6 +20,7 @@ use crate::proxy::forward::{
 };
 use crate::proxy::lender::Lender;
 use crate::proxy::shells::observe_upstream;
+use crate::proxy::tracked::exchange_tracked;
 use crate::traits::{InspectContext, RoutePolicy, WorkRoute, route_policy};
 
 /// How much of an unread request body a refusal drains to keep the connection alive.
@@ -281,6 +282,37 @@ async fn work_request(
     // leaves mid-wait never leaves the entry without an owner.
     let (tx, rx) = oneshot::channel();
     let task_route = Arc::clone(&route);
+    if work.completion == CompletionMethod::Tracked {
+        let assigned = reservation
+            .upstream_ref
+            .clone()
+            .unwrap_or_else(|| entry.to_string());
+        let admitted_at = reservation.admitted_at;
+        tokio::spawn(async move {
+            guard.forwarding();
+            let response = exchange_tracked(
+                lender,
+                task_route,
+                guard,
+                upstream_req,
+                assigned,
+                admitted_at,
+            )
+            .await;
+            drop(tx.send(response));
+        });
+        return match rx.await {
+            Ok(resp) => resp,
+            Err(_) => refusal_response(
+                &route,
+                &Refusal::new(
+                    RefusalCode::UpstreamUnreachable,
+                    "the upstream exchange ended without a response",
+                ),
+                true,
+            ),
+        };
+    }
     tokio::spawn(async move {
         guard.forwarding();
         let response =

@@ -30,6 +30,9 @@ pub trait ReservationStore: Send + Sync {
     async fn mark_held(&self, entry: EntryId, reason: &str) -> Result<(), StoreError>;
     /// The entry was released: its record may go.
     async fn forget(&self, entry: EntryId) -> Result<(), StoreError>;
+    /// The upstream named its own handle for the entry (REC-04): the record
+    /// is rewritten so that a crash leaves the old handle or the new one.
+    async fn rewrite_ref(&self, entry: EntryId, upstream_ref: &str) -> Result<(), StoreError>;
 }
 
 /// A store that records nothing: reservations live only in memory, so a crash
@@ -47,6 +50,9 @@ impl ReservationStore for VolatileStore {
         Ok(())
     }
     async fn forget(&self, _entry: EntryId) -> Result<(), StoreError> {
+        Ok(())
+    }
+    async fn rewrite_ref(&self, _entry: EntryId, _upstream_ref: &str) -> Result<(), StoreError> {
         Ok(())
     }
 }

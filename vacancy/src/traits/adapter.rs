@@ -7,6 +7,7 @@ use async_trait::async_trait;
 use crate::engine::{EntryId, Lesson, ModelObservation, Refusal, RefusalCode, RequestReuse};
 use crate::traits::reclaimer::Reclaimer;
 use crate::traits::routes::{RouteClass, RouteTable, WorkRoute};
+use crate::traits::tracker::Tracker;
 
 /// What an adapter learned from a work request's head and body.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -189,6 +190,14 @@ pub trait Adapter: Send + Sync {
 
     /// How this adapter gets capacity back, if it can.
     fn reclaimer(&self) -> Option<Arc<dyn Reclaimer>> {
+        None
+    }
+
+    /// How this adapter proves the end of work on its
+    /// [`CompletionMethod::Tracked`](crate::engine::CompletionMethod::Tracked)
+    /// routes. An adapter with tracked routes must have one; without it the
+    /// proxy holds such work after its reply (nothing proves its end).
+    fn tracker(&self) -> Option<Arc<dyn Tracker>> {
         None
     }
 }

@@ -1,11 +1,12 @@
-//! The four public traits: [`Resource`], [`Admission`], [`Reclaimer`], [`Adapter`],
-//! and the data they speak in.
+//! The four public traits: [`Resource`], [`Admission`], [`Reclaimer`], [`Adapter`]
+//! (with its optional [`Tracker`]), and the data they speak in.
 
 pub mod adapter;
 pub mod admission;
 pub mod reclaimer;
 pub mod resource;
 pub mod routes;
+pub mod tracker;
 
 pub use adapter::{
     Adapter, InspectContext, InspectError, Inspection, ObserveError, RenderedRefusal,
@@ -20,3 +21,4 @@ pub use routes::{
     ParamCheck, RouteClass, RouteMethod, RoutePolicy, RouteSpec, RouteTable, WorkRoute,
     route_policy,
 };
+pub use tracker::{Submission, TrackedEnd, TrackedWork, Tracker, TrackingEvents};

@@ -1,0 +1,209 @@
+//! Tracked work (COMFY-01): the submission reply only says the job was
+//! queued, so it is read whole (bounded), handed to the borrower, and the
+//! adapter's [`Tracker`](crate::traits::Tracker) follows the job until its
+//! end is proven. The exchange runs apart from the borrower's connection
+//! (COMFY-08): a borrower who leaves changes nothing.
+
+use async_trait::async_trait;
+use http_body_util::{BodyExt, Limited};
+use hyper::body::Incoming;
+use std::sync::Arc;
+use tracing::{info, warn};
+
+use crate::engine::{EntryId, Refusal, RefusalCode, ReleaseOutcome};
+use crate::proxy::UpstreamRoute;
+use crate::proxy::completion::CompletionGuard;
+use crate::proxy::forward::{ExchangeError, ProxyBody, exchange, full, prepare_response_head};
+use crate::proxy::lender::Lender;
+use crate::proxy::service::refusal_response;
+use crate::time::Moment;
+use crate::traits::{Submission, TrackedEnd, TrackedWork, TrackingEvents};
+
+/// The most of a submission reply read: a larger one cannot be used (COMFY-09).
+pub const REPLY_LIMIT: usize = 4 * 1024 * 1024;
+
+/// What the proxy learned from one submission exchange, and what the
+/// borrower gets.
+pub(crate) struct Exchanged {
+    pub submission: Submission,
+    pub response: http::Response<ProxyBody>,
+}
+
+/// Read a submission's reply whole within `REPLY_LIMIT`, or say why it
+/// cannot be used. The borrower gets the reply as the upstream sent it.
+pub(crate) async fn read_reply(
+    route: &UpstreamRoute,
+    assigned: &str,
+    result: Result<http::Response<Incoming>, ExchangeError>,
+) -> Exchanged {
+    let unusable = |submission: Submission, why: &str| Exchanged {
+        response: refusal_response(
+            route,
+            &Refusal::new(
+                RefusalCode::UpstreamUnreachable,
+                format!(
+                    "upstream {}: {why}; the work was sent and is followed as {assigned} until the upstream proves its end",
+                    route.name
+                ),
+            ),
+            false,
+        ),
+        submission,
+    };
+    let resp = match result {
+        Ok(resp) => resp,
+        Err(e) => {
+            let why = e.to_string();
+            return unusable(Submission::Lost(why.clone()), &why);
+        }
+    };
+    let (mut parts, body) = resp.into_parts();
+    match Limited::new(body, REPLY_LIMIT).collect().await {
+        Ok(collected) => {
+            let body = collected.to_bytes();
+            prepare_response_head(&mut parts);
+            Exchanged {
+                submission: Submission::Reply {
+                    status: parts.status.as_u16(),
+                    body: body.clone(),
+                },
+                response: http::Response::from_parts(parts, full(body)),
+            }
+        }
+        Err(e) => {
+            let why = if e.is::<http_body_util::LengthLimitError>() {
+                format!("the reply is larger than {} MiB", REPLY_LIMIT >> 20)
+            } else {
+                format!("the reply broke off: {e}")
+            };
+            unusable(Submission::Broken(why.clone()), &why)
+        }
+    }
+}
+
+/// Follow tracked work to its end on a task of its own; the guard releases
+/// or holds it with the tracker's verdict.
+fn follow(
+    lender: Arc<Lender>,
+    route: Arc<UpstreamRoute>,
+    mut guard: CompletionGuard,
+    assigned: String,
+    admitted_at: Moment,
+    submission: Submission,
+) {
+    let entry = guard.entry();
+    guard.tracking();
+    tokio::spawn(async move {
+        let Some(tracker) = route.adapter.tracker() else {
+            guard.finish(ReleaseOutcome::Uncertain(format!(
+                "the {} adapter cannot track work after its reply",
+                route.adapter.name()
+            )));
+            return;
+        };
+        let events = Events {
+            lender: Arc::clone(&lender),
+            entry,
+            assigned: assigned.clone(),
+            upstream: route.name.clone(),
+        };
+        let work = TrackedWork {
+            entry,
+            assigned_ref: assigned,
+            admitted_at,
+        };
+        match tracker.track(work, submission, &events).await {
+            TrackedEnd::Released(why) => {
+                info!(entry = %entry, upstream = %route.name, reason = %why, "tracked work ended");
+                guard.finish(ReleaseOutcome::Completed);
+            }
+            TrackedEnd::Held(why) => guard.finish(ReleaseOutcome::Uncertain(why)),
+        }
+    });
+}
+
+/// The whole tracked exchange: send, read the reply within
+/// `completion_timeout_s` (else hold, COMFY-11), hand the job to the tracker,
+/// and answer the borrower.
+pub(crate) async fn exchange_tracked(
+    lender: Arc<Lender>,
+    route: Arc<UpstreamRoute>,
+    mut guard: CompletionGuard,
+    request: http::Request<ProxyBody>,
+    assigned: String,
+    admitted_at: Moment,
+) -> http::Response<ProxyBody> {
+    let bound = route.completion_timeout;
+    let exchanged = tokio::time::timeout(bound, async {
+        match exchange(&route.target, request, route.connect_timeout).await {
+            Err(e @ ExchangeError::Connect { .. }) => Err(e),
+            other => Ok(read_reply(&route, &assigned, other).await),
+        }
+    })
+    .await;
+    match exchanged {
+        Ok(Ok(ex)) => {
+            follow(
+                lender,
+                Arc::clone(&route),
+                guard,
+                assigned,
+                admitted_at,
+                ex.submission,
+            );
+            ex.response
+        }
+        Ok(Err(e)) => {
+            // DONE-02: nothing reached the upstream.
+            guard.finish(ReleaseOutcome::NotForwarded);
+            warn!(upstream = %route.name, error = %e, "upstream exchange failed");
+            refusal_response(
+                &route,
+                &Refusal::new(
+                    RefusalCode::UpstreamUnreachable,
+                    format!("upstream {}: {e}", route.name),
+                ),
+                false,
+            )
+        }
+        Err(_) => {
+            let why = format!(
+                "no submission reply within completion_timeout_s ({} s); the work may still run as {assigned}",
+                bound.as_secs()
+            );
+            guard.finish(ReleaseOutcome::Uncertain(why.clone()));
+            refusal_response(
+                &route,
+                &Refusal::new(
+                    RefusalCode::UpstreamUnreachable,
+                    format!("upstream {}: {why}", route.name),
+                ),
+                false,
+            )
+        }
+    }
+}
+
+struct Events {
+    lender: Arc<Lender>,
+    entry: EntryId,
+    assigned: String,
+    upstream: String,
+}
+
+#[async_trait]
+impl TrackingEvents for Events {
+    async fn upstream_ref(&self, upstream_ref: &str) {
+        let entry = self.entry;
+        if let Err(e) = self
+            .lender
+            .with_engine(|e| e.set_upstream_ref(entry, upstream_ref))
+        {
+            warn!(entry = %entry, error = %e, "could not record the upstream's handle in the engine");
+        }
+        if let Err(e) = self.lender.store().rewrite_ref(entry, upstream_ref).await {
+            // REC-06: tracking goes on with the upstream's handle.
+            warn!(entry = %entry, upstream = %self.upstream, assigned_ref = %self.assigned, upstream_ref, error = %e, "could not rewrite the record with the upstream's handle; tracking it anyway");
+        }
+    }
+}
