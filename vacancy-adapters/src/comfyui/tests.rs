@@ -1,0 +1,238 @@
+#![allow(clippy::unwrap_used, clippy::panic)]
+use super::*;
+use http::Method;
+use vacancy::config::Management;
+use vacancy::traits::{RoutePolicy, route_policy};
+use vacancy::{EntryId, MonotonicClock, RefusalCode};
+
+fn adapter() -> ComfyUiAdapter {
+    ComfyUiAdapter::new(AdapterSettings::new(
+        "http://127.0.0.1:8188".parse().unwrap(),
+        MonotonicClock::new(),
+    ))
+    .unwrap()
+}
+
+fn inspect(a: &ComfyUiAdapter, entry: u128, body: &str) -> Result<Inspection, InspectError> {
+    let RouteClass::Work(route) = a.classify(&Method::POST, "/prompt") else {
+        panic!("POST /prompt is not work");
+    };
+    let headers = http::HeaderMap::new();
+    let ctx = InspectContext {
+        entry: EntryId::from_u128(entry),
+        method: &Method::POST,
+        path: "/prompt",
+        headers: &headers,
+    };
+    a.inspect(&route, ctx, body.as_bytes())
+}
+
+#[test]
+fn submissions_are_tracked_work_and_the_table_classifies_every_route() {
+    // COMFY-01, ROUTE-08, ROUTE-12
+    let a = adapter();
+    for path in ["/prompt", "/api/prompt"] {
+        assert_eq!(a.classify(&Method::POST, path), SUBMIT, "{path}");
+    }
+    for path in [
+        "/object_info",
+        "/object_info/EmptyImage",
+        "/api/object_info",
+        "/system_stats",
+        "/api/system_stats",
+        "/embeddings",
+        "/extensions",
+        "/features",
+        "/api/features",
+        "/ws",
+        "/ws?clientId=abc",
+        "/api/ws",
+    ] {
+        assert_eq!(
+            a.classify(&Method::GET, path),
+            RouteClass::Discovery,
+            "{path}"
+        );
+    }
+    for (method, path) in [
+        (Method::GET, "/queue"),
+        (Method::POST, "/queue"),
+        (Method::POST, "/interrupt"),
+        (Method::POST, "/free"),
+        (Method::GET, "/history"),
+        (Method::GET, "/history?max_items=2"),
+        (Method::POST, "/history"),
+        (Method::GET, "/prompt"),
+        (Method::POST, "/api/free"),
+    ] {
+        assert_eq!(
+            a.classify(&method, path),
+            RouteClass::Management,
+            "{method} {path}"
+        );
+    }
+    for (method, path) in [
+        (Method::POST, "/upload/image"),
+        (Method::GET, "/userdata/x"),
+        (Method::GET, "/settings"),
+        (Method::GET, "/models/checkpoints"),
+        (Method::GET, "/internal/logs"),
+    ] {
+        let class = a.classify(&method, path);
+        assert!(
+            matches!(
+                route_policy(class, &method, Management::Deny),
+                RoutePolicy::Refuse(_)
+            ),
+            "{method} {path}"
+        );
+    }
+    assert_eq!(a.name(), "comfyui");
+}
+
+#[test]
+fn history_reads_only_for_prompts_admitted_through_vacancy() {
+    // The borrower reads its own prompts; another prompt's history is the owner's.
+    let a = adapter();
+    let mine = EntryId::from_u128(7).to_string();
+    assert_eq!(
+        a.classify(&Method::GET, &format!("/history/{mine}")),
+        RouteClass::Management,
+        "not admitted yet"
+    );
+    inspect(&a, 7, r#"{"prompt": {}}"#).unwrap();
+    for path in [format!("/history/{mine}"), format!("/api/history/{mine}")] {
+        assert_eq!(
+            a.classify(&Method::GET, &path),
+            RouteClass::BorrowerRead,
+            "{path}"
+        );
+    }
+    assert_eq!(
+        a.classify(&Method::GET, "/history/someone-elses-prompt"),
+        RouteClass::Management
+    );
+    // An early release's own ID, recorded by tracking (REC-04), is readable too.
+    a.remember("7e2ca66c-997f-424b-8a66-5157d3ca4a53");
+    assert_eq!(
+        a.classify(
+            &Method::GET,
+            "/history/7e2ca66c-997f-424b-8a66-5157d3ca4a53"
+        ),
+        RouteClass::BorrowerRead
+    );
+    assert!(matches!(
+        route_policy(RouteClass::Management, &Method::GET, Management::Deny),
+        RoutePolicy::Refuse(RefusalCode::RouteForbidden)
+    ));
+}
+
+#[test]
+fn view_serves_only_files_listed_in_a_borrowed_prompts_outputs() {
+    let a = adapter();
+    inspect(&a, 9, r#"{"prompt": {}}"#).unwrap();
+    let id = EntryId::from_u128(9).to_string();
+    let path = "/view?filename=ci_simple_00001_.png&subfolder=&type=output";
+    assert_eq!(
+        a.classify(&Method::GET, path),
+        RouteClass::Management,
+        "no outputs yet"
+    );
+    a.record_outputs(
+        &id,
+        vec![OutputFile {
+            filename: "ci_simple_00001_.png".into(),
+            subfolder: String::new(),
+            kind: "output".into(),
+        }],
+    );
+    assert_eq!(a.classify(&Method::GET, path), RouteClass::BorrowerRead);
+    assert_eq!(
+        a.classify(
+            &Method::GET,
+            "/api/view?type=output&filename=ci_simple_00001_.png&preview=webp%3B90"
+        ),
+        RouteClass::BorrowerRead
+    );
+    for other in [
+        "/view?filename=owners_00001_.png&type=output",
+        "/view?filename=ci_simple_00001_.png&subfolder=private&type=output",
+        "/view?filename=ci_simple_00001_.png&type=input",
+        "/view?filename=..%2Fci_simple_00001_.png&type=output",
+        "/view?filename=ci_simple_00001_.png&type=output&extra=1",
+        "/view",
+        "/view?filename=%zz",
+    ] {
+        assert_eq!(
+            a.classify(&Method::GET, other),
+            RouteClass::Management,
+            "{other}"
+        );
+    }
+    // Outputs for a prompt vacancy never admitted are ignored.
+    a.record_outputs(
+        "foreign",
+        vec![OutputFile {
+            filename: "owners_00001_.png".into(),
+            subfolder: String::new(),
+            kind: "output".into(),
+        }],
+    );
+    assert_eq!(
+        a.classify(&Method::GET, "/view?filename=owners_00001_.png&type=output"),
+        RouteClass::Management
+    );
+}
+
+#[test]
+fn a_submission_gets_vacancys_prompt_id_and_is_recorded() {
+    // COMFY-03, COMFY-04, COMFY-05, RES-18
+    let a = adapter();
+    let i = inspect(
+        &a,
+        42,
+        r#"{"prompt": {"1": {"class_type": "EmptyImage"}}, "prompt_id": "theirs"}"#,
+    )
+    .unwrap();
+    let id = EntryId::from_u128(42).to_string();
+    assert_eq!(i.upstream_ref.as_deref(), Some(id.as_str()));
+    assert_eq!(i.model, None);
+    assert!(matches!(i.reuse, RequestReuse::Cannot(_)));
+    let body: Value = serde_json::from_slice(&i.rewritten_body.unwrap()).unwrap();
+    assert_eq!(body["prompt_id"], id.as_str());
+    assert_eq!(body["prompt"]["1"]["class_type"], "EmptyImage");
+}
+
+#[test]
+fn a_body_that_is_not_an_object_is_an_invalid_submission() {
+    // COMFY-07: refused before anything is reserved.
+    let a = adapter();
+    for body in ["[]", "\"x\"", "3", "null", "", "not json"] {
+        let e = inspect(&a, 1, body).unwrap_err();
+        assert_eq!(e.code, RefusalCode::InvalidSubmission, "{body}");
+        assert_eq!(e.to_refusal().code.http_status(), 400);
+    }
+    assert!(!a.is_borrowed(&EntryId::from_u128(1).to_string()));
+}
+
+#[test]
+fn refusals_speak_comfyuis_error_shape() {
+    let r = adapter().render_refusal(&Refusal::new(RefusalCode::ResourceBusy, "gpu0 is reserved"));
+    assert_eq!(r.status, http::StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(r.headers.get(http::header::RETRY_AFTER).unwrap(), "2");
+    let body: Value = serde_json::from_slice(&r.body).unwrap();
+    assert_eq!(body["error"]["type"], "resource_busy");
+    assert_eq!(body["error"]["code"], "resource_busy");
+    assert_eq!(body["error"]["message"], "gpu0 is reserved");
+    assert_eq!(body["node_errors"], json!({}));
+}
+
+#[test]
+fn remembered_prompts_are_bounded() {
+    let a = adapter();
+    for i in 0..(REMEMBERED_PROMPTS + 3) {
+        a.remember(&format!("p{i}"));
+    }
+    assert!(!a.is_borrowed("p0"));
+    assert!(a.is_borrowed(&format!("p{}", REMEMBERED_PROMPTS + 2)));
+}
