@@ -57,14 +57,17 @@ impl Moment {
 /// are comparable.
 #[derive(Debug, Clone, Copy)]
 pub struct MonotonicClock {
-    origin: Instant,
+    /// tokio's instant: it is the real monotonic clock, except under a
+    /// test runtime with paused time, where shells can be tested with
+    /// simulated time (COMFY-17's 5 minutes, COMFY-26's hour) without sleeps.
+    origin: tokio::time::Instant,
 }
 
 impl MonotonicClock {
     /// A clock whose origin is now.
     pub fn new() -> Self {
         MonotonicClock {
-            origin: Instant::now(),
+            origin: tokio::time::Instant::now(),
         }
     }
 
@@ -75,7 +78,7 @@ impl MonotonicClock {
 
     /// The real instant of a moment on this clock's timeline, for timers.
     pub fn instant(&self, moment: Moment) -> Instant {
-        self.origin + std::time::Duration::from_nanos(moment.as_nanos())
+        (self.origin + std::time::Duration::from_nanos(moment.as_nanos())).into_std()
     }
 }
 

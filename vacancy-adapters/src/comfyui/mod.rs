@@ -13,6 +13,7 @@
 //!   plus pending prompts, without serializing the queue (COMFY-36).
 //! - `GET /system_stats` answers `system.comfyui_version` (absent early 2024).
 
+pub mod follow;
 pub mod submission;
 pub mod tracker;
 pub mod version;
