@@ -162,8 +162,14 @@ impl ComfyInstall {
             return Ok(install);
         }
 
+        eprintln!(
+            "vacancy-test-support: installing ComfyUI {} into {} (about 6 GB, minutes)",
+            flavor.name(),
+            venv.display()
+        );
         if !source.join("main.py").is_file() {
             create_dir(&flavor_dir)?;
+            remove_stale_downloads(&flavor_dir);
             let download = tempfile::Builder::new()
                 .prefix(".download-")
                 .tempdir_in(&flavor_dir)
@@ -223,6 +229,24 @@ impl ComfyInstall {
             .and_then(|()| std::fs::rename(&tmp, &stamp_path))
             .map_err(|e| SupportError::io(format!("write {}", stamp_path.display()), e))?;
         Ok(install)
+    }
+}
+
+/// Removes `.download-*` directories that an install killed midway left in
+/// `flavor_dir` (the caller holds the flavor's lock, so none is in use). Best
+/// effort: leftovers only waste space.
+fn remove_stale_downloads(flavor_dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(flavor_dir) else {
+        return;
+    };
+    for entry in entries.filter_map(Result::ok) {
+        if entry
+            .file_name()
+            .to_string_lossy()
+            .starts_with(".download-")
+        {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
     }
 }
 
