@@ -8,6 +8,7 @@
 //! observed, an observation made with vacancy's own credential only.
 #![forbid(unsafe_code)]
 
+pub mod comfyui;
 pub mod common;
 pub mod llamacpp;
 pub mod ollama;
