@@ -271,6 +271,42 @@ fn literal(first: u8) -> Option<&'static [u8]> {
     })
 }
 
+/// How many leading bytes of `bytes` are plain string content: neither a
+/// quote, a backslash nor a control character.
+///
+/// # Behavior
+///
+/// Eight bytes at a time while no word can hold such a byte (the classic
+/// "has a byte less than n / equal to v" word tests: no false negatives,
+/// rare false positives), then byte by byte: most of a queue reply is
+/// workflow text, so this loop is the scan's throughput.
+fn plain_prefix(bytes: &[u8]) -> usize {
+    const LO: u64 = 0x0101_0101_0101_0101;
+    const HI: u64 = 0x8080_8080_8080_8080;
+    const QUOTES: u64 = LO * b'"' as u64;
+    const BACKSLASHES: u64 = LO * b'\\' as u64;
+    const SPACES: u64 = LO * 0x20;
+    let mut at = 0;
+    for word in bytes.chunks_exact(8) {
+        let Ok(word) = <[u8; 8]>::try_from(word) else {
+            break;
+        };
+        let w = u64::from_le_bytes(word);
+        let q = w ^ QUOTES;
+        let b = w ^ BACKSLASHES;
+        let hit =
+            (q.wrapping_sub(LO) & !q) | (b.wrapping_sub(LO) & !b) | (w.wrapping_sub(SPACES) & !w);
+        if hit & HI != 0 {
+            break;
+        }
+        at += 8;
+    }
+    at + bytes[at..]
+        .iter()
+        .position(|&b| b == b'"' || b == b'\\' || b < 0x20)
+        .unwrap_or(bytes.len() - at)
+}
+
 fn is_ws(b: u8) -> bool {
     matches!(b, b' ' | b'\t' | b'\n' | b'\r')
 }
@@ -379,10 +415,7 @@ impl Lexer {
                     // The hot loop: skip to the next quote, backslash or
                     // control byte.
                     let rest = &chunk[i..];
-                    let n = rest
-                        .iter()
-                        .position(|&b| b == b'"' || b == b'\\' || b < 0x20)
-                        .unwrap_or(rest.len());
+                    let n = plain_prefix(rest);
                     if n > 0 {
                         self.flush_high();
                         self.keep_bytes(&rest[..n]);
