@@ -14,6 +14,7 @@
 //! - `GET /system_stats` answers `system.comfyui_version` (absent early 2024).
 
 pub mod follow;
+pub mod stream;
 pub mod submission;
 pub mod tracker;
 pub mod version;

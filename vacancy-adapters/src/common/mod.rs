@@ -16,7 +16,8 @@ pub(crate) mod testing;
 pub(crate) use inspect::kind as inspect_kind;
 pub use inspect::{RESPONSES_PATH, inspect_json_body, is_responses_path, request_path};
 pub use multipart::{is_multipart_form, multipart_model};
-pub use observe::{FetchError, ObservationClient};
+pub(crate) use observe::chain as error_chain;
+pub use observe::{FetchError, ObservationClient, StreamingResponse};
 
 /// How an adapter reaches its upstream, for its own observation requests.
 ///

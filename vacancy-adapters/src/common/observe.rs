@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
@@ -203,12 +204,71 @@ impl ObservationClient {
         .await
     }
 
+    /// `GET path` (relative to the target's prefix), answered as a stream.
+    ///
+    /// # Behavior
+    ///
+    /// - Sends vacancy's own credential only, like every observation
+    ///   (OBS-01/02), and returns as soon as the response head arrives: the
+    ///   body is not collected, so a caller can scan a reply far larger than
+    ///   [`ObservationClient::BODY_LIMIT`] as it arrives (ComfyUI's
+    ///   `/queue`, COMFY-30). The caller bounds the body read.
+    /// - `head_timeout` bounds the wait from sending the request to the
+    ///   response head; past it the read is [`FetchError::Unreachable`].
+    /// - A non-2xx answer is [`FetchError::Unauthorized`] or
+    ///   [`FetchError::Status`], as for [`ObservationClient::fetch_json`].
+    pub async fn get_streaming(
+        &self,
+        path: &str,
+        head_timeout: Duration,
+    ) -> Result<StreamingResponse, FetchError> {
+        let (request, what) = self.request(http::Method::GET, path, None)?;
+        let sent_at = tokio::time::Instant::now();
+        let response = match tokio::time::timeout(head_timeout, self.send(request, &what)).await {
+            Ok(response) => response?,
+            Err(_) => {
+                return Err(FetchError::Unreachable(format!(
+                    "{what}: no response head within {} ms",
+                    head_timeout.as_millis()
+                )));
+            }
+        };
+        let status = response.status();
+        if !status.is_success() {
+            return Err(status_error(response, &what).await);
+        }
+        Ok(StreamingResponse {
+            what,
+            status,
+            sent_at,
+            body: response.into_body(),
+        })
+    }
+
     async fn exchange_json(
         &self,
         method: http::Method,
         path: &str,
         body: Option<Vec<u8>>,
     ) -> Result<serde_json::Value, FetchError> {
+        let (request, what) = self.request(method, path, body)?;
+        match tokio::time::timeout(self.timeout, self.read(request, &what)).await {
+            Ok(result) => result,
+            Err(_) => Err(FetchError::Unreachable(format!(
+                "{what}: no complete answer within {} ms",
+                self.timeout.as_millis()
+            ))),
+        }
+    }
+
+    /// The request for `method path`, with vacancy's credential, and its
+    /// description (`GET /llm/slots`).
+    fn request(
+        &self,
+        method: http::Method,
+        path: &str,
+        body: Option<Vec<u8>>,
+    ) -> Result<(http::Request<Full<Bytes>>, String), FetchError> {
         let full = self.full_path(path);
         let what = format!("{method} {full}");
         let uri = self.uri(&full, &what)?;
@@ -223,13 +283,7 @@ impl ObservationClient {
         let request = request.body(body).map_err(|e| {
             FetchError::Unreachable(format!("{what}: cannot build the request: {e}"))
         })?;
-        match tokio::time::timeout(self.timeout, self.read(request, &what)).await {
-            Ok(result) => result,
-            Err(_) => Err(FetchError::Unreachable(format!(
-                "{what}: no complete answer within {} ms",
-                self.timeout.as_millis()
-            ))),
-        }
+        Ok((request, what))
     }
 
     fn uri(&self, full: &str, what: &str) -> Result<http::Uri, FetchError> {
@@ -256,43 +310,29 @@ impl ObservationClient {
             .map_err(|e| FetchError::Unreachable(format!("{what}: not a valid URL: {e}")))
     }
 
-    async fn read(
+    async fn send(
         &self,
         request: http::Request<Full<Bytes>>,
         what: &str,
-    ) -> Result<serde_json::Value, FetchError> {
-        let response = self.client.request(request).await.map_err(|e| {
+    ) -> Result<http::Response<Incoming>, FetchError> {
+        self.client.request(request).await.map_err(|e| {
             if is_parse_error(&e) {
                 FetchError::Malformed(format!("{what}: the answer is not HTTP: {}", chain(&e)))
             } else {
                 FetchError::Unreachable(format!("{what}: {}", chain(&e)))
             }
-        })?;
+        })
+    }
+
+    async fn read(
+        &self,
+        request: http::Request<Full<Bytes>>,
+        what: &str,
+    ) -> Result<serde_json::Value, FetchError> {
+        let response = self.send(request, what).await?;
         let status = response.status();
         if !status.is_success() {
-            let body = Limited::new(response.into_body(), ERROR_BODY_LIMIT)
-                .collect()
-                .await
-                .map(|b| b.to_bytes())
-                .unwrap_or_default();
-            let detail = error_detail(&body);
-            let what = what.to_owned();
-            return Err(
-                if status == http::StatusCode::UNAUTHORIZED || status == http::StatusCode::FORBIDDEN
-                {
-                    FetchError::Unauthorized {
-                        what,
-                        status,
-                        detail,
-                    }
-                } else {
-                    FetchError::Status {
-                        what,
-                        status,
-                        detail,
-                    }
-                },
-            );
+            return Err(status_error(response, what).await);
         }
         let body = Limited::new(response.into_body(), Self::BODY_LIMIT)
             .collect()
@@ -313,6 +353,46 @@ impl ObservationClient {
     }
 }
 
+/// A 2xx answer whose body is still to be read: see
+/// [`ObservationClient::get_streaming`].
+#[derive(Debug)]
+pub struct StreamingResponse {
+    /// The request, e.g. `GET /comfy/queue`, for error messages and logs.
+    pub what: String,
+    /// The answer's status (2xx).
+    pub status: http::StatusCode,
+    /// When the request was sent: time limits on the body count from here.
+    pub sent_at: tokio::time::Instant,
+    /// The body, unread.
+    pub body: Incoming,
+}
+
+/// A non-2xx answer as [`FetchError::Unauthorized`] (401/403) or
+/// [`FetchError::Status`], with the upstream's own message when it sent one.
+async fn status_error(response: http::Response<Incoming>, what: &str) -> FetchError {
+    let status = response.status();
+    let body = Limited::new(response.into_body(), ERROR_BODY_LIMIT)
+        .collect()
+        .await
+        .map(|b| b.to_bytes())
+        .unwrap_or_default();
+    let detail = error_detail(&body);
+    let what = what.to_owned();
+    if status == http::StatusCode::UNAUTHORIZED || status == http::StatusCode::FORBIDDEN {
+        FetchError::Unauthorized {
+            what,
+            status,
+            detail,
+        }
+    } else {
+        FetchError::Status {
+            what,
+            status,
+            detail,
+        }
+    }
+}
+
 fn is_parse_error(e: &hyper_util::client::legacy::Error) -> bool {
     let mut source = e.source();
     while let Some(s) = source {
@@ -325,7 +405,7 @@ fn is_parse_error(e: &hyper_util::client::legacy::Error) -> bool {
 }
 
 /// An error with its sources, `outer: inner: innermost`, without repeats.
-fn chain(e: &dyn std::error::Error) -> String {
+pub(crate) fn chain(e: &dyn std::error::Error) -> String {
     let mut out = e.to_string();
     let mut source = e.source();
     while let Some(s) = source {
