@@ -18,6 +18,8 @@ use vacancy::proxy::shells::{self, HealthCell, UnavailableResource};
 use vacancy::proxy::{Lender, Target, UpstreamRoute};
 use vacancy::traits::Adapter;
 use vacancy::{MonotonicClock, Resource};
+use vacancy_adapters::comfyui::ComfyUiAdapter;
+use vacancy_adapters::comfyui::tracker::TrackingTimes;
 use vacancy_adapters::ollama::ContextCache;
 use vacancy_adapters::{AdapterSettings, LlamaCppAdapter, OllamaAdapter, OpenAiAdapter};
 
@@ -155,6 +157,14 @@ fn build_adapter(
         AdapterKind::Openai => Arc::new(
             OpenAiAdapter::new(settings).map_err(|e| setup(format!("openai adapter: {e}")))?,
         ),
+        AdapterKind::Comfyui => Arc::new(
+            ComfyUiAdapter::new(settings)
+                .map_err(|e| setup(format!("comfyui adapter: {e}")))?
+                .with_tracking_times(TrackingTimes {
+                    timeout: Duration::from_secs(u.completion_timeout_s),
+                    ..TrackingTimes::default()
+                }),
+        ),
         AdapterKind::Ollama => Arc::new(
             OllamaAdapter::new(settings)
                 .map_err(|e| setup(format!("ollama adapter: {e}")))?
@@ -162,7 +172,7 @@ fn build_adapter(
         ),
         other => {
             return Err(setup(format!(
-                "upstream {:?}: the {} adapter is not available in this release; available: llamacpp, ollama, openai",
+                "upstream {:?}: the {} adapter is not available in this release; available: comfyui, llamacpp, ollama, openai",
                 u.name,
                 other.as_str()
             )));

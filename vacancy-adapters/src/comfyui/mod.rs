@@ -20,7 +20,7 @@ pub mod tracker;
 pub mod version;
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use serde_json::{Value, json};
@@ -28,10 +28,14 @@ use vacancy::engine::{ModelObservation, Refusal, RequestReuse};
 use vacancy::traits::routes::RouteOverlap;
 use vacancy::traits::{
     Adapter, InspectContext, InspectError, Inspection, ObserveError, RenderedRefusal, RouteClass,
-    RouteMethod, RouteSpec, RouteTable, WorkRoute,
+    RouteMethod, RouteSpec, RouteTable, Submission, TrackedEnd, TrackedWork, Tracker,
+    TrackingEvents, WorkRoute,
 };
 
 use crate::common::{AdapterSettings, ObservationClient, request_path};
+use follow::PromptReads;
+use stream::ReadLimits;
+use tracker::{History, Location, TrackingTimes};
 use version::{ReportedVersion, reported_version};
 
 /// The work route: the reply only says the prompt was queued; the adapter's
@@ -181,11 +185,38 @@ impl Borrowed {
 pub struct ComfyUiAdapter {
     settings: AdapterSettings,
     routes: RouteTable,
+    shared: Arc<Shared>,
+}
+
+/// What the adapter and its tracker share.
+#[derive(Debug)]
+struct Shared {
     observer: ObservationClient,
     borrowed: Mutex<Borrowed>,
     /// Prompts whose tracking is under way (the ones `queue_remaining` may count).
     active: Mutex<usize>,
     version: Mutex<Option<ReportedVersion>>,
+    times: TrackingTimes,
+    limits: ReadLimits,
+    jobs_path: String,
+    clock: vacancy::MonotonicClock,
+}
+
+impl Shared {
+    fn remember(&self, prompt_id: &str) {
+        lock(&self.borrowed).remember(prompt_id);
+    }
+
+    async fn read_version(&self) -> Result<ReportedVersion, String> {
+        let stats = self
+            .observer
+            .get_json("/system_stats")
+            .await
+            .map_err(|e| e.to_string())?;
+        let v = reported_version(&stats)?;
+        *lock(&self.version) = Some(v);
+        Ok(v)
+    }
 }
 
 impl ComfyUiAdapter {
@@ -203,13 +234,58 @@ impl ComfyUiAdapter {
     /// Builds and checks [`ROUTES`]; connects nothing.
     pub fn new(settings: AdapterSettings) -> Result<Self, RouteOverlap> {
         Ok(ComfyUiAdapter {
-            observer: ObservationClient::new(&settings),
             routes: route_table()?,
+            shared: Arc::new(Shared {
+                observer: ObservationClient::new(&settings),
+                borrowed: Mutex::new(Borrowed::default()),
+                active: Mutex::new(0),
+                version: Mutex::new(None),
+                times: TrackingTimes::default(),
+                limits: ReadLimits::default(),
+                jobs_path: DEFAULT_JOBS_PATH.to_owned(),
+                clock: settings.clock,
+            }),
             settings,
-            borrowed: Mutex::new(Borrowed::default()),
-            active: Mutex::new(0),
-            version: Mutex::new(None),
         })
+    }
+
+    /// The same adapter with other tracking clocks: `completion_timeout_s`
+    /// (COMFY-26), and shorter checks or lost-submission waits for tests.
+    ///
+    /// # Behavior
+    ///
+    /// Call it before the adapter is shared; afterwards it changes nothing.
+    pub fn with_tracking_times(mut self, times: TrackingTimes) -> Self {
+        if let Some(shared) = Arc::get_mut(&mut self.shared) {
+            shared.times = times;
+        }
+        self
+    }
+
+    /// The same adapter with other limits on queue and history reads
+    /// (COMFY-31..34), e.g. shrunk for tests.
+    ///
+    /// # Behavior
+    ///
+    /// Call it before the adapter is shared; afterwards it changes nothing.
+    pub fn with_read_limits(mut self, limits: ReadLimits) -> Self {
+        if let Some(shared) = Arc::get_mut(&mut self.shared) {
+            shared.limits = limits;
+        }
+        self
+    }
+
+    /// The same adapter asking one job's state at another path on ComfyUI
+    /// 0.6.0 and later (`{id}` stands for the prompt ID).
+    ///
+    /// # Behavior
+    ///
+    /// [`DEFAULT_JOBS_PATH`] unless changed; call it before the adapter is shared.
+    pub fn with_jobs_path(mut self, path: &str) -> Self {
+        if let Some(shared) = Arc::get_mut(&mut self.shared) {
+            shared.jobs_path = path.to_owned();
+        }
+        self
     }
 
     /// The settings it was built with.
@@ -227,7 +303,7 @@ impl ComfyUiAdapter {
     ///
     /// IDs vacancy assigned, and IDs an early release reported instead (REC-04).
     pub fn is_borrowed(&self, prompt_id: &str) -> bool {
-        lock(&self.borrowed).outputs.contains_key(prompt_id)
+        lock(&self.shared.borrowed).outputs.contains_key(prompt_id)
     }
 
     /// Remember a prompt admitted through vacancy, for borrower reads.
@@ -236,7 +312,7 @@ impl ComfyUiAdapter {
     ///
     /// At most [`REMEMBERED_PROMPTS`]; the oldest is forgotten first.
     pub fn remember(&self, prompt_id: &str) {
-        lock(&self.borrowed).remember(prompt_id);
+        self.shared.remember(prompt_id);
     }
 
     /// Record the output files a borrowed prompt's history lists, so `/view`
@@ -246,7 +322,7 @@ impl ComfyUiAdapter {
     ///
     /// Ignored for a prompt that was not admitted through vacancy.
     pub fn record_outputs(&self, prompt_id: &str, files: Vec<OutputFile>) {
-        if let Some(known) = lock(&self.borrowed).outputs.get_mut(prompt_id) {
+        if let Some(known) = lock(&self.shared.borrowed).outputs.get_mut(prompt_id) {
             *known = files;
         }
     }
@@ -257,7 +333,7 @@ impl ComfyUiAdapter {
     ///
     /// `None` until a read succeeds.
     pub fn known_version(&self) -> Option<ReportedVersion> {
-        *lock(&self.version)
+        *lock(&self.shared.version)
     }
 
     /// Read the release from `/system_stats` (COMFY-37), remembering it.
@@ -266,14 +342,7 @@ impl ComfyUiAdapter {
     ///
     /// A failed or malformed read is an error and forgets nothing (COMFY-20).
     pub async fn read_version(&self) -> Result<ReportedVersion, String> {
-        let stats = self
-            .observer
-            .get_json("/system_stats")
-            .await
-            .map_err(|e| e.to_string())?;
-        let v = reported_version(&stats)?;
-        *lock(&self.version) = Some(v);
-        Ok(v)
+        self.shared.read_version().await
     }
 
     fn view_allowed(&self, path: &str) -> bool {
@@ -301,7 +370,7 @@ impl ComfyUiAdapter {
             }
         }
         !file.filename.is_empty()
-            && lock(&self.borrowed)
+            && lock(&self.shared.borrowed)
                 .outputs
                 .values()
                 .any(|files| files.contains(&file))
@@ -399,7 +468,7 @@ impl Adapter for ComfyUiAdapter {
             // The release is only needed by tracking; a failure here is not an observation failure.
             let _ = self.read_version().await;
         }
-        let prompt = self.observer.get_json("/prompt").await?;
+        let prompt = self.shared.observer.get_json("/prompt").await?;
         let remaining = prompt
             .pointer("/exec_info/queue_remaining")
             .and_then(Value::as_u64)
@@ -408,7 +477,7 @@ impl Adapter for ComfyUiAdapter {
                     "GET /prompt: no whole-number exec_info.queue_remaining".to_owned(),
                 )
             })?;
-        let ours = u64::try_from(*lock(&self.active)).unwrap_or(u64::MAX);
+        let ours = u64::try_from(*lock(&self.shared.active)).unwrap_or(u64::MAX);
         let foreign_work = (remaining > ours).then(|| {
             format!(
                 "ComfyUI holds {remaining} queued or running prompts, {} more than vacancy admitted",
@@ -424,6 +493,176 @@ impl Adapter for ComfyUiAdapter {
 
     fn render_refusal(&self, refusal: &Refusal) -> RenderedRefusal {
         render_comfyui(refusal)
+    }
+
+    fn tracker(&self) -> Option<Arc<dyn Tracker>> {
+        Some(Arc::new(ComfyTracker(Arc::clone(&self.shared))) as Arc<dyn Tracker>)
+    }
+}
+
+/// Where ComfyUI 0.6.0 and later answer one job's state (COMFY-21), after
+/// `server.py` and `comfy_execution/jobs.py` of ComfyUI's own source:
+/// `GET /api/jobs/{job_id}` answers a job object whose `status` is
+/// `pending`, `in_progress`, `completed` or `failed`, and 404 for an ID it
+/// does not know. The recorded releases (0.3.64, 0.3.75, early 2024) answer
+/// 404 for every ID, so this is read only from 0.6.0 on; the path is
+/// configurable ([`ComfyUiAdapter::with_jobs_path`]) in case a release moves it.
+pub const DEFAULT_JOBS_PATH: &str = "/api/jobs/{id}";
+
+/// The adapter's [`Tracker`]: follows each prompt with [`follow::track`].
+#[derive(Debug)]
+struct ComfyTracker(Arc<Shared>);
+
+/// Counts a prompt as tracked while it lives (the observation's `queue_remaining` baseline).
+struct Active<'a>(&'a Shared);
+
+impl<'a> Active<'a> {
+    fn start(shared: &'a Shared) -> Self {
+        *lock(&shared.active) += 1;
+        Active(shared)
+    }
+}
+
+impl Drop for Active<'_> {
+    fn drop(&mut self) {
+        let mut n = lock(&self.0.active);
+        *n = n.saturating_sub(1);
+    }
+}
+
+/// Events that also remember ComfyUI's own ID for borrower reads (REC-04).
+struct Remembering<'a> {
+    inner: &'a dyn TrackingEvents,
+    shared: &'a Shared,
+}
+
+#[async_trait]
+impl TrackingEvents for Remembering<'_> {
+    async fn upstream_ref(&self, upstream_ref: &str) {
+        self.shared.remember(upstream_ref);
+        self.inner.upstream_ref(upstream_ref).await;
+    }
+}
+
+#[async_trait]
+impl Tracker for ComfyTracker {
+    async fn track(
+        &self,
+        work: TrackedWork,
+        submission: Submission,
+        events: &dyn TrackingEvents,
+    ) -> TrackedEnd {
+        let shared = &*self.0;
+        let _active = Active::start(shared);
+        let events = Remembering {
+            inner: events,
+            shared,
+        };
+        follow::track(
+            &work.assigned_ref,
+            work.admitted_at,
+            &submission,
+            shared.times,
+            self,
+            &events,
+            shared.clock,
+        )
+        .await
+    }
+}
+
+/// A path segment with everything but unreserved characters percent-encoded.
+fn path_segment(id: &str) -> String {
+    let mut out = String::with_capacity(id.len());
+    for b in id.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+#[async_trait]
+impl PromptReads for ComfyTracker {
+    async fn locate(&self, prompt_id: &str) -> Result<Location, String> {
+        let shared = &*self.0;
+        let known = *lock(&shared.version);
+        let version = match known {
+            Some(v) => v,
+            None => shared.read_version().await?,
+        };
+        if version.has_jobs_api() {
+            let path = shared.jobs_path.replace("{id}", &path_segment(prompt_id));
+            return match shared.observer.fetch_json(&path).await {
+                Ok(job) => match job.get("status").and_then(Value::as_str) {
+                    Some("pending") => Ok(Location::Pending),
+                    Some("in_progress") => Ok(Location::Running),
+                    // In history: not in the queue; the history read decides.
+                    Some("completed" | "failed") => Ok(Location::Absent),
+                    other => Err(format!("GET {path}: unknown job status {other:?}")),
+                },
+                Err(e) if e.status() == Some(http::StatusCode::NOT_FOUND) => Ok(Location::Absent),
+                Err(e) => Err(e.to_string()),
+            };
+        }
+        let place = stream::get_scanned(
+            &shared.observer,
+            "/queue",
+            &shared.limits,
+            stream::QueueScan::new(stream::FindPrompt::new(prompt_id)),
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+        Ok(match place {
+            stream::PromptPlace::Running => Location::Running,
+            stream::PromptPlace::Pending => Location::Pending,
+            stream::PromptPlace::Absent => Location::Absent,
+        })
+    }
+
+    async fn history(&self, prompt_id: &str) -> Result<History, String> {
+        let shared = &*self.0;
+        let path = format!("/history/{}", path_segment(prompt_id));
+        let lookup = stream::get_scanned(
+            &shared.observer,
+            &path,
+            &shared.limits,
+            stream::HistoryScan::new(prompt_id),
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+        Ok(history_of(&lookup))
+    }
+
+    async fn version(&self) -> Result<ReportedVersion, String> {
+        self.0.read_version().await
+    }
+}
+
+/// What a history lookup proves (COMFY-16): an entry whose `status` names
+/// its end (`status_str`, or `completed: true`) is finished; an entry
+/// without one, or no entry, is not.
+fn history_of(lookup: &stream::HistoryLookup) -> History {
+    match lookup {
+        stream::HistoryLookup::Found {
+            status:
+                stream::HistoryStatus::Present {
+                    status_str: Some(s),
+                    ..
+                },
+        } => History::Finished {
+            success: s == "success",
+        },
+        stream::HistoryLookup::Found {
+            status:
+                stream::HistoryStatus::Present {
+                    completed: Some(true),
+                    ..
+                },
+        } => History::Finished { success: true },
+        _ => History::NotFinished,
     }
 }
 

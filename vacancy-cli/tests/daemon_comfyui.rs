@@ -1,0 +1,306 @@
+//! vacancyd end to end in front of REAL ComfyUI servers (PyPI wheels that
+//! vendor ComfyUI 0.3.75 and an early-2024 release that ignores a client
+//! `prompt_id`): prompt IDs assigned and replaced (COMFY-03..06), tracked
+//! completion by history (COMFY-01, COMFY-13, COMFY-16), the queue-absence
+//! release after a restart lost the prompt (COMFY-14), validation
+//! rejections (COMFY-28), bad bodies (COMFY-07), work vacancy did not admit
+//! (ADM-09, COMFY-36), borrower reads of their own prompts only, and the
+//! early release's own ID recorded in the ledger (REC-04).
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+mod common;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use common::{Daemon, write_capacity};
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use vacancy_test_support::{
+    ComfyFlavor, ComfyUi, free_port, http_request, prompt_request, simple_workflow, slow_workflow,
+};
+
+const JSON: (&str, &str) = ("content-type", "application/json");
+
+fn config(dir: &Path, control: u16, proxy: u16, target: &str) -> String {
+    format!(
+        r#"[server]
+listen = "127.0.0.1:{control}"
+
+[owner]
+presence = "none"
+
+[[resource]]
+name = "gpu0"
+kind = "gpu"
+sampler = "file"
+path = "{capacity}"
+reserve_mib = 1000
+poll_ms = 1000
+max_sample_age_ms = 120000
+
+[[upstream]]
+name = "comfy"
+adapter = "comfyui"
+listen = "127.0.0.1:{proxy}"
+target = "{target}"
+resource = "gpu0"
+default_min_free_mib = 4000
+completion_timeout_s = 600
+"#,
+        capacity = dir.join("gpu0.json").display(),
+    )
+}
+
+fn start(comfy: &ComfyUi) -> Daemon {
+    let dir = tempfile::tempdir().unwrap();
+    let (control, proxy) = (free_port().unwrap(), free_port().unwrap());
+    write_capacity(&dir.path().join("gpu0.json"), 20_000, 64_000);
+    let path = dir.path().join("vacancyd.toml");
+    std::fs::write(&path, config(dir.path(), control, proxy, &comfy.base_url())).unwrap();
+    Daemon::start_with(dir, &path, control, proxy)
+}
+
+async fn post_json(url: &str, body: &Value) -> (u16, Value, String) {
+    let r = http_request("POST", url, &[JSON], body.to_string().into_bytes())
+        .await
+        .unwrap();
+    let text = r.text();
+    (r.status, r.json().unwrap_or(Value::Null), text)
+}
+
+async fn get_json(url: &str) -> (u16, Value) {
+    let r = http_request("GET", url, &[], Vec::new()).await.unwrap();
+    (r.status, r.json().unwrap_or(Value::Null))
+}
+
+/// Wait until the daemon holds no work, or panic after `within`.
+async fn released(d: &Daemon, within: Duration) -> Value {
+    let deadline = Instant::now() + within;
+    loop {
+        let s = d.status().await;
+        if s["work"].as_array().is_some_and(Vec::is_empty) {
+            return s;
+        }
+        assert!(Instant::now() < deadline, "still held: {s:#}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Wait until the upstream is observed reachable.
+async fn observed(d: &Daemon) {
+    d.wait_status("the upstream to be observed", |s| {
+        s["upstreams"][0]["reachable"] == true
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prompt_gets_vacancys_id_is_tracked_and_released_by_its_history() {
+    // COMFY-01, COMFY-03..06, COMFY-13, COMFY-16 on ComfyUI 0.3.75.
+    let comfy = ComfyUi::start(ComfyFlavor::V0_3_75).unwrap();
+    let d = start(&comfy);
+    observed(&d).await;
+    let (status, reply, text) = post_json(
+        &format!("{}/prompt", d.proxy),
+        &prompt_request(slow_workflow(0x10_2030), Some("theirs")),
+    )
+    .await;
+    assert_eq!(status, 200, "{text}");
+    let id = reply["prompt_id"].as_str().unwrap().to_owned();
+    assert_ne!(id, "theirs", "a borrower's prompt_id is replaced");
+    assert!(uuid::Uuid::parse_str(&id).is_ok(), "{id}");
+    // COMFY-01: the reply released nothing; the work is tracked.
+    let s = d
+        .wait_status("the prompt to be tracked", |s| {
+            s["work"][0]["phase"] == "tracking"
+        })
+        .await;
+    assert_eq!(s["work"][0]["completion"], "tracked");
+    // ComfyUI queued it under vacancy's ID.
+    let (_, queue) = get_json(&format!("{}/queue", comfy.base_url())).await;
+    let queued: Vec<&str> = queue["queue_running"]
+        .as_array()
+        .into_iter()
+        .chain(queue["queue_pending"].as_array())
+        .flatten()
+        .filter_map(|item| item[1].as_str())
+        .collect();
+    assert_eq!(queued, [id.as_str()]);
+    // A second borrowed prompt meanwhile is refused: one job per resource.
+    let (busy, body, text) = post_json(
+        &format!("{}/prompt", d.proxy),
+        &prompt_request(simple_workflow(1), None),
+    )
+    .await;
+    assert_eq!(busy, 503, "{text}");
+    assert_eq!(body["error"]["type"], "resource_busy");
+    // Released once the history shows it finished.
+    released(&d, Duration::from_secs(90)).await;
+    let (status, history) = get_json(&format!("{}/history/{id}", d.proxy)).await;
+    assert_eq!(status, 200, "the borrower reads its own prompt's history");
+    assert_eq!(history[&id]["status"]["status_str"], "success");
+    let log = d.process.log();
+    assert!(
+        log.contains("ComfyUI's history shows the prompt succeeded"),
+        "{log}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_early_release_is_followed_under_its_own_id_recorded_in_the_ledger() {
+    // COMFY-06, REC-04 on the early-2024 ComfyUI that ignores prompt_id.
+    let comfy = ComfyUi::start(ComfyFlavor::Hordelib2_8_1).unwrap();
+    let d = start(&comfy);
+    observed(&d).await;
+    let (status, reply, text) = post_json(
+        &format!("{}/prompt", d.proxy),
+        &prompt_request(simple_workflow(0x20_3040), None),
+    )
+    .await;
+    assert_eq!(status, 200, "{text}");
+    let own = reply["prompt_id"].as_str().unwrap().to_owned();
+    released(&d, Duration::from_secs(60)).await;
+    // The record was rewritten with ComfyUI's own ID before it was followed.
+    let journal = std::fs::read_to_string(
+        d.dir
+            .path()
+            .join("vacancyd.admission")
+            .join("journal.jsonl"),
+    )
+    .unwrap_or_default();
+    assert!(
+        journal
+            .lines()
+            .any(|l| l.contains("\"op\":\"ref\"") && l.contains(&own)),
+        "{journal}"
+    );
+    let (status, history) = get_json(&format!("{}/history/{own}", d.proxy)).await;
+    assert_eq!(status, 200);
+    assert!(history.get(&own).is_some(), "{history}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rejections_bad_bodies_foreign_prompts_and_lost_history() {
+    // COMFY-07, COMFY-28, ADM-09/COMFY-36, COMFY-14, ROUTE-08 on 0.3.75.
+    let mut comfy = ComfyUi::start(ComfyFlavor::V0_3_75).unwrap();
+    let d = start(&comfy);
+    observed(&d).await;
+    let url = format!("{}/prompt", d.proxy);
+
+    // COMFY-07: not an object → 400 invalid_submission, nothing forwarded.
+    for body in ["[]", "\"x\"", "not json"] {
+        let r = http_request("POST", &url, &[JSON], body.as_bytes().to_vec())
+            .await
+            .unwrap();
+        assert_eq!(r.status, 400, "{body}: {}", r.text());
+        assert_eq!(r.json().unwrap()["error"]["type"], "invalid_submission");
+    }
+
+    // COMFY-28: a validation rejection releases at once.
+    let bad = json!({"prompt": {"1": {"class_type": "NoSuchNode", "inputs": {}}}});
+    let (status, body, text) = post_json(&url, &bad).await;
+    assert_eq!(status, 400, "{text}");
+    assert_eq!(body["error"]["type"], "invalid_prompt");
+    released(&d, Duration::from_secs(10)).await;
+
+    // Management and other prompts' history are the owner's.
+    for path in ["/queue", "/history", "/history/not-ours"] {
+        let (status, _) = get_json(&format!("{}{path}", d.proxy)).await;
+        assert_eq!(status, 403, "{path}");
+    }
+
+    // ADM-09: a prompt the owner queued directly refuses borrowed work.
+    let (status, direct, _) = post_json(
+        &format!("{}/prompt", comfy.base_url()),
+        &prompt_request(slow_workflow(0x30_4050), None),
+    )
+    .await;
+    assert_eq!(status, 200);
+    let direct_id = direct["prompt_id"].as_str().unwrap().to_owned();
+    d.wait_status("the owner's prompt to be observed", |s| {
+        s["upstreams"][0]["vacancy"]["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("vacancy did not admit"))
+    })
+    .await;
+    let (status, refusal, text) = post_json(&url, &prompt_request(simple_workflow(2), None)).await;
+    assert_eq!(status, 503, "{text}");
+    assert_eq!(refusal["error"]["type"], "resource_busy");
+    assert!(
+        refusal["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("vacancy did not admit"),
+        "{refusal}"
+    );
+    let (status, _) = get_json(&format!("{}/history/{direct_id}", d.proxy)).await;
+    assert_eq!(
+        status, 403,
+        "the owner's prompt is not the borrower's to read"
+    );
+    // Let the owner's prompt go.
+    let r = http_request(
+        "POST",
+        &format!("{}/interrupt", comfy.base_url()),
+        &[],
+        Vec::new(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status, 200);
+    d.wait_status("the owner's work to end", |s| {
+        s["upstreams"][0]["vacancy"]["admitting"] == true
+    })
+    .await;
+
+    // COMFY-14: a restart loses the running prompt; two absent checks release it.
+    let (status, reply, text) =
+        post_json(&url, &prompt_request(slow_workflow(0x40_5060), None)).await;
+    assert_eq!(status, 200, "{text}");
+    let id = reply["prompt_id"].as_str().unwrap().to_owned();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    comfy.restart().unwrap();
+    let s = released(&d, Duration::from_secs(60)).await;
+    assert!(s["work"].as_array().unwrap().is_empty());
+    let log = d.process.log();
+    assert!(
+        log.contains("two consecutive checks found the acknowledged prompt"),
+        "{log}"
+    );
+    let (_, history) = get_json(&format!("{}/history/{id}", comfy.base_url())).await;
+    assert_eq!(
+        history,
+        json!({}),
+        "the restart lost it: it never ran to its end"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_borrower_who_leaves_after_submitting_leaves_the_prompt_tracked() {
+    // COMFY-02, COMFY-08 on the early-2024 release.
+    let comfy = ComfyUi::start(ComfyFlavor::Hordelib2_8_1).unwrap();
+    let d = start(&comfy);
+    observed(&d).await;
+    let body = prompt_request(slow_workflow(0x50_6070), None).to_string();
+    {
+        let addr = d.proxy.trim_start_matches("http://").to_owned();
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let head = format!(
+            "POST /prompt HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+            body.len()
+        );
+        s.write_all(head.as_bytes()).await.unwrap();
+        s.write_all(body.as_bytes()).await.unwrap();
+        let mut first = [0u8; 1];
+        // Wait for the reply to start, then leave without reading it.
+        let _ = tokio::time::timeout(Duration::from_secs(10), s.read(&mut first)).await;
+    }
+    let s = d
+        .wait_status("the prompt to be tracked", |s| {
+            s["work"][0]["phase"] == "tracking"
+        })
+        .await;
+    assert_eq!(s["work"].as_array().unwrap().len(), 1);
+    released(&d, Duration::from_secs(90)).await;
+}
