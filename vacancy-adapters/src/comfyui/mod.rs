@@ -14,6 +14,7 @@
 //! - `GET /system_stats` answers `system.comfyui_version` (absent early 2024).
 
 pub mod follow;
+pub mod reclaim;
 pub mod stream;
 pub mod submission;
 pub mod tracker;
@@ -27,13 +28,14 @@ use serde_json::{Value, json};
 use vacancy::engine::{ModelObservation, Refusal, RequestReuse};
 use vacancy::traits::routes::RouteOverlap;
 use vacancy::traits::{
-    Adapter, InspectContext, InspectError, Inspection, ObserveError, RenderedRefusal, RouteClass,
-    RouteMethod, RouteSpec, RouteTable, Submission, TrackedEnd, TrackedWork, Tracker,
+    Adapter, InspectContext, InspectError, Inspection, ObserveError, Reclaimer, RenderedRefusal,
+    RouteClass, RouteMethod, RouteSpec, RouteTable, Submission, TrackedEnd, TrackedWork, Tracker,
     TrackingEvents, WorkRoute,
 };
 
 use crate::common::{AdapterSettings, ObservationClient, request_path};
 use follow::PromptReads;
+use reclaim::{ComfyReclaimer, ReclaimTimes};
 use stream::ReadLimits;
 use tracker::{History, Location, TrackingTimes};
 use version::{ReportedVersion, reported_version};
@@ -192,6 +194,8 @@ pub struct ComfyUiAdapter {
 #[derive(Debug)]
 struct Shared {
     observer: ObservationClient,
+    /// For delete, stop and unload requests, which may take 2 minutes (RECL-27).
+    control: ObservationClient,
     borrowed: Mutex<Borrowed>,
     /// Prompts whose tracking is under way (the ones `queue_remaining` may count).
     active: Mutex<usize>,
@@ -237,6 +241,11 @@ impl ComfyUiAdapter {
             routes: route_table()?,
             shared: Arc::new(Shared {
                 observer: ObservationClient::new(&settings),
+                control: ObservationClient::new(
+                    &settings
+                        .clone()
+                        .with_observe_timeout(ReclaimTimes::default().request),
+                ),
                 borrowed: Mutex::new(Borrowed::default()),
                 active: Mutex::new(0),
                 version: Mutex::new(None),
@@ -495,6 +504,15 @@ impl Adapter for ComfyUiAdapter {
         render_comfyui(refusal)
     }
 
+    fn reclaimer(&self) -> Option<Arc<dyn Reclaimer>> {
+        Some(Arc::new(ComfyReclaimer::new(
+            self.shared.control.clone(),
+            self.shared.limits,
+            ReclaimTimes::default(),
+            ComfyTracker(Arc::clone(&self.shared)),
+        )) as Arc<dyn Reclaimer>)
+    }
+
     fn tracker(&self) -> Option<Arc<dyn Tracker>> {
         Some(Arc::new(ComfyTracker(Arc::clone(&self.shared))) as Arc<dyn Tracker>)
     }
@@ -572,7 +590,7 @@ impl Tracker for ComfyTracker {
 }
 
 /// A path segment with everything but unreserved characters percent-encoded.
-fn path_segment(id: &str) -> String {
+pub(crate) fn path_segment(id: &str) -> String {
     let mut out = String::with_capacity(id.len());
     for b in id.bytes() {
         if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {

@@ -204,6 +204,46 @@ impl ObservationClient {
         .await
     }
 
+    /// `POST path` with a JSON body, for a control request whose answer is
+    /// only its status (ComfyUI's `POST /queue`, `/interrupt`, `/free` answer
+    /// an empty 200).
+    ///
+    /// # Behavior
+    ///
+    /// Vacancy's credential only (OBS-02), bounded by the client's timeout
+    /// from sending to the end of the answer (read up to 64 KiB and dropped).
+    /// A 2xx answer is `Ok(status)`; any other is [`FetchError::Status`] or
+    /// [`FetchError::Unauthorized`] with the upstream's message.
+    pub async fn post_for_status(
+        &self,
+        path: &str,
+        body: &serde_json::Value,
+    ) -> Result<http::StatusCode, FetchError> {
+        let (request, what) = self.request(
+            http::Method::POST,
+            path,
+            Some(body.to_string().into_bytes()),
+        )?;
+        let exchange = async {
+            let response = self.send(request, &what).await?;
+            let status = response.status();
+            if !status.is_success() {
+                return Err(status_error(response, &what).await);
+            }
+            let _ = Limited::new(response.into_body(), ERROR_BODY_LIMIT)
+                .collect()
+                .await;
+            Ok(status)
+        };
+        match tokio::time::timeout(self.timeout, exchange).await {
+            Ok(result) => result,
+            Err(_) => Err(FetchError::Unreachable(format!(
+                "{what}: no complete answer within {} ms",
+                self.timeout.as_millis()
+            ))),
+        }
+    }
+
     /// `GET path` (relative to the target's prefix), answered as a stream.
     ///
     /// # Behavior
