@@ -122,7 +122,7 @@ async fn a_pending_prompt_is_deleted_and_a_running_one_stopped_on_0_3_75() {
         Ok(ForeignWork::None)
     );
     assert_eq!(
-        reclaimer.foreign_work(&[running.clone()]).await,
+        reclaimer.foreign_work(std::slice::from_ref(&running)).await,
         Ok(ForeignWork::Present)
     );
 
@@ -170,7 +170,7 @@ async fn a_pending_prompt_is_deleted_and_a_running_one_stopped_on_0_3_75() {
     assert_eq!(out, [CancelOutcome::Stopped(EntryId::from_u128(4))]);
     assert_eq!(
         queue(&comfy).await.0,
-        [owners.clone()],
+        std::slice::from_ref(&owners),
         "the owner's prompt still runs"
     );
     // An item whose reply has not been recorded is left to its recorder (RECL-23).
