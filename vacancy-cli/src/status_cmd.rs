@@ -166,12 +166,17 @@ pub fn render(status: &Value) -> String {
         );
     }
     for w in work.iter().filter(|w| w["phase"] == "held") {
+        let at_upstream = match w["upstream_ref"].as_str() {
+            Some(r) => format!(" (at the upstream: {r})"),
+            None => String::new(),
+        };
         let _ = writeln!(
             out,
-            "held {} age {}s upstream {} resources {}: {}",
+            "held {} age {}s upstream {}{} resources {}: {}",
             s(&w["id"]),
             s(&w["age_s"]),
             s(&w["upstream"]),
+            at_upstream,
             joined(&w["resources"]),
             s(&w["held_reason"])
         );

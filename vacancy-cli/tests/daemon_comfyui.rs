@@ -53,12 +53,17 @@ completion_timeout_s = 600
 }
 
 fn start(comfy: &ComfyUi) -> Daemon {
+    let (dir, path, control, proxy) = prepare(comfy);
+    Daemon::start_with(dir, &path, control, proxy)
+}
+
+fn prepare(comfy: &ComfyUi) -> (tempfile::TempDir, std::path::PathBuf, u16, u16) {
     let dir = tempfile::tempdir().unwrap();
     let (control, proxy) = (free_port().unwrap(), free_port().unwrap());
     write_capacity(&dir.path().join("gpu0.json"), 20_000, 64_000);
     let path = dir.path().join("vacancyd.toml");
     std::fs::write(&path, config(dir.path(), control, proxy, &comfy.base_url())).unwrap();
-    Daemon::start_with(dir, &path, control, proxy)
+    (dir, path, control, proxy)
 }
 
 async fn post_json(url: &str, body: &Value) -> (u16, Value, String) {
@@ -303,4 +308,49 @@ async fn a_borrower_who_leaves_after_submitting_leaves_the_prompt_tracked() {
         .await;
     assert_eq!(s["work"].as_array().unwrap().len(), 1);
     released(&d, Duration::from_secs(90)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_during_tracking_never_forgets_the_prompt() {
+    // REC-01..03 with REC-04: kill -9 while a prompt of the early release
+    // runs under its own ID; the restarted daemon holds it with that ID.
+    let comfy = ComfyUi::start(ComfyFlavor::Hordelib2_8_1).unwrap();
+    let (dir, path, control, proxy) = prepare(&comfy);
+    let d = Daemon::start_with(dir, &path, control, proxy);
+    observed(&d).await;
+    let (status, reply, text) = post_json(
+        &format!("{}/prompt", d.proxy),
+        &prompt_request(slow_workflow(0x60_7080), None),
+    )
+    .await;
+    assert_eq!(status, 200, "{text}");
+    let own = reply["prompt_id"].as_str().unwrap().to_owned();
+    d.wait_status("the prompt to be tracked under ComfyUI's ID", |s| {
+        s["work"][0]["phase"] == "tracking" && s["work"][0]["upstream_ref"] == own.as_str()
+    })
+    .await;
+    let Daemon {
+        mut process, dir, ..
+    } = d;
+    process.kill().unwrap();
+    drop(process);
+    let d = Daemon::start_with(dir, &path, control, proxy);
+    let s = d.status().await;
+    let work = s["work"].as_array().unwrap();
+    assert_eq!(work.len(), 1, "{s:#}");
+    assert_eq!(work[0]["phase"], "held");
+    assert_eq!(work[0]["completion"], "tracked");
+    assert_eq!(
+        work[0]["upstream_ref"],
+        own.as_str(),
+        "REC-03: the prompt can be found"
+    );
+    // Held work keeps the GPU: a new borrowed prompt is refused.
+    let (busy, body, text) = post_json(
+        &format!("{}/prompt", d.proxy),
+        &prompt_request(simple_workflow(3), None),
+    )
+    .await;
+    assert_eq!(busy, 503, "{text}");
+    assert_eq!(body["error"]["type"], "resource_busy");
 }

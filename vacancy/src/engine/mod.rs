@@ -1100,6 +1100,7 @@ impl Engine {
                 completion: e.reservation.completion,
                 phase: e.phase,
                 held_reason: e.held_reason.clone(),
+                upstream_ref: e.reservation.upstream_ref.clone(),
             })
             .collect();
         work.sort_by(|a, b| b.age_s.cmp(&a.age_s).then_with(|| a.id.cmp(&b.id)));

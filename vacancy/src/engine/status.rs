@@ -106,4 +106,7 @@ pub struct WorkStatus {
     pub phase: Phase,
     /// Why it is held, when it is.
     pub held_reason: Option<String>,
+    /// The upstream's own handle for the work (a ComfyUI prompt ID, REC-03),
+    /// so an administrator can find it at the upstream before releasing it.
+    pub upstream_ref: Option<String>,
 }
