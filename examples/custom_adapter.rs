@@ -107,6 +107,7 @@ impl Adapter for HaikuAdapter {
                 ResidencyEvidence::NotProven("the haiku server reports no idle state".to_owned()),
             )],
             foreign_work: None,
+            allocator_free_mib: None,
         })
     }
 

@@ -363,6 +363,7 @@ fn observation(
             })
             .collect(),
         foreign_work,
+        allocator_free_mib: None,
     }
 }
 

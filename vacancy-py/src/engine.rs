@@ -461,6 +461,7 @@ impl Engine {
                     taken_at,
                     models,
                     foreign_work,
+                    allocator_free_mib: None,
                 },
             )?;
             Ok(())

@@ -305,6 +305,7 @@ fn run(reserves: [u64; 3], events: Vec<Event>) -> Result<(), TestCaseError> {
                         taken_at: now,
                         models: vec![ObservedModel::new(MODELS[model], ResidencyEvidence::Proven)],
                         foreign_work: None,
+                        allocator_free_mib: None,
                     },
                 )
                 .unwrap();

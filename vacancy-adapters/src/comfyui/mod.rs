@@ -473,10 +473,17 @@ impl Adapter for ComfyUiAdapter {
 
     async fn observe(&self) -> Result<ModelObservation, ObserveError> {
         let taken_at = self.settings.clock.now();
-        if self.known_version().is_none() {
-            // The release is only needed by tracking; a failure here is not an observation failure.
-            let _ = self.read_version().await;
-        }
+        // The release (COMFY-37) and the allocator's unused memory (RES-17);
+        // a failure here is not an observation failure: the queue count is.
+        let allocator_free_mib = match self.shared.observer.get_json("/system_stats").await {
+            Ok(stats) => {
+                if let Ok(v) = reported_version(&stats) {
+                    *lock(&self.shared.version) = Some(v);
+                }
+                allocator_free_mib(&stats)
+            }
+            Err(_) => None,
+        };
         let prompt = self.shared.observer.get_json("/prompt").await?;
         let remaining = prompt
             .pointer("/exec_info/queue_remaining")
@@ -497,6 +504,7 @@ impl Adapter for ComfyUiAdapter {
             taken_at,
             models: Vec::new(),
             foreign_work,
+            allocator_free_mib,
         })
     }
 
@@ -682,6 +690,19 @@ fn history_of(lookup: &stream::HistoryLookup) -> History {
         } => History::Finished { success: true },
         _ => History::NotFinished,
     }
+}
+
+/// The memory ComfyUI's allocator holds unused on its GPU, in MiB (RES-17):
+/// `devices[0].torch_vram_free` of `/system_stats`, which ComfyUI computes as
+/// memory torch reserved minus memory in use. `None` on a CPU device (there
+/// it is the machine's free RAM, not the allocator's) or when it is missing.
+pub fn allocator_free_mib(system_stats: &Value) -> Option<u64> {
+    let device = system_stats.get("devices")?.as_array()?.first()?;
+    if device.get("type").and_then(Value::as_str) == Some("cpu") {
+        return None;
+    }
+    let bytes = device.get("torch_vram_free")?.as_u64()?;
+    Some(bytes / (1024 * 1024))
 }
 
 /// ComfyUI's error shape, with vacancy's code as `type` and `code`.

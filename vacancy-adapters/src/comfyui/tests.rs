@@ -236,3 +236,19 @@ fn remembered_prompts_are_bounded() {
     assert!(!a.is_borrowed("p0"));
     assert!(a.is_borrowed(&format!("p{}", REMEMBERED_PROMPTS + 2)));
 }
+
+#[test]
+fn the_allocators_unused_memory_is_read_from_a_gpu_device_only() {
+    // RES-17: torch_vram_free is the allocator's unused memory on a GPU.
+    let cuda = json!({"system": {}, "devices": [{"name": "cuda:0 NVIDIA", "type": "cuda", "index": 0,
+        "vram_total": 25_769_803_776_u64, "vram_free": 2_147_483_648_u64,
+        "torch_vram_total": 8_589_934_592_u64, "torch_vram_free": 3_221_225_472_u64}]});
+    assert_eq!(allocator_free_mib(&cuda), Some(3072));
+    // The recorded CPU servers report RAM there: no credit.
+    let cpu = json!({"system": {}, "devices": [{"name": "cpu", "type": "cpu", "index": null,
+        "vram_total": 25_276_059_648_u64, "vram_free": 23_994_695_680_u64,
+        "torch_vram_total": 25_276_059_648_u64, "torch_vram_free": 23_994_695_680_u64}]});
+    assert_eq!(allocator_free_mib(&cpu), None);
+    assert_eq!(allocator_free_mib(&json!({"devices": []})), None);
+    assert_eq!(allocator_free_mib(&json!({})), None);
+}

@@ -402,6 +402,7 @@ impl Adapter for OllamaAdapter {
             taken_at,
             models,
             foreign_work: None,
+            allocator_free_mib: None,
         })
     }
 

@@ -109,6 +109,11 @@ pub struct ModelObservation {
     /// Work on the upstream that vacancy did not admit (ADM-09), described
     /// without prompt contents; `None` when none is visible.
     pub foreign_work: Option<String>,
+    /// Memory the upstream's own allocator holds but does not use, in MiB
+    /// (ComfyUI's `torch_vram_free`): the upstream reuses it for the next job,
+    /// so on a route with one GPU it counts as free (RES-17). `None` when the
+    /// upstream reports none.
+    pub allocator_free_mib: Option<u64>,
 }
 
 impl ModelObservation {
@@ -118,6 +123,7 @@ impl ModelObservation {
             taken_at,
             models: Vec::new(),
             foreign_work: None,
+            allocator_free_mib: None,
         }
     }
 

@@ -685,6 +685,32 @@ impl Engine {
         Residency::Proven
     }
 
+    /// Memory the upstream's allocator holds unused, counted as free on `res`
+    /// (RES-17): only where `res` is the upstream's one GPU, and only from
+    /// an observation that proves it now (≤ 4 s old, taken after the last
+    /// job or yield on `res`).
+    fn allocator_credit(&self, up: usize, res: usize, now: Moment) -> u64 {
+        let u = &self.upstreams[up];
+        let gpus = u
+            .deps
+            .iter()
+            .filter(|d| self.resources[d.res].spec.kind == ResourceKind::Gpu)
+            .count();
+        let r = &self.resources[res];
+        if gpus != 1 || r.spec.kind != ResourceKind::Gpu {
+            return 0;
+        }
+        match &u.observation {
+            Some(obs)
+                if obs.taken_at > r.last_disturbed
+                    && now.since(obs.taken_at) <= OBSERVATION_MAX_AGE =>
+            {
+                obs.allocator_free_mib.unwrap_or(0)
+            }
+            _ => 0,
+        }
+    }
+
     /// The requirement on a dependency in MiB above its reserve; `None` when
     /// no requirement names it (only the reserve floor applies, MEM-05).
     fn requirement(
@@ -821,6 +847,7 @@ impl Engine {
                 continue;
             }
             let required = self.requirement(up, dep, names, resident);
+            let allocator = self.allocator_credit(up, dep.res, now);
             let r = &self.resources[dep.res];
             let sample = match r.capacity(now) {
                 Capacity::Known(s) => s,
@@ -834,7 +861,11 @@ impl Engine {
                     );
                 }
             };
-            if let Some(refusal) = r.check_fit(&sample, required) {
+            let credited = CapacitySample {
+                free_mib: sample.free_mib.saturating_add(allocator),
+                ..sample
+            };
+            if let Some(refusal) = r.check_fit(&credited, required) {
                 let mut refusal = refusal;
                 if let (Residency::NotProven { why, stale }, Some(_)) = (residency, names.written) {
                     // RES-21: say why no resident credit applied.

@@ -296,6 +296,7 @@ fn observe_loaded(e: &mut Engine, upstream: &str, model: &str, at: u64) {
                 ResidencyEvidence::Proven,
             )],
             foreign_work: None,
+            allocator_free_mib: None,
         },
     )
     .unwrap();
@@ -488,6 +489,7 @@ fn observe_for_kinds(e: &mut Engine, model: &str, kinds: &[&str], at: u64) {
                 },
             )],
             foreign_work: None,
+            allocator_free_mib: None,
         },
     )
     .unwrap();
@@ -686,6 +688,93 @@ fn uncertain_unforwarded_kindless_and_yielded_work_teaches_nothing() {
     e.release(res.id, ReleaseOutcome::Completed, t(24)).unwrap();
     e.record_unload(GPU, t(25)).unwrap();
     assert_eq!(e.take_lesson(up, t(26)), None, "a yield came between");
+}
+
+fn observe_allocator(e: &mut Engine, upstream: &str, mib: u64, at: u64) {
+    let id = e.upstream_id(upstream).unwrap();
+    let mut obs = ModelObservation::empty(t(at));
+    obs.allocator_free_mib = Some(mib);
+    e.observe(id, obs).unwrap();
+}
+
+#[test]
+fn allocator_memory_counts_as_free_only_on_a_one_gpu_route_with_fresh_proof() {
+    // RES-17
+    let one_gpu = EngineSpec {
+        lending: true,
+        resources: vec![
+            ResourceSpec::new(GPU, ResourceKind::Gpu, 1000),
+            ResourceSpec::new("gpu1", ResourceKind::Gpu, 1000),
+        ],
+        upstreams: vec![UpstreamSpec::new("comfy", GPU, 8000)],
+    };
+    let mut e = Engine::new(one_gpu).unwrap();
+    e.set_owner(OwnerPresence::Away);
+    for r in [GPU, "gpu1"] {
+        e.record_sample(r, CapacitySample::memory(5000, 80_000, t(0)))
+            .unwrap();
+    }
+    // 5000 free - 1000 reserve < 8000 without the allocator's 5000.
+    assert_eq!(
+        refused(admit(&mut e, "comfy", None, 1)).code,
+        RefusalCode::InsufficientMemory
+    );
+    observe_allocator(&mut e, "comfy", 5000, 2);
+    let res = admitted(admit(&mut e, "comfy", None, 3));
+    assert_eq!(
+        res.charges[0].free_mib, 5000,
+        "the charge keeps the sampled free memory"
+    );
+    e.release(res.id, ReleaseOutcome::Completed, t(10)).unwrap();
+    e.record_sample(GPU, CapacitySample::memory(5000, 80_000, t(11)))
+        .unwrap();
+    // The observation predates the last job: it proves nothing now.
+    assert_eq!(
+        refused(admit(&mut e, "comfy", None, 12)).code,
+        RefusalCode::InsufficientMemory
+    );
+    observe_allocator(&mut e, "comfy", 5000, 13);
+    admitted(admit(&mut e, "comfy", None, 14));
+    // Too old (> 4 s) proves nothing either.
+    let mut e2 = ready(
+        EngineSpec {
+            lending: true,
+            resources: vec![ResourceSpec::new(GPU, ResourceKind::Gpu, 1000)],
+            upstreams: vec![UpstreamSpec::new("comfy", GPU, 8000)],
+        },
+        0,
+    );
+    e2.record_sample(GPU, CapacitySample::memory(5000, 80_000, t(0)))
+        .unwrap();
+    observe_allocator(&mut e2, "comfy", 5000, 1);
+    assert_eq!(
+        refused(admit(&mut e2, "comfy", None, 4002)).code,
+        RefusalCode::InsufficientMemory
+    );
+    // A route with two GPUs gets no allocator credit.
+    let mut e3 = Engine::new(EngineSpec {
+        lending: true,
+        resources: vec![
+            ResourceSpec::new(GPU, ResourceKind::Gpu, 1000),
+            ResourceSpec::new("gpu1", ResourceKind::Gpu, 1000),
+        ],
+        upstreams: vec![{
+            let mut two = UpstreamSpec::new("comfy2", GPU, 8000);
+            two.also_requires = vec!["gpu1".to_owned()];
+            two
+        }],
+    })
+    .unwrap();
+    e3.set_owner(OwnerPresence::Away);
+    for r in [GPU, "gpu1"] {
+        e3.record_sample(r, CapacitySample::memory(5000, 80_000, t(0)))
+            .unwrap();
+    }
+    observe_allocator(&mut e3, "comfy2", 50_000, 1);
+    assert_eq!(
+        refused(admit(&mut e3, "comfy2", None, 2)).code,
+        RefusalCode::InsufficientMemory
+    );
 }
 
 #[test]
