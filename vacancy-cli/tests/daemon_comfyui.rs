@@ -354,3 +354,128 @@ async fn a_crash_during_tracking_never_forgets_the_prompt() {
     assert_eq!(busy, 503, "{text}");
     assert_eq!(body["error"]["type"], "resource_busy");
 }
+
+/// The first output file a history entry lists: (filename, subfolder, type).
+fn first_output(entry: &Value) -> (String, String, String) {
+    let image = entry["outputs"]
+        .as_object()
+        .into_iter()
+        .flat_map(|nodes| nodes.values())
+        .filter_map(|node| node["images"].as_array())
+        .flatten()
+        .next()
+        .unwrap_or_else(|| panic!("no output image in {entry:#}"));
+    let text = |k: &str| image[k].as_str().unwrap_or_default().to_owned();
+    (text("filename"), text("subfolder"), text("type"))
+}
+
+/// `%XX`-encodes everything but unreserved characters, for a query value.
+fn query_value(v: &str) -> String {
+    v.bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
+                char::from(b).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
+}
+
+fn view_path(filename: &str, subfolder: &str, kind: &str) -> String {
+    format!(
+        "/view?filename={}&subfolder={}&type={}",
+        query_value(filename),
+        query_value(subfolder),
+        query_value(kind)
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_borrower_views_its_prompts_output_files_and_nothing_else() {
+    // GET /view on 0.3.75: the files a borrowed prompt's history lists,
+    // recorded by tracking; the owner's files and path tricks are refused.
+    let comfy = ComfyUi::start(ComfyFlavor::V0_3_75).unwrap();
+    let d = start(&comfy);
+    observed(&d).await;
+    let (status, reply, text) = post_json(
+        &format!("{}/prompt", d.proxy),
+        &prompt_request(simple_workflow(0x60_7080), None),
+    )
+    .await;
+    assert_eq!(status, 200, "{text}");
+    let id = reply["prompt_id"].as_str().unwrap().to_owned();
+    released(&d, Duration::from_secs(60)).await;
+    let (status, history) = get_json(&format!("{}/history/{id}", d.proxy)).await;
+    assert_eq!(status, 200);
+    let (filename, subfolder, kind) = first_output(&history[&id]);
+    assert_eq!(kind, "output");
+    let on_disk = std::fs::read(comfy.output_dir().join(&subfolder).join(&filename)).unwrap();
+    for prefix in ["", "/api"] {
+        let url = format!(
+            "{}{prefix}{}",
+            d.proxy,
+            view_path(&filename, &subfolder, &kind)
+        );
+        let r = http_request("GET", &url, &[], Vec::new()).await.unwrap();
+        assert_eq!(r.status, 200, "{url}: {}", r.text());
+        assert_eq!(
+            r.headers.get("content-type").and_then(|v| v.to_str().ok()),
+            Some("image/png"),
+            "{url}"
+        );
+        assert_eq!(r.body.as_ref(), on_disk.as_slice(), "{url}");
+    }
+
+    // A file of the owner's: a prompt queued directly, never through vacancy.
+    let (status, direct, text) = post_json(
+        &format!("{}/prompt", comfy.base_url()),
+        &prompt_request(simple_workflow(0x70_8090), None),
+    )
+    .await;
+    assert_eq!(status, 200, "{text}");
+    let direct_id = direct["prompt_id"].as_str().unwrap().to_owned();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let owners = loop {
+        let (_, h) = get_json(&format!("{}/history/{direct_id}", comfy.base_url())).await;
+        if h[&direct_id]["status"]["completed"] == true {
+            break h;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the owner's prompt never ran: {h}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let (owner_file, owner_sub, owner_kind) = first_output(&owners[&direct_id]);
+    assert_ne!(owner_file, filename);
+    assert!(
+        comfy
+            .output_dir()
+            .join(&owner_sub)
+            .join(&owner_file)
+            .is_file()
+    );
+    let forbidden = [
+        view_path(&owner_file, &owner_sub, &owner_kind),
+        format!("/api{}", view_path(&owner_file, &owner_sub, &owner_kind)),
+        // Path tricks around the borrower's own file.
+        view_path(&format!("../output/{filename}"), &subfolder, &kind),
+        view_path(&format!("..%2F{filename}"), &subfolder, &kind),
+        view_path(&filename, "..", &kind),
+        view_path(&filename, &subfolder, "input"),
+        "/view?filename=../../../../etc/passwd&type=output".to_owned(),
+        format!("{}&subfolder=..", view_path(&filename, &subfolder, &kind)),
+    ];
+    for path in forbidden {
+        let r = http_request("GET", &format!("{}{path}", d.proxy), &[], Vec::new())
+            .await
+            .unwrap();
+        assert_eq!(r.status, 403, "{path}: {}", r.text());
+        assert_eq!(
+            r.json().unwrap()["error"]["type"],
+            "route_forbidden",
+            "{path}"
+        );
+    }
+}

