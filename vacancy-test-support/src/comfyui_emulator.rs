@@ -136,7 +136,7 @@ pub struct QueuePadding {
 /// A pause in the middle of a reply body.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Silence {
-    /// Body bytes sent before the pause.
+    /// Body bytes sent before the pause (0: the head only).
     pub after_bytes: usize,
     /// How long nothing is sent.
     pub duration: Duration,
@@ -662,7 +662,7 @@ async fn handle(
     }
     let pieces = match get_reply(&shared, path) {
         Ok(p) => p,
-        Err(response) => return Ok(response),
+        Err(response) => return Ok(*response),
     };
     let faulted = faults.paths.is_empty()
         || faults
@@ -742,7 +742,6 @@ impl Sender {
             }
             if let Some(s) = self.silence
                 && self.sent == s.after_bytes
-                && self.sent > 0
             {
                 tokio::time::sleep(s.duration).await;
                 self.silence = None;
@@ -771,7 +770,7 @@ fn json_pieces(value: &Value) -> Pieces {
 }
 
 /// The reply of `GET path`, or a finished response (404 and the like).
-fn get_reply(shared: &Shared, path: &str) -> Result<Pieces, Response<RespBody>> {
+fn get_reply(shared: &Shared, path: &str) -> Result<Pieces, Box<Response<RespBody>>> {
     let mut st = shared.lock();
     st.step();
     if path == "/queue" {
@@ -828,15 +827,19 @@ fn get_reply(shared: &Shared, path: &str) -> Result<Pieces, Response<RespBody>> 
     }
     if let Some(id) = path.strip_prefix("/api/jobs/") {
         if !st.at_least((0, 6, 0)) {
-            return Err(not_found());
+            return Err(Box::new(not_found()));
         }
         let id = percent_decode(id);
         return match job_of(&st, &id) {
             Some(job) => Ok(json_pieces(&job)),
-            None => Err(full(404, Some(JSON), r#"{"error":"Job not found"}"#)),
+            None => Err(Box::new(full(
+                404,
+                Some(JSON),
+                r#"{"error":"Job not found"}"#,
+            ))),
         };
     }
-    Err(not_found())
+    Err(Box::new(not_found()))
 }
 
 /// `comfy_execution/jobs.py`'s `get_job`: history first, then running, then pending.
