@@ -350,6 +350,7 @@ async fn failed_queue_checks_never_release_an_absent_prompt() {
             let id = new_id();
             let reply = submit(&emu, &id, 7).await;
             assert_eq!(post(&emu, "/queue", json!({"delete": [id]})).await, 200);
+            assert!(emu.pending().is_empty() && emu.running() == Some(foreign));
             let end = track(&tracker, clock, &id, reply).await;
             assert!(matches!(end, TrackedEnd::Held(_)), "{rule}: {end:?}");
             assert!(
@@ -359,6 +360,55 @@ async fn failed_queue_checks_never_release_an_absent_prompt() {
             );
             // Each check still reads history (a slow COMFY-34 read leaves time for one).
             assert!(emu.count("GET", &format!("/history/{id}")) >= 1, "{rule}");
+        }));
+    }
+    for r in runs {
+        r.await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn failed_job_reads_on_0_6_0_never_release_an_absent_prompt() {
+    // COMFY-15 on the jobs API (COMFY-21): `/api/jobs/<id>` is read whole,
+    // bounded by the observation timeout (not by `ReadLimits`), so a slow or
+    // silent reply past it fails the check, which counts as neither.
+    let cases = [
+        ComfyFaults {
+            first_byte_delay: Duration::from_secs(2),
+            ..ComfyFaults::default()
+        },
+        ComfyFaults {
+            silence: Some(Silence {
+                after_bytes: 5,
+                duration: Duration::from_secs(3),
+            }),
+            ..ComfyFaults::default()
+        },
+    ];
+    let mut runs = Vec::new();
+    for faults in cases {
+        runs.push(tokio::spawn(async move {
+            let emu = start(Some("0.6.0"), Duration::from_secs(30));
+            let settings = settings(&emu).with_observe_timeout(Duration::from_millis(300));
+            let clock = settings.clock;
+            let tracker = ComfyUiAdapter::new(settings)
+                .unwrap()
+                .with_tracking_times(times(Duration::from_millis(1500)))
+                .with_read_limits(limits())
+                .tracker()
+                .unwrap();
+            let _ = submit(&emu, &new_id(), 16).await; // runs for 30 s
+            let id = new_id();
+            let reply = submit(&emu, &id, 15).await;
+            assert_eq!(post(&emu, "/queue", json!({"delete": [id]})).await, 200);
+            assert!(emu.pending().is_empty() && emu.running() != Some(id.clone()));
+            emu.set_faults(ComfyFaults {
+                paths: vec!["/api/jobs/".into()],
+                ..faults.clone()
+            });
+            let end = track(&tracker, clock, &id, reply).await;
+            assert!(matches!(end, TrackedEnd::Held(_)), "{faults:?}: {end:?}");
+            assert!(emu.count("GET", "/api/jobs/") >= 2, "{faults:?}");
         }));
     }
     for r in runs {

@@ -603,8 +603,11 @@ fn server_error() -> Response<RespBody> {
     )
 }
 
-/// The reply of a `GET`: its pieces, sent through the faults that apply.
+/// The reply of a `GET` (404s included): its status and body pieces, sent
+/// through the faults that apply.
 struct Pieces {
+    status: u16,
+    content_type: &'static str,
     head: Bytes,
     padding: Option<(QueuePadding, bool)>,
     tail: Bytes,
@@ -660,10 +663,7 @@ async fn handle(
             "405: Method Not Allowed",
         ));
     }
-    let pieces = match get_reply(&shared, path) {
-        Ok(p) => p,
-        Err(response) => return Ok(*response),
-    };
+    let pieces = get_reply(&shared, path);
     let faulted = faults.paths.is_empty()
         || faults
             .paths
@@ -681,9 +681,12 @@ async fn handle(
         tokio::time::sleep(faults.first_byte_delay).await;
     }
     let (tx, rx) = mpsc::channel(8);
+    let status = StatusCode::from_u16(pieces.status).unwrap_or(StatusCode::OK);
+    let content_type = pieces.content_type;
     tokio::spawn(send_pieces(pieces, faults, tx));
     let mut response = Response::new(ChannelBody { rx }.boxed());
-    if let Ok(v) = JSON.parse() {
+    *response.status_mut() = status;
+    if let Ok(v) = content_type.parse() {
         response.headers_mut().insert(http::header::CONTENT_TYPE, v);
     }
     Ok(response)
@@ -763,14 +766,27 @@ impl Sender {
 
 fn json_pieces(value: &Value) -> Pieces {
     Pieces {
+        status: 200,
+        content_type: JSON,
         head: Bytes::from(value.to_string()),
         padding: None,
         tail: Bytes::new(),
     }
 }
 
-/// The reply of `GET path`, or a finished response (404 and the like).
-fn get_reply(shared: &Shared, path: &str) -> Result<Pieces, Box<Response<RespBody>>> {
+/// 404 as the recorded releases answer an unknown route: an empty body.
+fn not_found_pieces() -> Pieces {
+    Pieces {
+        status: 404,
+        content_type: "application/octet-stream",
+        head: Bytes::new(),
+        padding: None,
+        tail: Bytes::new(),
+    }
+}
+
+/// The reply of `GET path`.
+fn get_reply(shared: &Shared, path: &str) -> Pieces {
     let mut st = shared.lock();
     st.step();
     if path == "/queue" {
@@ -783,16 +799,16 @@ fn get_reply(shared: &Shared, path: &str) -> Result<Pieces, Box<Response<RespBod
             Value::Array(running)
         );
         let tail = format!("{}]}}", &pending_text[1..pending_text.len() - 1]);
-        return Ok(Pieces {
+        return Pieces {
+            status: 200,
+            content_type: JSON,
             head: Bytes::from(head),
             padding: padding.map(|p| (p, !pending.is_empty())),
             tail: Bytes::from(tail),
-        });
+        };
     }
     if path == "/prompt" {
-        return Ok(json_pieces(
-            &json!({"exec_info": {"queue_remaining": st.queue_remaining()}}),
-        ));
+        return json_pieces(&json!({"exec_info": {"queue_remaining": st.queue_remaining()}}));
     }
     if path == "/system_stats" {
         let mut system = json!({
@@ -806,16 +822,16 @@ fn get_reply(shared: &Shared, path: &str) -> Result<Pieces, Box<Response<RespBod
         if let (Some(v), Some(o)) = (&st.version_text, system.as_object_mut()) {
             o.insert("comfyui_version".into(), json!(v));
         }
-        return Ok(json_pieces(&json!({
+        return json_pieces(&json!({
             "system": system,
             "devices": [{"name": "cpu", "type": "cpu", "index": null,
                 "vram_total": 25_276_059_648_u64, "vram_free": 24_118_468_608_u64,
                 "torch_vram_total": 25_276_059_648_u64, "torch_vram_free": 24_118_468_608_u64}]
-        })));
+        }));
     }
     if path == "/history" {
         let all: Map<String, Value> = st.history.iter().cloned().collect();
-        return Ok(json_pieces(&Value::Object(all)));
+        return json_pieces(&Value::Object(all));
     }
     if let Some(id) = path.strip_prefix("/history/") {
         let id = percent_decode(id);
@@ -823,23 +839,22 @@ fn get_reply(shared: &Shared, path: &str) -> Result<Pieces, Box<Response<RespBod
         if let Some(entry) = st.in_history(&id) {
             one.insert(id.clone(), entry.clone());
         }
-        return Ok(json_pieces(&Value::Object(one)));
+        return json_pieces(&Value::Object(one));
     }
     if let Some(id) = path.strip_prefix("/api/jobs/") {
         if !st.at_least((0, 6, 0)) {
-            return Err(Box::new(not_found()));
+            return not_found_pieces();
         }
         let id = percent_decode(id);
         return match job_of(&st, &id) {
-            Some(job) => Ok(json_pieces(&job)),
-            None => Err(Box::new(full(
-                404,
-                Some(JSON),
-                r#"{"error":"Job not found"}"#,
-            ))),
+            Some(job) => json_pieces(&job),
+            None => Pieces {
+                status: 404,
+                ..json_pieces(&json!({"error": "Job not found"}))
+            },
         };
     }
-    Err(Box::new(not_found()))
+    not_found_pieces()
 }
 
 /// `comfy_execution/jobs.py`'s `get_job`: history first, then running, then pending.
