@@ -649,3 +649,38 @@ async fn the_emulator_jobs_api_and_per_job_cancel_follow_the_release() {
     assert_eq!(job["status"], json!("failed"));
     assert_eq!(post(&emu, "/api/jobs/unknown/cancel", json!({})).await, 404);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_prompt_is_stopped_with_the_job_cancel_on_0_26_and_interrupt_before() {
+    // RECL-26: the job cancel first; /interrupt by ID only where it answers 404/405.
+    for (version, job_cancel) in [("0.26.0", true), ("0.6.0", false)] {
+        let emu = start(Some(version), Duration::from_secs(30));
+        let id = new_id();
+        submit(&emu, &id, 0x0a0b0c).await;
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while emu.running().as_deref() != Some(id.as_str()) {
+            assert!(Instant::now() < deadline, "{version}: never ran");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let adapter = ComfyUiAdapter::new(settings(&emu)).unwrap();
+        let reclaimer = adapter.reclaimer().expect("ComfyUI reclaims");
+        let item = vacancy::traits::CancelItem {
+            entry: EntryId::from_u128(1),
+            upstream_ref: Some(id.clone()),
+            claim: vacancy::traits::CancelClaim::new(),
+        };
+        let out = reclaimer.cancel(&[item], std::time::Instant::now()).await;
+        assert_eq!(
+            out,
+            [vacancy::traits::CancelOutcome::Stopped(EntryId::from_u128(
+                1
+            ))],
+            "{version}"
+        );
+        let cancels = emu.count("POST", &format!("/api/jobs/{id}/cancel"));
+        let interrupts = emu.count("POST", "/interrupt");
+        assert_eq!(cancels, 1, "{version}: the job cancel is tried first");
+        assert_eq!(interrupts, usize::from(!job_cancel), "{version}");
+        assert_eq!(emu.running(), None, "{version}");
+    }
+}
