@@ -301,17 +301,7 @@ async fn work_request(
             .await;
             drop(tx.send(response));
         });
-        return match rx.await {
-            Ok(resp) => resp,
-            Err(_) => refusal_response(
-                &route,
-                &Refusal::new(
-                    RefusalCode::UpstreamUnreachable,
-                    "the upstream exchange ended without a response",
-                ),
-                true,
-            ),
-        };
+        return answer(&route, rx).await;
     }
     tokio::spawn(async move {
         guard.forwarding();
@@ -331,10 +321,18 @@ async fn work_request(
         // on_borrower_disconnect policy.
         drop(tx.send(response));
     });
+    answer(&route, rx).await
+}
+
+/// The exchange task's response for the borrower, or why there is none.
+async fn answer(
+    route: &UpstreamRoute,
+    rx: oneshot::Receiver<http::Response<ProxyBody>>,
+) -> http::Response<ProxyBody> {
     match rx.await {
         Ok(resp) => resp,
         Err(_) => refusal_response(
-            &route,
+            route,
             &Refusal::new(
                 RefusalCode::UpstreamUnreachable,
                 "the upstream exchange ended without a response",
