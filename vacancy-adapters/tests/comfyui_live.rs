@@ -203,3 +203,67 @@ async fn a_running_prompt_is_stopped_by_interrupt_on_the_early_release() {
     let h = history(&comfy, &id).await;
     assert_eq!(h[&id]["status"]["status_str"], "error", "{h}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_unload_is_skipped_while_comfyui_holds_a_prompt_vacancy_did_not_admit() {
+    // RECL-34..37 through the yield shell, RECL-48, OBS-04.
+    use vacancy::engine::{Engine, EngineSpec, OwnerPresence, ResourceSpec, UpstreamSpec};
+    use vacancy::proxy::shells::{Yielded, yield_upstream};
+    use vacancy::proxy::{Lender, Target, UpstreamRoute, VolatileStore};
+    use vacancy::{CapacitySample, ResourceKind};
+
+    let comfy = ComfyUi::start(ComfyFlavor::V0_3_75).unwrap();
+    let adapter = adapter(&comfy);
+    let clock = adapter.settings().clock;
+    let mut engine = Engine::new(EngineSpec {
+        lending: true,
+        resources: vec![ResourceSpec::new("gpu0", ResourceKind::Gpu, 0)],
+        upstreams: vec![UpstreamSpec::new("comfy", "gpu0", 100)],
+    })
+    .unwrap();
+    engine.set_owner(OwnerPresence::Away);
+    let id = engine.upstream_id("comfy").unwrap();
+    let lender = Lender::new(
+        engine,
+        ["gpu0".to_owned()],
+        clock,
+        std::sync::Arc::new(VolatileStore),
+    );
+    lender.record_sample(
+        "gpu0",
+        Ok(CapacitySample::memory(10_000, 20_000, clock.now())),
+        clock.now(),
+    );
+    let route = UpstreamRoute {
+        name: "comfy".into(),
+        id,
+        adapter: std::sync::Arc::new(adapter),
+        target: Target::parse(&comfy.base_url()).unwrap(),
+        management: vacancy::config::Management::Deny,
+        on_borrower_disconnect: vacancy::config::OnBorrowerDisconnect::Drain,
+        completion_timeout: Duration::from_secs(60),
+        max_body_bytes: 1 << 20,
+        connect_timeout: Duration::from_secs(2),
+    };
+    let yields = |l: &Lender| {
+        l.metrics()
+            .render(&l.status())
+            .lines()
+            .find(|line| line.starts_with("vacancyd_yields_total{upstream=\"comfy\"}"))
+            .map(str::to_owned)
+            .unwrap_or_default()
+    };
+    let owners = submit(&comfy, slow_workflow(0x66_6666), None).await;
+    wait_running(&comfy, &owners).await;
+    assert_eq!(
+        yield_upstream(&lender, &route, &[]).await,
+        Ok(Yielded::Skipped)
+    );
+    assert!(yields(&lender).ends_with(" 0"), "{}", yields(&lender));
+    // Counted as vacancy's own (another upstream on this server admitted it, RECL-35).
+    assert_eq!(
+        yield_upstream(&lender, &route, std::slice::from_ref(&owners)).await,
+        Ok(Yielded::Unloaded(UnloadAck::Acknowledged { models: None }))
+    );
+    assert!(yields(&lender).ends_with(" 1"), "{}", yields(&lender));
+}

@@ -309,7 +309,7 @@ async fn unloading_sends_keep_alive_zero_for_every_model_and_checks_the_answer()
 async fn a_yield_is_counted_and_disturbs_residency_but_releases_nothing() {
     // OBS-04 (vacancyd_yields_total), RECL-45, RECL-49
     use vacancy::engine::{Engine, EngineSpec, OwnerPresence, ResourceSpec, UpstreamSpec};
-    use vacancy::proxy::shells::{observe_upstream, yield_upstream};
+    use vacancy::proxy::shells::{Yielded, observe_upstream, yield_upstream};
     use vacancy::proxy::{Lender, Target, UpstreamRoute, VolatileStore};
     use vacancy::{CapacitySample, ResourceKind};
 
@@ -348,8 +348,11 @@ async fn a_yield_is_counted_and_disturbs_residency_but_releases_nothing() {
         connect_timeout: std::time::Duration::from_secs(2),
     };
     observe_upstream(&lender, &route).await.unwrap();
-    let ack = yield_upstream(&lender, &route).await.unwrap();
-    assert_eq!(ack, UnloadAck::Acknowledged { models: Some(1) });
+    let ack = yield_upstream(&lender, &route, &[]).await.unwrap();
+    assert_eq!(
+        ack,
+        Yielded::Unloaded(UnloadAck::Acknowledged { models: Some(1) })
+    );
     let status = lender.status();
     let metrics = lender.metrics().render(&status);
     assert!(
@@ -367,7 +370,7 @@ async fn a_yield_is_counted_and_disturbs_residency_but_releases_nothing() {
     // A failed unload counts nothing.
     emulator.preload("llama3", None).unwrap();
     emulator.set_override("/api/generate", Some((500, r#"{"error":"boom"}"#.into())));
-    assert!(yield_upstream(&lender, &route).await.is_err());
+    assert!(yield_upstream(&lender, &route, &[]).await.is_err());
     let metrics = lender.metrics().render(&lender.status());
     assert!(
         metrics.contains("vacancyd_yields_total{upstream=\"ollama\"} 1"),

@@ -69,6 +69,7 @@ def test_status_dict_shape(engine: vacancy.Engine) -> None:
         "completion": "response_end",
         "phase": "forwarding",
         "held_reason": None,
+        "upstream_ref": None,
     }
 
 

@@ -12,7 +12,7 @@ use crate::presence::PresenceBackend;
 use crate::proxy::lender::Lender;
 use crate::proxy::{UpstreamRoute, stopped};
 use crate::traits::resource::{CapacitySample, Resource, ResourceKind, SampleError};
-use crate::traits::{ObserveError, ReclaimError, UnloadAck};
+use crate::traits::{ForeignWork, ObserveError, ReclaimError, UnloadAck};
 
 /// Sample `resource` every `poll` and whenever a job on it ends (ADM-05).
 /// The caller takes the first sample before the loop starts.
@@ -137,26 +137,59 @@ pub async fn observe_upstream(
     Ok(obs)
 }
 
+/// What a yield did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Yielded {
+    /// The upstream acknowledged the unload (never proof of freed memory).
+    Unloaded(UnloadAck),
+    /// The upstream holds work vacancy did not admit: no unload (RECL-34).
+    Skipped,
+}
+
+/// The log line of a skipped unload, as the seed words it (RECL-37).
+pub const UNLOAD_SKIPPED: &str =
+    "model unload skipped; the upstream holds work vacancyd did not admit";
+
 /// Ask an upstream to unload its models (a yield, for reclaim).
 ///
 /// # Behavior
 ///
-/// Uses the adapter's [`Reclaimer`](crate::traits::Reclaimer); an adapter
-/// without one is [`ReclaimError::Unsupported`]. An acknowledgement is
-/// counted in `vacancyd_yields_total{upstream}` (OBS-04) and disturbs the
-/// upstream's resources: residency proofs taken before it no longer hold and
-/// new work waits for a fresh sample (RECL-45). It releases nothing and is
-/// never counted as recovered memory (RECL-49).
+/// - Uses the adapter's [`Reclaimer`](crate::traits::Reclaimer); an adapter
+///   without one is [`ReclaimError::Unsupported`].
+/// - First asks whether the upstream holds work other than `own` (the
+///   upstream handles of vacancy's work on the same server, RECL-35): work
+///   vacancy did not admit skips the unload, logged as [`UNLOAD_SKIPPED`]
+///   without prompt IDs (RECL-34, RECL-37); when it cannot be told, the
+///   unload goes ahead and the reason is logged (RECL-38, RECL-39).
+/// - An acknowledgement is counted in `vacancyd_yields_total{upstream}`
+///   (OBS-04) and disturbs the upstream's resources: residency proofs taken
+///   before it no longer hold and new work waits for a fresh sample
+///   (RECL-45). It releases nothing and is never counted as recovered
+///   memory (RECL-49).
 pub async fn yield_upstream(
     lender: &Lender,
     route: &UpstreamRoute,
-) -> Result<UnloadAck, ReclaimError> {
+    own: &[String],
+) -> Result<Yielded, ReclaimError> {
     let Some(reclaimer) = route.adapter.reclaimer() else {
         return Err(ReclaimError::Unsupported(format!(
             "the {} adapter cannot unload models",
             route.adapter.name()
         )));
     };
+    match reclaimer.foreign_work(own).await {
+        Ok(ForeignWork::Present) => {
+            info!(upstream = %route.name, "{UNLOAD_SKIPPED}");
+            return Ok(Yielded::Skipped);
+        }
+        Ok(ForeignWork::None) => {}
+        Ok(ForeignWork::CannotTell(why)) => {
+            info!(upstream = %route.name, reason = %why, "unloading without knowing whose work the upstream holds");
+        }
+        Err(e) => {
+            info!(upstream = %route.name, reason = %e, "unloading without knowing whose work the upstream holds");
+        }
+    }
     let ack = reclaimer.unload().await;
     match &ack {
         Ok(UnloadAck::Acknowledged { models }) => {
@@ -165,11 +198,18 @@ pub async fn yield_upstream(
             if let Err(e) = lender.with_engine(|e| e.record_yield(route.id, now)) {
                 warn!(upstream = %route.name, error = %e, "yield for an unknown upstream");
             }
-            info!(upstream = %route.name, models = models.unwrap_or(0), "upstream acknowledged the unload (not proof of freed memory)");
+            match models {
+                Some(n) => {
+                    info!(upstream = %route.name, models = n, "upstream acknowledged the unload (not proof of freed memory)")
+                }
+                None => {
+                    info!(upstream = %route.name, "upstream acknowledged the unload (not proof of freed memory)")
+                }
+            }
         }
         Err(e) => warn!(upstream = %route.name, error = %e, "unload failed"),
     }
-    ack
+    ack.map(Yielded::Unloaded)
 }
 
 /// How `/status` describes one observed model's residency (RES-22).
