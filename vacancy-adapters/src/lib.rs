@@ -1,6 +1,7 @@
 //! Adapters for the upstreams vacancy lends: llama.cpp's `llama-server`
-//! ([`llamacpp`]), Ollama ([`ollama`]) and OpenAI-compatible servers
-//! ([`openai`]).
+//! ([`llamacpp`]), Ollama ([`ollama`]), ComfyUI ([`comfyui`]),
+//! OpenAI-compatible servers ([`openai`]) and compatible voice servers
+//! ([`chatterbox`]).
 //!
 //! Each adapter is data plus code: a route table declared once as a constant
 //! and checked for overlaps when the adapter is built, request inspection
@@ -8,12 +9,14 @@
 //! observed, an observation made with vacancy's own credential only.
 #![forbid(unsafe_code)]
 
+pub mod chatterbox;
 pub mod comfyui;
 pub mod common;
 pub mod llamacpp;
 pub mod ollama;
 pub mod openai;
 
+pub use chatterbox::ChatterboxAdapter;
 pub use common::{AdapterSettings, FetchError, ObservationClient};
 pub use llamacpp::LlamaCppAdapter;
 pub use ollama::OllamaAdapter;

@@ -21,7 +21,9 @@ use vacancy::{MonotonicClock, Resource};
 use vacancy_adapters::comfyui::ComfyUiAdapter;
 use vacancy_adapters::comfyui::tracker::TrackingTimes;
 use vacancy_adapters::ollama::ContextCache;
-use vacancy_adapters::{AdapterSettings, LlamaCppAdapter, OllamaAdapter, OpenAiAdapter};
+use vacancy_adapters::{
+    AdapterSettings, ChatterboxAdapter, LlamaCppAdapter, OllamaAdapter, OpenAiAdapter,
+};
 
 use crate::control::{ControlState, UpstreamInfo};
 
@@ -157,6 +159,10 @@ fn build_adapter(
         AdapterKind::Openai => Arc::new(
             OpenAiAdapter::new(settings).map_err(|e| setup(format!("openai adapter: {e}")))?,
         ),
+        AdapterKind::Chatterbox => Arc::new(
+            ChatterboxAdapter::new(settings)
+                .map_err(|e| setup(format!("chatterbox adapter: {e}")))?,
+        ),
         AdapterKind::Comfyui => Arc::new(
             ComfyUiAdapter::new(settings)
                 .map_err(|e| setup(format!("comfyui adapter: {e}")))?
@@ -170,13 +176,6 @@ fn build_adapter(
                 .map_err(|e| setup(format!("ollama adapter: {e}")))?
                 .with_context_cache(Arc::clone(contexts), &u.name),
         ),
-        other => {
-            return Err(setup(format!(
-                "upstream {:?}: the {} adapter is not available in this release; available: comfyui, llamacpp, ollama, openai",
-                u.name,
-                other.as_str()
-            )));
-        }
     };
     Ok(adapter)
 }

@@ -777,6 +777,81 @@ fn allocator_memory_counts_as_free_only_on_a_one_gpu_route_with_fresh_proof() {
     );
 }
 
+fn voice_spec(free_reserve: u64) -> EngineSpec {
+    let mut voice = UpstreamSpec::new("voice", GPU, 11_500);
+    for (m, mib) in [("qwen", 6000), ("qwen-design", 6000), ("breeze", 11_500)] {
+        voice.models.insert(
+            m.to_owned(),
+            ModelBudget {
+                min_free_mib: Some(mib),
+                resident_min_free_mib: None,
+            },
+        );
+    }
+    voice.resident_min_free_mib = 300;
+    EngineSpec {
+        lending: true,
+        resources: vec![ResourceSpec::new(GPU, ResourceKind::Gpu, free_reserve)],
+        upstreams: vec![voice],
+    }
+}
+
+fn voice_req(e: &Engine, model: &str, kind: &str, at: u64) -> WorkRequest {
+    let mut r = req(e, "voice", Some(model), at);
+    r.reuse = RequestReuse::ReusesAs(kind.to_owned());
+    r
+}
+
+#[test]
+fn only_the_loaded_idle_engine_is_credited_and_others_pay_their_cold_budget() {
+    // VOICE-12, VOICE-13, VOICE-14, VOICE-17, VOICE-18, VOICE-19 (engine side;
+    // the chatterbox adapter supplies the kinds and evidence).
+    let mut e = ready(voice_spec(0), 0);
+    // 9000 MiB free: Qwen's cold load fits, Breeze's does not.
+    e.record_sample(GPU, CapacitySample::memory(9000, 80_000, t(1)))
+        .unwrap();
+    let id = e.upstream_id("voice").unwrap();
+    e.observe(
+        id,
+        ModelObservation {
+            taken_at: t(2),
+            models: vec![ObservedModel::new(
+                "qwen",
+                ResidencyEvidence::ProvenFor {
+                    kinds: vec!["voice engine qwen".to_owned()],
+                    otherwise: "engine qwen is loaded".to_owned(),
+                },
+            )],
+            foreign_work: None,
+            allocator_free_mib: None,
+        },
+    )
+    .unwrap();
+    // VOICE-19: the route's vacancy uses the default cold-load budget (11,500).
+    let v = e.vacancy(id, t(3));
+    assert!(!v.admitting, "{v:?}");
+    // VOICE-14: a generic alias is never credited, even with qwen loaded.
+    let r = refused(e.admit(&voice_req(&e, "default", "generic alias default", 3), t(3)));
+    assert!(r.reason.contains("no resident credit"), "{}", r.reason);
+    // VOICE-13: switching to Breeze needs Breeze's cold-load budget.
+    let r = refused(e.admit(&voice_req(&e, "breeze", "voice engine breeze", 3), t(3)));
+    assert!(r.reason.contains("11500"), "{}", r.reason);
+    // VOICE-12, VOICE-18: the loaded engine, named, is charged its resident headroom.
+    let res = admitted(e.admit(&voice_req(&e, "qwen", "voice engine qwen", 3), t(3)));
+    assert!(res.resident_credit);
+    assert_eq!(res.charges[0].required_mib, 300);
+    e.release(res.id, ReleaseOutcome::Completed, t(4)).unwrap();
+    e.record_sample(GPU, CapacitySample::memory(9000, 80_000, t(5)))
+        .unwrap();
+    // qwen-design is another engine: charged its cold budget (6000 fits here).
+    let res = admitted(e.admit(
+        &voice_req(&e, "qwen-design", "voice engine qwen-design", 6),
+        t(6),
+    ));
+    assert!(!res.resident_credit);
+    assert_eq!(res.charges[0].required_mib, 6000);
+}
+
 #[test]
 fn owner_presence_refuses_host_scoped_work_and_unknown_counts_as_present() {
     // OWN-01, OWN-02

@@ -1,0 +1,429 @@
+//! Compatible voice servers (adapter `chatterbox`): speech and durable
+//! executions as work, capability and result reads without admission, and
+//! engine residency from `GET /status` (VOICE-01..20).
+//!
+//! The routes are DESIGN §4's compatible-voice-server contract. Of
+//! chatterbox-tts-api's published routes, `POST /v1/audio/speech`,
+//! `/v1/audio/speech/stream` and `/v1/audio/speech/upload` (a voice file with
+//! the text) are work here; `GET /health`, `/status` and `/v1/models` are
+//! discovery; its voice library and configuration routes are management
+//! (403 unless `management = "allow"`).
+
+use async_trait::async_trait;
+use serde_json::Value;
+use vacancy::engine::{ModelObservation, ObservedModel, RequestReuse, ResidencyEvidence};
+use vacancy::traits::routes::RouteOverlap;
+use vacancy::traits::{
+    Adapter, InspectContext, InspectError, Inspection, ObserveError, RouteClass, RouteMethod,
+    RouteSpec, RouteTable, WorkRoute,
+};
+
+use crate::common::{
+    AdapterSettings, ObservationClient, inspect_json_body, is_multipart_form, multipart_model,
+};
+
+const WORK: RouteClass = RouteClass::Work(WorkRoute::response_end());
+
+/// Whether a result-read ID may pass without management permission
+/// (VOICE-07): 8 to 80 ASCII letters, digits, `_` or `-`.
+pub fn is_result_id(id: &str) -> bool {
+    (8..=80).contains(&id.len())
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+const fn result_read(path: &'static str) -> RouteSpec {
+    RouteSpec {
+        method: RouteMethod::Get,
+        path,
+        class: RouteClass::BorrowerRead,
+        param_check: Some(is_result_id),
+    }
+}
+
+/// The voice route table, as data.
+///
+/// # Behavior
+///
+/// - Work, released at the clean end of the response (DONE-01, VOICE-03):
+///   `POST /v1/audio/speech` (and chatterbox's `/v1/audio/speech/stream`,
+///   `/v1/audio/speech/upload`), `POST /v1/audio/executions` (durable
+///   synthesis: the server holds the response open until the audio and
+///   receipt are published, VOICE-01..04), `POST /v1/audio/transcriptions`.
+/// - Borrower reads without admission (VOICE-05/06): `GET
+///   /v1/audio/capabilities`, `GET /v1/audio/executions/{id}` and
+///   `/v1/audio/executions/{id}/audio`, with `{id}` matching
+///   `^[A-Za-z0-9_-]{8,80}$` (VOICE-07); another ID leaves the route
+///   unmatched, so it is an unlisted read.
+/// - Discovery (ROUTE-12): `GET /health`, `/status`, `/v1/models`.
+/// - Everything else is unlisted: a read is 403 unless `management = "allow"`
+///   (VOICE-08), another method 501 (ROUTE-03).
+pub const ROUTES: &[RouteSpec] = &[
+    RouteSpec::new(RouteMethod::Post, "/v1/audio/speech", WORK),
+    RouteSpec::new(RouteMethod::Post, "/v1/audio/speech/stream", WORK),
+    RouteSpec::new(RouteMethod::Post, "/v1/audio/speech/upload", WORK),
+    RouteSpec::new(RouteMethod::Post, "/v1/audio/executions", WORK),
+    RouteSpec::new(RouteMethod::Post, "/v1/audio/transcriptions", WORK),
+    RouteSpec::new(
+        RouteMethod::Get,
+        "/v1/audio/capabilities",
+        RouteClass::BorrowerRead,
+    ),
+    result_read("/v1/audio/executions/{id}"),
+    result_read("/v1/audio/executions/{id}/audio"),
+    RouteSpec::new(RouteMethod::Get, "/health", RouteClass::Discovery),
+    RouteSpec::new(RouteMethod::Get, "/status", RouteClass::Discovery),
+    RouteSpec::new(RouteMethod::Get, "/v1/models", RouteClass::Discovery),
+];
+
+/// [`ROUTES`] as a checked [`RouteTable`].
+///
+/// # Behavior
+///
+/// Refused if two entries could match the same request (DESIGN §8).
+pub fn route_table() -> Result<RouteTable, RouteOverlap> {
+    RouteTable::new(ROUTES.to_vec())
+}
+
+/// Model names that do not name an engine: OpenAI's TTS model names, which
+/// compatible servers take as "the loaded or default engine", and
+/// `default`. On a server that reports its engine they never get resident
+/// credit, because they cannot prove which engine will be reused (VOICE-14).
+pub const GENERIC_ALIASES: &[&str] = &["default", "tts-1", "tts-1-hd", "gpt-4o-mini-tts"];
+
+/// The kind string an engine's requests carry: resident credit on an
+/// engine-reporting server needs the loaded engine's kind (VOICE-12).
+fn engine_kind(engine: &str) -> String {
+    format!("voice engine {engine}")
+}
+
+/// The longest engine name taken as valid.
+const MAX_ENGINE_LEN: usize = 128;
+
+/// Whether `/status` names an engine usably: a non-empty string of visible
+/// ASCII without spaces, at most 128 bytes (VOICE-16 calls anything else
+/// invalid).
+fn valid_engine(engine: &str) -> bool {
+    !engine.is_empty()
+        && engine.len() <= MAX_ENGINE_LEN
+        && engine.bytes().all(|b| b.is_ascii_graphic())
+}
+
+/// The adapter for compatible voice servers (name `chatterbox`).
+///
+/// # Behavior
+///
+/// - Routes: [`ROUTES`] (VOICE-05..08). No retries, no queue and no
+///   authorization are added (VOICE-09, VOICE-20): an upstream error after
+///   forwarding is passed to the borrower as it came, and the reservation
+///   ends as the response does.
+/// - Inspection: JSON bodies by [`inspect_json_body`] (the top-level
+///   `model` selects the budget exactly, VOICE-02, MEM-06), multipart uploads
+///   and transcriptions by [`multipart_model`]. A request naming an engine
+///   carries that engine's kind; a [`GENERIC_ALIASES`] name (or none) carries
+///   a kind no engine evidence names, so it is never credited on an
+///   engine-reporting server (VOICE-14).
+/// - Observation (`GET /status` `{"loaded", "engine", "busy"}`, OBS-01/02):
+///   - `engine` present: a loaded, idle server naming a valid engine is
+///     that engine, resident for requests naming it (VOICE-11, VOICE-12); a
+///     request for another engine pays its cold-load budget (VOICE-13); a
+///     `null`, empty, non-string or invalid engine proves nothing (VOICE-16);
+///   - `engine` absent (a legacy server): fixed-model residency: each model
+///     `GET /v1/models` lists is resident while the server is loaded and
+///     idle (VOICE-15);
+///   - `busy: true` is work the server runs; with no job of vacancy's on
+///     the resource it refuses new work as `resource_busy` (ADM-09);
+///   - a reply without a boolean `loaded` and `busy` is malformed (OBS-03).
+#[derive(Debug)]
+pub struct ChatterboxAdapter {
+    settings: AdapterSettings,
+    routes: RouteTable,
+    observer: ObservationClient,
+}
+
+impl ChatterboxAdapter {
+    /// The adapter's name in configuration (`adapter = "chatterbox"`).
+    ///
+    /// # Behavior
+    ///
+    /// What [`Adapter::name`] answers.
+    pub const NAME: &'static str = "chatterbox";
+
+    /// An adapter for the voice server at `settings.target`.
+    ///
+    /// # Behavior
+    ///
+    /// Builds and checks [`ROUTES`]; connects nothing.
+    pub fn new(settings: AdapterSettings) -> Result<Self, RouteOverlap> {
+        Ok(ChatterboxAdapter {
+            observer: ObservationClient::new(&settings),
+            routes: route_table()?,
+            settings,
+        })
+    }
+
+    /// The settings it was built with.
+    ///
+    /// # Behavior
+    ///
+    /// As given to [`ChatterboxAdapter::new`].
+    pub fn settings(&self) -> &AdapterSettings {
+        &self.settings
+    }
+}
+
+#[async_trait]
+impl Adapter for ChatterboxAdapter {
+    fn name(&self) -> &str {
+        Self::NAME
+    }
+
+    fn routes(&self) -> &RouteTable {
+        &self.routes
+    }
+
+    fn inspect(
+        &self,
+        route: &WorkRoute,
+        ctx: InspectContext<'_>,
+        body: &[u8],
+    ) -> Result<Inspection, InspectError> {
+        let mut inspection = if is_multipart_form(ctx.headers) {
+            let content_type = ctx
+                .headers
+                .get(http::header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default();
+            Inspection {
+                model: multipart_model(content_type, body)?,
+                ..Inspection::default()
+            }
+        } else {
+            inspect_json_body(route, ctx.path, body)?
+        };
+        inspection.reuse = match inspection.model.as_deref() {
+            Some(m) if !GENERIC_ALIASES.contains(&m) => RequestReuse::ReusesAs(engine_kind(m)),
+            Some(m) => RequestReuse::ReusesAs(format!("generic alias {m}")),
+            None => RequestReuse::ReusesAs("no model named".to_owned()),
+        };
+        Ok(inspection)
+    }
+
+    async fn observe(&self) -> Result<ModelObservation, ObserveError> {
+        let taken_at = self.settings.clock.now();
+        let status = self.observer.get_json("/status").await?;
+        let malformed = |why: &str| ObserveError::Malformed(format!("GET /status: {why}"));
+        let loaded = status
+            .get("loaded")
+            .and_then(Value::as_bool)
+            .ok_or_else(|| malformed("no boolean \"loaded\""))?;
+        let busy = status
+            .get("busy")
+            .and_then(Value::as_bool)
+            .ok_or_else(|| malformed("no boolean \"busy\""))?;
+        let idle_evidence = |name: &str| {
+            if busy {
+                ResidencyEvidence::NotProven(format!(
+                    "the voice server is busy, so {name} is not idle"
+                ))
+            } else {
+                ResidencyEvidence::ProvenFor {
+                    kinds: vec![engine_kind(name)],
+                    otherwise: format!(
+                        "the voice server has engine {name} loaded; only a request naming {name} reuses it, and a generic alias cannot prove which engine runs"
+                    ),
+                }
+            }
+        };
+        let models = match status.get("engine") {
+            // VOICE-15: a legacy server serves its fixed models.
+            None => {
+                if loaded {
+                    let listed = self.observer.get_json("/v1/models").await?;
+                    let ids = listed
+                        .get("data")
+                        .and_then(Value::as_array)
+                        .ok_or_else(|| {
+                            ObserveError::Malformed("GET /v1/models: no \"data\" list".to_owned())
+                        })?;
+                    ids.iter()
+                        .filter_map(|m| m.get("id").and_then(Value::as_str))
+                        .map(|id| {
+                            let evidence = if busy {
+                                ResidencyEvidence::NotProven("the voice server is busy".to_owned())
+                            } else {
+                                ResidencyEvidence::Proven
+                            };
+                            ObservedModel::new(id, evidence)
+                        })
+                        .collect()
+                } else {
+                    Vec::new()
+                }
+            }
+            // VOICE-11/12: the loaded engine, named.
+            Some(Value::String(engine)) if loaded && valid_engine(engine) => {
+                vec![ObservedModel::new(engine.clone(), idle_evidence(engine))]
+            }
+            // VOICE-16: null, empty, non-string or invalid: no proof; or not loaded.
+            Some(_) => Vec::new(),
+        };
+        Ok(ModelObservation {
+            taken_at,
+            models,
+            foreign_work: busy.then(|| "the voice server reports busy".to_owned()),
+            allocator_free_mib: None,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::panic)]
+    use super::*;
+    use http::Method;
+    use vacancy::config::Management;
+    use vacancy::traits::{RoutePolicy, route_policy};
+    use vacancy::{EntryId, MonotonicClock, RefusalCode};
+
+    fn adapter() -> ChatterboxAdapter {
+        ChatterboxAdapter::new(AdapterSettings::new(
+            "http://127.0.0.1:4123".parse().unwrap(),
+            MonotonicClock::new(),
+        ))
+        .unwrap()
+    }
+
+    #[test]
+    fn every_route_of_the_table_is_classified() {
+        // VOICE-01, VOICE-05..08, ROUTE-12
+        let a = adapter();
+        let work = RouteClass::Work(WorkRoute::response_end());
+        for path in [
+            "/v1/audio/speech",
+            "/v1/audio/speech/stream",
+            "/v1/audio/speech/upload",
+            "/v1/audio/executions",
+            "/v1/audio/transcriptions",
+        ] {
+            assert_eq!(a.classify(&Method::POST, path), work, "{path}");
+        }
+        for path in [
+            "/v1/audio/capabilities",
+            "/v1/audio/executions/exec_0123456789",
+            "/v1/audio/executions/exec_0123456789/audio",
+            "/v1/audio/executions/AbCdEfGh",
+        ] {
+            assert_eq!(
+                a.classify(&Method::GET, path),
+                RouteClass::BorrowerRead,
+                "{path}"
+            );
+        }
+        for path in ["/health", "/status", "/v1/models"] {
+            assert_eq!(
+                a.classify(&Method::GET, path),
+                RouteClass::Discovery,
+                "{path}"
+            );
+        }
+        assert_eq!(a.name(), "chatterbox");
+    }
+
+    #[test]
+    fn result_ids_outside_the_pattern_are_unlisted_reads() {
+        // VOICE-07, VOICE-08
+        let a = adapter();
+        for path in [
+            "/v1/audio/executions/short",
+            "/v1/audio/executions/has.dot.in.it",
+            "/v1/audio/executions/percent%2Fslash",
+            &format!("/v1/audio/executions/{}", "x".repeat(81)),
+            "/v1/audio/executions/exec_0123456789/other",
+            "/v1/voices",
+            "/config",
+        ] {
+            let class = a.classify(&Method::GET, path);
+            assert_eq!(class, RouteClass::Unknown, "{path}");
+            assert_eq!(
+                route_policy(class, &Method::GET, Management::Deny),
+                RoutePolicy::Refuse(RefusalCode::RouteForbidden),
+                "{path}"
+            );
+            assert_eq!(
+                route_policy(class, &Method::GET, Management::Allow),
+                RoutePolicy::Forward,
+                "{path}"
+            );
+        }
+        assert!(is_result_id(&"a".repeat(80)));
+        assert!(!is_result_id(&"a".repeat(7)));
+    }
+
+    #[test]
+    fn malformed_bodies_are_400_and_the_model_is_kept_exactly() {
+        // VOICE-02 (budget by the exact top-level model, MEM-06); bad input → 400.
+        let a = adapter();
+        let headers = http::HeaderMap::new();
+        for path in ["/v1/audio/speech", "/v1/audio/executions"] {
+            let ctx = InspectContext {
+                entry: EntryId::from_u128(1),
+                method: &Method::POST,
+                path,
+                headers: &headers,
+            };
+            let route = WorkRoute::response_end();
+            for bad in ["", "not json", "[1]", r#"{"model": 3}"#, "{\"model\":"] {
+                let e = a.inspect(&route, ctx, bad.as_bytes()).unwrap_err();
+                assert_eq!(e.code, RefusalCode::InvalidRequest, "{path} {bad:?}");
+            }
+            let i = a
+                .inspect(&route, ctx, br#"{"model":" Qwen-Design ","input":"x"}"#)
+                .unwrap();
+            assert_eq!(i.model.as_deref(), Some(" Qwen-Design "), "{path}");
+        }
+    }
+
+    fn inspect(body: &str) -> Inspection {
+        let a = adapter();
+        let headers = http::HeaderMap::new();
+        let ctx = InspectContext {
+            entry: EntryId::from_u128(1),
+            method: &Method::POST,
+            path: "/v1/audio/executions",
+            headers: &headers,
+        };
+        a.inspect(&WorkRoute::response_end(), ctx, body.as_bytes())
+            .unwrap()
+    }
+
+    #[test]
+    fn engine_requests_carry_their_engine_and_aliases_never_match_one() {
+        // VOICE-12, VOICE-14
+        let i = inspect(r#"{"model":"qwen","input":"hi"}"#);
+        assert_eq!(i.model.as_deref(), Some("qwen"));
+        assert_eq!(i.reuse, RequestReuse::ReusesAs("voice engine qwen".into()));
+        for alias in GENERIC_ALIASES {
+            let i = inspect(&format!(r#"{{"model":"{alias}","input":"hi"}}"#));
+            assert_eq!(
+                i.reuse,
+                RequestReuse::ReusesAs(format!("generic alias {alias}"))
+            );
+        }
+        assert_eq!(
+            inspect(r#"{"input":"hi"}"#).reuse,
+            RequestReuse::ReusesAs("no model named".into())
+        );
+    }
+
+    #[test]
+    fn engine_names_must_be_visible_ascii() {
+        // VOICE-16
+        assert!(valid_engine("qwen"));
+        assert!(valid_engine("breeze-2.1_q8"));
+        for bad in ["", " ", "qwen 2", "q\nwen", "引擎", &"x".repeat(129)] {
+            assert!(!valid_engine(bad), "{bad:?}");
+        }
+    }
+}
