@@ -16,6 +16,9 @@
 //! - [`ComfyEmulator`]: an in-process emulated ComfyUI of a chosen release
 //!   (see [`comfyui_emulator`]), for `/api/jobs/<id>` (0.6.0+), the per-job
 //!   cancel (0.26.0+) and faults: huge queues, slow, silent or cut replies.
+//! - [`TtsServer`]: a real OpenAI-compatible text-to-speech server (Piper on the
+//!   CPU, from PyPI wheels; see [`tts`] for its routes and replies). Its first
+//!   install is about 307 MB and 20-40 s; later starts ~0.5 s.
 //! - [`http_request`], [`http_stream`], [`http_get_status`]: small HTTP clients.
 //!
 //! Everything works from an empty cache; the cache only speeds up reruns. The first
@@ -52,6 +55,7 @@ pub mod ollama;
 mod process;
 mod python;
 mod shim;
+pub mod tts;
 
 use std::path::PathBuf;
 
@@ -69,6 +73,7 @@ pub use ollama::{LoadedModelInfo, OllamaEmulator, OllamaModel, OllamaOptions, Ol
 pub use process::{ManagedProcess, http_get_status};
 pub use python::PythonVenv;
 pub use shim::{CountingShim, Record};
+pub use tts::{TTS_MODELS, TTS_PACKAGES, TTS_VENV, TTS_VOICE, TtsOptions, TtsServer};
 
 /// A TCP port on 127.0.0.1 that was free a moment ago: binds port 0, reads the
 /// port the kernel chose, and releases it.
