@@ -16,6 +16,10 @@
 //! - [`ComfyEmulator`]: an in-process emulated ComfyUI of a chosen release
 //!   (see [`comfyui_emulator`]), for `/api/jobs/<id>` (0.6.0+), the per-job
 //!   cancel (0.26.0+) and faults: huge queues, slow, silent or cut replies.
+//! - [`VoiceEmulator`]: an in-process engine-switching voice server following
+//!   the project's compatible-voice-server contract (see [`voice_emulator`]),
+//!   for the `chatterbox` adapter: engine switches, durable executions,
+//!   `/status` shapes and faults.
 //! - [`http_request`], [`http_stream`], [`http_get_status`]: small HTTP clients.
 //!
 //! Everything works from an empty cache; the cache only speeds up reruns. The first
@@ -52,6 +56,7 @@ pub mod ollama;
 mod process;
 mod python;
 mod shim;
+pub mod voice_emulator;
 
 use std::path::PathBuf;
 
@@ -69,6 +74,10 @@ pub use ollama::{LoadedModelInfo, OllamaEmulator, OllamaModel, OllamaOptions, Ol
 pub use process::{ManagedProcess, http_get_status};
 pub use python::PythonVenv;
 pub use shim::{CountingShim, Record};
+pub use voice_emulator::{
+    StatusEngineFault, SynthesisFailure, VOICE_FORMATS, VoiceEmulator, VoiceEmulatorOptions,
+    VoiceFaults, VoiceRequest, synthesized_audio,
+};
 
 /// A TCP port on 127.0.0.1 that was free a moment ago: binds port 0, reads the
 /// port the kernel chose, and releases it.
