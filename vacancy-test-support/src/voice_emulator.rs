@@ -35,9 +35,11 @@
 //! - `GET /v1/audio/capabilities`: `{"engines": [{"id", "loaded"}],
 //!   "aliases": [...], "default_engine", "voices": [...], "formats":
 //!   ["wav", "pcm"]}`.
-//! - `GET /v1/audio/executions/{id}`: the receipt; 404 for an unknown ID.
-//! - `GET /v1/audio/executions/{id}/audio`: the published audio bytes again;
-//!   404 for an unknown ID, 409 while the execution runs or after it failed.
+//! - `GET /v1/audio/executions/{id}`: the receipt; 404 for an unknown ID or
+//!   one that does not match the pattern above.
+//! - `GET /v1/audio/executions/{id}/audio`: the published audio bytes again,
+//!   with the execution's content type; 404 as above, 409 while the
+//!   execution is queued or runs, or after it failed.
 //!
 //! Discovery:
 //!
@@ -270,6 +272,10 @@ impl State {
         format!("exec_{:016x}", h.finish())
     }
 
+    fn execution(&self, id: &str) -> Option<&Execution> {
+        self.executions.iter().find(|e| e.id == id)
+    }
+
     fn execution_mut(&mut self, id: &str) -> Option<&mut Execution> {
         self.executions.iter_mut().find(|e| e.id == id)
     }
@@ -434,7 +440,12 @@ impl VoiceEmulator {
         st.switching || st.working
     }
 
-    /// The IDs of the executions started so far, oldest first.
+    /// The receipt `GET /v1/audio/executions/{id}` would answer now.
+    pub fn receipt(&self, id: &str) -> Option<Value> {
+        self.shared.lock().execution(id).map(Execution::receipt)
+    }
+
+    /// The IDs of the executions accepted so far, oldest first.
     pub fn execution_ids(&self) -> Vec<String> {
         self.shared
             .lock()
@@ -573,11 +584,11 @@ async fn handle(
         Route::Status => json_reply(StatusCode::OK, &status(&shared.lock())),
         Route::Models => json_reply(StatusCode::OK, &models(&shared.lock())),
         Route::Capabilities => json_reply(StatusCode::OK, &capabilities(&shared.lock())),
-        Route::Execution(id) => match shared.lock().execution_mut(id) {
+        Route::Execution(id) => match shared.lock().execution(id) {
             Some(e) => json_reply(StatusCode::OK, &e.receipt()),
             None => unknown_execution(id),
         },
-        Route::ExecutionAudio(id) => match shared.lock().execution_mut(id) {
+        Route::ExecutionAudio(id) => match shared.lock().execution(id) {
             Some(Execution {
                 audio: Some(audio),
                 format,
@@ -784,8 +795,8 @@ async fn work(shared: &Arc<Shared>, body: &[u8], durable: bool) -> Response<Resp
     if early && let Some(id) = &id {
         let receipt = shared
             .lock()
-            .execution_mut(id)
-            .map(|e| e.receipt())
+            .execution(id)
+            .map(Execution::receipt)
             .unwrap_or(Value::Null);
         return json_reply(StatusCode::ACCEPTED, &receipt);
     }
@@ -807,8 +818,8 @@ async fn work(shared: &Arc<Shared>, body: &[u8], durable: bool) -> Response<Resp
         Some(id) => {
             let receipt = shared
                 .lock()
-                .execution_mut(id)
-                .map(|e| e.receipt())
+                .execution(id)
+                .map(Execution::receipt)
                 .unwrap_or(Value::Null);
             (Bytes::from(receipt.to_string()), JSON)
         }

@@ -189,6 +189,7 @@ fn executions_are_held_open_until_published_then_replayed() {
 
         let lookup = get(&base, &format!("/v1/audio/executions/{id}")).await;
         assert_eq!(lookup, receipt);
+        assert_eq!(emu.receipt(&id), Some(receipt.clone()));
         let replay = call(&base, "GET", receipt["audio_url"].as_str().unwrap(), None).await;
         assert_eq!(replay.status, 200);
         assert_eq!(replay.headers["content-type"], "audio/wav");
