@@ -19,6 +19,10 @@
 //! - [`TtsServer`]: a real OpenAI-compatible text-to-speech server (Piper on the
 //!   CPU, from PyPI wheels; see [`tts`] for its routes and replies). Its first
 //!   install is about 307 MB and 20-40 s; later starts ~0.5 s.
+//! - [`VoiceEmulator`]: an in-process engine-switching voice server following
+//!   the project's compatible-voice-server contract (see [`voice_emulator`]),
+//!   for the `chatterbox` adapter: engine switches, durable executions,
+//!   `/status` shapes and faults.
 //! - [`http_request`], [`http_stream`], [`http_get_status`]: small HTTP clients.
 //!
 //! Everything works from an empty cache; the cache only speeds up reruns. The first
@@ -56,6 +60,7 @@ mod process;
 mod python;
 mod shim;
 pub mod tts;
+pub mod voice_emulator;
 
 use std::path::PathBuf;
 
@@ -74,6 +79,10 @@ pub use process::{ManagedProcess, http_get_status};
 pub use python::PythonVenv;
 pub use shim::{CountingShim, Record};
 pub use tts::{TTS_MODELS, TTS_PACKAGES, TTS_VENV, TTS_VOICE, TtsOptions, TtsServer};
+pub use voice_emulator::{
+    StatusEngineFault, SynthesisFailure, VOICE_FORMATS, VoiceEmulator, VoiceEmulatorOptions,
+    VoiceFaults, VoiceRequest, synthesized_audio,
+};
 
 /// A TCP port on 127.0.0.1 that was free a moment ago: binds port 0, reads the
 /// port the kernel chose, and releases it.
