@@ -121,9 +121,9 @@ fn valid_engine(engine: &str) -> bool {
 /// - Inspection: JSON bodies by [`inspect_json_body`] (the top-level
 ///   `model` selects the budget exactly, VOICE-02, MEM-06), multipart uploads
 ///   and transcriptions by [`multipart_model`]. A request naming an engine
-///   carries that engine's kind; a [`GENERIC_ALIASES`] name (or none) carries
-///   a kind no engine evidence names, so it is never credited on an
-///   engine-reporting server (VOICE-14).
+///   carries that engine's kind; a [`GENERIC_ALIASES`] name (or none) cannot
+///   reuse a loaded engine, so it is never credited (VOICE-14; on a legacy
+///   server too, where it would prove no more).
 /// - Observation (`GET /status` `{"loaded", "engine", "busy"}`, OBS-01/02):
 ///   - `engine` present: a loaded, idle server naming a valid engine is
 ///     that engine, resident for requests naming it (VOICE-11, VOICE-12); a
@@ -204,8 +204,13 @@ impl Adapter for ChatterboxAdapter {
         };
         inspection.reuse = match inspection.model.as_deref() {
             Some(m) if !GENERIC_ALIASES.contains(&m) => RequestReuse::ReusesAs(engine_kind(m)),
-            Some(m) => RequestReuse::ReusesAs(format!("generic alias {m}")),
-            None => RequestReuse::ReusesAs("no model named".to_owned()),
+            Some(m) => RequestReuse::Cannot(format!(
+                "{m:?} is a generic alias, which cannot prove which engine will be reused"
+            )),
+            None => RequestReuse::Cannot(
+                "the request names no engine, so it cannot prove which engine will be reused"
+                    .to_owned(),
+            ),
         };
         Ok(inspection)
     }
@@ -406,15 +411,16 @@ mod tests {
         assert_eq!(i.reuse, RequestReuse::ReusesAs("voice engine qwen".into()));
         for alias in GENERIC_ALIASES {
             let i = inspect(&format!(r#"{{"model":"{alias}","input":"hi"}}"#));
-            assert_eq!(
-                i.reuse,
-                RequestReuse::ReusesAs(format!("generic alias {alias}"))
+            assert!(
+                matches!(&i.reuse, RequestReuse::Cannot(why) if why.contains("generic alias")),
+                "{alias}: {:?}",
+                i.reuse
             );
         }
-        assert_eq!(
+        assert!(matches!(
             inspect(r#"{"input":"hi"}"#).reuse,
-            RequestReuse::ReusesAs("no model named".into())
-        );
+            RequestReuse::Cannot(_)
+        ));
     }
 
     #[test]
