@@ -3,11 +3,15 @@
 //! engine residency from `GET /status` (VOICE-01..20).
 //!
 //! The routes are DESIGN §4's compatible-voice-server contract. Of
-//! chatterbox-tts-api's published routes, `POST /v1/audio/speech`,
-//! `/v1/audio/speech/stream` and `/v1/audio/speech/upload` (a voice file with
-//! the text) are work here; `GET /health`, `/status` and `/v1/models` are
-//! discovery; its voice library and configuration routes are management
-//! (403 unless `management = "allow"`).
+//! chatterbox-tts-api's published routes (its README's "core TTS
+//! endpoints"), `POST /v1/audio/speech` (also with `stream_format: "sse"`),
+//! `/v1/audio/speech/stream`, `/v1/audio/speech/upload` and
+//! `/v1/audio/speech/stream/upload` (a voice file with the text) are work
+//! here; `GET /health`, `/status` and `/v1/models` are discovery. Its voice
+//! library and configuration routes are unlisted: reads 403 unless
+//! `management = "allow"`, writes 501. Its long-text jobs answer before the
+//! audio exists, like background responses, so they are unlisted too (501):
+//! their end could not be proven.
 
 use async_trait::async_trait;
 use serde_json::Value;
@@ -48,7 +52,8 @@ const fn result_read(path: &'static str) -> RouteSpec {
 ///
 /// - Work, released at the clean end of the response (DONE-01, VOICE-03):
 ///   `POST /v1/audio/speech` (and chatterbox's `/v1/audio/speech/stream`,
-///   `/v1/audio/speech/upload`), `POST /v1/audio/executions` (durable
+///   `/v1/audio/speech/upload`, `/v1/audio/speech/stream/upload`),
+///   `POST /v1/audio/executions` (durable
 ///   synthesis: the server holds the response open until the audio and
 ///   receipt are published, VOICE-01..04), `POST /v1/audio/transcriptions`.
 /// - Borrower reads without admission (VOICE-05/06): `GET
@@ -63,6 +68,7 @@ pub const ROUTES: &[RouteSpec] = &[
     RouteSpec::new(RouteMethod::Post, "/v1/audio/speech", WORK),
     RouteSpec::new(RouteMethod::Post, "/v1/audio/speech/stream", WORK),
     RouteSpec::new(RouteMethod::Post, "/v1/audio/speech/upload", WORK),
+    RouteSpec::new(RouteMethod::Post, "/v1/audio/speech/stream/upload", WORK),
     RouteSpec::new(RouteMethod::Post, "/v1/audio/executions", WORK),
     RouteSpec::new(RouteMethod::Post, "/v1/audio/transcriptions", WORK),
     RouteSpec::new(
@@ -309,6 +315,7 @@ mod tests {
             "/v1/audio/speech",
             "/v1/audio/speech/stream",
             "/v1/audio/speech/upload",
+            "/v1/audio/speech/stream/upload",
             "/v1/audio/executions",
             "/v1/audio/transcriptions",
         ] {

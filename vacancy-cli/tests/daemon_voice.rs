@@ -412,3 +412,30 @@ async fn upstream_errors_are_passed_on_never_retried() {
     assert_eq!(s["work"].as_array().unwrap().len(), 1);
     assert_eq!(emu.synthesis_count("qwen"), 2, "not retried");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_execution_answered_202_early_is_released_at_that_response_end() {
+    // VOICE-04 (reading): vacancyd releases on the clean end (VOICE-03); a
+    // server that answers 202 while synthesis goes on breaks the contract,
+    // and this shows what the owner then risks: the GPU is lent again early.
+    let emu = emulator(VoiceEmulatorOptions {
+        synthesis_time: Duration::from_millis(1500),
+        ..VoiceEmulatorOptions::default()
+    });
+    emu.set_faults(VoiceFaults {
+        early_accept: true,
+        ..VoiceFaults::default()
+    });
+    let d = start(&emu.base_url(), 20_000);
+    d.wait_status("an observation", |s| s["upstreams"][0]["reachable"] == true)
+        .await;
+    let r = post(
+        &d,
+        "/v1/audio/executions",
+        &json!({"model": "qwen", "input": "early"}),
+    )
+    .await;
+    assert_eq!(r.status, 202, "{}", r.text());
+    no_work(&d).await;
+    assert!(emu.busy(), "the non-conformant server still synthesizes");
+}
