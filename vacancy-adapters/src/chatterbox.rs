@@ -15,6 +15,7 @@
 
 use async_trait::async_trait;
 use serde_json::Value;
+use vacancy::config::VoiceRoutesConfig;
 use vacancy::engine::{ModelObservation, ObservedModel, RequestReuse, ResidencyEvidence};
 use vacancy::traits::routes::RouteOverlap;
 use vacancy::traits::{
@@ -92,6 +93,47 @@ pub fn route_table() -> Result<RouteTable, RouteOverlap> {
     RouteTable::new(ROUTES.to_vec())
 }
 
+/// The route table for the paths in `routes` (`[upstream.voice_routes]`):
+/// [`ROUTES`] with the speech, executions, capability, lookup and replay
+/// paths replaced; chatterbox's `/stream` and `/upload` variants follow the
+/// speech path.
+///
+/// # Behavior
+///
+/// The default paths give [`ROUTES`] itself. Other paths are kept for the
+/// life of the process (route tables hold `&'static str` patterns; a daemon
+/// builds each adapter once), so building tables in a loop leaks them.
+pub fn route_table_for(routes: &VoiceRoutesConfig) -> Result<RouteTable, RouteOverlap> {
+    if *routes == VoiceRoutesConfig::default() {
+        return route_table();
+    }
+    let keep = |path: &str| -> &'static str { Box::leak(path.to_owned().into_boxed_str()) };
+    let speech = routes.speech.trim_end_matches('/');
+    let table = vec![
+        RouteSpec::new(RouteMethod::Post, keep(speech), WORK),
+        RouteSpec::new(RouteMethod::Post, keep(&format!("{speech}/stream")), WORK),
+        RouteSpec::new(RouteMethod::Post, keep(&format!("{speech}/upload")), WORK),
+        RouteSpec::new(
+            RouteMethod::Post,
+            keep(&format!("{speech}/stream/upload")),
+            WORK,
+        ),
+        RouteSpec::new(RouteMethod::Post, keep(&routes.executions), WORK),
+        RouteSpec::new(RouteMethod::Post, "/v1/audio/transcriptions", WORK),
+        RouteSpec::new(
+            RouteMethod::Get,
+            keep(&routes.capabilities),
+            RouteClass::BorrowerRead,
+        ),
+        result_read(keep(&routes.execution)),
+        result_read(keep(&routes.execution_audio)),
+        RouteSpec::new(RouteMethod::Get, "/health", RouteClass::Discovery),
+        RouteSpec::new(RouteMethod::Get, "/status", RouteClass::Discovery),
+        RouteSpec::new(RouteMethod::Get, "/v1/models", RouteClass::Discovery),
+    ];
+    RouteTable::new(table)
+}
+
 /// Model names that do not name an engine: OpenAI's TTS model names, which
 /// compatible servers take as "the loaded or default engine", and
 /// `default`. On a server that reports its engine they never get resident
@@ -167,6 +209,18 @@ impl ChatterboxAdapter {
             routes: route_table()?,
             settings,
         })
+    }
+
+    /// The same adapter answering at the paths of `[upstream.voice_routes]`
+    /// (DESIGN §4: each path configurable per upstream).
+    ///
+    /// # Behavior
+    ///
+    /// See [`route_table_for`]; two paths that could match the same request
+    /// are refused.
+    pub fn with_routes(mut self, routes: &VoiceRoutesConfig) -> Result<Self, RouteOverlap> {
+        self.routes = route_table_for(routes)?;
+        Ok(self)
     }
 
     /// The settings it was built with.
@@ -428,6 +482,55 @@ mod tests {
             inspect(r#"{"input":"hi"}"#).reuse,
             RequestReuse::Cannot(_)
         ));
+    }
+
+    #[test]
+    fn the_voice_paths_are_configurable_per_upstream() {
+        // DESIGN §4, VOICE-05..07 on other paths.
+        let routes = VoiceRoutesConfig {
+            speech: "/tts/speak".into(),
+            executions: "/tts/jobs".into(),
+            capabilities: "/tts/caps".into(),
+            execution: "/tts/jobs/{id}".into(),
+            execution_audio: "/tts/jobs/{id}/wav".into(),
+        };
+        let a = adapter().with_routes(&routes).unwrap();
+        let work = RouteClass::Work(WorkRoute::response_end());
+        for path in [
+            "/tts/speak",
+            "/tts/speak/stream",
+            "/tts/speak/upload",
+            "/tts/jobs",
+        ] {
+            assert_eq!(a.classify(&Method::POST, path), work, "{path}");
+        }
+        assert_eq!(
+            a.classify(&Method::POST, "/v1/audio/speech"),
+            RouteClass::Unknown
+        );
+        assert_eq!(
+            a.classify(&Method::GET, "/tts/caps"),
+            RouteClass::BorrowerRead
+        );
+        assert_eq!(
+            a.classify(&Method::GET, "/tts/jobs/exec_0123456789/wav"),
+            RouteClass::BorrowerRead
+        );
+        assert_eq!(
+            a.classify(&Method::GET, "/tts/jobs/bad.id"),
+            RouteClass::Unknown
+        );
+        // The defaults are the contract's table.
+        let d = adapter()
+            .with_routes(&VoiceRoutesConfig::default())
+            .unwrap();
+        assert_eq!(d.classify(&Method::POST, "/v1/audio/speech"), work);
+        // Overlapping paths are refused.
+        let clash = VoiceRoutesConfig {
+            executions: "/v1/audio/speech".into(),
+            ..VoiceRoutesConfig::default()
+        };
+        assert!(adapter().with_routes(&clash).is_err());
     }
 
     #[test]

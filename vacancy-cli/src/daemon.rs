@@ -159,10 +159,17 @@ fn build_adapter(
         AdapterKind::Openai => Arc::new(
             OpenAiAdapter::new(settings).map_err(|e| setup(format!("openai adapter: {e}")))?,
         ),
-        AdapterKind::Chatterbox => Arc::new(
-            ChatterboxAdapter::new(settings)
-                .map_err(|e| setup(format!("chatterbox adapter: {e}")))?,
-        ),
+        AdapterKind::Chatterbox => {
+            let adapter = ChatterboxAdapter::new(settings)
+                .map_err(|e| setup(format!("chatterbox adapter: {e}")))?;
+            let adapter = match &u.voice_routes {
+                Some(routes) => adapter
+                    .with_routes(routes)
+                    .map_err(|e| setup(format!("upstream {:?}: voice_routes: {e}", u.name)))?,
+                None => adapter,
+            };
+            Arc::new(adapter)
+        }
         AdapterKind::Comfyui => Arc::new(
             ComfyUiAdapter::new(settings)
                 .map_err(|e| setup(format!("comfyui adapter: {e}")))?

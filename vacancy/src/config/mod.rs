@@ -46,6 +46,7 @@ pub use schema::{
     AdapterKind, Config, CredentialConfig, GpuPressureConfig, Management, ModelRequirement,
     OnBorrowerDisconnect, OnOwnerReturn, OwnerConfig, OwnerScope, PresenceMode, ResourceConfig,
     ResourceRequirement, SamplerKind, Scope, ServerConfig, TokenConfig, UpstreamConfig,
+    VoiceRoutesConfig,
 };
 
 /// The configuration `vacancyd run` uses when no `--config` is given: system

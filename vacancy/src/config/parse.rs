@@ -18,7 +18,7 @@ use toml::de::{DeString, DeTable, DeValue, ValueDeserializer};
 use super::error::ConfigError;
 use super::schema::{
     Config, CredentialConfig, GpuPressureConfig, ModelRequirement, OwnerConfig, ResourceConfig,
-    ResourceRequirement, ServerConfig, TokenConfig, UpstreamConfig,
+    ResourceRequirement, ServerConfig, TokenConfig, UpstreamConfig, VoiceRoutesConfig,
 };
 
 /// A configuration that parsed, with the line of every key that was written.
@@ -307,6 +307,10 @@ fn check_upstream(w: &mut Walker, v: &Spanned<DeValue<'_>>, p: &KeyPath) {
                 "credential",
                 Nested::Table(check_struct_leaf::<CredentialConfig>),
             ),
+            (
+                "voice_routes",
+                Nested::Table(check_struct_leaf::<VoiceRoutesConfig>),
+            ),
         ],
     );
 }
@@ -415,6 +419,7 @@ pub(crate) fn all_tables() -> Vec<(&'static str, &'static [&'static str])> {
             field_names::<ResourceRequirement>(),
         ),
         ("upstream.credential", field_names::<CredentialConfig>()),
+        ("upstream.voice_routes", field_names::<VoiceRoutesConfig>()),
     ]
 }
 

@@ -297,6 +297,9 @@ pub struct UpstreamConfig {
     pub requirements: BTreeMap<String, ResourceRequirement>,
     /// `[upstream.credential]`: used for observation and tracking, never the borrower's.
     pub credential: Option<CredentialConfig>,
+    /// `[upstream.voice_routes]`: the compatible-voice-server paths
+    /// (`adapter = "chatterbox"` only).
+    pub voice_routes: Option<VoiceRoutesConfig>,
 }
 
 impl Default for UpstreamConfig {
@@ -320,6 +323,7 @@ impl Default for UpstreamConfig {
             models: BTreeMap::new(),
             requirements: BTreeMap::new(),
             credential: None,
+            voice_routes: None,
         }
     }
 }
@@ -429,6 +433,36 @@ pub struct ModelRequirement {
 pub struct ResourceRequirement {
     /// Free memory the job needs on that resource (MEM-04).
     pub min_free_mib: u64,
+}
+
+/// `[upstream.voice_routes]`: where a compatible voice server answers
+/// (DESIGN §4); each path defaults to the contract's. `{id}` stands for a
+/// result-read ID (`^[A-Za-z0-9_-]{8,80}$`, VOICE-07).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct VoiceRoutesConfig {
+    /// Speech synthesis (work). Default `/v1/audio/speech`.
+    pub speech: String,
+    /// Durable synthesis (work). Default `/v1/audio/executions`.
+    pub executions: String,
+    /// Capability read. Default `/v1/audio/capabilities`.
+    pub capabilities: String,
+    /// Execution lookup, with `{id}`. Default `/v1/audio/executions/{id}`.
+    pub execution: String,
+    /// Audio replay, with `{id}`. Default `/v1/audio/executions/{id}/audio`.
+    pub execution_audio: String,
+}
+
+impl Default for VoiceRoutesConfig {
+    fn default() -> Self {
+        VoiceRoutesConfig {
+            speech: "/v1/audio/speech".to_owned(),
+            executions: "/v1/audio/executions".to_owned(),
+            capabilities: "/v1/audio/capabilities".to_owned(),
+            execution: "/v1/audio/executions/{id}".to_owned(),
+            execution_audio: "/v1/audio/executions/{id}/audio".to_owned(),
+        }
+    }
 }
 
 /// `[upstream.credential]`: how vacancyd authenticates its own observation and

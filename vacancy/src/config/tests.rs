@@ -1185,7 +1185,7 @@ fn example_file_is_valid_without_warnings() {
     assert!(loaded.warnings.is_empty(), "{}", list(&loaded.warnings));
     let c = &loaded.config;
     assert_eq!(c.resources.len(), 5);
-    assert_eq!(c.upstreams.len(), 2);
+    assert_eq!(c.upstreams.len(), 3);
     assert_eq!(
         c.upstreams[0].models["llama3.1:8b"].resident_min_free_mib,
         Some(500)
@@ -1264,4 +1264,64 @@ fn load_reads_a_file_and_names_it() {
     std::fs::write(&path, [0xff, 0xfe, b'\n']).unwrap();
     let err = Config::load(&path).unwrap_err();
     assert!(err.to_string().contains("not UTF-8"), "{err}");
+}
+
+#[test]
+fn voice_routes_are_checked_and_apply_to_chatterbox_only() {
+    // DESIGN §4: the voice paths, configurable per upstream.
+    let good = with(&[upstream(
+        "voice",
+        9000,
+        "http://127.0.0.1:4123",
+        "gpu0",
+        &[],
+        "adapter = \"chatterbox\"\n[upstream.voice_routes]\nspeech = \"/tts/speak\"\nexecution = \"/tts/jobs/{id}\"\n",
+    )]);
+    let c = ok(&good).config;
+    let r = c.upstreams[0].voice_routes.as_ref().unwrap();
+    assert_eq!(r.speech, "/tts/speak");
+    assert_eq!(r.executions, "/v1/audio/executions", "unset keys keep the contract's path");
+
+    let bad = with(&[
+        upstream(
+            "voice",
+            9000,
+            "http://127.0.0.1:4123",
+            "gpu0",
+            &[],
+            "adapter = \"chatterbox\"\n[upstream.voice_routes]\nspeech = \"tts\"\nexecution = \"/tts/jobs\"\ncapabilities = \"/caps/{id}\"\nexecution_audio = \"/v1/audio/speech\"\nexecutions = \"/x?y\"\n",
+        ),
+        upstream(
+            "ollama",
+            9001,
+            "http://127.0.0.1:11434",
+            "gpu1",
+            &[],
+            "adapter = \"ollama\"\n[upstream.voice_routes]\nspeech = \"/s\"\n",
+        ),
+    ]);
+    let e = errors(&bad);
+    let at = |key: &str| format!("upstream[0] (\"voice\").voice_routes.{key}");
+    find(&e, &at("speech"), &["not an absolute path"]);
+    find(&e, &at("execution"), &["needs an {id} segment"]);
+    find(&e, &at("capabilities"), &["parameters"]);
+    find(&e, &at("execution_audio"), &["needs an {id} segment"]);
+    find(&e, &at("executions"), &["not an absolute path"]);
+    find(
+        &e,
+        "upstream[1] (\"ollama\").voice_routes",
+        &["only to adapter = \"chatterbox\""],
+    );
+    // Unknown keys name the key and its line, like everywhere else.
+    let typo = with(&[upstream(
+        "voice",
+        9000,
+        "http://127.0.0.1:4123",
+        "gpu0",
+        &[],
+        "adapter = \"chatterbox\"\n[upstream.voice_routes]\nspeach = \"/s\"\n",
+    )]);
+    let e = errors(&typo);
+    let err = find(&e, "upstream[0] (\"voice\").voice_routes.speach", &["unknown key"]);
+    assert_eq!(err.line, Some(line_of(&typo, "speach")));
 }

@@ -8,7 +8,8 @@ use super::error::{ConfigError, ConfigWarning};
 use super::hosts::{parse_target, same_server_key};
 use super::parse::{KeyIndex, KeyPath, sort_by_line};
 use super::schema::{
-    Config, OwnerScope, PresenceMode, ResourceConfig, SamplerKind, UpstreamConfig,
+    AdapterKind, Config, OwnerScope, PresenceMode, ResourceConfig, SamplerKind, UpstreamConfig,
+    VoiceRoutesConfig,
 };
 use crate::ResourceKind;
 
@@ -298,6 +299,56 @@ impl Checker<'_> {
         }
     }
 
+    /// `[upstream.voice_routes]`: chatterbox only; absolute paths without a
+    /// query; the result reads name their `{id}` segment; no two alike.
+    fn voice_routes(&mut self, u: &UpstreamConfig, r: &VoiceRoutesConfig, vp: &KeyPath) {
+        if u.adapter != AdapterKind::Chatterbox {
+            self.error(
+                vp,
+                format!(
+                    "applies only to adapter = \"chatterbox\", not {}; remove the table",
+                    u.adapter.as_str()
+                ),
+            );
+            return;
+        }
+        let paths = [
+            ("speech", &r.speech, false),
+            ("executions", &r.executions, false),
+            ("capabilities", &r.capabilities, false),
+            ("execution", &r.execution, true),
+            ("execution_audio", &r.execution_audio, true),
+        ];
+        let mut seen: Vec<&str> = Vec::new();
+        for (key, path, with_id) in paths {
+            let kp = vp.key(key);
+            let segments: Vec<&str> = path.split('/').skip(1).collect();
+            let has_id = segments.contains(&"{id}");
+            let other_param = segments
+                .iter()
+                .any(|s| *s != "{id}" && (s.contains('{') || s.contains('}')));
+            if !path.starts_with('/')
+                || path.contains(['?', '#', ' '])
+                || segments.iter().any(|s| s.is_empty())
+            {
+                self.error(
+                    &kp,
+                    format!("{path:?} is not an absolute path such as \"/v1/audio/speech\" (no query, no empty segment)"),
+                );
+            } else if with_id && !has_id {
+                self.error(
+                    &kp,
+                    format!("{path:?} needs an {{id}} segment for the result ID"),
+                );
+            } else if (!with_id && has_id) || other_param {
+                self.error(&kp, format!("{path:?} may not have parameters other than one {{id}} segment in a result read"));
+            } else if seen.contains(&path.as_str()) {
+                self.error(&kp, format!("{path:?} is given to two voice routes"));
+            }
+            seen.push(path);
+        }
+    }
+
     fn upstreams(
         &mut self,
         config: &Config,
@@ -379,6 +430,9 @@ impl Checker<'_> {
                     &up.key("completion_timeout_s"),
                     "must be above 0 (seconds an unfinished job is awaited)",
                 );
+            }
+            if let Some(routes) = &u.voice_routes {
+                self.voice_routes(u, routes, &up.key("voice_routes"));
             }
             if let Some(c) = &u.credential {
                 let cp = up.key("credential");
