@@ -1280,7 +1280,10 @@ fn voice_routes_are_checked_and_apply_to_chatterbox_only() {
     let c = ok(&good).config;
     let r = c.upstreams[0].voice_routes.as_ref().unwrap();
     assert_eq!(r.speech, "/tts/speak");
-    assert_eq!(r.executions, "/v1/audio/executions", "unset keys keep the contract's path");
+    assert_eq!(
+        r.executions, "/v1/audio/executions",
+        "unset keys keep the contract's path"
+    );
 
     let bad = with(&[
         upstream(
@@ -1322,6 +1325,10 @@ fn voice_routes_are_checked_and_apply_to_chatterbox_only() {
         "adapter = \"chatterbox\"\n[upstream.voice_routes]\nspeach = \"/s\"\n",
     )]);
     let e = errors(&typo);
-    let err = find(&e, "upstream[0] (\"voice\").voice_routes.speach", &["unknown key"]);
+    let err = find(
+        &e,
+        "upstream[0] (\"voice\").voice_routes.speach",
+        &["unknown key"],
+    );
     assert_eq!(err.line, Some(line_of(&typo, "speach")));
 }
