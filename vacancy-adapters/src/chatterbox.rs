@@ -423,6 +423,20 @@ mod tests {
                 "{path}"
             );
         }
+        // ROUTE-03: an unlisted write (chatterbox's long-text jobs, voice
+        // library changes) is 501 even with management allowed.
+        for path in [
+            "/v1/audio/speech/long",
+            "/voices",
+            "/v1/audio/executions/exec_0123456789",
+        ] {
+            let class = a.classify(&Method::POST, path);
+            assert_eq!(
+                route_policy(class, &Method::POST, Management::Allow),
+                RoutePolicy::Refuse(RefusalCode::RouteNotSupported),
+                "{path}"
+            );
+        }
         assert!(is_result_id(&"a".repeat(80)));
         assert!(!is_result_id(&"a".repeat(7)));
     }
