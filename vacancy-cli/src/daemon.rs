@@ -265,7 +265,7 @@ pub async fn start(
         Arc::new(ledger),
     ));
 
-    let presence = vacancy::presence::from_mode(config.owner.presence, Path::new(SEATS_DIR));
+    let presence = vacancy::presence::from_owner(&config.owner, Path::new(SEATS_DIR));
     info!("{}", presence.line);
     let presence_name = presence.backend.name().to_owned();
     let manual = presence.manual.clone();

@@ -1,17 +1,22 @@
 //! Owner presence backends: where the engine's presence input comes from.
 //!
 //! This release has `none` (a dedicated machine: the owner is never present),
-//! `manual` (the owner says present or away through the admin API) and `auto`.
-//! `logind` and `command` follow with the owner issue; until then `auto` on a
-//! machine with seats reports *unknown*, which refuses host-scoped work
-//! (OWN-01) rather than lending while the owner may be there.
+//! `manual` (the owner says present or away through the admin API),
+//! `command` (the owner's own check: exit 0 present, 1 away) and `auto`.
+//! `logind` follows with the owner issue; until then `auto` on a machine
+//! with seats reports *unknown*, which refuses host-scoped work (OWN-01)
+//! rather than lending while the owner may be there.
+
+mod command;
+
+pub use command::CommandBackend;
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 
-use crate::config::PresenceMode;
+use crate::config::{OwnerConfig, PresenceMode};
 use crate::engine::OwnerPresence;
 
 /// A source of owner presence.
@@ -116,7 +121,20 @@ pub struct Presence {
     pub line: String,
 }
 
-/// The backend a configuration selects, with the line to log at startup.
+/// The backend `[owner]` selects, with the line to log at startup.
+pub fn from_owner(owner: &OwnerConfig, seats_dir: &Path) -> Presence {
+    if owner.presence == PresenceMode::Command && !owner.command.trim().is_empty() {
+        return Presence {
+            backend: Box::new(CommandBackend::new(&owner.command)),
+            manual: None,
+            line: "presence command: the owner's command decides (exit 0 present, 1 away, anything else unknown)".to_owned(),
+        };
+    }
+    from_mode(owner.presence, seats_dir)
+}
+
+/// The backend a presence mode selects, with the line to log at startup
+/// (`command` needs its command: see [`from_owner`]).
 pub fn from_mode(mode: PresenceMode, seats_dir: &Path) -> Presence {
     let plain = |backend: Box<dyn PresenceBackend>, line: String| Presence {
         backend,
@@ -161,7 +179,7 @@ pub fn from_mode(mode: PresenceMode, seats_dir: &Path) -> Presence {
         other => unavailable(
             other.as_str(),
             format!(
-                "presence = \"{}\" is not available in this build, so owner presence is unknown and host-scoped upstreams refuse work; use [owner] presence = \"none\", \"manual\" or \"auto\"",
+                "presence = \"{}\" is not available in this build, so owner presence is unknown and host-scoped upstreams refuse work; use [owner] presence = \"none\", \"manual\", \"command\" or \"auto\"",
                 other.as_str()
             ),
         ),
@@ -194,6 +212,29 @@ mod tests {
             let p = from_mode(mode, dir.path());
             assert_eq!(p.backend.presence().await, OwnerPresence::Unknown);
         }
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn the_command_backend_is_chosen_by_the_owner_table() {
+        let dir = tempfile::tempdir().unwrap();
+        let owner = OwnerConfig {
+            presence: PresenceMode::Command,
+            command: "exit 1".to_owned(),
+            ..OwnerConfig::default()
+        };
+        let p = from_owner(&owner, dir.path());
+        assert_eq!(p.backend.name(), "command");
+        assert_eq!(p.backend.presence().await, OwnerPresence::Away);
+        assert!(p.line.contains("exit 0 present"), "{}", p.line);
+        // Without a command (validation refuses that config) presence stays unknown.
+        let empty = OwnerConfig {
+            command: String::new(),
+            ..owner
+        };
+        assert_eq!(
+            from_owner(&empty, dir.path()).backend.presence().await,
+            OwnerPresence::Unknown
+        );
     }
 
     #[tokio::test(flavor = "current_thread")]
