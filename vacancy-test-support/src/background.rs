@@ -1,12 +1,21 @@
 //! An in-process server on its own thread and tokio runtime, so it outlives any
-//! test runtime: the shared mechanics of the counting shim and the Ollama emulator.
+//! test runtime: the shared mechanics of the counting shim and the emulators
+//! (Ollama, ComfyUI, voice), with their HTTP accept loop and streamed bodies.
 
+use std::convert::Infallible;
 use std::future::Future;
 use std::net::{Ipv4Addr, SocketAddr};
+use std::pin::Pin;
+use std::task::{Context, Poll};
 use std::thread::JoinHandle;
+use std::time::Duration;
 
+use bytes::Bytes;
+use hyper::body::{Body, Frame, Incoming};
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
-use tokio::sync::oneshot;
+use tokio::sync::{mpsc, oneshot};
 
 use crate::error::SupportError;
 
@@ -79,5 +88,81 @@ impl BackgroundServer {
 impl Drop for BackgroundServer {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+/// Serve HTTP/1.1 on `listener` with `handler` until `stopped` fires, each
+/// connection on a task of its own. A connection error (a reply cut on
+/// purpose included) concerns that client only; a failed accept (e.g. out of
+/// file descriptors) backs off rather than spins.
+pub(crate) async fn serve_http<H, Fut, B, E>(
+    listener: TcpListener,
+    mut stopped: oneshot::Receiver<()>,
+    handler: H,
+) where
+    H: Fn(http::Request<Incoming>) -> Fut + Clone + Send + 'static,
+    Fut: Future<Output = Result<http::Response<B>, E>> + Send + 'static,
+    B: Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    E: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    loop {
+        tokio::select! {
+            _ = &mut stopped => return,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => {
+                    let handler = handler.clone();
+                    tokio::spawn(async move {
+                        let _ = hyper::server::conn::http1::Builder::new()
+                            .serve_connection(TokioIo::new(stream), service_fn(handler))
+                            .await;
+                    });
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+            },
+        }
+    }
+}
+
+/// A response body fed by a channel: each message one frame. Items are
+/// `Bytes` (a body that cannot fail) or `Result<Bytes, E>` (one that can
+/// break off with an error).
+pub(crate) struct ChannelBody<T> {
+    rx: mpsc::Receiver<T>,
+}
+
+impl<T> ChannelBody<T> {
+    /// The body the other end of `rx`'s channel feeds.
+    pub(crate) fn new(rx: mpsc::Receiver<T>) -> Self {
+        ChannelBody { rx }
+    }
+}
+
+impl Body for ChannelBody<Bytes> {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        self.rx
+            .poll_recv(cx)
+            .map(|item| item.map(|b| Ok(Frame::data(b))))
+    }
+}
+
+impl<E> Body for ChannelBody<Result<Bytes, E>> {
+    type Data = Bytes;
+    type Error = E;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, E>>> {
+        self.rx
+            .poll_recv(cx)
+            .map(|item| item.map(|r| r.map(Frame::data)))
     }
 }

@@ -68,22 +68,18 @@
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::task::{Context, Poll};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full};
-use hyper::body::{Body, Frame, Incoming};
-use hyper::service::service_fn;
-use hyper_util::rt::TokioIo;
+use hyper::body::Incoming;
 use serde_json::{Map, Value, json};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::background::BackgroundServer;
+use crate::background::{BackgroundServer, ChannelBody, serve_http};
 use crate::error::SupportError;
 
 /// The recorded release the default options emulate.
@@ -525,29 +521,10 @@ impl ComfyEmulator {
 type RespBody = BoxBody<Bytes, Infallible>;
 type HandlerError = Box<dyn std::error::Error + Send + Sync>;
 
-/// A body fed by a channel: each message one frame.
-struct ChannelBody {
-    rx: mpsc::Receiver<Bytes>,
-}
-
-impl Body for ChannelBody {
-    type Data = Bytes;
-    type Error = Infallible;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
-        self.rx
-            .poll_recv(cx)
-            .map(|item| item.map(|b| Ok(Frame::data(b))))
-    }
-}
-
 async fn serve(
     listener: tokio::net::TcpListener,
     shared: Arc<Shared>,
-    mut stopped: oneshot::Receiver<()>,
+    stopped: oneshot::Receiver<()>,
 ) {
     let worker = Arc::clone(&shared);
     tokio::spawn(async move {
@@ -556,24 +533,10 @@ async fn serve(
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
     });
-    loop {
-        tokio::select! {
-            _ = &mut stopped => return,
-            accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => {
-                    let shared = Arc::clone(&shared);
-                    tokio::spawn(async move {
-                        let service = service_fn(move |req| handle(req, Arc::clone(&shared)));
-                        // A connection error (a cut submission included) concerns that client only.
-                        let _ = hyper::server::conn::http1::Builder::new()
-                            .serve_connection(TokioIo::new(stream), service)
-                            .await;
-                    });
-                }
-                Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
-            },
-        }
-    }
+    serve_http(listener, stopped, move |req| {
+        handle(req, Arc::clone(&shared))
+    })
+    .await;
 }
 
 fn full(status: u16, content_type: Option<&str>, body: impl Into<Bytes>) -> Response<RespBody> {
@@ -684,7 +647,7 @@ async fn handle(
     let status = StatusCode::from_u16(pieces.status).unwrap_or(StatusCode::OK);
     let content_type = pieces.content_type;
     tokio::spawn(send_pieces(pieces, faults, tx));
-    let mut response = Response::new(ChannelBody { rx }.boxed());
+    let mut response = Response::new(ChannelBody::new(rx).boxed());
     *response.status_mut() = status;
     if let Ok(v) = content_type.parse() {
         response.headers_mut().insert(http::header::CONTENT_TYPE, v);

@@ -52,22 +52,18 @@
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::task::{Context, Poll};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full};
-use hyper::body::{Body, Frame, Incoming};
-use hyper::service::service_fn;
-use hyper_util::rt::TokioIo;
+use hyper::body::Incoming;
 use serde_json::{Value, json};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::background::BackgroundServer;
+use crate::background::{BackgroundServer, ChannelBody, serve_http};
 use crate::error::SupportError;
 
 /// The Ollama release whose API the emulator follows (see the module docs).
@@ -521,48 +517,15 @@ impl State {
 
 type RespBody = BoxBody<Bytes, Infallible>;
 
-/// A body fed by a channel: each message one frame.
-struct ChannelBody {
-    rx: mpsc::Receiver<Bytes>,
-}
-
-impl Body for ChannelBody {
-    type Data = Bytes;
-    type Error = Infallible;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
-        self.rx
-            .poll_recv(cx)
-            .map(|item| item.map(|b| Ok(Frame::data(b))))
-    }
-}
-
 async fn serve(
     listener: tokio::net::TcpListener,
     state: Arc<Shared>,
-    mut stopped: oneshot::Receiver<()>,
+    stopped: oneshot::Receiver<()>,
 ) {
-    loop {
-        tokio::select! {
-            _ = &mut stopped => return,
-            accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => {
-                    let state = Arc::clone(&state);
-                    tokio::spawn(async move {
-                        let service = service_fn(move |req| handle(req, Arc::clone(&state)));
-                        // A connection error concerns that client only.
-                        let _ = hyper::server::conn::http1::Builder::new()
-                            .serve_connection(TokioIo::new(stream), service)
-                            .await;
-                    });
-                }
-                Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
-            },
-        }
-    }
+    serve_http(listener, stopped, move |req| {
+        handle(req, Arc::clone(&state))
+    })
+    .await;
 }
 
 fn full(status: u16, content_type: &str, body: impl Into<Bytes>) -> Response<RespBody> {
@@ -595,7 +558,7 @@ fn openai_error(status: u16, message: &str) -> Response<RespBody> {
 }
 
 fn streaming(content_type: &str, rx: mpsc::Receiver<Bytes>) -> Response<RespBody> {
-    let mut response = Response::new(ChannelBody { rx }.boxed());
+    let mut response = Response::new(ChannelBody::new(rx).boxed());
     if let Ok(v) = content_type.parse() {
         response.headers_mut().insert(http::header::CONTENT_TYPE, v);
     }

@@ -14,11 +14,10 @@ use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full};
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 use hyper::client::conn::http1::SendRequest;
-use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use tokio::sync::oneshot;
 
-use crate::background::BackgroundServer;
+use crate::background::{BackgroundServer, serve_http};
 use crate::error::SupportError;
 
 /// One request the shim relayed.
@@ -279,27 +278,12 @@ async fn serve(
     listener: tokio::net::TcpListener,
     upstream: SocketAddr,
     log: Arc<Log>,
-    mut stopped: oneshot::Receiver<()>,
+    stopped: oneshot::Receiver<()>,
 ) {
-    loop {
-        tokio::select! {
-            _ = &mut stopped => return,
-            accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => {
-                    let log = Arc::clone(&log);
-                    tokio::spawn(async move {
-                        let service = service_fn(move |req| relay(req, upstream, Arc::clone(&log)));
-                        // A connection error concerns that client only.
-                        let _ = hyper::server::conn::http1::Builder::new()
-                            .serve_connection(TokioIo::new(stream), service)
-                            .await;
-                    });
-                }
-                // E.g. out of file descriptors: back off rather than spin.
-                Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
-            },
-        }
-    }
+    serve_http(listener, stopped, move |req| {
+        relay(req, upstream, Arc::clone(&log))
+    })
+    .await;
 }
 
 async fn relay(

@@ -82,22 +82,18 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full};
-use hyper::body::{Body, Frame, Incoming};
-use hyper::service::service_fn;
-use hyper_util::rt::TokioIo;
+use hyper::body::Incoming;
 use serde_json::{Value, json};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::background::BackgroundServer;
+use crate::background::{BackgroundServer, ChannelBody, serve_http};
 use crate::error::SupportError;
 
 /// The audio formats the emulator synthesizes.
@@ -461,48 +457,15 @@ impl VoiceEmulator {
 type HandlerError = Box<dyn std::error::Error + Send + Sync>;
 type RespBody = BoxBody<Bytes, HandlerError>;
 
-/// A body fed by a channel: each message one frame, an error aborts it.
-struct ChannelBody {
-    rx: mpsc::Receiver<Result<Bytes, HandlerError>>,
-}
-
-impl Body for ChannelBody {
-    type Data = Bytes;
-    type Error = HandlerError;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, HandlerError>>> {
-        self.rx
-            .poll_recv(cx)
-            .map(|item| item.map(|r| r.map(Frame::data)))
-    }
-}
-
 async fn serve(
     listener: tokio::net::TcpListener,
     shared: Arc<Shared>,
-    mut stopped: oneshot::Receiver<()>,
+    stopped: oneshot::Receiver<()>,
 ) {
-    loop {
-        tokio::select! {
-            _ = &mut stopped => return,
-            accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => {
-                    let shared = Arc::clone(&shared);
-                    tokio::spawn(async move {
-                        let service = service_fn(move |req| handle(req, Arc::clone(&shared)));
-                        // A connection error (a cut reply included) concerns that client only.
-                        let _ = hyper::server::conn::http1::Builder::new()
-                            .serve_connection(TokioIo::new(stream), service)
-                            .await;
-                    });
-                }
-                Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
-            },
-        }
-    }
+    serve_http(listener, stopped, move |req| {
+        handle(req, Arc::clone(&shared))
+    })
+    .await;
 }
 
 const JSON: &str = "application/json";
@@ -845,7 +808,7 @@ fn cut_reply(bytes: Bytes, kind: &str) -> Response<RespBody> {
                 .await;
         }
     });
-    let mut response = Response::new(BodyExt::boxed(ChannelBody { rx }));
+    let mut response = Response::new(BodyExt::boxed(ChannelBody::new(rx)));
     if let Ok(v) = kind.parse() {
         response.headers_mut().insert(http::header::CONTENT_TYPE, v);
     }
