@@ -17,6 +17,7 @@
 
 mod inputs;
 mod priors;
+mod reclaim;
 mod refusal;
 mod spec;
 mod state;
@@ -30,6 +31,9 @@ pub use inputs::{
     Lesson, ModelObservation, ObservedModel, OwnerPresence, PressureVerdict, ResidencyEvidence,
 };
 pub use priors::MAX_PRIOR_IDENTITIES;
+pub use reclaim::{
+    RESPONSE_CUT_GRACE, ReclaimCommand, ReclaimId, ReclaimPolicy, ReclaimStatus, ReclaimTrigger,
+};
 pub use refusal::{Refusal, RefusalCode};
 pub use spec::{EngineSpec, ModelBudget, ResourceSpec, SpecError, UpstreamSpec};
 pub use status::{
@@ -44,6 +48,7 @@ use crate::config::OwnerScope;
 use crate::time::Moment;
 use crate::traits::resource::{CapacitySample, ResourceKind};
 use priors::{PendingFootprint, Priors};
+use reclaim::ActiveReclaim;
 use state::{Capacity, ResourceState};
 
 /// How long a request waits for the post-job sample (ADM-06).
@@ -68,6 +73,9 @@ pub enum EngineError {
     /// No upstream has this name.
     #[error("no upstream named {0:?}; see [[upstream]] in the configuration")]
     UnknownUpstream(String),
+    /// No reclaim under way has this handle.
+    #[error("no reclaim {0} is under way; it may have ended already")]
+    UnknownReclaim(String),
     /// The entry is held: only [`Engine::release_held`] releases it.
     #[error(
         "work entry {0} is held; stop or verify it at the upstream, then release it as an administrator"
@@ -169,6 +177,9 @@ struct UpstreamState {
     /// The last released request of a known kind, until an observation
     /// takes it or an admission on a shared resource voids it (RES-07).
     lesson: Option<Lesson>,
+    /// Whether owner policy refused it at the last reclaim step: a change to
+    /// refusing is the owner edge that starts a reclaim (OWN-01).
+    owner_refused: bool,
 }
 
 #[derive(Debug)]
@@ -234,6 +245,8 @@ pub struct Engine {
     upstream_index: HashMap<String, usize>,
     entries: HashMap<EntryId, Entry>,
     priors: Priors,
+    reclaims: Vec<ActiveReclaim>,
+    next_reclaim: u64,
 }
 
 impl Engine {
@@ -261,11 +274,14 @@ impl Engine {
             {
                 return Err(SpecError::DuplicateUpstream(u.name));
             }
+            // The engine starts with presence unknown: no edge at startup.
+            let owner_refused = u.owner_scope == OwnerScope::Host;
             upstreams.push(UpstreamState {
                 spec: u,
                 deps,
                 observation: None,
                 lesson: None,
+                owner_refused,
             });
         }
         Ok(Engine {
@@ -277,6 +293,8 @@ impl Engine {
             upstream_index,
             entries: HashMap::new(),
             priors: Priors::default(),
+            reclaims: Vec::new(),
+            next_reclaim: 1,
         })
     }
 
@@ -394,13 +412,40 @@ impl Engine {
         Ok(())
     }
 
-    /// The pressure tracker's verdict for a resource.
+    /// The pressure tracker's verdict for a resource. A verdict that admits
+    /// also clears a pressure reclaim; see [`set_pressure_reading`](Self::set_pressure_reading)
+    /// for a tracker that tells the two apart.
     pub fn set_pressure(
         &mut self,
         resource: &str,
         verdict: PressureVerdict,
     ) -> Result<(), EngineError> {
-        self.resource_mut(resource)?.pressure = verdict;
+        let cleared = verdict == PressureVerdict::Admits;
+        self.set_pressure_reading(resource, verdict, cleared)
+    }
+
+    /// The pressure tracker's verdict for new work on a resource, and whether
+    /// its reading lets a pressure reclaim stand down: fresh, calibrated,
+    /// below threshold and not rising (RECL-06). Pressure releasing after
+    /// engagement refuses new work yet clears; "not engaged" after an unknown
+    /// reading does not (RECL-07).
+    pub fn set_pressure_reading(
+        &mut self,
+        resource: &str,
+        verdict: PressureVerdict,
+        cleared: bool,
+    ) -> Result<(), EngineError> {
+        let r = self.resource_mut(resource)?;
+        r.pressure = verdict;
+        r.pressure_cleared = cleared;
+        Ok(())
+    }
+
+    /// A pressure edge on a resource (engaged, uncalibrated, or unavailable
+    /// past the gap limit): the next [`reclaim_step`](Self::reclaim_step)
+    /// reclaims the work that depends on it (PRES-01..03).
+    pub fn pressure_trigger(&mut self, resource: &str, why: &str) -> Result<(), EngineError> {
+        self.resource_mut(resource)?.pressure_trigger = Some(why.to_owned());
         Ok(())
     }
 
@@ -812,6 +857,18 @@ impl Engine {
                     .on_resource(&r.spec.name),
                 );
             }
+            if let Some(rc) = self.holding_reclaim(dep.res) {
+                return refuse(
+                    Refusal::new(
+                        RefusalCode::ResourceBusy,
+                        format!(
+                            "resource {} is held by {} of upstream {} (yield_on_veto), which is getting capacity back for the owner; retry in 2 s",
+                            r.spec.name, rc.id, self.upstreams[rc.upstream].spec.name
+                        ),
+                    )
+                    .on_resource(&r.spec.name),
+                );
+            }
             if let Some(holder) = r.holder {
                 return refuse(
                     Refusal::new(
@@ -1146,6 +1203,7 @@ impl Engine {
             resources,
             upstreams,
             work,
+            reclaims: self.reclaim_statuses(now),
         }
     }
 }

@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use crate::config::OwnerScope;
+use crate::engine::reclaim::ReclaimPolicy;
 use crate::traits::resource::ResourceKind;
 
 /// One resource the engine lends.
@@ -68,6 +69,8 @@ pub struct UpstreamSpec {
     pub models: BTreeMap<String, ModelBudget>,
     /// Per-resource requirements on `also_requires` resources (MEM-04).
     pub requirements: BTreeMap<String, u64>,
+    /// What happens to its accepted work when the owner returns or pressure refuses.
+    pub reclaim: ReclaimPolicy,
 }
 
 impl UpstreamSpec {
@@ -82,6 +85,7 @@ impl UpstreamSpec {
             resident_min_free_mib: 0,
             models: BTreeMap::new(),
             requirements: BTreeMap::new(),
+            reclaim: ReclaimPolicy::default(),
         }
     }
 }
@@ -184,6 +188,12 @@ impl From<&crate::config::Config> for EngineSpec {
                         .iter()
                         .map(|(name, r)| (name.clone(), r.min_free_mib))
                         .collect(),
+                    reclaim: ReclaimPolicy {
+                        on_owner_return: u.on_owner_return,
+                        drain_timeout: Duration::from_secs(u.drain_timeout_s),
+                        yield_on_veto: u.yield_on_veto,
+                        completion_timeout: Duration::from_secs(u.completion_timeout_s),
+                    },
                 })
                 .collect(),
         }

@@ -21,6 +21,11 @@ pub(crate) struct ResourceState {
     pub enabled: bool,
     pub holder: Option<EntryId>,
     pub pressure: PressureVerdict,
+    /// Whether the pressure reading would let a pressure reclaim stand down
+    /// (RECL-06: fresh, calibrated, below threshold, not rising).
+    pub pressure_cleared: bool,
+    /// A pressure edge not yet turned into reclaims (PRES-03).
+    pub pressure_trigger: Option<String>,
     /// The newest successful sample.
     last_sample: Option<CapacitySample>,
     /// A failed attempt newer than `last_sample`: capacity is unknown until a later success.
@@ -39,6 +44,8 @@ impl ResourceState {
             spec,
             holder: None,
             pressure: PressureVerdict::Admits,
+            pressure_cleared: true,
+            pressure_trigger: None,
             last_sample: None,
             failure: None,
             needs_sample_after: None,

@@ -3,6 +3,7 @@
 use serde::Serialize;
 
 use crate::engine::inputs::OwnerPresence;
+use crate::engine::reclaim::ReclaimStatus;
 use crate::engine::refusal::RefusalCode;
 use crate::engine::work::{CompletionMethod, Phase};
 
@@ -21,6 +22,8 @@ pub struct EngineStatus {
     pub upstreams: Vec<UpstreamStatus>,
     /// Every work entry, oldest first.
     pub work: Vec<WorkStatus>,
+    /// Every reclaim under way.
+    pub reclaims: Vec<ReclaimStatus>,
 }
 
 /// The owner veto (SCOPE-13, SCOPE-14).
