@@ -18,7 +18,8 @@ use tracing::{debug, info, warn};
 use vacancy::auth::{AuthError, Tokens};
 use vacancy::config::Scope;
 use vacancy::engine::{
-    EngineError, EntryId, HeldRelease, OwnerVetoStatus, ResourceStatus, Vacancy, WorkStatus,
+    EngineError, EntryId, HeldRelease, OwnerVetoStatus, ReclaimStatus, ResourceStatus, Vacancy,
+    WorkStatus,
 };
 use vacancy::presence::ManualPresence;
 use vacancy::proxy::Lender;
@@ -69,6 +70,8 @@ pub struct StatusDoc {
     pub upstreams: Vec<UpstreamDoc>,
     /// Work entries.
     pub work: Vec<WorkStatus>,
+    /// Reclaims under way (drain, cancel or finish after an owner return or pressure).
+    pub reclaims: Vec<ReclaimStatus>,
 }
 
 /// One upstream in `/status`.
@@ -131,6 +134,7 @@ impl ControlState {
             resources: s.resources,
             upstreams,
             work: s.work,
+            reclaims: s.reclaims,
         }
     }
 
@@ -402,6 +406,7 @@ async fn presence(
         vacancy::engine::OwnerPresence::Away
     };
     state.lender.with_engine(|e| e.set_owner(presence));
+    state.lender.wake_reclaims();
     info!(token = who, present, "admin: owner presence set");
     Ok(ok(serde_json::json!({"owner": presence.as_str()})))
 }

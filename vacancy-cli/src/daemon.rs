@@ -14,6 +14,7 @@ use tracing::{error, info, warn};
 use vacancy::config::{AdapterKind, Config, ConfigErrors, LoadedConfig, UpstreamConfig};
 use vacancy::engine::{Engine, EngineSpec};
 use vacancy::ledger::{Ledger, LocationInput, resolve_location};
+use vacancy::proxy::reclaim::ReclaimTimes;
 use vacancy::proxy::shells::{self, HealthCell, UnavailableResource};
 use vacancy::proxy::{Lender, Target, UpstreamRoute};
 use vacancy::traits::Adapter;
@@ -358,6 +359,12 @@ pub async fn start(
         ));
         servers.push((listener, route));
     }
+    tasks.spawn(vacancy::proxy::reclaim::reclaim_loop(
+        Arc::clone(&lender),
+        servers.iter().map(|(_, r)| Arc::clone(r)).collect(),
+        ReclaimTimes::default(),
+        shutdown.clone(),
+    ));
     let control_listener = bind("the control plane", &config.server.listen).await?;
     let control = control_listener
         .local_addr()

@@ -16,6 +16,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http_body_util::BodyExt;
 use hyper::body::{Body, Frame, Incoming, SizeHint};
+use tokio::sync::oneshot;
 use tracing::{info, warn};
 
 use crate::config::OnBorrowerDisconnect;
@@ -23,6 +24,7 @@ use crate::engine::{EntryId, ReleaseOutcome};
 use crate::proxy::UpstreamRoute;
 use crate::proxy::forward::BoxError;
 use crate::proxy::lender::Lender;
+use crate::proxy::live::CutReason;
 
 /// Owns one reservation until its end is proven.
 pub struct CompletionGuard {
@@ -89,17 +91,27 @@ impl Drop for CompletionGuard {
 }
 
 /// A response body that releases its reservation on a proven clean end.
+///
+/// A reclaim may cut it (RECL-15): the upstream connection is closed, the
+/// borrower's response ends with an error, and the reservation is released
+/// only if the adapter proves the upstream stopped, else held (DONE-04).
 pub struct GuardedBody {
     inner: Option<Incoming>,
     guard: Option<CompletionGuard>,
+    cut: Option<oneshot::Receiver<CutReason>>,
 }
 
 impl GuardedBody {
-    /// Guard `inner` with `guard`.
-    pub fn new(inner: Incoming, guard: CompletionGuard) -> Self {
+    /// Guard `inner` with `guard`; `cut` resolves when a reclaim cuts it.
+    pub fn new(
+        inner: Incoming,
+        guard: CompletionGuard,
+        cut: Option<oneshot::Receiver<CutReason>>,
+    ) -> Self {
         GuardedBody {
             inner: Some(inner),
             guard: Some(guard),
+            cut,
         }
     }
 
@@ -119,6 +131,20 @@ impl Body for GuardedBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = &mut *self;
+        if let Some(cut) = this.cut.as_mut()
+            && let Poll::Ready(result) = Pin::new(cut).poll(cx)
+        {
+            this.cut = None;
+            if let Ok(reason) = result
+                && let Some(guard) = this.guard.take()
+            {
+                this.inner = None; // closes the upstream connection
+                info!(entry = %guard.entry(), upstream = %guard.route.name, reason = %reason, "proxied response cut by a reclaim");
+                let why = reason.to_string();
+                tokio::spawn(verify_cut(guard, why.clone()));
+                return Poll::Ready(Some(Err(why.into())));
+            }
+        }
         let Some(inner) = this.inner.as_mut() else {
             return Poll::Ready(None);
         };
@@ -171,25 +197,54 @@ impl Drop for GuardedBody {
             OnBorrowerDisconnect::Drain => {
                 info!(entry = %entry, upstream = %guard.route.name, "borrower disconnected; reading the upstream reply to its end");
                 let timeout = guard.route.completion_timeout;
-                handle.spawn(drain(inner, guard, timeout));
+                handle.spawn(drain(inner, guard, timeout, self.cut.take()));
             }
             OnBorrowerDisconnect::Cut => {
                 drop(inner); // closes the upstream connection
                 info!(entry = %entry, upstream = %guard.route.name, "borrower disconnected; upstream cut");
-                handle.spawn(verify_cut(guard));
+                handle.spawn(verify_cut(
+                    guard,
+                    "the borrower disconnected and the upstream was cut".to_owned(),
+                ));
             }
         }
     }
 }
 
-async fn drain(mut body: Incoming, mut guard: CompletionGuard, timeout: Duration) {
+async fn drain(
+    mut body: Incoming,
+    mut guard: CompletionGuard,
+    timeout: Duration,
+    cut: Option<oneshot::Receiver<CutReason>>,
+) {
     let read = async {
         while let Some(frame) = body.frame().await {
             frame?;
         }
         Ok::<(), hyper::Error>(())
     };
+    let cut = async {
+        match cut {
+            Some(rx) => rx.await.ok(),
+            None => None,
+        }
+    };
+    let read = async {
+        tokio::select! {
+            r = read => Ok(r),
+            Some(reason) = cut => Err(reason),
+        }
+    };
     let outcome = match tokio::time::timeout(timeout, read).await {
+        Ok(Err(reason)) => {
+            drop(body); // closes the upstream connection
+            info!(entry = %guard.entry(), upstream = %guard.route.name, reason = %reason, "draining response cut by a reclaim");
+            return verify_cut(guard, reason.to_string()).await;
+        }
+        Ok(Ok(r)) => Ok(r),
+        Err(e) => Err(e),
+    };
+    let outcome = match outcome {
         Ok(Ok(())) => ReleaseOutcome::Completed,
         Ok(Err(e)) => {
             ReleaseOutcome::Uncertain(format!("the upstream reply broke off while draining: {e}"))
@@ -203,8 +258,9 @@ async fn drain(mut body: Incoming, mut guard: CompletionGuard, timeout: Duration
 }
 
 /// After a cut, ask the adapter for proof of the stop a few times: the
-/// upstream notices a closed connection only at its next write.
-async fn verify_cut(mut guard: CompletionGuard) {
+/// upstream notices a closed connection only at its next write. Without
+/// proof the entry is held (DONE-04).
+pub(crate) async fn verify_cut(mut guard: CompletionGuard, why: String) {
     for attempt in 0..10u32 {
         tokio::time::sleep(Duration::from_millis(100 * u64::from(attempt + 1).min(5))).await;
         match guard.route.adapter.verify_stopped().await {
@@ -219,7 +275,7 @@ async fn verify_cut(mut guard: CompletionGuard) {
             }
         }
     }
-    guard.finish(ReleaseOutcome::Uncertain(
-        "the borrower disconnected, the upstream was cut, and the adapter could not prove it stopped".to_owned(),
-    ));
+    guard.finish(ReleaseOutcome::Uncertain(format!(
+        "{why}, and the adapter could not prove the upstream stopped"
+    )));
 }

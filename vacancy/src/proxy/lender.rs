@@ -11,6 +11,7 @@ use crate::engine::{
     Decision, Engine, EngineError, EngineStatus, EntryId, HeldRelease, Lesson, ModelObservation,
     Refusal, ReleaseEffect, ReleaseOutcome, Reservation, UpstreamId, WorkRequest,
 };
+use crate::proxy::live::LiveWork;
 use crate::proxy::metrics::Metrics;
 use crate::proxy::store::ReservationStore;
 use crate::time::MonotonicClock;
@@ -31,6 +32,8 @@ pub struct Lender {
     observe_now: Mutex<HashMap<UpstreamId, Arc<Notify>>>,
     store: Arc<dyn ReservationStore>,
     metrics: Metrics,
+    live: LiveWork,
+    reclaim_wake: Notify,
 }
 
 impl std::fmt::Debug for Lender {
@@ -58,6 +61,8 @@ impl Lender {
             observe_now: Mutex::new(HashMap::new()),
             store,
             metrics: Metrics::default(),
+            live: LiveWork::default(),
+            reclaim_wake: Notify::new(),
         }
     }
 
@@ -83,6 +88,21 @@ impl Lender {
     /// The metrics.
     pub fn metrics(&self) -> &Metrics {
         &self.metrics
+    }
+
+    /// Work in flight, for reclaims to reach (RECL-15, RECL-23).
+    pub fn live(&self) -> &LiveWork {
+        &self.live
+    }
+
+    /// Ask the reclaim loop to step now: presence, pressure or work changed.
+    pub fn wake_reclaims(&self) {
+        self.reclaim_wake.notify_one();
+    }
+
+    /// What the reclaim loop waits on besides its interval.
+    pub fn reclaim_wakeup(&self) -> &Notify {
+        &self.reclaim_wake
     }
 
     /// The reservation store.
@@ -201,7 +221,10 @@ impl Lender {
             _ => None,
         };
         let now = self.clock.now();
-        match self.with_engine(|e| e.release(entry, outcome, now)) {
+        let effect = self.with_engine(|e| e.release(entry, outcome, now));
+        self.live.forget(entry);
+        self.wake_reclaims();
+        match effect {
             Ok(ReleaseEffect::Released {
                 sample_now,
                 observe_now,
@@ -218,6 +241,10 @@ impl Lender {
                         warn!(entry = %entry, error = %e, "could not record the hold");
                     }
                 });
+            }
+            // A reclaim proved the stop and released it first (RECL-17).
+            Err(EngineError::UnknownEntry(_)) => {
+                debug!(entry = %entry, "already released");
             }
             Err(e) => warn!(entry = %entry, error = %e, "release refused"),
         }

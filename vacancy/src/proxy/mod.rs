@@ -15,7 +15,9 @@
 pub mod completion;
 pub mod forward;
 pub mod lender;
+pub mod live;
 pub mod metrics;
+pub mod reclaim;
 pub mod service;
 pub mod shells;
 pub mod store;

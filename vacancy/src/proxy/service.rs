@@ -13,12 +13,13 @@ use tracing::{debug, info, warn};
 
 use crate::engine::{CompletionMethod, EntryId, Refusal, RefusalCode, ReleaseOutcome, WorkRequest};
 use crate::proxy::UpstreamRoute;
-use crate::proxy::completion::{CompletionGuard, GuardedBody};
+use crate::proxy::completion::{CompletionGuard, GuardedBody, verify_cut};
 use crate::proxy::forward::{
     ExchangeError, ProxyBody, exchange, full, is_upgrade, prepare_response_head, streaming,
     upstream_request,
 };
 use crate::proxy::lender::Lender;
+use crate::proxy::live::CutReason;
 use crate::proxy::shells::observe_upstream;
 use crate::proxy::tracked::exchange_tracked;
 use crate::traits::{InspectContext, RoutePolicy, WorkRoute, route_policy};
@@ -117,7 +118,7 @@ async fn forward_unreserved(
         }
     };
     match exchange(&route.target, upstream_req, route.connect_timeout).await {
-        Ok(resp) => relay(resp, borrower_upgrade, None),
+        Ok(resp) => relay(resp, borrower_upgrade, None, None),
         Err(e) => exchange_failed(route, &e),
     }
 }
@@ -137,6 +138,7 @@ fn relay(
     mut resp: http::Response<Incoming>,
     borrower_upgrade: Option<hyper::upgrade::OnUpgrade>,
     guard: Option<CompletionGuard>,
+    cut: Option<oneshot::Receiver<CutReason>>,
 ) -> http::Response<ProxyBody> {
     if resp.status() == http::StatusCode::SWITCHING_PROTOCOLS {
         let upstream_upgrade = hyper::upgrade::on(&mut resp);
@@ -148,7 +150,7 @@ fn relay(
     let (mut parts, body) = resp.into_parts();
     prepare_response_head(&mut parts);
     let body = match guard {
-        Some(g) => GuardedBody::new(body, g).boxed_unsync(),
+        Some(g) => GuardedBody::new(body, g, cut).boxed_unsync(),
         None => streaming(body),
     };
     http::Response::from_parts(parts, body)
@@ -303,20 +305,31 @@ async fn work_request(
         });
         return answer(&route, rx).await;
     }
+    let mut cut = lender.live().register_response(entry, route.id);
     tokio::spawn(async move {
         guard.forwarding();
-        let response =
-            match exchange(&task_route.target, upstream_req, task_route.connect_timeout).await {
-                Ok(resp) => relay(resp, borrower_upgrade, Some(guard)),
-                Err(e @ ExchangeError::Connect { .. }) => {
-                    guard.finish(ReleaseOutcome::NotForwarded);
-                    exchange_failed(&task_route, &e)
-                }
-                Err(e @ ExchangeError::AfterConnect(_)) => {
-                    guard.finish(ReleaseOutcome::Uncertain(e.to_string()));
-                    exchange_failed(&task_route, &e)
-                }
-            };
+        let exchanged = tokio::select! {
+            r = exchange(&task_route.target, upstream_req, task_route.connect_timeout) => Ok(r),
+            Ok(reason) = &mut cut => Err(reason),
+        };
+        let response = match exchanged {
+            Ok(Ok(resp)) => relay(resp, borrower_upgrade, Some(guard), Some(cut)),
+            Ok(Err(e @ ExchangeError::Connect { .. })) => {
+                guard.finish(ReleaseOutcome::NotForwarded);
+                exchange_failed(&task_route, &e)
+            }
+            Ok(Err(e @ ExchangeError::AfterConnect(_))) => {
+                guard.finish(ReleaseOutcome::Uncertain(e.to_string()));
+                exchange_failed(&task_route, &e)
+            }
+            Err(reason) => {
+                // RECL-15: cut before the reply began; dropping the exchange closed it.
+                info!(entry = %entry, upstream = %task_route.name, reason = %reason, "request cut by a reclaim before its reply");
+                let refusal = Refusal::new(reason.code, reason.reason.clone());
+                tokio::spawn(verify_cut(guard, reason.reason));
+                refusal_response(&task_route, &refusal, true)
+            }
+        };
         // A borrower who left gets nothing; dropping the response applies the
         // on_borrower_disconnect policy.
         drop(tx.send(response));

@@ -190,6 +190,22 @@ pub async fn yield_upstream(
             info!(upstream = %route.name, reason = %e, "unloading without knowing whose work the upstream holds");
         }
     }
+    unload_upstream(lender, route).await
+}
+
+/// Ask an upstream to unload its models without first asking whose work it
+/// holds: for when that cannot be told (RECL-38), with the reason logged by
+/// the caller. Counts and records an acknowledgement as [`yield_upstream`] does.
+pub async fn unload_upstream(
+    lender: &Lender,
+    route: &UpstreamRoute,
+) -> Result<Yielded, ReclaimError> {
+    let Some(reclaimer) = route.adapter.reclaimer() else {
+        return Err(ReclaimError::Unsupported(format!(
+            "the {} adapter cannot unload models",
+            route.adapter.name()
+        )));
+    };
     let ack = reclaimer.unload().await;
     match &ack {
         Ok(UnloadAck::Acknowledged { models }) => {
@@ -334,6 +350,8 @@ pub async fn presence_loop(
                 "owner presence"
             );
             last = Some(presence);
+            lender.with_engine(|e| e.set_owner(presence));
+            lender.wake_reclaims(); // an edge may start reclaims (OWN-01)
         }
         lender.with_engine(|e| e.set_owner(presence));
         tokio::select! {

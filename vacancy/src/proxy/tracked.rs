@@ -15,6 +15,7 @@ use crate::proxy::UpstreamRoute;
 use crate::proxy::completion::CompletionGuard;
 use crate::proxy::forward::{ExchangeError, ProxyBody, exchange, full, prepare_response_head};
 use crate::proxy::lender::Lender;
+use crate::proxy::reclaim::cancel_late_reply;
 use crate::proxy::service::refusal_response;
 use crate::time::Moment;
 use crate::traits::{Submission, TrackedEnd, TrackedWork, TrackingEvents};
@@ -134,6 +135,8 @@ pub(crate) async fn exchange_tracked(
     admitted_at: Moment,
 ) -> http::Response<ProxyBody> {
     let bound = route.completion_timeout;
+    let entry = guard.entry();
+    let claim = lender.live().register_submission(entry, route.id);
     let exchanged = tokio::time::timeout(bound, async {
         match exchange(&route.target, request, route.connect_timeout).await {
             Err(e @ ExchangeError::Connect { .. }) => Err(e),
@@ -143,14 +146,18 @@ pub(crate) async fn exchange_tracked(
     .await;
     match exchanged {
         Ok(Ok(ex)) => {
+            let late_cancel = lender.live().reply_recorded(entry).is_some();
             follow(
-                lender,
+                Arc::clone(&lender),
                 Arc::clone(&route),
                 guard,
                 assigned,
                 admitted_at,
                 ex.submission,
             );
+            if late_cancel {
+                tokio::spawn(cancel_late_reply(lender, Arc::clone(&route), entry, claim));
+            }
             ex.response
         }
         Ok(Err(e)) => {

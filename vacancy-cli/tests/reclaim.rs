@@ -1,0 +1,592 @@
+//! Reclaim on owner return through a real vacancyd (RECL-01..50, SCOPE-02,
+//! SCOPE-12): the `command` and `manual` presence backends, the real
+//! llama-server, and the Ollama and ComfyUI emulators.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use common::{Daemon, JSON, completion, write_capacity};
+use serde_json::{Value, json};
+use vacancy_test_support::{
+    ComfyEmulator, ComfyEmulatorOptions, LlamaOptions, LlamaServer, OllamaEmulator, OllamaOptions,
+    free_port, http_request, http_stream, prompt_request, simple_workflow,
+};
+
+/// A configuration whose owner is present while `flag` exists, with one GPU
+/// resource per `upstreams` entry's `resource` (sampled every 200 ms).
+struct Setup {
+    dir: tempfile::TempDir,
+    flag: PathBuf,
+    control: u16,
+    proxies: Vec<u16>,
+}
+
+impl Setup {
+    fn new(n: usize) -> Setup {
+        let dir = tempfile::tempdir().unwrap();
+        let flag = dir.path().join("owner-here");
+        Setup {
+            control: free_port().unwrap(),
+            proxies: (0..n).map(|_| free_port().unwrap()).collect(),
+            flag,
+            dir,
+        }
+    }
+
+    fn resource(&self, name: &str) -> String {
+        let path = self.dir.path().join(format!("{name}.json"));
+        write_capacity(&path, 40_000, 64_000);
+        format!(
+            "[[resource]]\nname = \"{name}\"\nkind = \"gpu\"\nsampler = \"file\"\npath = \"{}\"\nreserve_mib = 1000\npoll_ms = 200\n\n",
+            path.display()
+        )
+    }
+
+    /// Start vacancyd with `[owner]` and `body` (resources and upstreams).
+    fn start(self, owner: &str, body: &str) -> (Daemon, PathBuf) {
+        self.start_with_server("", owner, body)
+    }
+
+    /// As [`start`](Self::start), with extra `[server]` lines.
+    fn start_with_server(self, server: &str, owner: &str, body: &str) -> (Daemon, PathBuf) {
+        let owner = if owner.is_empty() {
+            format!(
+                "presence = \"command\"\ncommand = \"[ -e '{}' ] && exit 0 || exit 1\"",
+                self.flag.display()
+            )
+        } else {
+            owner.to_owned()
+        };
+        let config = format!(
+            "[server]\nlisten = \"127.0.0.1:{}\"\n{server}\n\n[owner]\n{owner}\n\n{body}",
+            self.control
+        );
+        let path = self.dir.path().join("vacancyd.toml");
+        std::fs::write(&path, config).unwrap();
+        let flag = self.flag.clone();
+        let proxy = self.proxies[0];
+        (
+            Daemon::start_with(self.dir, &path, self.control, proxy),
+            flag,
+        )
+    }
+}
+
+fn upstream(
+    name: &str,
+    adapter: &str,
+    port: u16,
+    target: &str,
+    resource: &str,
+    extra: &str,
+) -> String {
+    format!(
+        "[[upstream]]\nname = \"{name}\"\nadapter = \"{adapter}\"\nlisten = \"127.0.0.1:{port}\"\ntarget = \"{target}\"\nresource = \"{resource}\"\ndefault_min_free_mib = 1000\n{extra}\n\n"
+    )
+}
+
+fn owner_returns(flag: &Path) {
+    std::fs::write(flag, b"").unwrap();
+}
+
+fn owner_leaves(flag: &Path) {
+    let _ = std::fs::remove_file(flag);
+}
+
+async fn wait_away(d: &Daemon) {
+    d.wait_status("the owner away", |s| s["owner"] == "away")
+        .await;
+}
+
+fn generate(tokens: u32) -> Vec<u8> {
+    json!({"model": "llama3", "prompt": "hi", "stream": true, "options": {"num_predict": tokens}})
+        .to_string()
+        .into_bytes()
+}
+
+/// Read a streamed body to its end: `Ok(bytes)` or `Err` when it broke off.
+async fn read_all(mut s: vacancy_test_support::HttpStream) -> Result<Vec<u8>, String> {
+    let mut out = Vec::new();
+    while let Some(chunk) = s.next_chunk().await {
+        match chunk {
+            Ok(c) => out.extend_from_slice(&c.data),
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+    Ok(out)
+}
+
+fn ended_cleanly(body: &[u8]) -> bool {
+    String::from_utf8_lossy(body)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .any(|v| v["done"] == true)
+}
+
+async fn metric(d: &Daemon, line_start: &str) -> Option<f64> {
+    let text = http_request("GET", &format!("{}/metrics", d.control), &[], Vec::new())
+        .await
+        .unwrap()
+        .text();
+    text.lines()
+        .find(|l| l.starts_with(line_start))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+async fn wait_log(d: &Daemon, needle: &str) {
+    for _ in 0..200 {
+        if d.process.log().contains(needle) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("log never said {needle:?}:\n{}", d.process.log_tail(60));
+}
+
+fn ollama_daemon(emu: &OllamaEmulator, extra: &str) -> (Daemon, PathBuf) {
+    let s = Setup::new(1);
+    let body = format!(
+        "{}{}",
+        s.resource("gpu0"),
+        upstream(
+            "ollama",
+            "ollama",
+            s.proxies[0],
+            &emu.base_url(),
+            "gpu0",
+            extra
+        )
+    );
+    s.start("", &body)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drain_lets_work_that_finishes_in_time_finish() {
+    // RECL-01, RECL-31, OWN-02
+    let emu = OllamaEmulator::start(OllamaOptions {
+        token_delay: Duration::from_millis(50),
+        ..OllamaOptions::default()
+    })
+    .unwrap();
+    let (d, flag) = ollama_daemon(&emu, "on_owner_return = \"drain\"\ndrain_timeout_s = 20");
+    wait_away(&d).await;
+    let url = format!("{}/api/generate", d.proxy);
+    let stream = http_stream("POST", &url, &[JSON], generate(30))
+        .await
+        .unwrap();
+    assert_eq!(stream.status, 200);
+    owner_returns(&flag);
+    d.wait_status("a drain", |s| s["reclaims"][0]["mode"] == "drain")
+        .await;
+    // OWN-02: new work is refused while the drain runs.
+    let r = http_request("POST", &url, &[JSON], generate(1))
+        .await
+        .unwrap();
+    assert_eq!(
+        r.json().unwrap()["error"]
+            .as_str()
+            .unwrap()
+            .split(':')
+            .next(),
+        Some("owner_present")
+    );
+    let body = read_all(stream)
+        .await
+        .expect("the drained response runs to its end");
+    assert!(ended_cleanly(&body));
+    d.wait_status("the reclaim over, the work released", |s| {
+        s["reclaims"].as_array().unwrap().is_empty() && s["work"].as_array().unwrap().is_empty()
+    })
+    .await;
+    wait_log(&d, "reclaim finished: the affected work ended by itself").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drain_cuts_the_response_at_its_deadline_and_holds_what_it_cannot_prove() {
+    // RECL-01, RECL-15, DONE-04
+    let emu = OllamaEmulator::start(OllamaOptions {
+        token_delay: Duration::from_millis(100),
+        ..OllamaOptions::default()
+    })
+    .unwrap();
+    let (d, flag) = ollama_daemon(&emu, "on_owner_return = \"drain\"\ndrain_timeout_s = 1");
+    wait_away(&d).await;
+    let url = format!("{}/api/generate", d.proxy);
+    let stream = http_stream("POST", &url, &[JSON], generate(600))
+        .await
+        .unwrap();
+    owner_returns(&flag);
+    let started = std::time::Instant::now();
+    let result = tokio::time::timeout(Duration::from_secs(20), read_all(stream))
+        .await
+        .expect("the response is cut, not left running");
+    assert!(result.is_err(), "the borrower sees the response break off");
+    assert!(
+        started.elapsed() >= Duration::from_millis(900),
+        "not before the deadline"
+    );
+    // The emulator sees its client go away.
+    for _ in 0..100 {
+        if emu.in_flight() == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        emu.in_flight(),
+        0,
+        "closing the response stopped the generation"
+    );
+    // Ollama cannot prove the stop: the entry is held (DONE-04).
+    let s = d
+        .wait_status("held work", |s| s["work"][0]["phase"] == "held")
+        .await;
+    let reason = s["work"][0]["held_reason"].as_str().unwrap();
+    assert!(reason.contains("reclaim"), "{reason}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_stands_down_when_the_owner_leaves_before_its_deadline() {
+    // RECL-04, RECL-08, RECL-12
+    let emu = OllamaEmulator::start(OllamaOptions {
+        token_delay: Duration::from_millis(100),
+        ..OllamaOptions::default()
+    })
+    .unwrap();
+    let (d, flag) = ollama_daemon(
+        &emu,
+        "on_owner_return = \"drain\"\ndrain_timeout_s = 6\nyield_on_veto = true",
+    );
+    wait_away(&d).await;
+    let url = format!("{}/api/generate", d.proxy);
+    let stream = http_stream("POST", &url, &[JSON], generate(50))
+        .await
+        .unwrap();
+    owner_returns(&flag);
+    d.wait_status("a drain", |s| !s["reclaims"].as_array().unwrap().is_empty())
+        .await;
+    owner_leaves(&flag);
+    wait_log(&d, "reclaim abandoned; its trigger cleared").await;
+    let body = read_all(stream).await.expect("the response is kept");
+    assert!(ended_cleanly(&body));
+    // RECL-08: nothing was unloaded.
+    assert!(!emu.loaded().is_empty(), "the model stays loaded");
+    assert_eq!(
+        metric(&d, "vacancyd_yields_total{upstream=\"ollama\"}")
+            .await
+            .unwrap_or(0.0),
+        0.0
+    );
+    let log = d.process.log();
+    assert!(!log.contains("closing the proxied response"), "{log}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn finish_lets_work_end_then_unloads_and_counts_the_yield() {
+    // RECL-03, RECL-22, RECL-32, RECL-40, RECL-48, RECL-43
+    let emu = OllamaEmulator::start(OllamaOptions {
+        token_delay: Duration::from_millis(50),
+        ..OllamaOptions::default()
+    })
+    .unwrap();
+    let (d, flag) = ollama_daemon(&emu, "on_owner_return = \"finish\"\nyield_on_veto = true");
+    wait_away(&d).await;
+    let url = format!("{}/api/generate", d.proxy);
+    let stream = http_stream("POST", &url, &[JSON], generate(40))
+        .await
+        .unwrap();
+    owner_returns(&flag);
+    let s = d
+        .wait_status("a finish reclaim", |s| s["reclaims"][0]["mode"] == "finish")
+        .await;
+    assert_eq!(s["reclaims"][0]["holds"], true);
+    let body = read_all(stream).await.expect("finish never cancels");
+    assert!(ended_cleanly(&body));
+    d.wait_status("the reclaim over", |s| {
+        s["reclaims"].as_array().unwrap().is_empty()
+    })
+    .await;
+    assert!(emu.loaded().is_empty(), "Ollama unloaded every model");
+    assert_eq!(
+        metric(&d, "vacancyd_yields_total{upstream=\"ollama\"}").await,
+        Some(1.0)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_closes_a_llama_server_response_at_once_through_manual_presence() {
+    // RECL-02, RECL-15, RECL-50, DONE-04 (llama.cpp proves the stop by its idle slots)
+    let llama = LlamaServer::start(LlamaOptions::default()).unwrap();
+    let token = "owner-token-for-reclaim";
+    let s = Setup::new(1);
+    let server = format!(
+        "[[server.token]]\nname = \"desk\"\nscopes = [\"owner\"]\nsha256 = \"{}\"",
+        vacancy::auth::hash_token(token)
+    );
+    let body = format!(
+        "{}{}",
+        s.resource("gpu0"),
+        upstream(
+            "llama",
+            "llamacpp",
+            s.proxies[0],
+            &llama.base_url(),
+            "gpu0",
+            "on_owner_return = \"cancel\""
+        )
+    );
+    let (d, _) = s.start_with_server(&server, "presence = \"manual\"", &body);
+    let presence = |present: bool| {
+        let control = d.control.clone();
+        async move {
+            let r = http_request(
+                "POST",
+                &format!("{control}/admin/owner"),
+                &[
+                    JSON,
+                    ("authorization", &format!("Bearer {token}")),
+                    ("vacancy-intent", "presence"),
+                ],
+                json!({ "present": present }).to_string().into_bytes(),
+            )
+            .await
+            .unwrap();
+            assert_eq!(r.status, 200, "{}", r.text());
+        }
+    };
+    presence(false).await;
+    let url = format!("{}/completion", d.proxy);
+    let mut body = serde_json::from_slice::<Value>(&completion(100_000, true)).unwrap();
+    body["ignore_eos"] = json!(true);
+    let mut stream = http_stream("POST", &url, &[JSON], body.to_string().into_bytes())
+        .await
+        .unwrap();
+    assert_eq!(stream.status, 200);
+    stream.next_chunk().await.unwrap().unwrap();
+    let cut_at = std::time::Instant::now();
+    presence(true).await;
+    let result = tokio::time::timeout(Duration::from_secs(10), read_all(stream))
+        .await
+        .expect("cancel closes the response at once");
+    assert!(result.is_err());
+    assert!(cut_at.elapsed() < Duration::from_secs(5));
+    // llama-server's idle slots prove the stop: the entry is released.
+    d.wait_status("the cut work released", |s| {
+        s["work"].as_array().unwrap().is_empty() && s["reclaims"].as_array().unwrap().is_empty()
+    })
+    .await;
+    // Refused while present; admitted again once away (after a fresh sample).
+    let r = http_request("POST", &url, &[JSON], completion(2, false))
+        .await
+        .unwrap();
+    assert_eq!(r.json().unwrap()["error"]["code"], "owner_present");
+    presence(false).await;
+    let mut ok = false;
+    for _ in 0..40 {
+        let r = http_request("POST", &url, &[JSON], completion(2, false))
+            .await
+            .unwrap();
+        if r.status == 200 {
+            ok = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(ok, "lending resumes when the owner leaves");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn comfyui_cancel_stops_the_borrowed_prompt_and_skips_the_unload_for_the_owners() {
+    // RECL-16, RECL-18, RECL-19, RECL-26, RECL-34, RECL-37
+    let emu = ComfyEmulator::start(ComfyEmulatorOptions {
+        run_time: Duration::from_secs(30),
+        ..ComfyEmulatorOptions::default()
+    })
+    .unwrap();
+    let s = Setup::new(1);
+    let body = format!(
+        "{}{}",
+        s.resource("gpu0"),
+        upstream(
+            "comfy",
+            "comfyui",
+            s.proxies[0],
+            &emu.base_url(),
+            "gpu0",
+            "on_owner_return = \"cancel\"\nyield_on_veto = true"
+        )
+    );
+    let (d, flag) = s.start("", &body);
+    wait_away(&d).await;
+    // The borrower's prompt runs.
+    let r = http_request(
+        "POST",
+        &format!("{}/prompt", d.proxy),
+        &[JSON],
+        prompt_request(simple_workflow(1), None)
+            .to_string()
+            .into_bytes(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    let borrowed = r.json().unwrap()["prompt_id"].as_str().unwrap().to_owned();
+    for _ in 0..100 {
+        if emu.running().as_deref() == Some(borrowed.as_str()) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The owner queues their own prompt behind it, directly.
+    let owners = uuid::Uuid::new_v4().to_string();
+    let r = http_request(
+        "POST",
+        &format!("{}/prompt", emu.base_url()),
+        &[JSON],
+        prompt_request(simple_workflow(2), Some(&owners))
+            .to_string()
+            .into_bytes(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status, 200);
+    owner_returns(&flag);
+    wait_log(
+        &d,
+        "model unload skipped; the upstream holds work vacancyd did not admit",
+    )
+    .await;
+    d.wait_status("the stopped prompt released", |s| {
+        s["work"].as_array().unwrap().is_empty() && s["reclaims"].as_array().unwrap().is_empty()
+    })
+    .await;
+    // RECL-19: only the borrowed prompt was named; the owner's still waits.
+    assert!(emu.pending().contains(&owners) || emu.running().as_deref() == Some(owners.as_str()));
+    assert_eq!(
+        emu.count("POST", "/free"),
+        0,
+        "no unload under the owner's prompt"
+    );
+    let log = d.process.log();
+    assert!(
+        !log.contains(&owners),
+        "the owner's prompt id is never logged"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_exempt_upstream_keeps_lending_but_not_on_a_resource_a_yield_holds() {
+    // SCOPE-02, SCOPE-11, SCOPE-12, SCOPE-13, SCOPE-14, RECL-43, RECL-45
+    let host = OllamaEmulator::start(OllamaOptions {
+        token_delay: Duration::from_millis(50),
+        ..OllamaOptions::default()
+    })
+    .unwrap();
+    let exempt = OllamaEmulator::start(OllamaOptions::default()).unwrap();
+    let s = Setup::new(2);
+    let (p0, p1) = (s.proxies[0], s.proxies[1]);
+    let body = format!(
+        "{}{}{}{}",
+        s.resource("gpu0"),
+        s.resource("gpu1"),
+        upstream(
+            "host",
+            "ollama",
+            p0,
+            &host.base_url(),
+            "gpu0",
+            "on_owner_return = \"finish\"\nyield_on_veto = true"
+        ),
+        upstream(
+            "lane",
+            "ollama",
+            p1,
+            &exempt.base_url(),
+            "gpu1",
+            "owner_scope = \"resource\"\nalso_requires = [\"gpu0\"]"
+        ),
+    );
+    let (d, flag) = s.start("", &body);
+    wait_away(&d).await;
+    let host_url = format!("{}/api/generate", d.proxy);
+    let lane_url = format!("http://127.0.0.1:{p1}/api/generate");
+    let no_stream = json!({"model": "llama3", "prompt": "hi", "stream": false}).to_string();
+    owner_returns(&flag);
+    let st = d
+        .wait_status("the veto", |s| s["owner_veto"]["active"] == true)
+        .await;
+    assert_eq!(st["owner_veto"]["exempt_upstreams"], json!(["lane"]));
+    assert_eq!(st["upstreams"][1]["owner_scope"], "resource");
+    // The host upstream's yield (an unload, no work) holds gpu0 for a moment;
+    // then the exempt lane admits while the host-scoped one stays paused.
+    let st = d
+        .wait_status("the lane admitting", |s| {
+            s["upstreams"][1]["vacancy"]["admitting"] == true
+        })
+        .await;
+    assert_eq!(st["upstreams"][0]["vacancy"]["admitting"], false);
+    let r = http_request("POST", &lane_url, &[JSON], no_stream.clone().into_bytes())
+        .await
+        .unwrap();
+    assert_eq!(
+        r.status,
+        200,
+        "the exempt lane lends while the owner is here: {}",
+        r.text()
+    );
+    let r = http_request("POST", &host_url, &[JSON], no_stream.clone().into_bytes())
+        .await
+        .unwrap();
+    assert_eq!(r.status, 503);
+    // Now a host-scoped job is running when the owner returns: its finish-mode
+    // reclaim holds gpu0 (yield_on_veto), so the lane, which also needs gpu0, is busy.
+    owner_leaves(&flag);
+    wait_away(&d).await;
+    let mut admitted = None;
+    for _ in 0..40 {
+        let s = http_stream("POST", &host_url, &[JSON], generate(60))
+            .await
+            .unwrap();
+        if s.status == 200 {
+            admitted = Some(s);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let stream = admitted.expect("host work admitted once away");
+    owner_returns(&flag);
+    d.wait_status("the holding reclaim", |s| s["reclaims"][0]["holds"] == true)
+        .await;
+    let r = http_request("POST", &lane_url, &[JSON], no_stream.clone().into_bytes())
+        .await
+        .unwrap();
+    assert_eq!(r.status, 503);
+    let err = r.json().unwrap()["error"].as_str().unwrap().to_owned();
+    assert!(err.starts_with("resource_busy"), "{err}");
+    assert!(read_all(stream).await.is_ok());
+    d.wait_status("the hold over", |s| {
+        s["reclaims"].as_array().unwrap().is_empty()
+    })
+    .await;
+    // RECL-45: after a fresh sample the lane lends again, owner still present.
+    let mut ok = false;
+    for _ in 0..40 {
+        let r = http_request("POST", &lane_url, &[JSON], no_stream.clone().into_bytes())
+            .await
+            .unwrap();
+        if r.status == 200 {
+            ok = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(ok, "the exempt lane lends again after the hold");
+    assert_eq!(
+        metric(&d, "vacancyd_upstream_owner_veto_exempt{upstream=\"lane\"}").await,
+        Some(1.0)
+    );
+}

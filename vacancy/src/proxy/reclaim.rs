@@ -1,0 +1,386 @@
+//! The reclaim shell: steps the engine's reclaim planning and does what it
+//! decides — cuts proxied responses, cancels tracked work through the
+//! adapter's queue API, unloads models — then reports back (RECL-01..50).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::task::AbortHandle;
+use tracing::{debug, info, warn};
+
+use crate::config::{OnOwnerReturn, normalize_host};
+use crate::engine::{
+    EntryId, RESPONSE_CUT_GRACE, ReclaimCommand, ReclaimId, ReclaimTrigger, RefusalCode,
+    ReleaseOutcome, UpstreamId,
+};
+use crate::proxy::lender::Lender;
+use crate::proxy::live::CutReason;
+use crate::proxy::shells::{UNLOAD_SKIPPED, Yielded, unload_upstream, yield_upstream};
+use crate::proxy::{UpstreamRoute, stopped};
+use crate::traits::{CancelItem, CancelOutcome};
+
+/// The reclaim shell's timers; parameters so tests run fast.
+#[derive(Debug, Clone, Copy)]
+pub struct ReclaimTimes {
+    /// How often reclaims are stepped when nothing wakes them.
+    pub step_every: Duration,
+    /// How long cancellation waits for submission replies under way (RECL-23).
+    pub reply_wait: Duration,
+    /// How long a response outlives its own drain deadline when no reclaim
+    /// decides (RECL-13).
+    pub cut_grace: Duration,
+    /// The bound on one cancellation or unload request (RECL-27).
+    pub request_bound: Duration,
+}
+
+impl Default for ReclaimTimes {
+    fn default() -> Self {
+        ReclaimTimes {
+            step_every: Duration::from_millis(250),
+            reply_wait: Duration::from_secs(2),
+            cut_grace: RESPONSE_CUT_GRACE,
+            request_bound: Duration::from_secs(120),
+        }
+    }
+}
+
+/// What the loop remembers of a reclaim between its commands.
+struct Known {
+    reason: CutReason,
+    backstops: Vec<AbortHandle>,
+}
+
+/// Step reclaims until `shutdown`: on every wake-up (presence, pressure or
+/// work changed) and at least every `times.step_every`.
+pub async fn reclaim_loop(
+    lender: Arc<Lender>,
+    routes: Vec<Arc<UpstreamRoute>>,
+    times: ReclaimTimes,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let by_id: HashMap<UpstreamId, Arc<UpstreamRoute>> =
+        routes.iter().map(|r| (r.id, Arc::clone(r))).collect();
+    let mut known: HashMap<ReclaimId, Known> = HashMap::new();
+    loop {
+        let now = lender.clock().now();
+        let commands = lender.with_engine(|e| e.reclaim_step(now));
+        for command in commands {
+            let id = command.id();
+            match command {
+                ReclaimCommand::Started {
+                    id,
+                    upstream,
+                    trigger,
+                    mode,
+                    deadline,
+                    entries,
+                } => {
+                    let name = lender
+                        .with_engine(|e| e.upstream_name(upstream).map(str::to_owned))
+                        .unwrap_or_default();
+                    let reason = cut_reason(id, &trigger, mode);
+                    info!(reclaim = %id, upstream = %name, trigger = %trigger.describe(), mode = %mode, deadline_in_ms = deadline.map(|d| d.since(now).as_millis()), entries = entries.len(), "reclaim started");
+                    // RECL-13: each response's own cut, should no decision come.
+                    let backstops = match deadline {
+                        Some(d) => entries
+                            .iter()
+                            .map(|&entry| {
+                                let at = lender.clock().instant(d) + times.cut_grace;
+                                let (lender, reason) = (Arc::clone(&lender), reason.clone());
+                                tokio::spawn(async move {
+                                    tokio::time::sleep_until(tokio::time::Instant::from_std(at))
+                                        .await;
+                                    if lender.live().cut(entry, &reason) {
+                                        warn!(entry = %entry, reclaim = %id, "no reclaim decided within 30 s after the response's deadline; cut it (RECL-13)");
+                                    }
+                                })
+                                .abort_handle()
+                            })
+                            .collect(),
+                        None => Vec::new(),
+                    };
+                    known.insert(id, Known { reason, backstops });
+                }
+                ReclaimCommand::StoodDown {
+                    id,
+                    upstream,
+                    elapsed,
+                } => {
+                    forget(&mut known, id);
+                    let name = by_id.get(&upstream).map_or("", |r| r.name.as_str());
+                    info!(reclaim = %id, upstream = %name, elapsed_ms = elapsed.as_millis(), "reclaim abandoned; its trigger cleared");
+                }
+                ReclaimCommand::Finished {
+                    id,
+                    upstream,
+                    elapsed,
+                } => {
+                    forget(&mut known, id);
+                    let name = by_id.get(&upstream).map_or("", |r| r.name.as_str());
+                    info!(reclaim = %id, upstream = %name, elapsed_ms = elapsed.as_millis(), "reclaim finished: the affected work ended by itself");
+                }
+                ReclaimCommand::Act {
+                    id,
+                    upstream,
+                    cancel,
+                    unload,
+                    held,
+                } => {
+                    let reason = forget(&mut known, id).unwrap_or_else(|| CutReason {
+                        code: RefusalCode::OwnerPresent,
+                        reason: format!("{id}: the owner needs the machine"),
+                    });
+                    let Some(route) = by_id.get(&upstream).cloned() else {
+                        warn!(reclaim = %id, "reclaim for an upstream without a listener");
+                        lender.with_engine(|e| e.reclaim_done(id, now)).ok();
+                        continue;
+                    };
+                    let same_server: Vec<Arc<UpstreamRoute>> = routes
+                        .iter()
+                        .filter(|r| same_server(r, &route))
+                        .cloned()
+                        .collect();
+                    let act = Act {
+                        lender: Arc::clone(&lender),
+                        route,
+                        same_server,
+                        id,
+                        reason,
+                        times,
+                    };
+                    tokio::spawn(act.run(cancel, unload, held));
+                }
+            }
+            debug!(reclaim = %id, "reclaim command handled");
+        }
+        let next = lender.with_engine(|e| e.next_reclaim_deadline());
+        let mut sleep = times.step_every;
+        if let Some(d) = next {
+            sleep = sleep.min(d.since(lender.clock().now()));
+        }
+        tokio::select! {
+            () = tokio::time::sleep(sleep) => {}
+            () = lender.reclaim_wakeup().notified() => {}
+            () = stopped(&mut shutdown) => return,
+        }
+    }
+}
+
+fn forget(known: &mut HashMap<ReclaimId, Known>, id: ReclaimId) -> Option<CutReason> {
+    let k = known.remove(&id)?;
+    for b in k.backstops {
+        b.abort();
+    }
+    Some(k.reason)
+}
+
+fn cut_reason(id: ReclaimId, trigger: &ReclaimTrigger, mode: OnOwnerReturn) -> CutReason {
+    let code = match trigger {
+        ReclaimTrigger::OwnerReturn { .. } => RefusalCode::OwnerPresent,
+        ReclaimTrigger::Pressure { .. } => RefusalCode::Pressure,
+    };
+    CutReason {
+        code,
+        reason: format!(
+            "borrowed work was cancelled to give the machine back to its owner ({id}, {}, on_owner_return = {mode}); retry later",
+            trigger.describe()
+        ),
+    }
+}
+
+/// Two routes whose targets reach one server (RECL-35, RECL-40).
+fn same_server(a: &UpstreamRoute, b: &UpstreamRoute) -> bool {
+    a.target.port == b.target.port
+        && normalize_host(&a.target.host) == normalize_host(&b.target.host)
+}
+
+/// One reclaim going ahead: cancel, then unload, then report (RECL-30, RECL-44).
+struct Act {
+    lender: Arc<Lender>,
+    route: Arc<UpstreamRoute>,
+    same_server: Vec<Arc<UpstreamRoute>>,
+    id: ReclaimId,
+    reason: CutReason,
+    times: ReclaimTimes,
+}
+
+impl Act {
+    async fn run(self, cancel: Vec<EntryId>, unload: bool, held: Vec<(EntryId, String)>) {
+        let (id, upstream) = (self.id, self.route.name.as_str());
+        for (entry, why) in &held {
+            // RECL-33: nothing finishes held work, so it never delays the unload.
+            warn!(entry = %entry, reclaim = %id, upstream, reason = %why, "held work keeps its reservation through the reclaim; release it as an administrator once the upstream has stopped");
+        }
+        let live = self.lender.live();
+        let (responses, tracked): (Vec<EntryId>, Vec<EntryId>) =
+            cancel.into_iter().partition(|e| live.is_response(*e));
+        for entry in &responses {
+            // RECL-15: closing the proxied response is the cancellation.
+            if live.cut(*entry, &self.reason) {
+                info!(entry = %entry, reclaim = %id, upstream, "closing the proxied response");
+            }
+        }
+        if !tracked.is_empty() {
+            self.cancel_tracked(&tracked).await;
+        }
+        if unload {
+            self.unload().await;
+        }
+        let now = self.lender.clock().now();
+        if let Err(e) = self.lender.with_engine(|e| e.reclaim_done(id, now)) {
+            warn!(reclaim = %id, error = %e, "could not end the reclaim");
+        }
+        info!(reclaim = %id, upstream, "reclaim complete; new work waits for a fresh capacity sample");
+        self.lender.wake_reclaims();
+    }
+
+    /// Cancel tracked work through the adapter (RECL-16..29).
+    async fn cancel_tracked(&self, entries: &[EntryId]) {
+        let (id, upstream) = (self.id, self.route.name.as_str());
+        let live = self.lender.live();
+        let mut claims = Vec::with_capacity(entries.len());
+        for &entry in entries {
+            if let Some((claim, _)) = live.want_cancel(entry, &self.reason.reason) {
+                claims.push((entry, claim));
+            }
+        }
+        // RECL-23: wait a little for replies under way, then go on.
+        let wait_until = tokio::time::Instant::now() + self.times.reply_wait;
+        while live.replies_pending(entries) && tokio::time::Instant::now() < wait_until {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let Some(reclaimer) = self.route.adapter.reclaimer() else {
+            for (entry, _) in &claims {
+                warn!(entry = %entry, reclaim = %id, upstream, "the adapter cannot cancel tracked work; the reservation stays (RECL-21)");
+            }
+            return;
+        };
+        let items: Vec<CancelItem> = claims
+            .into_iter()
+            .map(|(entry, claim)| {
+                let upstream_ref = if live.replies_pending(&[entry]) {
+                    info!(entry = %entry, reclaim = %id, upstream, "the submission reply is still under way; it is cancelled as soon as it is recorded (RECL-23)");
+                    None
+                } else {
+                    self.lender.with_engine(|e| {
+                        e.reservation(entry).and_then(|r| r.upstream_ref.clone())
+                    })
+                };
+                CancelItem {
+                    entry,
+                    upstream_ref,
+                    claim,
+                }
+            })
+            .collect();
+        let deadline = std::time::Instant::now() + self.times.request_bound;
+        let outcomes = match tokio::time::timeout(
+            self.times.request_bound * 2,
+            reclaimer.cancel(&items, deadline),
+        )
+        .await
+        {
+            Ok(o) => o,
+            Err(_) => {
+                for item in &items {
+                    warn!(entry = %item.entry, reclaim = %id, upstream, "cancellation did not finish within its bound; the reservation stays (RECL-21, RECL-27)");
+                }
+                return;
+            }
+        };
+        settle(&self.lender, id, upstream, outcomes);
+    }
+
+    /// Unload the whole server behind the upstream (RECL-30..40, RECL-47..49).
+    async fn unload(&self) {
+        let (id, upstream) = (self.id, self.route.name.as_str());
+        let server: Vec<UpstreamId> = self.same_server.iter().map(|r| r.id).collect();
+        let result = if self.lender.live().replies_pending_on(&server) {
+            info!(reclaim = %id, upstream, reason = "a submission to the server still awaits its reply", "unloading without knowing whose work the upstream holds (RECL-38)");
+            tokio::time::timeout(
+                self.times.request_bound,
+                unload_upstream(&self.lender, &self.route),
+            )
+            .await
+        } else {
+            // RECL-35: vacancy's own work is what any upstream on this server admitted.
+            let names: Vec<String> = self.same_server.iter().map(|r| r.name.clone()).collect();
+            let own: Vec<String> = self
+                .lender
+                .status()
+                .work
+                .into_iter()
+                .filter(|w| names.contains(&w.upstream))
+                .filter_map(|w| w.upstream_ref)
+                .collect();
+            tokio::time::timeout(
+                self.times.request_bound,
+                yield_upstream(&self.lender, &self.route, &own),
+            )
+            .await
+        };
+        match result {
+            Ok(Ok(Yielded::Unloaded(_))) => {
+                info!(reclaim = %id, upstream, "models unloaded (acknowledged; fresh samples show what was freed)");
+            }
+            Ok(Ok(Yielded::Skipped)) => info!(reclaim = %id, upstream, "{UNLOAD_SKIPPED}"),
+            Ok(Err(e)) => warn!(reclaim = %id, upstream, error = %e, "unload failed (RECL-47)"),
+            Err(_) => warn!(reclaim = %id, upstream, "unload got no answer within its bound"),
+        }
+    }
+}
+
+/// Act on cancellation outcomes: a proven stop releases (RECL-17), a failure
+/// keeps the reservation and says why (RECL-21); everything else is left to
+/// completion tracking (RECL-18, RECL-29, RECL-42).
+fn settle(lender: &Lender, id: ReclaimId, upstream: &str, outcomes: Vec<CancelOutcome>) {
+    for outcome in outcomes {
+        match outcome {
+            CancelOutcome::Stopped(entry) => {
+                info!(entry = %entry, reclaim = %id, upstream, "borrowed work deleted or stopped at the upstream; released");
+                lender.release(entry, ReleaseOutcome::Completed);
+            }
+            CancelOutcome::Requested(entry) => {
+                info!(entry = %entry, reclaim = %id, upstream, "stop requested; completion tracking releases it when the upstream proves the end");
+            }
+            CancelOutcome::ClaimedElsewhere(entry) => {
+                debug!(entry = %entry, reclaim = %id, "cancelled by the submission recorder");
+            }
+            CancelOutcome::ByClosingResponse(entry) => {
+                debug!(entry = %entry, reclaim = %id, "cancelled by closing its response");
+            }
+            CancelOutcome::Failed { entry, reason } => {
+                warn!(entry = %entry, reclaim = %id, upstream, reason = %reason, "cancellation failed; the reservation stays (RECL-21)");
+            }
+        }
+    }
+}
+
+/// The submission recorder's side of RECL-23/24: a reply recorded after a
+/// reclaim wanted its work cancelled cancels it now, unless the reclaim won
+/// the claim first.
+pub(crate) async fn cancel_late_reply(
+    lender: Arc<Lender>,
+    route: Arc<UpstreamRoute>,
+    entry: EntryId,
+    claim: crate::traits::CancelClaim,
+) {
+    let Some(reclaimer) = route.adapter.reclaimer() else {
+        return;
+    };
+    let upstream_ref =
+        lender.with_engine(|e| e.reservation(entry).and_then(|r| r.upstream_ref.clone()));
+    let item = CancelItem {
+        entry,
+        upstream_ref,
+        claim,
+    };
+    info!(entry = %entry, upstream = %route.name, "a reclaim wanted this submission cancelled; cancelling it now that its reply is recorded (RECL-23)");
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    let outcomes = reclaimer
+        .cancel(std::slice::from_ref(&item), deadline)
+        .await;
+    settle(&lender, ReclaimId(0), &route.name, outcomes);
+}
