@@ -477,5 +477,33 @@ mod tests {
         assert_eq!(missing.presence().await, OwnerPresence::Unknown);
         let failing = LogindBackend::new(false).with_loginctl("false");
         assert_eq!(failing.presence().await, OwnerPresence::Unknown);
+        // The reason is kept, so it is logged once per change, not per poll.
+        let reason = missing.last_failure.lock().unwrap().clone().unwrap();
+        assert!(reason.contains("cannot be started"), "{reason}");
+        assert!(
+            failing
+                .last_failure
+                .lock()
+                .unwrap()
+                .as_ref()
+                .unwrap()
+                .contains("failed")
+        );
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn garbage_from_loginctl_is_unknown_and_an_answer_clears_the_reason() {
+        // OWN-01: a loginctl that prints what cannot be read is unknown.
+        let dir = tempfile::tempdir().unwrap();
+        let fake = dir.path().join("loginctl");
+        std::fs::write(&fake, "#!/bin/sh\necho 'all is well'\n").unwrap();
+        std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .unwrap();
+        let b = LogindBackend::new(false).with_loginctl(&fake);
+        assert_eq!(b.presence().await, OwnerPresence::Unknown);
+        assert!(b.last_failure.lock().unwrap().is_some());
+        std::fs::write(&fake, "#!/bin/sh\nexit 0\n").unwrap();
+        assert_eq!(b.presence().await, OwnerPresence::Away, "no sessions");
+        assert!(b.last_failure.lock().unwrap().is_none());
     }
 }
