@@ -23,6 +23,8 @@
 //!   the project's compatible-voice-server contract (see [`voice_emulator`]),
 //!   for the `chatterbox` adapter: engine switches, durable executions,
 //!   `/status` shapes and faults.
+//! - [`Login1Bus`]: a private D-Bus system bus with a fake systemd-logind
+//!   ([`FakeSession`]s the test sets) for the real `loginctl` (see [`login1`]).
 //! - [`http_request`], [`http_stream`], [`http_get_status`]: small HTTP clients.
 //!
 //! Everything works from an empty cache; the cache only speeds up reruns. The first
@@ -55,6 +57,7 @@ pub mod comfyui_emulator;
 mod error;
 mod http;
 mod llama;
+pub mod login1;
 pub mod ollama;
 mod process;
 mod python;
@@ -74,6 +77,7 @@ pub use comfyui_emulator::{
 pub use error::SupportError;
 pub use http::{Chunk, HttpReply, HttpStream, http_request, http_stream};
 pub use llama::{LLAMA_PACKAGES, LLAMA_VENV, LlamaOptions, LlamaServer, TinyModel};
+pub use login1::{FakeSession, LOGIN1_PACKAGES, LOGIN1_VENV, Login1Bus};
 pub use ollama::{LoadedModelInfo, OllamaEmulator, OllamaModel, OllamaOptions, OllamaRequest};
 pub use process::{ManagedProcess, http_get_status};
 pub use python::PythonVenv;

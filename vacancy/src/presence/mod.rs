@@ -1,15 +1,19 @@
 //! Owner presence backends: where the engine's presence input comes from.
 //!
-//! This release has `none` (a dedicated machine: the owner is never present),
-//! `manual` (the owner says present or away through the admin API),
-//! `command` (the owner's own check: exit 0 present, 1 away) and `auto`.
-//! `logind` follows with the owner issue; until then `auto` on a machine
-//! with seats reports *unknown*, which refuses host-scoped work (OWN-01)
-//! rather than lending while the owner may be there.
+//! - `none`: a dedicated machine, the owner is never present;
+//! - `manual`: the owner says present or away through the admin API;
+//! - `command`: the owner's own check (exit 0 present, 1 away);
+//! - `logind`: the owner's login sessions (see [`LogindBackend`]);
+//! - `auto` (the default): `logind` on a machine with login seats, else `none`.
+//!
+//! A backend that cannot answer reports *unknown*, which refuses host-scoped
+//! work (OWN-01) rather than lending while the owner may be there.
 
 mod command;
+mod logind;
 
 pub use command::CommandBackend;
+pub use logind::LogindBackend;
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -123,36 +127,25 @@ pub struct Presence {
 
 /// The backend `[owner]` selects, with the line to log at startup.
 pub fn from_owner(owner: &OwnerConfig, seats_dir: &Path) -> Presence {
-    if owner.presence == PresenceMode::Command && !owner.command.trim().is_empty() {
-        return Presence {
-            backend: Box::new(CommandBackend::new(&owner.command)),
-            manual: None,
-            line: "presence command: the owner's command decides (exit 0 present, 1 away, anything else unknown)".to_owned(),
-        };
-    }
-    from_mode(owner.presence, seats_dir)
-}
-
-/// The backend a presence mode selects, with the line to log at startup
-/// (`command` needs its command: see [`from_owner`]).
-pub fn from_mode(mode: PresenceMode, seats_dir: &Path) -> Presence {
     let plain = |backend: Box<dyn PresenceBackend>, line: String| Presence {
         backend,
         manual: None,
         line,
     };
-    let unavailable = |name: &str, why: String| -> Presence {
-        let line = format!("presence {name}: {why}");
-        Presence {
-            backend: Box::new(UnavailableBackend {
-                name: name.to_owned(),
-                why,
-            }),
-            manual: None,
-            line,
-        }
+    let logind = |line: String| {
+        let remote = if owner.remote_sessions_count {
+            "remote (SSH) sessions count too"
+        } else {
+            "remote (SSH) sessions do not count"
+        };
+        plain(
+            Box::new(LogindBackend::new(owner.remote_sessions_count)),
+            format!(
+                "{line}: the owner is present while an active, non-idle local graphical or console user session exists ({remote}); if logind cannot be read presence is unknown and host-scoped upstreams refuse work"
+            ),
+        )
     };
-    match mode {
+    match owner.presence {
         PresenceMode::None => plain(
             Box::new(NoneBackend),
             "presence none: the owner is never present (a dedicated machine)".to_owned(),
@@ -165,25 +158,44 @@ pub fn from_mode(mode: PresenceMode, seats_dir: &Path) -> Presence {
                 line: "presence manual: unknown until the owner says present or away (vacancyd admin-request presence away)".to_owned(),
             }
         }
-        PresenceMode::Auto if !machine_has_seats(seats_dir) => plain(
+        PresenceMode::Command if !owner.command.trim().is_empty() => plain(
+            Box::new(CommandBackend::new(&owner.command)),
+            "presence command: the owner's command decides (exit 0 present, 1 away, anything else unknown)".to_owned(),
+        ),
+        PresenceMode::Command => {
+            // Validation refuses this configuration; stay on the owner's side.
+            let why = "presence = \"command\" without [owner] command, so owner presence is unknown and host-scoped upstreams refuse work".to_owned();
+            plain(
+                Box::new(UnavailableBackend {
+                    name: "command".to_owned(),
+                    why: why.clone(),
+                }),
+                format!("presence command: {why}"),
+            )
+        }
+        PresenceMode::Logind => logind("presence logind".to_owned()),
+        PresenceMode::Auto if machine_has_seats(seats_dir) => logind(format!(
+            "presence auto: login seats under {}, so logind decides (presence logind)",
+            seats_dir.display()
+        )),
+        PresenceMode::Auto => plain(
             Box::new(NoneBackend),
             format!(
                 "presence auto: no login seats under {}, so this is a dedicated machine (presence none)",
                 seats_dir.display()
             ),
         ),
-        PresenceMode::Auto => unavailable(
-            "auto",
-            "this machine has login seats but this build cannot read logind yet, so owner presence is unknown and host-scoped upstreams refuse work; set [owner] presence = \"none\" on a dedicated machine, or \"manual\"".to_owned(),
-        ),
-        other => unavailable(
-            other.as_str(),
-            format!(
-                "presence = \"{}\" is not available in this build, so owner presence is unknown and host-scoped upstreams refuse work; use [owner] presence = \"none\", \"manual\", \"command\" or \"auto\"",
-                other.as_str()
-            ),
-        ),
     }
+}
+
+/// The backend a presence mode selects with the other `[owner]` keys at
+/// their defaults, with the line to log at startup (see [`from_owner`]).
+pub fn from_mode(mode: PresenceMode, seats_dir: &Path) -> Presence {
+    let owner = OwnerConfig {
+        presence: mode,
+        ..OwnerConfig::default()
+    };
+    from_owner(&owner, seats_dir)
 }
 
 #[cfg(test)]
@@ -204,14 +216,32 @@ mod tests {
             OwnerPresence::Away,
             "no seats: none"
         );
+        assert_eq!(p.backend.name(), "none");
+        assert!(p.line.contains("no login seats"), "{}", p.line);
+        // `command` without a command (validation refuses it) is unknown.
+        let p = from_mode(PresenceMode::Command, dir.path());
+        assert_eq!(p.backend.presence().await, OwnerPresence::Unknown);
+    }
+
+    #[test]
+    fn auto_chooses_logind_on_a_machine_with_seats() {
+        let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("seat0"), "").unwrap();
         let p = from_mode(PresenceMode::Auto, dir.path());
-        assert_eq!(p.backend.presence().await, OwnerPresence::Unknown);
-        assert!(p.line.contains("[owner] presence"), "{}", p.line);
-        for mode in [PresenceMode::Logind, PresenceMode::Command] {
-            let p = from_mode(mode, dir.path());
-            assert_eq!(p.backend.presence().await, OwnerPresence::Unknown);
-        }
+        assert_eq!(p.backend.name(), "logind");
+        assert!(p.line.contains("login seats under"), "{}", p.line);
+        assert!(p.line.contains("do not count"), "{}", p.line);
+        // Explicitly, and with remote sessions counting: from_owner passes it on.
+        let owner = OwnerConfig {
+            presence: PresenceMode::Logind,
+            remote_sessions_count: true,
+            ..OwnerConfig::default()
+        };
+        let empty = tempfile::tempdir().unwrap();
+        let p = from_owner(&owner, empty.path());
+        assert_eq!(p.backend.name(), "logind");
+        assert!(p.line.starts_with("presence logind"), "{}", p.line);
+        assert!(p.line.contains("count too"), "{}", p.line);
     }
 
     #[tokio::test(flavor = "current_thread")]
