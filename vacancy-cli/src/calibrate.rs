@@ -8,13 +8,13 @@ use std::time::Duration;
 
 use clap::ArgGroup;
 use thiserror::Error;
+use vacancy::ResourceKind;
 use vacancy::config::{Config, LOOPBACK, LoadedConfig, SamplerKind, same_server_key};
 use vacancy::ledger::{LocationInput, resolve_location};
 use vacancy::pressure::{
     Attendance, CalibrationError, CalibrationFile, NvmlPressureReader, OwnerLoad, PressureError,
     PressureReader, calibrate, listening_pids,
 };
-use vacancy::ResourceKind;
 
 /// `vacancyd calibrate-pressure`'s arguments.
 #[derive(Debug, clap::Args)]
@@ -384,22 +384,33 @@ mod tests {
         }
         reader.push_failure("driver busy");
         let mut out = Vec::new();
-        let b = calibrate_into(&reader, &plan(dir.path(), Attendance::Attended, 4), &mut out)
-            .await
-            .unwrap();
+        let b = calibrate_into(
+            &reader,
+            &plan(dir.path(), Attendance::Attended, 4),
+            &mut out,
+        )
+        .await
+        .unwrap();
         assert_eq!(b, load(90, 1000));
         let text = String::from_utf8(out).unwrap();
         assert!(text.contains("3 good samples (1 failed)"), "{text}");
         assert!(text.contains("driver busy"), "{text}");
-        assert!(text.contains("saved the attended baseline of gpu0"), "{text}");
+        assert!(
+            text.contains("saved the attended baseline of gpu0"),
+            "{text}"
+        );
         assert_eq!(reader.calls().len(), 4);
 
         // The unattended run keeps the attended baseline.
         reader.push_load(load(0, 200));
         let mut out = Vec::new();
-        calibrate_into(&reader, &plan(dir.path(), Attendance::Unattended, 1), &mut out)
-            .await
-            .unwrap();
+        calibrate_into(
+            &reader,
+            &plan(dir.path(), Attendance::Unattended, 1),
+            &mut out,
+        )
+        .await
+        .unwrap();
         let file = CalibrationFile::load(&CalibrationFile::path_in(dir.path())).unwrap();
         let baseline = file.baseline("gpu0");
         assert_eq!(baseline.attended, Some(load(90, 1000)));
@@ -412,18 +423,32 @@ mod tests {
         let reader = ScriptedReader::new("gpu0");
         reader.push_failure("lost");
         let mut out = Vec::new();
-        let err = calibrate_into(&reader, &plan(dir.path(), Attendance::Attended, 2), &mut out)
-            .await
-            .unwrap_err();
-        assert!(matches!(err, CalibrateFailure::NoSamples { attempts: 2, .. }), "{err}");
+        let err = calibrate_into(
+            &reader,
+            &plan(dir.path(), Attendance::Attended, 2),
+            &mut out,
+        )
+        .await
+        .unwrap_err();
+        assert!(
+            matches!(err, CalibrateFailure::NoSamples { attempts: 2, .. }),
+            "{err}"
+        );
         assert!(!CalibrationFile::path_in(dir.path()).exists());
 
         std::fs::write(CalibrationFile::path_in(dir.path()), "garbage").unwrap();
         reader.push_load(load(1, 1));
-        let err = calibrate_into(&reader, &plan(dir.path(), Attendance::Attended, 1), &mut out)
-            .await
-            .unwrap_err();
-        assert!(err.to_string().contains("pressure-calibration.json"), "{err}");
+        let err = calibrate_into(
+            &reader,
+            &plan(dir.path(), Attendance::Attended, 1),
+            &mut out,
+        )
+        .await
+        .unwrap_err();
+        assert!(
+            err.to_string().contains("pressure-calibration.json"),
+            "{err}"
+        );
         // It failed before sampling.
         assert_eq!(reader.pending(), 1);
     }

@@ -1357,7 +1357,8 @@ fn gpu_pressure_thresholds_have_defaults_and_are_checked() {
         ),
         (40, 512, 0, 10000)
     );
-    let text = "[owner.gpu_pressure]\nutil_threshold_pct = 101\nmemory_threshold_mib = 0\nquiet_ms = 0\n";
+    let text =
+        "[owner.gpu_pressure]\nutil_threshold_pct = 101\nmemory_threshold_mib = 0\nquiet_ms = 0\n";
     let errs = errors(text);
     assert_eq!(errs.len(), 3, "{}", list(&errs));
     let e = find(
@@ -1366,15 +1367,28 @@ fn gpu_pressure_thresholds_have_defaults_and_are_checked() {
         &["1 to 100", "101"],
     );
     assert_eq!(e.line, Some(2));
-    let e = find(&errs, "owner.gpu_pressure.memory_threshold_mib", &["above 0"]);
+    let e = find(
+        &errs,
+        "owner.gpu_pressure.memory_threshold_mib",
+        &["above 0"],
+    );
     assert_eq!(e.line, Some(3));
     let e = find(&errs, "owner.gpu_pressure.quiet_ms", &["above 0"]);
     assert_eq!(e.line, Some(4));
     let errs = errors("[owner.gpu_pressure]\nutil_threshold_pct = 0\n");
-    find(&errs, "owner.gpu_pressure.util_threshold_pct", &["1 to 100"]);
+    find(
+        &errs,
+        "owner.gpu_pressure.util_threshold_pct",
+        &["1 to 100"],
+    );
     // Too large for the key's type: still reported with its key and line.
     let errs = errors("[owner.gpu_pressure]\nutil_threshold_pct = 300\n");
     let e = &errs[0];
-    assert_eq!(e.path, "owner.gpu_pressure.util_threshold_pct", "{}", list(&errs));
+    assert_eq!(
+        e.path,
+        "owner.gpu_pressure.util_threshold_pct",
+        "{}",
+        list(&errs)
+    );
     assert_eq!(e.line, Some(2));
 }

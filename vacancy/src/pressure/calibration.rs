@@ -96,9 +96,7 @@ impl CalibrationFile {
         for (gpu, b) in &disk.gpus {
             for (attendance, load) in [("attended", b.attended), ("unattended", b.unattended)] {
                 if load.is_some_and(|l| l.util_pct > 100) {
-                    return Err(invalid(format!(
-                        "{gpu}: {attendance} util_pct above 100"
-                    )));
+                    return Err(invalid(format!("{gpu}: {attendance} util_pct above 100")));
                 }
             }
         }
@@ -128,10 +126,11 @@ impl CalibrationFile {
             version: VERSION,
             gpus: self.gpus.clone(),
         };
-        let mut text = serde_json::to_string_pretty(&disk).map_err(|e| CalibrationError::Invalid {
-            path: path.to_owned(),
-            reason: e.to_string(),
-        })?;
+        let mut text =
+            serde_json::to_string_pretty(&disk).map_err(|e| CalibrationError::Invalid {
+                path: path.to_owned(),
+                reason: e.to_string(),
+            })?;
         text.push('\n');
         let tmp = dir.join(format!(".{CALIBRATION_FILE}.{}.tmp", std::process::id()));
         let written = (|| {
@@ -163,7 +162,10 @@ impl CalibrationFile {
 
     /// Set `gpu`'s baseline for `attendance`, keeping the other.
     pub fn set(&mut self, gpu: &str, attendance: Attendance, load: OwnerLoad) {
-        self.gpus.entry(gpu.to_owned()).or_default().set(attendance, load);
+        self.gpus
+            .entry(gpu.to_owned())
+            .or_default()
+            .set(attendance, load);
     }
 }
 

@@ -171,7 +171,11 @@ pub fn listening_pids(ports: &[SocketAddr]) -> Vec<u32> {
         return Vec::new();
     };
     for entry in procs.flatten() {
-        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
             continue;
         };
         let Ok(fds) = std::fs::read_dir(entry.path().join("fd")) else {
@@ -218,7 +222,11 @@ fn parse_listening(text: &str, v6: bool) -> Vec<(SocketAddr, u64)> {
             }
             let (addr, port) = fields.get(1)?.split_once(':')?;
             let port = u16::from_str_radix(port, 16).ok()?;
-            let ip = if v6 { parse_ipv6(addr)? } else { parse_ipv4(addr)? };
+            let ip = if v6 {
+                parse_ipv6(addr)?
+            } else {
+                parse_ipv4(addr)?
+            };
             let inode = fields.get(9)?.parse::<u64>().ok()?;
             Some((SocketAddr::new(ip, port), inode))
         })

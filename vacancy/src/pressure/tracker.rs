@@ -139,7 +139,9 @@ impl std::fmt::Display for Miss {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Miss::ReadFailed(why) => write!(f, "the attribution read failed: {why}"),
-            Miss::PresenceUnknown => f.write_str("owner presence is unknown, so nothing was sampled"),
+            Miss::PresenceUnknown => {
+                f.write_str("owner presence is unknown, so nothing was sampled")
+            }
         }
     }
 }

@@ -247,7 +247,11 @@ fn pres_03_uncalibrated_fires_once_per_episode() {
     let mut t = tracker();
     let trigger = t.on_sample(at(0), QUIET, UNATT).unwrap();
     assert_eq!(trigger.kind, TriggerKind::Uncalibrated);
-    assert!(trigger.why.contains("unattended baseline"), "{}", trigger.why);
+    assert!(
+        trigger.why.contains("unattended baseline"),
+        "{}",
+        trigger.why
+    );
     assert_eq!(t.reading(at(0)), PressureReading::Uncalibrated(UNATT));
     let why = refuses(&t, at(0));
     assert!(
@@ -339,7 +343,10 @@ fn pres_11_to_13_a_presence_outage_keeps_the_reading_until_stale() {
     assert_eq!(t.verdict(at(15)), PressureVerdict::Admits);
     // Stale: unknown, refuses at once, not cleared.
     let why = refuses(&t, at(16));
-    assert!(why.contains("16 s old") && why.contains("stale after 15 s"), "{why}");
+    assert!(
+        why.contains("16 s old") && why.contains("stale after 15 s"),
+        "{why}"
+    );
     assert!(!t.cleared(at(16)));
     assert_eq!(t.on_miss(at(18), Miss::PresenceUnknown), None);
     // PRES-13: the gap limit still counts from the last good sample.
@@ -370,8 +377,8 @@ enum Event {
 
 fn event() -> impl Strategy<Value = Event> {
     let attendance = prop_oneof![4 => Just(ATT), 1 => Just(UNATT)];
-    let sample = (0u8..=100, 0u64..4000, attendance)
-        .prop_map(|(u, m, a)| Event::Sample(load(u, m), a));
+    let sample =
+        (0u8..=100, 0u64..4000, attendance).prop_map(|(u, m, a)| Event::Sample(load(u, m), a));
     prop_oneof![
         6 => sample,
         2 => Just(Event::Failed),
