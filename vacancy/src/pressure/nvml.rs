@@ -3,6 +3,8 @@
 //! Without the feature the type still exists, but [`NvmlPressureReader::new`]
 //! fails, saying how to rebuild.
 
+use std::collections::{BTreeMap, HashSet};
+
 use async_trait::async_trait;
 
 use crate::pressure::reader::{PressureError, PressureReader};
@@ -65,9 +67,37 @@ impl PressureReader for NvmlPressureReader {
     }
 }
 
+/// The owner's GPU memory in MiB: the memory of the processes not excluded,
+/// each counted once (a process may be both compute and graphics); memory
+/// NVML does not report (`None`) counts 0.
+#[cfg_attr(not(feature = "nvml"), allow(dead_code))]
+fn owner_memory_mib(processes: &[(u32, Option<u64>)], exclude: &HashSet<u32>) -> u64 {
+    let mut per_pid: BTreeMap<u32, u64> = BTreeMap::new();
+    for (pid, used) in processes.iter().filter(|(pid, _)| !exclude.contains(pid)) {
+        let e = per_pid.entry(*pid).or_default();
+        *e = (*e).max(used.unwrap_or(0));
+    }
+    per_pid.values().sum::<u64>() / (1024 * 1024)
+}
+
+/// The owner's utilization from NVML's `(pid, SM %)` samples: each process
+/// not excluded contributes the mean of its samples; the sum is clamped to 100.
+#[cfg_attr(not(feature = "nvml"), allow(dead_code))]
+fn owner_util_pct(samples: &[(u32, u32)], exclude: &HashSet<u32>) -> u8 {
+    // pid -> (sum of SM %, sample count)
+    let mut per_pid: BTreeMap<u32, (u64, u64)> = BTreeMap::new();
+    for (pid, sm) in samples.iter().filter(|(pid, _)| !exclude.contains(pid)) {
+        let e = per_pid.entry(*pid).or_default();
+        e.0 += u64::from(*sm);
+        e.1 += 1;
+    }
+    let util: u64 = per_pid.values().map(|(sum, n)| sum / (*n).max(1)).sum();
+    u8::try_from(util.min(100)).unwrap_or(100)
+}
+
 #[cfg(feature = "nvml")]
 mod enabled {
-    use std::collections::{BTreeMap, HashSet};
+    use std::collections::HashSet;
     use std::sync::{Arc, Mutex, PoisonError};
 
     use nvml_wrapper::Nvml;
@@ -115,41 +145,28 @@ mod enabled {
             Ok(index) => nvml.device_by_index(index)?,
             Err(_) => nvml.device_by_pci_bus_id(device)?,
         };
-        let mut memory: BTreeMap<u32, u64> = BTreeMap::new();
-        let mut excluded_running = false;
-        for p in device
+        let processes: Vec<(u32, Option<u64>)> = device
             .running_compute_processes()?
             .into_iter()
             .chain(device.running_graphics_processes()?)
-        {
-            if exclude.contains(&p.pid) {
-                excluded_running = true;
-                continue;
-            }
-            let used = match p.used_gpu_memory {
-                UsedGpuMemory::Used(bytes) => bytes,
-                UsedGpuMemory::Unavailable => 0,
-            };
-            memory.insert(p.pid, used);
-        }
-        let memory_mib = memory.values().sum::<u64>() / (1024 * 1024);
-        let (util, newest) = match device.process_utilization_stats(last_seen) {
+            .map(|p| match p.used_gpu_memory {
+                UsedGpuMemory::Used(bytes) => (p.pid, Some(bytes)),
+                UsedGpuMemory::Unavailable => (p.pid, None),
+            })
+            .collect();
+        let excluded_running = processes.iter().any(|(pid, _)| exclude.contains(pid));
+        let memory_mib = owner_memory_mib(&processes, exclude);
+        let (util_pct, newest) = match device.process_utilization_stats(last_seen) {
             Ok(samples) => {
                 let newest = samples.iter().map(|s| s.timestamp).max().or(last_seen);
-                // pid -> (sum of SM %, sample count)
-                let mut per_pid: BTreeMap<u32, (u64, u64)> = BTreeMap::new();
-                for s in samples.iter().filter(|s| !exclude.contains(&s.pid)) {
-                    let e = per_pid.entry(s.pid).or_default();
-                    e.0 += u64::from(s.sm_util);
-                    e.1 += 1;
-                }
-                let util: u64 = per_pid.values().map(|(sum, n)| sum / (*n).max(1)).sum();
-                (util, newest)
+                let samples: Vec<(u32, u32)> = samples.iter().map(|s| (s.pid, s.sm_util)).collect();
+                (owner_util_pct(&samples, exclude), newest)
             }
             // No process had a sample since the last read: nothing ran.
             Err(NvmlError::NotFound) => (0, last_seen),
             Err(NvmlError::NotSupported) if !excluded_running => {
-                (u64::from(device.utilization_rates()?.gpu), last_seen)
+                let device_util = device.utilization_rates()?.gpu.min(100);
+                (u8::try_from(device_util).unwrap_or(100), last_seen)
             }
             Err(NvmlError::NotSupported) => {
                 return Err(Failure::Unattributable(
@@ -158,7 +175,6 @@ mod enabled {
             }
             Err(e) => return Err(e.into()),
         };
-        let util_pct = u8::try_from(util.min(100)).unwrap_or(100);
         Ok((
             OwnerLoad {
                 util_pct,
@@ -246,6 +262,27 @@ mod enabled {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn memory_and_utilization_leave_out_the_excluded_processes() {
+        const MIB: u64 = 1024 * 1024;
+        let exclude: HashSet<u32> = [7].into_iter().collect();
+        // 10 is both compute and graphics: counted once; 11's memory is not reported.
+        let processes = [
+            (10, Some(1000 * MIB)),
+            (7, Some(20_000 * MIB)),
+            (10, Some(1000 * MIB)),
+            (11, None),
+            (12, Some(500 * MIB)),
+        ];
+        assert_eq!(owner_memory_mib(&processes, &exclude), 1500);
+        assert_eq!(owner_memory_mib(&[], &exclude), 0);
+        // 10 averages 30 %, 12 is 20 %, 7 (excluded) is busy.
+        let samples = [(10, 20), (7, 90), (10, 40), (12, 20), (7, 95)];
+        assert_eq!(owner_util_pct(&samples, &exclude), 50);
+        assert_eq!(owner_util_pct(&[(1, 80), (2, 70)], &exclude), 100);
+        assert_eq!(owner_util_pct(&[], &exclude), 0);
+    }
 
     #[cfg(not(feature = "nvml"))]
     #[test]

@@ -148,6 +148,8 @@ impl PressureReader for ScriptedReader {
 ///   is invisible unless vacancyd may read its `/proc/PID/fd`, and is then
 ///   missing from the list (a warning says so), so its GPU use counts as
 ///   the owner's.
+/// - It reads `/proc` synchronously (every process's descriptors): from async
+///   code, call it on a blocking thread, and not more often than once a poll.
 pub fn listening_pids(ports: &[SocketAddr]) -> Vec<u32> {
     let mut inodes: HashSet<u64> = HashSet::new();
     let mut wanted_by: Vec<(u64, SocketAddr)> = Vec::new();
