@@ -1,6 +1,7 @@
 //! `vacancyd`: the reference daemon and CLI of vacancy.
 
 mod admin_cmd;
+mod calibrate;
 mod check_config;
 mod control;
 mod daemon;
@@ -64,6 +65,9 @@ enum Command {
         #[arg(long)]
         no_sample: bool,
     },
+    /// Measure a GPU's normal owner load for a while and save it as its
+    /// attended or unattended GPU pressure baseline.
+    CalibratePressure(calibrate::Args),
 }
 
 #[derive(Debug, Subcommand)]
@@ -102,6 +106,7 @@ fn runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
+        Command::CalibratePressure(args) => calibrate::run(&args),
         Command::CheckConfig { config, no_sample } => {
             check_config::run(config.as_deref(), !no_sample)
         }

@@ -7,6 +7,7 @@ pub mod engine;
 pub mod gate;
 pub mod ledger;
 pub mod presence;
+pub mod pressure;
 pub mod proxy;
 pub mod sample;
 pub mod slots;

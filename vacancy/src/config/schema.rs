@@ -180,6 +180,16 @@ pub struct GpuPressureConfig {
     pub enabled: bool,
     /// Sampling interval in milliseconds. Default 2000.
     pub poll_ms: u64,
+    /// Utilization points above the baseline that count as pressure. Default 25.
+    pub util_threshold_pct: u8,
+    /// MiB above the baseline that count as pressure. Default 1024.
+    pub memory_threshold_mib: u64,
+    /// Milliseconds the owner's load must stay above the threshold before
+    /// pressure engages. Default 4000.
+    pub engage_ms: u64,
+    /// Milliseconds engaged pressure must be observed quiet before it
+    /// releases (PRES-08). Default 30000.
+    pub quiet_ms: u64,
 }
 
 impl Default for GpuPressureConfig {
@@ -187,6 +197,10 @@ impl Default for GpuPressureConfig {
         GpuPressureConfig {
             enabled: false,
             poll_ms: 2000,
+            util_threshold_pct: 25,
+            memory_threshold_mib: 1024,
+            engage_ms: 4000,
+            quiet_ms: 30000,
         }
     }
 }

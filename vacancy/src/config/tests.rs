@@ -1332,3 +1332,63 @@ fn voice_routes_are_checked_and_apply_to_chatterbox_only() {
     );
     assert_eq!(err.line, Some(line_of(&typo, "speach")));
 }
+
+#[test]
+fn gpu_pressure_thresholds_have_defaults_and_are_checked() {
+    let d = GpuPressureConfig::default();
+    assert_eq!(
+        (
+            d.enabled,
+            d.util_threshold_pct,
+            d.memory_threshold_mib,
+            d.engage_ms,
+            d.quiet_ms
+        ),
+        (false, 25, 1024, 4000, 30000)
+    );
+    let c = ok("[owner.gpu_pressure]\nenabled = true\nutil_threshold_pct = 40\nmemory_threshold_mib = 512\nengage_ms = 0\nquiet_ms = 10000\n").config;
+    let p = &c.owner.gpu_pressure;
+    assert_eq!(
+        (
+            p.util_threshold_pct,
+            p.memory_threshold_mib,
+            p.engage_ms,
+            p.quiet_ms
+        ),
+        (40, 512, 0, 10000)
+    );
+    let text =
+        "[owner.gpu_pressure]\nutil_threshold_pct = 101\nmemory_threshold_mib = 0\nquiet_ms = 0\n";
+    let errs = errors(text);
+    assert_eq!(errs.len(), 3, "{}", list(&errs));
+    let e = find(
+        &errs,
+        "owner.gpu_pressure.util_threshold_pct",
+        &["1 to 100", "101"],
+    );
+    assert_eq!(e.line, Some(2));
+    let e = find(
+        &errs,
+        "owner.gpu_pressure.memory_threshold_mib",
+        &["above 0"],
+    );
+    assert_eq!(e.line, Some(3));
+    let e = find(&errs, "owner.gpu_pressure.quiet_ms", &["above 0"]);
+    assert_eq!(e.line, Some(4));
+    let errs = errors("[owner.gpu_pressure]\nutil_threshold_pct = 0\n");
+    find(
+        &errs,
+        "owner.gpu_pressure.util_threshold_pct",
+        &["1 to 100"],
+    );
+    // Too large for the key's type: still reported with its key and line.
+    let errs = errors("[owner.gpu_pressure]\nutil_threshold_pct = 300\n");
+    let e = &errs[0];
+    assert_eq!(
+        e.path,
+        "owner.gpu_pressure.util_threshold_pct",
+        "{}",
+        list(&errs)
+    );
+    assert_eq!(e.line, Some(2));
+}

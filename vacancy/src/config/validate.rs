@@ -186,6 +186,28 @@ impl Checker<'_> {
                 "must be above 0 (milliseconds between pressure samples)",
             );
         }
+        let pressure = &owner.gpu_pressure;
+        if pressure.util_threshold_pct == 0 || pressure.util_threshold_pct > 100 {
+            self.error(
+                &gp.key("util_threshold_pct"),
+                format!(
+                    "must be 1 to 100 (utilization points above the baseline), found {}",
+                    pressure.util_threshold_pct
+                ),
+            );
+        }
+        if pressure.memory_threshold_mib == 0 {
+            self.error(
+                &gp.key("memory_threshold_mib"),
+                "must be above 0 (MiB above the baseline); at 0 any allocation by the owner counts as pressure",
+            );
+        }
+        if pressure.quiet_ms == 0 {
+            self.error(
+                &gp.key("quiet_ms"),
+                "must be above 0 (milliseconds engaged pressure must be observed quiet before it releases)",
+            );
+        }
     }
 
     fn resources(&mut self, config: &Config, root: &KeyPath) {

@@ -1,0 +1,312 @@
+//! The owner's load on an NVIDIA GPU through NVML process attribution (cargo feature `nvml`).
+//!
+//! Without the feature the type still exists, but [`NvmlPressureReader::new`]
+//! fails, saying how to rebuild.
+
+use std::collections::{BTreeMap, HashSet};
+
+use async_trait::async_trait;
+
+use crate::pressure::reader::{PressureError, PressureReader};
+use crate::pressure::tracker::OwnerLoad;
+
+/// The owner's load on an NVIDIA GPU, from NVML's per-process accounting.
+///
+/// # Behavior
+///
+/// - Memory: the sum of `used_gpu_memory` of the GPU's running compute and
+///   graphics processes whose PIDs are not excluded (a process in both lists
+///   counts once; a process whose memory NVML does not report counts 0).
+/// - Utilization: the SM utilization of each non-excluded process, averaged
+///   over NVML's samples since the previous read, summed and clamped to 100.
+/// - Where the GPU or driver does not report per-process utilization, the
+///   whole device's utilization is used if none of the excluded processes
+///   is running on the GPU (then all of it is the owner's); otherwise the
+///   owner's share cannot be told and the read fails with
+///   [`PressureError::Unattributable`], which makes the reading unavailable.
+/// - NVML calls run on a blocking thread.
+#[derive(Debug)]
+pub struct NvmlPressureReader {
+    name: String,
+    inner: Inner,
+}
+
+#[cfg(not(feature = "nvml"))]
+type Inner = std::convert::Infallible;
+
+#[cfg(feature = "nvml")]
+use enabled::Inner;
+
+#[cfg(not(feature = "nvml"))]
+impl NvmlPressureReader {
+    /// Always fails: this build has no NVML support.
+    ///
+    /// # Errors
+    ///
+    /// Always [`PressureError::Unavailable`], saying to rebuild with `--features nvml`.
+    pub fn new(name: impl Into<String>, device: &str) -> Result<Self, PressureError> {
+        let _ = device;
+        Err(PressureError::Unavailable {
+            gpu: name.into(),
+            reason: "vacancyd was built without NVML support; rebuild with --features nvml"
+                .to_owned(),
+        })
+    }
+}
+
+#[cfg(not(feature = "nvml"))]
+#[async_trait]
+impl PressureReader for NvmlPressureReader {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    async fn read(&self, _exclude_pids: &[u32]) -> Result<OwnerLoad, PressureError> {
+        // `Inner` is uninhabited here: no reader exists without the feature.
+        match self.inner {}
+    }
+}
+
+/// The owner's GPU memory in MiB: the memory of the processes not excluded,
+/// each counted once (a process may be both compute and graphics); memory
+/// NVML does not report (`None`) counts 0.
+#[cfg_attr(not(feature = "nvml"), allow(dead_code))]
+fn owner_memory_mib(processes: &[(u32, Option<u64>)], exclude: &HashSet<u32>) -> u64 {
+    let mut per_pid: BTreeMap<u32, u64> = BTreeMap::new();
+    for (pid, used) in processes.iter().filter(|(pid, _)| !exclude.contains(pid)) {
+        let e = per_pid.entry(*pid).or_default();
+        *e = (*e).max(used.unwrap_or(0));
+    }
+    per_pid.values().sum::<u64>() / (1024 * 1024)
+}
+
+/// The owner's utilization from NVML's `(pid, SM %)` samples: each process
+/// not excluded contributes the mean of its samples; the sum is clamped to 100.
+#[cfg_attr(not(feature = "nvml"), allow(dead_code))]
+fn owner_util_pct(samples: &[(u32, u32)], exclude: &HashSet<u32>) -> u8 {
+    // pid -> (sum of SM %, sample count)
+    let mut per_pid: BTreeMap<u32, (u64, u64)> = BTreeMap::new();
+    for (pid, sm) in samples.iter().filter(|(pid, _)| !exclude.contains(pid)) {
+        let e = per_pid.entry(*pid).or_default();
+        e.0 += u64::from(*sm);
+        e.1 += 1;
+    }
+    let util: u64 = per_pid.values().map(|(sum, n)| sum / (*n).max(1)).sum();
+    u8::try_from(util.min(100)).unwrap_or(100)
+}
+
+#[cfg(feature = "nvml")]
+mod enabled {
+    use std::collections::HashSet;
+    use std::sync::{Arc, Mutex, PoisonError};
+
+    use nvml_wrapper::Nvml;
+    use nvml_wrapper::enums::device::UsedGpuMemory;
+    use nvml_wrapper::error::NvmlError;
+
+    use super::*;
+
+    /// The NVML handle, the device, and where the last utilization read ended.
+    pub(super) struct Inner {
+        nvml: Arc<Nvml>,
+        device: String,
+        /// NVML's timestamp of the newest utilization sample seen (µs).
+        last_seen: Arc<Mutex<Option<u64>>>,
+    }
+
+    impl std::fmt::Debug for Inner {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.debug_struct("Inner")
+                .field("device", &self.device)
+                .finish_non_exhaustive()
+        }
+    }
+
+    /// Why a read failed, before the GPU's name is added.
+    enum Failure {
+        Nvml(NvmlError),
+        Unattributable(String),
+    }
+
+    impl From<NvmlError> for Failure {
+        fn from(e: NvmlError) -> Self {
+            Failure::Nvml(e)
+        }
+    }
+
+    /// One read: `(load, newest utilization timestamp)`.
+    fn read(
+        nvml: &Nvml,
+        device: &str,
+        exclude: &HashSet<u32>,
+        last_seen: Option<u64>,
+    ) -> Result<(OwnerLoad, Option<u64>), Failure> {
+        let device = match device.parse::<u32>() {
+            Ok(index) => nvml.device_by_index(index)?,
+            Err(_) => nvml.device_by_pci_bus_id(device)?,
+        };
+        let processes: Vec<(u32, Option<u64>)> = device
+            .running_compute_processes()?
+            .into_iter()
+            .chain(device.running_graphics_processes()?)
+            .map(|p| match p.used_gpu_memory {
+                UsedGpuMemory::Used(bytes) => (p.pid, Some(bytes)),
+                UsedGpuMemory::Unavailable => (p.pid, None),
+            })
+            .collect();
+        let excluded_running = processes.iter().any(|(pid, _)| exclude.contains(pid));
+        let memory_mib = owner_memory_mib(&processes, exclude);
+        let (util_pct, newest) = match device.process_utilization_stats(last_seen) {
+            Ok(samples) => {
+                let newest = samples.iter().map(|s| s.timestamp).max().or(last_seen);
+                let samples: Vec<(u32, u32)> = samples.iter().map(|s| (s.pid, s.sm_util)).collect();
+                (owner_util_pct(&samples, exclude), newest)
+            }
+            // No process had a sample since the last read: nothing ran.
+            Err(NvmlError::NotFound) => (0, last_seen),
+            Err(NvmlError::NotSupported) if !excluded_running => {
+                let device_util = device.utilization_rates()?.gpu.min(100);
+                (u8::try_from(device_util).unwrap_or(100), last_seen)
+            }
+            Err(NvmlError::NotSupported) => {
+                return Err(Failure::Unattributable(
+                    "this GPU or driver has no per-process utilization, and a lent upstream server is running on it".to_owned(),
+                ));
+            }
+            Err(e) => return Err(e.into()),
+        };
+        Ok((
+            OwnerLoad {
+                util_pct,
+                memory_mib,
+            },
+            newest,
+        ))
+    }
+
+    impl NvmlPressureReader {
+        /// A reader for the GPU resource `name` on `device` (an index such as
+        /// `"0"` or a PCI bus id).
+        ///
+        /// # Errors
+        ///
+        /// [`PressureError::Unavailable`] when the driver library cannot be
+        /// loaded, NVML cannot start, or the device cannot be read.
+        pub fn new(name: impl Into<String>, device: &str) -> Result<Self, PressureError> {
+            let name = name.into();
+            let unavailable = |reason: String| PressureError::Unavailable {
+                gpu: name.clone(),
+                reason,
+            };
+            let nvml = Nvml::init().map_err(|e| {
+                unavailable(format!(
+                    "the NVIDIA driver library (libnvidia-ml) could not start: {e}"
+                ))
+            })?;
+            match read(&nvml, device, &HashSet::new(), None) {
+                Ok((_, newest)) => Ok(NvmlPressureReader {
+                    name: name.clone(),
+                    inner: Inner {
+                        nvml: Arc::new(nvml),
+                        device: device.to_owned(),
+                        last_seen: Arc::new(Mutex::new(newest)),
+                    },
+                }),
+                Err(Failure::Nvml(e)) => Err(unavailable(format!(
+                    "NVIDIA GPU {device} cannot be read: {e}"
+                ))),
+                // The first read excludes nothing, so the fallback always applies.
+                Err(Failure::Unattributable(reason)) => Err(unavailable(reason)),
+            }
+        }
+    }
+
+    #[async_trait]
+    impl PressureReader for NvmlPressureReader {
+        fn name(&self) -> &str {
+            &self.name
+        }
+
+        async fn read(&self, exclude_pids: &[u32]) -> Result<OwnerLoad, PressureError> {
+            let nvml = Arc::clone(&self.inner.nvml);
+            let device = self.inner.device.clone();
+            let last_seen = Arc::clone(&self.inner.last_seen);
+            let exclude: HashSet<u32> = exclude_pids.iter().copied().collect();
+            let result = tokio::task::spawn_blocking(move || {
+                let mut last = last_seen.lock().unwrap_or_else(PoisonError::into_inner);
+                let (load, newest) = read(&nvml, &device, &exclude, *last)?;
+                *last = newest;
+                Ok::<_, Failure>(load)
+            })
+            .await;
+            let gpu = self.name.clone();
+            match result {
+                Ok(Ok(load)) => Ok(load),
+                Ok(Err(Failure::Nvml(e))) => Err(PressureError::Read {
+                    gpu,
+                    reason: format!("NVML: {e}"),
+                }),
+                Ok(Err(Failure::Unattributable(reason))) => {
+                    Err(PressureError::Unattributable { gpu, reason })
+                }
+                Err(e) => Err(PressureError::Read {
+                    gpu,
+                    reason: format!("the NVML read did not finish: {e}"),
+                }),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn memory_and_utilization_leave_out_the_excluded_processes() {
+        const MIB: u64 = 1024 * 1024;
+        let exclude: HashSet<u32> = [7].into_iter().collect();
+        // 10 is both compute and graphics: counted once; 11's memory is not reported.
+        let processes = [
+            (10, Some(1000 * MIB)),
+            (7, Some(20_000 * MIB)),
+            (10, Some(1000 * MIB)),
+            (11, None),
+            (12, Some(500 * MIB)),
+        ];
+        assert_eq!(owner_memory_mib(&processes, &exclude), 1500);
+        assert_eq!(owner_memory_mib(&[], &exclude), 0);
+        // 10 averages 30 %, 12 is 20 %, 7 (excluded) is busy.
+        let samples = [(10, 20), (7, 90), (10, 40), (12, 20), (7, 95)];
+        assert_eq!(owner_util_pct(&samples, &exclude), 50);
+        assert_eq!(owner_util_pct(&[(1, 80), (2, 70)], &exclude), 100);
+        assert_eq!(owner_util_pct(&[], &exclude), 0);
+    }
+
+    #[cfg(not(feature = "nvml"))]
+    #[test]
+    fn without_the_feature_construction_says_how_to_rebuild() {
+        let err = NvmlPressureReader::new("gpu0", "0").unwrap_err();
+        assert!(matches!(err, PressureError::Unavailable { .. }), "{err:?}");
+        assert!(err.to_string().contains("--features nvml"), "{err}");
+    }
+
+    /// Without a driver (CI) construction fails naming the library; with one,
+    /// a read gives a load within range.
+    #[cfg(feature = "nvml")]
+    #[tokio::test(flavor = "current_thread")]
+    async fn construction_fails_cleanly_or_reads() {
+        match NvmlPressureReader::new("gpu0", "0") {
+            Err(err) => {
+                let message = err.to_string();
+                eprintln!("expected on a machine without the driver: {message}");
+                assert!(matches!(err, PressureError::Unavailable { .. }), "{err:?}");
+            }
+            Ok(reader) => {
+                let load = reader.read(&[std::process::id()]).await.unwrap();
+                assert!(load.util_pct <= 100);
+            }
+        }
+    }
+}

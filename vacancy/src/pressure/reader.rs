@@ -1,0 +1,340 @@
+//! Reading the owner's load on a GPU, and finding the processes that are not the owner's.
+
+use std::collections::{BTreeSet, HashSet, VecDeque};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use async_trait::async_trait;
+use thiserror::Error;
+
+use crate::config::normalize_host;
+use crate::pressure::tracker::OwnerLoad;
+
+/// Why the owner's load on a GPU could not be read.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum PressureError {
+    /// Nothing can measure this GPU's pressure here: this build has no NVML
+    /// support, the driver library is missing, or there is no such device.
+    #[error("GPU pressure on {gpu} cannot be measured here: {reason}")]
+    Unavailable {
+        /// The GPU resource.
+        gpu: String,
+        /// Why, with what to do about it.
+        reason: String,
+    },
+    /// One read failed; the next may succeed.
+    #[error("reading the owner's load on {gpu} failed: {reason}")]
+    Read {
+        /// The GPU resource.
+        gpu: String,
+        /// What failed.
+        reason: String,
+    },
+    /// The GPU's utilization cannot be split between the owner and the
+    /// excluded processes (no per-process utilization on this GPU or driver).
+    #[error("the owner's share of {gpu}'s utilization cannot be told: {reason}")]
+    Unattributable {
+        /// The GPU resource.
+        gpu: String,
+        /// Why.
+        reason: String,
+    },
+}
+
+/// Reads the owner's load on one GPU.
+#[async_trait]
+pub trait PressureReader: Send + Sync {
+    /// The GPU resource this reader measures.
+    fn name(&self) -> &str;
+
+    /// The owner's load: utilization and memory of the GPU's processes whose
+    /// PIDs are not in `exclude_pids` (the lent upstream servers, see
+    /// [`listening_pids`]).
+    ///
+    /// # Errors
+    ///
+    /// A [`PressureError`] when the load cannot be read or attributed; the
+    /// tracker then takes it as a failed read (the reading is unavailable).
+    async fn read(&self, exclude_pids: &[u32]) -> Result<OwnerLoad, PressureError>;
+}
+
+/// What a [`ScriptedReader`] holds: results still to give, and every call's exclusions.
+#[derive(Debug, Default)]
+struct Script {
+    queue: VecDeque<Result<OwnerLoad, String>>,
+    calls: Vec<Vec<u32>>,
+}
+
+/// A [`PressureReader`] for tests and CI: it returns the results queued by
+/// the test, in order, and records each call's `exclude_pids`.
+///
+/// Clones share the queue, so a test keeps one handle and gives another to
+/// the code under test. With the queue empty, a read fails
+/// ([`PressureError::Read`], "nothing queued").
+#[derive(Debug, Clone)]
+pub struct ScriptedReader {
+    name: String,
+    script: Arc<Mutex<Script>>,
+}
+
+impl ScriptedReader {
+    /// A reader for the GPU resource `name` with nothing queued.
+    pub fn new(name: impl Into<String>) -> Self {
+        ScriptedReader {
+            name: name.into(),
+            script: Arc::new(Mutex::new(Script::default())),
+        }
+    }
+
+    fn script(&self) -> std::sync::MutexGuard<'_, Script> {
+        self.script.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Queue a good read.
+    pub fn push_load(&self, load: OwnerLoad) {
+        self.script().queue.push_back(Ok(load));
+    }
+
+    /// Queue a failed read ([`PressureError::Read`] with `reason`).
+    pub fn push_failure(&self, reason: impl Into<String>) {
+        self.script().queue.push_back(Err(reason.into()));
+    }
+
+    /// How many results are still queued.
+    pub fn pending(&self) -> usize {
+        self.script().queue.len()
+    }
+
+    /// The `exclude_pids` of every read so far, in order.
+    pub fn calls(&self) -> Vec<Vec<u32>> {
+        self.script().calls.clone()
+    }
+}
+
+#[async_trait]
+impl PressureReader for ScriptedReader {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    async fn read(&self, exclude_pids: &[u32]) -> Result<OwnerLoad, PressureError> {
+        let mut script = self.script();
+        script.calls.push(exclude_pids.to_vec());
+        match script.queue.pop_front() {
+            Some(Ok(load)) => Ok(load),
+            Some(Err(reason)) => Err(PressureError::Read {
+                gpu: self.name.clone(),
+                reason,
+            }),
+            None => Err(PressureError::Read {
+                gpu: self.name.clone(),
+                reason: "nothing queued in the scripted reader".to_owned(),
+            }),
+        }
+    }
+}
+
+/// The PIDs of the processes listening on `ports` (the upstream servers), so
+/// that their GPU use is not counted as the owner's.
+///
+/// # Behavior
+///
+/// - Linux only: listening TCP sockets are found in `/proc/net/tcp` and
+///   `/proc/net/tcp6` (this network namespace), then their owners by the
+///   `socket:[inode]` links under `/proc/*/fd`. Elsewhere the list is empty.
+/// - Only host and port are compared; loopback addresses, `0.0.0.0`, `::`
+///   and `localhost` count as the same host.
+/// - Entries that cannot be read are skipped: a process of another account
+///   is invisible unless vacancyd may read its `/proc/PID/fd`, and is then
+///   missing from the list (a warning says so), so its GPU use counts as
+///   the owner's.
+/// - It reads `/proc` synchronously (every process's descriptors): from async
+///   code, call it on a blocking thread, and not more often than once a poll.
+pub fn listening_pids(ports: &[SocketAddr]) -> Vec<u32> {
+    let mut inodes: HashSet<u64> = HashSet::new();
+    let mut wanted_by: Vec<(u64, SocketAddr)> = Vec::new();
+    for (file, v6) in [("/proc/net/tcp", false), ("/proc/net/tcp6", true)] {
+        let Ok(text) = std::fs::read_to_string(file) else {
+            continue;
+        };
+        for (local, inode) in parse_listening(&text, v6) {
+            if let Some(want) = ports.iter().find(|w| same_socket(local, **w)) {
+                inodes.insert(inode);
+                wanted_by.push((inode, *want));
+            }
+        }
+    }
+    if inodes.is_empty() {
+        return Vec::new();
+    }
+    let mut pids = BTreeSet::new();
+    let mut found: HashSet<u64> = HashSet::new();
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    for entry in procs.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let Ok(fds) = std::fs::read_dir(entry.path().join("fd")) else {
+            continue;
+        };
+        for fd in fds.flatten() {
+            let Ok(target) = std::fs::read_link(fd.path()) else {
+                continue;
+            };
+            let inode = target
+                .to_str()
+                .and_then(|t| t.strip_prefix("socket:["))
+                .and_then(|t| t.strip_suffix(']'))
+                .and_then(|t| t.parse::<u64>().ok());
+            if let Some(inode) = inode.filter(|i| inodes.contains(i)) {
+                found.insert(inode);
+                pids.insert(pid);
+            }
+        }
+    }
+    for (inode, want) in wanted_by {
+        if !found.contains(&inode) {
+            tracing::warn!(%want, inode, "a server listens on this upstream address, but its process cannot be seen (another account?); its GPU use counts as the owner's");
+        }
+    }
+    pids.into_iter().collect()
+}
+
+/// Whether a socket listening on `local` serves `want`: same port, same host.
+fn same_socket(local: SocketAddr, want: SocketAddr) -> bool {
+    local.port() == want.port()
+        && normalize_host(&local.ip().to_string()) == normalize_host(&want.ip().to_string())
+}
+
+/// The listening sockets of a `/proc/net/tcp` (or `tcp6`) table: local address and inode.
+fn parse_listening(text: &str, v6: bool) -> Vec<(SocketAddr, u64)> {
+    const LISTEN: &str = "0A";
+    text.lines()
+        .skip(1)
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            if fields.get(3) != Some(&LISTEN) {
+                return None;
+            }
+            let (addr, port) = fields.get(1)?.split_once(':')?;
+            let port = u16::from_str_radix(port, 16).ok()?;
+            let ip = if v6 {
+                parse_ipv6(addr)?
+            } else {
+                parse_ipv4(addr)?
+            };
+            let inode = fields.get(9)?.parse::<u64>().ok()?;
+            Some((SocketAddr::new(ip, port), inode))
+        })
+        .collect()
+}
+
+/// The kernel prints each 32-bit word of the address in host byte order.
+fn parse_ipv4(hex: &str) -> Option<IpAddr> {
+    let word = u32::from_str_radix(hex, 16).ok()?;
+    (hex.len() == 8).then(|| IpAddr::V4(Ipv4Addr::from(word.to_ne_bytes())))
+}
+
+fn parse_ipv6(hex: &str) -> Option<IpAddr> {
+    if hex.len() != 32 || !hex.is_ascii() {
+        return None;
+    }
+    let mut bytes = [0u8; 16];
+    for (i, chunk) in bytes.chunks_exact_mut(4).enumerate() {
+        let word = u32::from_str_radix(hex.get(i * 8..i * 8 + 8)?, 16).ok()?;
+        chunk.copy_from_slice(&word.to_ne_bytes());
+    }
+    Some(IpAddr::V6(Ipv6Addr::from(bytes)))
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn listening_pids_finds_this_process_on_its_port() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let me = std::process::id();
+        assert!(listening_pids(&[addr]).contains(&me), "{addr}");
+        // Every loopback spelling and 0.0.0.0 name the same host.
+        for host in ["127.0.0.2", "0.0.0.0", "::1"] {
+            let other = SocketAddr::new(host.parse().unwrap(), addr.port());
+            assert!(listening_pids(&[other]).contains(&me), "{other}");
+        }
+        // A LAN address is another host.
+        let lan = SocketAddr::new("192.0.2.7".parse().unwrap(), addr.port());
+        assert!(!listening_pids(&[lan]).contains(&me));
+    }
+
+    #[test]
+    fn listening_pids_is_empty_for_an_unused_port() {
+        let addr = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap()
+        };
+        assert!(!listening_pids(&[addr]).contains(&std::process::id()));
+        assert!(listening_pids(&[]).is_empty());
+    }
+
+    #[test]
+    fn an_ipv6_listener_is_found() {
+        let Ok(listener) = std::net::TcpListener::bind("[::1]:0") else {
+            eprintln!("no IPv6 loopback here");
+            return;
+        };
+        let addr = listener.local_addr().unwrap();
+        let v4 = SocketAddr::new("127.0.0.1".parse().unwrap(), addr.port());
+        assert!(listening_pids(&[v4]).contains(&std::process::id()));
+    }
+
+    #[test]
+    fn proc_net_tables_parse() {
+        let ipv4_loopback = format!("{:08X}", u32::from_ne_bytes([127, 0, 0, 1]));
+        let text = format!(
+            "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n\
+             0: {ipv4_loopback}:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000  1000        0 4242 1 0 100 0 0 10 0\n\
+             1: {ipv4_loopback}:1F91 0100007F:C350 01 00000000:00000000 00:00000000 00000000  1000        0 4243 1 0 100 0 0 10 0\n\
+             garbage\n"
+        );
+        assert_eq!(
+            parse_listening(&text, false),
+            vec![("127.0.0.1:8080".parse().unwrap(), 4242)]
+        );
+        let any6 = "00000000000000000000000000000000";
+        let text6 = format!("header\n 0: {any6}:2BCB {any6}:0000 0A 0:0 0:0 0 0 0 77 1\n");
+        assert_eq!(
+            parse_listening(&text6, true),
+            vec![("[::]:11211".parse().unwrap(), 77)]
+        );
+        assert_eq!(parse_ipv4("zz"), None);
+        assert_eq!(parse_ipv6("00"), None);
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn scripted_reader_replays_its_queue_and_records_calls() {
+        let reader = ScriptedReader::new("gpu0");
+        let handle = reader.clone();
+        let load = OwnerLoad {
+            util_pct: 30,
+            memory_mib: 2000,
+        };
+        handle.push_load(load);
+        handle.push_failure("driver busy");
+        assert_eq!(reader.pending(), 2);
+        assert_eq!(reader.read(&[7]).await, Ok(load));
+        let err = reader.read(&[]).await.unwrap_err();
+        assert!(err.to_string().contains("driver busy"), "{err}");
+        let err = reader.read(&[1, 2]).await.unwrap_err();
+        assert!(err.to_string().contains("nothing queued"), "{err}");
+        assert_eq!(handle.calls(), vec![vec![7], vec![], vec![1, 2]]);
+        assert_eq!(reader.name(), "gpu0");
+    }
+}
