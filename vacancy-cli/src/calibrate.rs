@@ -167,7 +167,7 @@ fn samples_in(seconds: u64, poll_ms: u64) -> u32 {
 }
 
 /// The addresses of every upstream's server: their processes are not the owner's.
-fn upstream_addrs(config: &Config) -> Vec<SocketAddr> {
+pub(crate) fn upstream_addrs(config: &Config) -> Vec<SocketAddr> {
     let mut addrs = Vec::new();
     for u in &config.upstreams {
         let Some((host, port)) = same_server_key(&u.target) else {

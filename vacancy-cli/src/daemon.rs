@@ -11,14 +11,21 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tracing::{error, info, warn};
-use vacancy::config::{AdapterKind, Config, ConfigErrors, LoadedConfig, UpstreamConfig};
+use vacancy::config::{
+    AdapterKind, Config, ConfigErrors, LoadedConfig, SamplerKind, UpstreamConfig,
+};
 use vacancy::engine::{Engine, EngineSpec};
 use vacancy::ledger::{Ledger, LocationInput, resolve_location};
+use vacancy::pressure::{
+    CalibrationFile, NvmlPressureReader, PressureParams, PressureReader, PressureTracker,
+    UnavailableReader,
+};
+use vacancy::proxy::pressure::PressureGpu;
 use vacancy::proxy::reclaim::ReclaimTimes;
 use vacancy::proxy::shells::{self, HealthCell, UnavailableResource};
 use vacancy::proxy::{Lender, Target, UpstreamRoute};
 use vacancy::traits::Adapter;
-use vacancy::{MonotonicClock, Resource};
+use vacancy::{MonotonicClock, Resource, ResourceKind};
 use vacancy_adapters::comfyui::ComfyUiAdapter;
 use vacancy_adapters::comfyui::tracker::TrackingTimes;
 use vacancy_adapters::ollama::ContextCache;
@@ -223,6 +230,47 @@ fn open_ledger(
     Ok((ledger, location.path))
 }
 
+/// One tracker per NVIDIA GPU when `[owner.gpu_pressure]` is enabled, with
+/// its calibrated baselines. A GPU whose reader cannot start reads as
+/// unavailable (refusing, PRES-04); a missing baseline as uncalibrated
+/// (refusing and reclaiming, PRES-03). Other GPUs have no attributed
+/// pressure (SCOPE-09; check-config warns, SCOPE-19).
+fn pressure_gpus(
+    config: &vacancy::config::Config,
+    state_dir: &Path,
+    now: vacancy::Moment,
+) -> Vec<PressureGpu> {
+    let file = CalibrationFile::path_in(state_dir);
+    let calibration = CalibrationFile::load(&file).unwrap_or_else(|e| {
+        error!(error = %e, "cannot read the pressure calibration; every GPU reads as uncalibrated (vacancyd calibrate-pressure)");
+        CalibrationFile::default()
+    });
+    let params = PressureParams::from_config(&config.owner.gpu_pressure);
+    config
+        .resources
+        .iter()
+        .filter(|r| r.kind == ResourceKind::Gpu && r.sampler == SamplerKind::Nvml)
+        .map(|r| {
+            let reader: Arc<dyn PressureReader> = match NvmlPressureReader::new(&r.name, &r.device) {
+                Ok(reader) => Arc::new(reader),
+                Err(e) => {
+                    error!(resource = %r.name, error = %e, "GPU pressure cannot be read; work on this GPU is refused while pressure is enabled");
+                    Arc::new(UnavailableReader::new(e))
+                }
+            };
+            let baseline = calibration.baseline(&r.name);
+            if baseline.attended.is_none() || baseline.unattended.is_none() {
+                warn!(resource = %r.name, "GPU pressure is not calibrated for both attended and unattended use; uncalibrated readings refuse work (vacancyd calibrate-pressure --resource {} --attended|--unattended)", r.name);
+            }
+            info!(resource = %r.name, "GPU pressure enabled");
+            PressureGpu {
+                tracker: PressureTracker::new(r.name.clone(), params, baseline, now),
+                reader,
+            }
+        })
+        .collect()
+}
+
 /// Assemble everything and start serving; `shutdown` turning true stops it.
 pub async fn start(
     loaded: LoadedConfig,
@@ -316,6 +364,16 @@ pub async fn start(
         PRESENCE_EVERY,
         shutdown.clone(),
     ));
+
+    if config.owner.gpu_pressure.enabled {
+        tasks.spawn(vacancy::proxy::pressure::pressure_loop(
+            Arc::clone(&lender),
+            pressure_gpus(&config, &state_dir, clock.now()),
+            crate::calibrate::upstream_addrs(&config),
+            Duration::from_millis(config.owner.gpu_pressure.poll_ms),
+            shutdown.clone(),
+        ));
+    }
 
     let max_body_bytes = usize::try_from(config.server.max_body_mib.saturating_mul(1024 * 1024))
         .unwrap_or(usize::MAX);

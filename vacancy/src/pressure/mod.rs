@@ -18,7 +18,9 @@ mod tracker;
 
 pub use calibration::{CALIBRATION_FILE, CalibrationError, CalibrationFile, calibrate};
 pub use nvml::NvmlPressureReader;
-pub use reader::{PressureError, PressureReader, ScriptedReader, listening_pids};
+pub use reader::{
+    PressureError, PressureReader, ScriptedReader, UnavailableReader, listening_pids,
+};
 pub use tracker::{
     Attendance, Baseline, Miss, OwnerLoad, PressureParams, PressureReading, PressureTracker,
     Trigger, TriggerKind,

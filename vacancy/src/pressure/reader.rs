@@ -65,6 +65,31 @@ struct Script {
     calls: Vec<Vec<u32>>,
 }
 
+/// A GPU whose reader could not be set up (no NVML, no such device): every
+/// read fails with why, so its pressure reads unavailable and refuses work on
+/// it (PRES-04) rather than lending unmeasured.
+#[derive(Debug, Clone)]
+pub struct UnavailableReader {
+    error: PressureError,
+}
+
+impl UnavailableReader {
+    /// A reader that always answers `error`.
+    pub fn new(error: PressureError) -> Self {
+        UnavailableReader { error }
+    }
+}
+
+#[async_trait]
+impl PressureReader for UnavailableReader {
+    fn name(&self) -> &str {
+        "unavailable"
+    }
+    async fn read(&self, _exclude_pids: &[u32]) -> Result<OwnerLoad, PressureError> {
+        Err(self.error.clone())
+    }
+}
+
 /// A [`PressureReader`] for tests and CI: it returns the results queued by
 /// the test, in order, and records each call's `exclude_pids`.
 ///

@@ -17,6 +17,7 @@ pub mod forward;
 pub mod lender;
 pub mod live;
 pub mod metrics;
+pub mod pressure;
 pub mod reclaim;
 pub mod service;
 pub mod shells;
