@@ -271,7 +271,8 @@ async fn refusal_code(url: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn engaged_pressure_reclaims_only_the_work_on_its_gpu() {
-    // PRES-01, PRES-02, PRES-03, SCOPE-05 (exempt upstreams, owner present), RECL-15
+    // PRES-01, PRES-02, PRES-03, SCOPE-05 (exempt upstreams, owner present),
+    // SCOPE-07 (their on_owner_return applies to pressure), RECL-15
     let rig = rig().await;
     let on_gpu0 = admitted(&rig.urls[0], 400).await;
     let on_gpu1 = admitted(&rig.urls[1], 60).await;

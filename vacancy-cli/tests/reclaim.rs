@@ -207,7 +207,8 @@ async fn drain_lets_work_that_finishes_in_time_finish() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn drain_cuts_the_response_at_its_deadline_and_holds_what_it_cannot_prove() {
-    // RECL-01, RECL-15, DONE-04
+    // RECL-01, RECL-15, RECL-41, DONE-04: a closed connection is no proof
+    // the upstream stopped.
     let emu = OllamaEmulator::start(OllamaOptions {
         token_delay: Duration::from_millis(100),
         ..OllamaOptions::default()
@@ -480,7 +481,7 @@ async fn comfyui_cancel_stops_the_borrowed_prompt_and_skips_the_unload_for_the_o
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_exempt_upstream_keeps_lending_but_not_on_a_resource_a_yield_holds() {
-    // SCOPE-02, SCOPE-11, SCOPE-12, SCOPE-13, SCOPE-14, RECL-43, RECL-45
+    // SCOPE-02, SCOPE-11, SCOPE-12, SCOPE-13, SCOPE-14, SCOPE-20, RECL-43, RECL-45
     let host = OllamaEmulator::start(OllamaOptions {
         token_delay: Duration::from_millis(50),
         ..OllamaOptions::default()
@@ -589,4 +590,25 @@ async fn an_exempt_upstream_keeps_lending_but_not_on_a_resource_a_yield_holds() 
         metric(&d, "vacancyd_upstream_owner_veto_exempt{upstream=\"lane\"}").await,
         Some(1.0)
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_changed_owner_scope_applies_only_after_a_restart() {
+    // SCOPE-03: until the restart, the running /status is authoritative.
+    let emu = OllamaEmulator::start(OllamaOptions::default()).unwrap();
+    let (d, _flag) = ollama_daemon(&emu, "");
+    let path = d.dir.path().join("vacancyd.toml");
+    let config = std::fs::read_to_string(&path).unwrap();
+    std::fs::write(
+        &path,
+        config.replace(
+            "default_min_free_mib = 1000",
+            "default_min_free_mib = 1000\nowner_scope = \"resource\"",
+        ),
+    )
+    .unwrap();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let s = d.status().await;
+    assert_eq!(s["upstreams"][0]["owner_scope"], "host");
+    assert_eq!(s["owner_veto"]["exempt_upstreams"], json!([]));
 }

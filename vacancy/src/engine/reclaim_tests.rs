@@ -119,7 +119,8 @@ fn drain_lets_work_run_until_its_deadline_then_cancels() {
 
 #[test]
 fn drain_ends_without_cancelling_when_the_work_finishes_in_time() {
-    // RECL-31: no unload configured, so the reclaim simply finishes.
+    // RECL-31, RECL-20: work that ends inside the drain window is never
+    // cancelled; with no unload configured the reclaim simply finishes.
     let mut e = engine(OnOwnerReturn::Drain, false);
     let job = admit(&mut e, "llm", 10).unwrap();
     e.set_owner(OwnerPresence::Present);
@@ -332,7 +333,8 @@ fn without_yield_a_reclaim_holds_nothing() {
 
 #[test]
 fn exempt_upstreams_are_not_reclaimed_on_owner_return() {
-    // SCOPE-02
+    // SCOPE-02, SCOPE-07: presence never reclaims an exempt upstream; its
+    // reclaim options apply to pressure only (see the pressure tests).
     let mut e = engine(OnOwnerReturn::Cancel, true);
     admit(&mut e, "tts", 10).unwrap();
     e.set_owner(OwnerPresence::Present);
