@@ -612,3 +612,73 @@ async fn a_changed_owner_scope_applies_only_after_a_restart() {
     assert_eq!(s["upstreams"][0]["owner_scope"], "host");
     assert_eq!(s["owner_veto"]["exempt_upstreams"], json!([]));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_comfyui_reply_arriving_after_the_deadline_is_cancelled_once_when_recorded() {
+    // RECL-23, RECL-24, RECL-42
+    let emu = ComfyEmulator::start(ComfyEmulatorOptions {
+        run_time: Duration::from_secs(30),
+        ..ComfyEmulatorOptions::default()
+    })
+    .unwrap();
+    emu.set_faults(vacancy_test_support::ComfyFaults {
+        submission_reply_delay: Duration::from_secs(4),
+        ..vacancy_test_support::ComfyFaults::default()
+    });
+    let s = Setup::new(1);
+    let body = format!(
+        "{}{}",
+        s.resource("gpu0"),
+        upstream(
+            "comfy",
+            "comfyui",
+            s.proxies[0],
+            &emu.base_url(),
+            "gpu0",
+            "on_owner_return = \"cancel\""
+        )
+    );
+    let (d, flag) = s.start("", &body);
+    wait_away(&d).await;
+    let url = format!("{}/prompt", d.proxy);
+    let submit = tokio::spawn(async move {
+        http_request(
+            "POST",
+            &url,
+            &[JSON],
+            prompt_request(simple_workflow(3), None)
+                .to_string()
+                .into_bytes(),
+        )
+        .await
+        .unwrap()
+    });
+    // The prompt runs at ComfyUI while its reply is still on the way.
+    for _ in 0..100 {
+        if emu.running().is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let prompt = emu.running().expect("the borrowed prompt runs");
+    owner_returns(&flag);
+    wait_log(&d, "the submission reply is still under way").await;
+    let reply = submit.await.unwrap();
+    assert_eq!(reply.status, 200, "the borrower still gets the reply");
+    wait_log(&d, "cancelling it now that its reply is recorded").await;
+    d.wait_status("the late prompt stopped and released", |s| {
+        s["work"].as_array().unwrap().is_empty()
+    })
+    .await;
+    assert_ne!(emu.running().as_deref(), Some(prompt.as_str()));
+    // One cancellation: one delete, one stop (the job cancel, falling back to
+    // /interrupt on this release, RECL-26).
+    let count = |path: &str| {
+        emu.requests()
+            .iter()
+            .filter(|r| r.method == "POST" && r.path.ends_with(path))
+            .count()
+    };
+    assert_eq!(count("/queue"), 1, "{:?}", emu.requests());
+    assert_eq!(count("/interrupt"), 1, "{:?}", emu.requests());
+}

@@ -167,6 +167,9 @@ pub struct ComfyFaults {
     /// Whether a lost submission is queued anyway (it reached ComfyUI and
     /// only the reply was lost) or dropped.
     pub queue_lost_submissions: bool,
+    /// Queue each `POST /prompt` at once but send its reply only after this
+    /// long (a reply still under way at a reclaim deadline, RECL-23).
+    pub submission_reply_delay: Duration,
 }
 
 /// One request the emulator received.
@@ -614,7 +617,11 @@ async fn handle(
             }
             return Err("emulated lost submission: connection closed without a reply".into());
         }
-        return Ok(post_prompt(&shared, &body));
+        let reply = post_prompt(&shared, &body);
+        if !faults.submission_reply_delay.is_zero() {
+            tokio::time::sleep(faults.submission_reply_delay).await;
+        }
+        return Ok(reply);
     }
     if method == Method::POST {
         return Ok(post_control(&shared, path, &body));
