@@ -181,12 +181,50 @@ pub fn render(status: &Value) -> String {
             s(&w["held_reason"])
         );
     }
+    for r in status["reclaims"].as_array().into_iter().flatten() {
+        let deadline = match r["deadline_in_ms"].as_u64() {
+            Some(ms) => format!(", deadline in {} s", ms.div_ceil(1000)),
+            None => String::new(),
+        };
+        let holds = if r["holds"].as_bool() == Some(true) {
+            ", holding its resources (yield_on_veto)"
+        } else {
+            ""
+        };
+        let _ = writeln!(
+            out,
+            "{} upstream {}: {} {}{}{} ({})",
+            s(&r["id"]),
+            s(&r["upstream"]),
+            s(&r["mode"]),
+            s(&r["stage"]),
+            deadline,
+            holds,
+            s(&r["trigger"])
+        );
+    }
     out
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reclaims_under_way_get_a_line() {
+        let status = serde_json::json!({
+            "lending": true, "owner": "present", "presence_backend": "logind",
+            "owner_veto": {"active": true, "reason": "the owner is present", "exempt_upstreams": []},
+            "resources": [], "upstreams": [], "work": [],
+            "reclaims": [{"id": "reclaim-3", "upstream": "ollama", "mode": "drain", "stage": "waiting",
+                          "deadline_in_ms": 11_500, "holds": true, "trigger": "owner return: the owner is present"}]
+        });
+        let text = render(&status);
+        assert!(
+            text.contains("reclaim-3 upstream ollama: drain waiting, deadline in 12 s, holding its resources (yield_on_veto) (owner return: the owner is present)"),
+            "{text}"
+        );
+    }
 
     #[test]
     fn held_entries_get_a_line_and_exempt_upstreams_are_named() {
