@@ -10,9 +10,9 @@ use pyo3::types::{PyDict, PyList, PyType};
 
 use vacancy::config::{LoadedConfig, PresenceMode};
 use vacancy::engine::{
-    CompletionMethod, Decision, EngineSpec, EntryId, HeldRelease, ModelObservation, ObservedModel,
-    OwnerPresence, Phase, PressureVerdict, ReleaseEffect, ReleaseOutcome, RequestReuse,
-    ResidencyEvidence, WorkRequest,
+    CompletionMethod, Decision, EngineError, EngineSpec, EntryId, HeldRelease, ModelObservation,
+    ObservedModel, OwnerPresence, Phase, PressureVerdict, ReclaimCommand, ReclaimId, ReleaseEffect,
+    ReleaseOutcome, RequestReuse, ResidencyEvidence, WorkRequest,
 };
 use vacancy::{CapacitySample, Moment, MonotonicClock};
 
@@ -642,15 +642,106 @@ impl Engine {
     }
 
     /// The pressure verdict for a resource: `None` admits, a reason refuses.
-    #[pyo3(signature = (resource, refuses = None))]
+    /// `cleared` says whether the reading would let a pressure reclaim stand
+    /// down (fresh, calibrated, below threshold, not rising: RECL-06); by
+    /// default only an admitting verdict clears.
+    #[pyo3(signature = (resource, refuses = None, *, cleared = None))]
     fn set_pressure(
         &self,
         py: Python<'_>,
         resource: &str,
         refuses: Option<String>,
+        cleared: Option<bool>,
     ) -> PyResult<()> {
+        let cleared = cleared.unwrap_or(refuses.is_none());
         let verdict = refuses.map_or(PressureVerdict::Admits, PressureVerdict::Refuses);
-        self.with(py, |g| Ok(g.engine.set_pressure(resource, verdict)?))
+        self.with(py, |g| {
+            Ok(g.engine.set_pressure_reading(resource, verdict, cleared)?)
+        })
+    }
+
+    /// A pressure edge on a resource (engaged, uncalibrated, or unavailable
+    /// past the gap limit): the next `reclaim_step` reclaims the work that
+    /// depends on it (PRES-01..03).
+    fn pressure_trigger(&self, py: Python<'_>, resource: &str, why: &str) -> PyResult<()> {
+        self.with(py, |g| Ok(g.engine.pressure_trigger(resource, why)?))
+    }
+
+    /// Advance reclaims (RECL-01..50): owner and pressure edges start them,
+    /// cleared triggers stand them down, deadlines let them act. Returns the
+    /// commands as dicts with `kind` `started` | `act` | `stood_down` |
+    /// `finished`; after doing what an `act` asks (cancel `cancel`, then
+    /// unload when `unload`), call `reclaim_done(id)`.
+    #[pyo3(signature = (at = None))]
+    fn reclaim_step(&self, py: Python<'_>, at: Option<f64>) -> PyResult<Py<PyAny>> {
+        let value = self.with(py, |g| {
+            let m = g.moment(&self.clock, at)?;
+            let commands = g.engine.reclaim_step(m);
+            let name = |u| g.engine.upstream_name(u).unwrap_or_default().to_owned();
+            let ids = |v: &[EntryId]| -> Vec<String> {
+                v.iter().map(ToString::to_string).collect()
+            };
+            let list: Vec<serde_json::Value> = commands
+                .iter()
+                .map(|c| match c {
+                    ReclaimCommand::Started {
+                        id,
+                        upstream,
+                        trigger,
+                        mode,
+                        deadline,
+                        entries,
+                    } => serde_json::json!({
+                        "kind": "started", "id": id.to_string(), "upstream": name(*upstream),
+                        "trigger": trigger.describe(), "mode": mode.as_str(),
+                        "deadline": deadline.map(secs), "entries": ids(entries),
+                    }),
+                    ReclaimCommand::Act {
+                        id,
+                        upstream,
+                        cancel,
+                        unload,
+                        held,
+                    } => serde_json::json!({
+                        "kind": "act", "id": id.to_string(), "upstream": name(*upstream),
+                        "cancel": ids(cancel), "unload": unload,
+                        "held": held.iter().map(|(e, why)| serde_json::json!([e.to_string(), why])).collect::<Vec<_>>(),
+                    }),
+                    ReclaimCommand::StoodDown {
+                        id,
+                        upstream,
+                        elapsed,
+                    } => serde_json::json!({
+                        "kind": "stood_down", "id": id.to_string(), "upstream": name(*upstream),
+                        "elapsed": elapsed.as_secs_f64(),
+                    }),
+                    ReclaimCommand::Finished {
+                        id,
+                        upstream,
+                        elapsed,
+                    } => serde_json::json!({
+                        "kind": "finished", "id": id.to_string(), "upstream": name(*upstream),
+                        "elapsed": elapsed.as_secs_f64(),
+                    }),
+                })
+                .collect();
+            Ok(serde_json::Value::Array(list))
+        })?;
+        json_to_py(py, &value)
+    }
+
+    /// The reclaim `id` did what its `act` asked: it ends, and its hold with
+    /// it; new work waits for a fresh capacity sample (RECL-45).
+    #[pyo3(signature = (id, at = None))]
+    fn reclaim_done(&self, py: Python<'_>, id: &str, at: Option<f64>) -> PyResult<()> {
+        self.with(py, |g| {
+            let m = g.moment(&self.clock, at)?;
+            let n = id
+                .strip_prefix("reclaim-")
+                .and_then(|n| n.parse::<u64>().ok())
+                .ok_or_else(|| EngineError::UnknownReclaim(id.to_owned()))?;
+            Ok(g.engine.reclaim_done(ReclaimId(n), m)?)
+        })
     }
 
     /// The engine's status as plain dicts and lists (the daemon's `/status` engine part).

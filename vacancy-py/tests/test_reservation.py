@@ -43,7 +43,15 @@ def test_status_dict_shape(engine: vacancy.Engine) -> None:
     feed(engine, 1.0)
     job = engine.admit("ollama", "llama3.1:8b", now=1.0)
     status = engine.status(at=3.0)
-    assert set(status) == {"lending", "owner", "owner_veto", "resources", "upstreams", "work"}
+    assert set(status) == {
+        "lending",
+        "owner",
+        "owner_veto",
+        "resources",
+        "upstreams",
+        "work",
+        "reclaims",
+    }
     assert status["lending"] is True
     assert status["owner"] == "away"
     assert status["owner_veto"] == {"active": False, "reason": None, "exempt_upstreams": []}
