@@ -682,3 +682,59 @@ async fn a_comfyui_reply_arriving_after_the_deadline_is_cancelled_once_when_reco
     assert_eq!(count("/queue"), 1, "{:?}", emu.requests());
     assert_eq!(count("/interrupt"), 1, "{:?}", emu.requests());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_cancellation_keeps_the_reservation_and_the_unload_still_goes_ahead() {
+    // RECL-21, RECL-47
+    let emu = ComfyEmulator::start(ComfyEmulatorOptions {
+        run_time: Duration::from_secs(30),
+        ..ComfyEmulatorOptions::default()
+    })
+    .unwrap();
+    let s = Setup::new(1);
+    let body = format!(
+        "{}{}",
+        s.resource("gpu0"),
+        upstream(
+            "comfy",
+            "comfyui",
+            s.proxies[0],
+            &emu.base_url(),
+            "gpu0",
+            "on_owner_return = \"cancel\"\nyield_on_veto = true"
+        )
+    );
+    let (d, flag) = s.start("", &body);
+    wait_away(&d).await;
+    let r = http_request(
+        "POST",
+        &format!("{}/prompt", d.proxy),
+        &[JSON],
+        prompt_request(simple_workflow(4), None)
+            .to_string()
+            .into_bytes(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    let entry = d.status().await["work"][0]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    drop(emu); // ComfyUI goes away: every cancellation request fails
+    owner_returns(&flag);
+    wait_log(&d, "cancellation failed; the reservation stays (RECL-21)").await;
+    wait_log(&d, "unload failed (RECL-47)").await;
+    let log = d.process.log();
+    let line = log
+        .lines()
+        .find(|l| l.contains("cancellation failed; the reservation stays"))
+        .unwrap();
+    assert!(line.contains(&entry), "the log names the entry: {line}");
+    let s = d
+        .wait_status("the reclaim over", |s| {
+            s["reclaims"].as_array().unwrap().is_empty()
+        })
+        .await;
+    assert_eq!(s["work"][0]["id"], entry.as_str(), "the reservation stays");
+}

@@ -343,8 +343,8 @@ impl Engine {
                 continue;
             }
             let live = self.live_work(rc.upstream);
-            let unload = self.upstreams[rc.upstream].spec.reclaim.yield_on_veto;
             let policy = self.upstreams[rc.upstream].spec.reclaim;
+            let unload = policy.yield_on_veto;
             let act = match rc.mode {
                 OnOwnerReturn::Cancel => Some(live),
                 OnOwnerReturn::Drain if live.is_empty() => Some(Vec::new()),

@@ -24,19 +24,31 @@ pub(crate) fn acquire(dir: &Path) -> Result<File, LedgerError> {
         .mode(0o600)
         .open(&path)
         .map_err(|e| LedgerError::io("open the lock file", &path, e))?;
-    match file.try_lock() {
-        Ok(()) => {}
-        Err(TryLockError::WouldBlock) => {
-            let mut text = String::new();
-            // Best effort: the holder may be rewriting it right now.
-            let _ = file.read_to_string(&mut text);
-            return Err(LedgerError::InUse {
-                path: dir.to_path_buf(),
-                holder: describe_holder(&text),
-            });
-        }
-        Err(TryLockError::Error(e)) => {
-            return Err(LedgerError::io("lock", &path, e));
+    // A lock this very process recorded can outlive its release for a moment:
+    // a child forked by another thread shares the locked file until it execs.
+    // Such a holder is waited for briefly; any other holder is reported at once.
+    let mut waits = 0;
+    loop {
+        match file.try_lock() {
+            Ok(()) => break,
+            Err(TryLockError::WouldBlock) => {
+                let mut text = String::new();
+                // Best effort: the holder may be rewriting it right now.
+                let _ = file.seek(SeekFrom::Start(0));
+                let _ = file.read_to_string(&mut text);
+                if waits < 50 && holder_pid(&text) == Some(u64::from(std::process::id())) {
+                    waits += 1;
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                    continue;
+                }
+                return Err(LedgerError::InUse {
+                    path: dir.to_path_buf(),
+                    holder: describe_holder(&text),
+                });
+            }
+            Err(TryLockError::Error(e)) => {
+                return Err(LedgerError::io("lock", &path, e));
+            }
         }
     }
     let now = SystemTime::now();
@@ -52,6 +64,14 @@ pub(crate) fn acquire(dir: &Path) -> Result<File, LedgerError> {
     };
     write(&mut file).map_err(|e| LedgerError::io("write the lock file", &path, e))?;
     Ok(file)
+}
+
+/// The pid a lock file records.
+fn holder_pid(text: &str) -> Option<u64> {
+    serde_json::from_str::<serde_json::Value>(text.trim())
+        .ok()?
+        .get("pid")?
+        .as_u64()
 }
 
 /// "vacancyd pid N since T" from the lock file's contents, or what can be said.

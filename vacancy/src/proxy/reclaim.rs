@@ -67,7 +67,6 @@ pub async fn reclaim_loop(
         let now = lender.clock().now();
         let commands = lender.with_engine(|e| e.reclaim_step(now));
         for command in commands {
-            let id = command.id();
             match command {
                 ReclaimCommand::Started {
                     id,
@@ -153,7 +152,6 @@ pub async fn reclaim_loop(
                     tokio::spawn(act.run(cancel, unload, held));
                 }
             }
-            debug!(reclaim = %id, "reclaim command handled");
         }
         let next = lender.with_engine(|e| e.next_reclaim_deadline());
         let mut sleep = times.step_every;
@@ -290,7 +288,7 @@ impl Act {
                 return;
             }
         };
-        settle(&self.lender, id, upstream, outcomes);
+        settle(&self.lender, &id.to_string(), upstream, outcomes);
     }
 
     /// Unload the whole server behind the upstream (RECL-30..40, RECL-47..49).
@@ -335,24 +333,25 @@ impl Act {
 /// Act on cancellation outcomes: a proven stop releases (RECL-17), a failure
 /// keeps the reservation and says why (RECL-21); everything else is left to
 /// completion tracking (RECL-18, RECL-29, RECL-42).
-fn settle(lender: &Lender, id: ReclaimId, upstream: &str, outcomes: Vec<CancelOutcome>) {
+/// `by` names who cancelled: a reclaim's id, or the submission recorder.
+fn settle(lender: &Lender, by: &str, upstream: &str, outcomes: Vec<CancelOutcome>) {
     for outcome in outcomes {
         match outcome {
             CancelOutcome::Stopped(entry) => {
-                info!(entry = %entry, reclaim = %id, upstream, "borrowed work deleted or stopped at the upstream; released");
+                info!(entry = %entry, by, upstream, "borrowed work deleted or stopped at the upstream; released");
                 lender.release(entry, ReleaseOutcome::Completed);
             }
             CancelOutcome::Requested(entry) => {
-                info!(entry = %entry, reclaim = %id, upstream, "stop requested; completion tracking releases it when the upstream proves the end");
+                info!(entry = %entry, by, upstream, "stop requested; completion tracking releases it when the upstream proves the end");
             }
             CancelOutcome::ClaimedElsewhere(entry) => {
-                debug!(entry = %entry, reclaim = %id, "cancelled by the submission recorder");
+                debug!(entry = %entry, by, "the other side of its claim cancels it (RECL-24)");
             }
             CancelOutcome::ByClosingResponse(entry) => {
-                debug!(entry = %entry, reclaim = %id, "cancelled by closing its response");
+                debug!(entry = %entry, by, "cancelled by closing its response");
             }
             CancelOutcome::Failed { entry, reason } => {
-                warn!(entry = %entry, reclaim = %id, upstream, reason = %reason, "cancellation failed; the reservation stays (RECL-21)");
+                warn!(entry = %entry, by, upstream, reason = %reason, "cancellation failed; the reservation stays (RECL-21)");
             }
         }
     }
@@ -382,5 +381,5 @@ pub(crate) async fn cancel_late_reply(
     let outcomes = reclaimer
         .cancel(std::slice::from_ref(&item), deadline)
         .await;
-    settle(&lender, ReclaimId(0), &route.name, outcomes);
+    settle(&lender, "the submission recorder", &route.name, outcomes);
 }
