@@ -164,6 +164,46 @@ fn ollama_daemon(emu: &OllamaEmulator, extra: &str) -> (Daemon, PathBuf) {
     s.start("", &body)
 }
 
+/// A ComfyUI emulator whose prompts run for 30 s.
+fn comfy_emulator() -> ComfyEmulator {
+    ComfyEmulator::start(ComfyEmulatorOptions {
+        run_time: Duration::from_secs(30),
+        ..ComfyEmulatorOptions::default()
+    })
+    .unwrap()
+}
+
+fn comfy_daemon(emu: &ComfyEmulator, extra: &str) -> (Daemon, PathBuf) {
+    let s = Setup::new(1);
+    let body = format!(
+        "{}{}",
+        s.resource("gpu0"),
+        upstream(
+            "comfy",
+            "comfyui",
+            s.proxies[0],
+            &emu.base_url(),
+            "gpu0",
+            extra
+        )
+    );
+    s.start("", &body)
+}
+
+/// A borrower's prompt through the proxy.
+async fn submit(proxy: &str, color: u32) -> vacancy_test_support::HttpReply {
+    http_request(
+        "POST",
+        &format!("{proxy}/prompt"),
+        &[JSON],
+        prompt_request(simple_workflow(color), None)
+            .to_string()
+            .into_bytes(),
+    )
+    .await
+    .unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn drain_lets_work_that_finishes_in_time_finish() {
     // RECL-01, RECL-31, OWN-02
@@ -403,37 +443,11 @@ async fn cancel_closes_a_llama_server_response_at_once_through_manual_presence()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn comfyui_cancel_stops_the_borrowed_prompt_and_skips_the_unload_for_the_owners() {
     // RECL-16, RECL-18, RECL-19, RECL-26, RECL-34, RECL-37
-    let emu = ComfyEmulator::start(ComfyEmulatorOptions {
-        run_time: Duration::from_secs(30),
-        ..ComfyEmulatorOptions::default()
-    })
-    .unwrap();
-    let s = Setup::new(1);
-    let body = format!(
-        "{}{}",
-        s.resource("gpu0"),
-        upstream(
-            "comfy",
-            "comfyui",
-            s.proxies[0],
-            &emu.base_url(),
-            "gpu0",
-            "on_owner_return = \"cancel\"\nyield_on_veto = true"
-        )
-    );
-    let (d, flag) = s.start("", &body);
+    let emu = comfy_emulator();
+    let (d, flag) = comfy_daemon(&emu, "on_owner_return = \"cancel\"\nyield_on_veto = true");
     wait_away(&d).await;
     // The borrower's prompt runs.
-    let r = http_request(
-        "POST",
-        &format!("{}/prompt", d.proxy),
-        &[JSON],
-        prompt_request(simple_workflow(1), None)
-            .to_string()
-            .into_bytes(),
-    )
-    .await
-    .unwrap();
+    let r = submit(&d.proxy, 1).await;
     assert_eq!(r.status, 200, "{}", r.text());
     let borrowed = r.json().unwrap()["prompt_id"].as_str().unwrap().to_owned();
     for _ in 0..100 {
@@ -616,43 +630,15 @@ async fn a_changed_owner_scope_applies_only_after_a_restart() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_comfyui_reply_arriving_after_the_deadline_is_cancelled_once_when_recorded() {
     // RECL-23, RECL-24, RECL-42
-    let emu = ComfyEmulator::start(ComfyEmulatorOptions {
-        run_time: Duration::from_secs(30),
-        ..ComfyEmulatorOptions::default()
-    })
-    .unwrap();
+    let emu = comfy_emulator();
     emu.set_faults(vacancy_test_support::ComfyFaults {
         submission_reply_delay: Duration::from_secs(4),
         ..vacancy_test_support::ComfyFaults::default()
     });
-    let s = Setup::new(1);
-    let body = format!(
-        "{}{}",
-        s.resource("gpu0"),
-        upstream(
-            "comfy",
-            "comfyui",
-            s.proxies[0],
-            &emu.base_url(),
-            "gpu0",
-            "on_owner_return = \"cancel\""
-        )
-    );
-    let (d, flag) = s.start("", &body);
+    let (d, flag) = comfy_daemon(&emu, "on_owner_return = \"cancel\"");
     wait_away(&d).await;
-    let url = format!("{}/prompt", d.proxy);
-    let submit = tokio::spawn(async move {
-        http_request(
-            "POST",
-            &url,
-            &[JSON],
-            prompt_request(simple_workflow(3), None)
-                .to_string()
-                .into_bytes(),
-        )
-        .await
-        .unwrap()
-    });
+    let proxy = d.proxy.clone();
+    let submit = tokio::spawn(async move { submit(&proxy, 3).await });
     // The prompt runs at ComfyUI while its reply is still on the way.
     for _ in 0..100 {
         if emu.running().is_some() {
@@ -686,36 +672,10 @@ async fn a_comfyui_reply_arriving_after_the_deadline_is_cancelled_once_when_reco
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_cancellation_keeps_the_reservation_and_the_unload_still_goes_ahead() {
     // RECL-21, RECL-47
-    let emu = ComfyEmulator::start(ComfyEmulatorOptions {
-        run_time: Duration::from_secs(30),
-        ..ComfyEmulatorOptions::default()
-    })
-    .unwrap();
-    let s = Setup::new(1);
-    let body = format!(
-        "{}{}",
-        s.resource("gpu0"),
-        upstream(
-            "comfy",
-            "comfyui",
-            s.proxies[0],
-            &emu.base_url(),
-            "gpu0",
-            "on_owner_return = \"cancel\"\nyield_on_veto = true"
-        )
-    );
-    let (d, flag) = s.start("", &body);
+    let emu = comfy_emulator();
+    let (d, flag) = comfy_daemon(&emu, "on_owner_return = \"cancel\"\nyield_on_veto = true");
     wait_away(&d).await;
-    let r = http_request(
-        "POST",
-        &format!("{}/prompt", d.proxy),
-        &[JSON],
-        prompt_request(simple_workflow(4), None)
-            .to_string()
-            .into_bytes(),
-    )
-    .await
-    .unwrap();
+    let r = submit(&d.proxy, 4).await;
     assert_eq!(r.status, 200, "{}", r.text());
     let entry = d.status().await["work"][0]["id"]
         .as_str()

@@ -5,6 +5,12 @@
 //!
 //! Run: `cargo bench -p vacancy --bench engine`; criterion prints the time per
 //! iteration (one admit + one release + one sample).
+//!
+//! `engine_reclaim_step` measures the reclaim planner the daemon steps every
+//! 250 ms and after every change: `idle` with one job running on each of `n`
+//! upstreams and nothing to reclaim, and `owner_return` for a whole cycle (the
+//! owner returns and `n` drain reclaims start; the owner leaves and they stand
+//! down).
 #![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
 
 use std::hint::black_box;
@@ -108,5 +114,37 @@ fn admit_release(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, admit_release);
+fn reclaim_step(c: &mut Criterion) {
+    let mut group = c.benchmark_group("engine_reclaim_step");
+    for n in [1usize, 64] {
+        let (mut e, requests) = engine(n);
+        for (i, req) in requests.iter().enumerate() {
+            let mut req = req.clone();
+            req.id = EntryId::from_u128(i as u128 + 1);
+            let Decision::Admitted(_) = e.admit(&req, Moment::ZERO) else {
+                panic!("benchmark request refused");
+            };
+        }
+        let mut tick: u64 = 1;
+        group.bench_function(format!("idle_{n}_upstreams"), |b| {
+            b.iter(|| {
+                tick += 1;
+                black_box(e.reclaim_step(Moment::from_nanos(tick * 1_000)))
+            });
+        });
+        group.bench_function(format!("owner_return_{n}_upstreams"), |b| {
+            b.iter(|| {
+                tick += 1;
+                let now = Moment::from_nanos(tick * 1_000);
+                e.set_owner(OwnerPresence::Present);
+                assert_eq!(e.reclaim_step(now).len(), n);
+                e.set_owner(OwnerPresence::Away);
+                black_box(e.reclaim_step(now))
+            });
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, admit_release, reclaim_step);
 criterion_main!(benches);
