@@ -177,9 +177,6 @@ struct UpstreamState {
     /// The last released request of a known kind, until an observation
     /// takes it or an admission on a shared resource voids it (RES-07).
     lesson: Option<Lesson>,
-    /// Whether owner policy refused it at the last reclaim step: a change to
-    /// refusing is the owner edge that starts a reclaim (OWN-01).
-    owner_refused: bool,
 }
 
 #[derive(Debug)]
@@ -247,6 +244,10 @@ pub struct Engine {
     priors: Priors,
     reclaims: Vec<ActiveReclaim>,
     next_reclaim: u64,
+    /// Presence went from away to refusing since the last reclaim step: the
+    /// owner edge that starts reclaims (OWN-01). Recorded here, not derived
+    /// at the step, so an away moment between two steps is never missed.
+    owner_edge: bool,
 }
 
 impl Engine {
@@ -274,14 +275,11 @@ impl Engine {
             {
                 return Err(SpecError::DuplicateUpstream(u.name));
             }
-            // The engine starts with presence unknown: no edge at startup.
-            let owner_refused = u.owner_scope == OwnerScope::Host;
             upstreams.push(UpstreamState {
                 spec: u,
                 deps,
                 observation: None,
                 lesson: None,
-                owner_refused,
             });
         }
         Ok(Engine {
@@ -295,6 +293,7 @@ impl Engine {
             priors: Priors::default(),
             reclaims: Vec::new(),
             next_reclaim: 1,
+            owner_edge: false,
         })
     }
 
@@ -392,8 +391,14 @@ impl Engine {
         self.lending
     }
 
-    /// What the presence backend says now.
+    /// What the presence backend says now. A change from away to present or
+    /// unknown is an owner edge: the next [`reclaim_step`](Self::reclaim_step)
+    /// reclaims host-scoped work (OWN-01). The engine starts unknown, so
+    /// startup is no edge.
     pub fn set_owner(&mut self, presence: OwnerPresence) {
+        if self.owner == OwnerPresence::Away && presence != OwnerPresence::Away {
+            self.owner_edge = true;
+        }
         self.owner = presence;
     }
 

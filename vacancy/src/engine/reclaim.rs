@@ -287,21 +287,22 @@ impl Engine {
     ///   one that is acting runs to completion (RECL-44).
     pub fn reclaim_step(&mut self, now: Moment) -> Vec<ReclaimCommand> {
         let mut out = Vec::new();
-        // Owner edges (OWN-01).
-        for up in 0..self.upstreams.len() {
-            let refuses = self.owner_refuses(up);
-            let was = std::mem::replace(&mut self.upstreams[up].owner_refused, refuses);
-            if refuses && !was {
-                let why = match self.owner {
-                    OwnerPresence::Unknown => {
-                        "owner presence cannot be determined (incomplete session evidence)"
-                    }
-                    _ => "the owner is present",
-                };
-                let trigger = ReclaimTrigger::OwnerReturn {
-                    why: why.to_owned(),
-                };
-                self.start_reclaim(up, trigger, Vec::new(), now, &mut out);
+        // Owner edges (OWN-01): each host-scoped upstream that owner policy
+        // refuses now, if presence left "away" since the last step.
+        if std::mem::take(&mut self.owner_edge) {
+            let why = match self.owner {
+                OwnerPresence::Unknown => {
+                    "owner presence cannot be determined (incomplete session evidence)"
+                }
+                _ => "the owner is present",
+            };
+            for up in 0..self.upstreams.len() {
+                if self.owner_refuses(up) {
+                    let trigger = ReclaimTrigger::OwnerReturn {
+                        why: why.to_owned(),
+                    };
+                    self.start_reclaim(up, trigger, Vec::new(), now, &mut out);
+                }
             }
         }
         // Pressure edges (PRES-01..03).

@@ -564,3 +564,17 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn an_away_moment_between_two_steps_is_never_missed() {
+    // OWN-01: work admitted while away is reclaimed when the owner returns,
+    // even if no step ran while the owner was away.
+    let mut e = Engine::new(spec(OnOwnerReturn::Cancel, false)).unwrap();
+    e.set_owner(OwnerPresence::Present);
+    assert!(e.reclaim_step(t(0)).is_empty(), "startup is no edge");
+    sample_all(&mut e, 0);
+    e.set_owner(OwnerPresence::Away);
+    let job = admit(&mut e, "llm", 10).unwrap();
+    e.set_owner(OwnerPresence::Present);
+    assert_eq!(acts(&e.reclaim_step(t(20))), [(vec![job], false)]);
+}
