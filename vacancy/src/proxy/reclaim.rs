@@ -383,3 +383,70 @@ pub(crate) async fn cancel_late_reply(
         .await;
     settle(&lender, "the submission recorder", &route.name, outcomes);
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+    use super::*;
+    use crate::engine::{
+        Decision, Engine, EngineSpec, OwnerPresence, ReclaimPolicy, ResourceSpec, UpstreamSpec,
+        WorkRequest,
+    };
+    use crate::proxy::VolatileStore;
+    use crate::time::MonotonicClock;
+    use crate::traits::resource::{CapacitySample, ResourceKind};
+
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn a_response_is_cut_30_s_after_its_deadline_when_no_reclaim_decides() {
+        // RECL-13: the reclaim loop stops after starting the drain, so nothing
+        // decides; the response's own cut fires 30 s after its deadline.
+        let mut spec = UpstreamSpec::new("llm", "gpu0", 1000);
+        spec.reclaim = ReclaimPolicy {
+            drain_timeout: Duration::from_secs(5),
+            ..ReclaimPolicy::default()
+        };
+        let mut engine = Engine::new(EngineSpec {
+            lending: true,
+            resources: vec![ResourceSpec::new("gpu0", ResourceKind::Gpu, 1000)],
+            upstreams: vec![spec],
+        })
+        .unwrap();
+        engine.set_owner(OwnerPresence::Away);
+        let clock = MonotonicClock::new();
+        let lender = Arc::new(Lender::new(
+            engine,
+            ["gpu0".to_owned()],
+            clock,
+            Arc::new(VolatileStore),
+        ));
+        let now = clock.now();
+        lender.record_sample("gpu0", Ok(CapacitySample::memory(9000, 9000, now)), now);
+        let up = lender.with_engine(|e| e.upstream_id("llm")).unwrap();
+        let req = WorkRequest::new(up, None, now);
+        let Decision::Admitted(r) = lender.with_engine(|e| e.admit(&req, now)) else {
+            panic!("refused");
+        };
+        let mut cut = lender.live().register_response(r.id, up);
+        let (stop, shutdown) = watch::channel(false);
+        let task = tokio::spawn(reclaim_loop(
+            Arc::clone(&lender),
+            Vec::new(),
+            ReclaimTimes::default(),
+            shutdown,
+        ));
+        lender.with_engine(|e| e.set_owner(OwnerPresence::Present));
+        lender.wake_reclaims();
+        while lender.status().reclaims.is_empty() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        stop.send(true).unwrap();
+        task.await.unwrap();
+        tokio::time::sleep(Duration::from_secs(34)).await;
+        assert!(cut.try_recv().is_err(), "not cut before deadline + 30 s");
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let reason = cut.try_recv().expect("cut 30 s after its deadline");
+        assert_eq!(reason.code, RefusalCode::OwnerPresent);
+        assert!(reason.reason.contains("reclaim-1"), "{}", reason.reason);
+    }
+}
