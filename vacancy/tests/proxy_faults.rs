@@ -194,3 +194,39 @@ async fn a_websocket_upstream_that_refuses_the_upgrade_releases() {
     let work = p.settle(|w| w.is_empty()).await;
     assert!(work.is_empty(), "{work:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reclaim_cut_closes_a_gated_websocket_and_holds_it() {
+    // RECL-15 for tunnels; ROUTE-10: the close proves nothing, so it is held.
+    let up = raw_upstream(
+        b"HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n",
+        true,
+    )
+    .await;
+    let p = proxy(up).await;
+    let mut s = TcpStream::connect(p.addr).await.unwrap();
+    s.write_all(
+        b"GET /ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    read_until(&mut s, b"\r\n\r\n").await;
+    s.write_all(b"ping").await.unwrap();
+    read_until(&mut s, b"ping").await;
+    let entry: vacancy::engine::EntryId = p.lender.status().work[0].id.parse().unwrap();
+    let reason = vacancy::proxy::live::CutReason {
+        code: vacancy::engine::RefusalCode::OwnerPresent,
+        reason: "reclaim-1: the owner is present".to_owned(),
+    };
+    assert!(p.lender.live().cut(entry, &reason));
+    let mut buf = [0u8; 64];
+    let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf))
+        .await
+        .expect("the tunnel closes")
+        .unwrap_or(0);
+    assert_eq!(n, 0, "the borrower's side is closed");
+    let work = p
+        .settle(|w| w.len() == 1 && w[0].phase == Phase::Held)
+        .await;
+    assert_eq!(work[0].phase, Phase::Held);
+}

@@ -144,7 +144,7 @@ fn relay(
         let upstream_upgrade = hyper::upgrade::on(&mut resp);
         let (mut parts, _) = resp.into_parts();
         prepare_response_head(&mut parts);
-        tokio::spawn(tunnel(borrower_upgrade, upstream_upgrade, guard));
+        tokio::spawn(tunnel(borrower_upgrade, upstream_upgrade, guard, cut));
         return http::Response::from_parts(parts, full(Bytes::new()));
     }
     let (mut parts, body) = resp.into_parts();
@@ -157,13 +157,15 @@ fn relay(
 }
 
 /// Copy bytes both ways after a protocol switch. A gated WebSocket has no
-/// completion guarantee, so its reservation is held after the close (ROUTE-10).
+/// completion guarantee, so its reservation is held after the close
+/// (ROUTE-10). A reclaim's cut closes both sides (RECL-15).
 async fn tunnel(
     borrower: Option<hyper::upgrade::OnUpgrade>,
     upstream: hyper::upgrade::OnUpgrade,
     guard: Option<CompletionGuard>,
+    cut: Option<oneshot::Receiver<CutReason>>,
 ) {
-    let result = async {
+    let copy = async {
         let borrower = borrower
             .ok_or("the borrower's connection cannot be upgraded")?
             .await?;
@@ -172,8 +174,20 @@ async fn tunnel(
         let mut u = TokioIo::new(upstream);
         tokio::io::copy_bidirectional(&mut b, &mut u).await?;
         Ok::<(), Box<dyn std::error::Error + Send + Sync>>(())
-    }
-    .await;
+    };
+    let cut = async {
+        match cut {
+            Some(rx) => rx.await.ok(),
+            None => None,
+        }
+    };
+    let result = tokio::select! {
+        r = copy => r,
+        Some(reason) = cut => {
+            info!(reason = %reason, "gated WebSocket closed by a reclaim");
+            Ok(())
+        }
+    };
     if let Err(e) = &result {
         debug!(error = %e, "upgraded connection ended");
     }
