@@ -58,9 +58,9 @@ pub const EMBEDDED_DEFAULT: &str = r#"# vacancyd's built-in configuration, used 
 listen = "127.0.0.1:7480"
 
 [owner]
-# "none": the owner is never present, as on a dedicated machine.
-# "auto" (logind on a machine with seats, else none) replaces this once it exists.
-presence = "none"
+# "auto": logind on a machine with login seats (a desktop whose owner may sit
+# at it), else "none" (a dedicated machine: the owner is never present).
+presence = "auto"
 
 [[resource]]
 name = "ram"

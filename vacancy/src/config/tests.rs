@@ -1219,7 +1219,7 @@ fn embedded_default_is_valid() {
     let loaded = Config::embedded_default().unwrap_or_else(|e| panic!("{e}"));
     assert!(loaded.warnings.is_empty(), "{}", list(&loaded.warnings));
     let c = &loaded.config;
-    assert_eq!(c.owner.presence, PresenceMode::None);
+    assert_eq!(c.owner.presence, PresenceMode::Auto);
     assert_eq!(c.resources.len(), 1);
     let ram = &c.resources[0];
     assert_eq!(
