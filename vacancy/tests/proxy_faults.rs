@@ -230,3 +230,65 @@ async fn a_reclaim_cut_closes_a_gated_websocket_and_holds_it() {
         .await;
     assert_eq!(work[0].phase, Phase::Held);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reclaim_cut_closes_the_upstream_even_when_the_borrower_stopped_reading() {
+    // RECL-15: the cut must not wait for a borrower who stalls the response.
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let up = listener.local_addr().unwrap();
+    let (closed_tx, closed_rx) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(async move {
+        let (mut s, _) = listener.accept().await.unwrap();
+        let mut head = Vec::new();
+        let mut buf = [0u8; 4096];
+        while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+            let n = s.read(&mut buf).await.unwrap();
+            head.extend_from_slice(&buf[..n]);
+        }
+        s.write_all(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+            .await
+            .unwrap();
+        let chunk = format!("{:x}\r\n{}\r\n", 65_536, "x".repeat(65_536));
+        // Stream until the proxy closes the connection.
+        while s.write_all(chunk.as_bytes()).await.is_ok() {}
+        let _ = closed_tx.send(());
+    });
+    let p = proxy(up).await;
+    let mut s = TcpStream::connect(p.addr).await.unwrap();
+    s.write_all(b"POST /run HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}")
+        .await
+        .unwrap();
+    // The borrower reads nothing: the buffers fill and the response stalls.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let entry: vacancy::engine::EntryId = p.lender.status().work[0].id.parse().unwrap();
+    let reason = vacancy::proxy::live::CutReason {
+        code: vacancy::engine::RefusalCode::OwnerPresent,
+        reason: "reclaim-1: the owner is present".to_owned(),
+    };
+    assert!(p.lender.live().cut(entry, &reason));
+    tokio::time::timeout(Duration::from_secs(5), closed_rx)
+        .await
+        .expect("the upstream connection is closed at the cut")
+        .unwrap();
+    // The adapter cannot prove the stop (it is asked for ~4 s): held
+    // (DONE-04), while the stalled borrower is still connected.
+    let mut work = Vec::new();
+    for _ in 0..200 {
+        work = p.lender.status().work;
+        if work.first().is_some_and(|w| w.phase == Phase::Held) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(work[0].phase, Phase::Held, "{work:?}");
+    assert!(
+        work[0]
+            .held_reason
+            .as_deref()
+            .unwrap_or("")
+            .contains("reclaim-1"),
+        "{:?}",
+        work[0].held_reason
+    );
+    drop(s);
+}

@@ -9,14 +9,13 @@
 //! the stop.
 
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::BodyExt;
 use hyper::body::{Body, Frame, Incoming, SizeHint};
-use tokio::sync::oneshot;
 use tracing::{info, warn};
 
 use crate::config::OnBorrowerDisconnect;
@@ -24,7 +23,7 @@ use crate::engine::{EntryId, ReleaseOutcome};
 use crate::proxy::UpstreamRoute;
 use crate::proxy::forward::BoxError;
 use crate::proxy::lender::Lender;
-use crate::proxy::live::CutReason;
+use crate::proxy::live::{CutReason, CutSignal, cut_or_end, cut_reason};
 
 /// Owns one reservation until its end is proven.
 pub struct CompletionGuard {
@@ -92,33 +91,70 @@ impl Drop for CompletionGuard {
 
 /// A response body that releases its reservation on a proven clean end.
 ///
-/// A reclaim may cut it (RECL-15): the upstream connection is closed, the
-/// borrower's response ends with an error, and the reservation is released
-/// only if the adapter proves the upstream stopped, else held (DONE-04).
+/// A reclaim may cut it (RECL-15): its upstream connection is closed at once
+/// (see [`exchange_with_cut`](crate::proxy::forward::exchange_with_cut)),
+/// so the body ends early. An end — clean-looking or not — after a cut is
+/// never a completion: the borrower's response ends with an error, and the
+/// reservation is released only if the adapter proves the upstream stopped,
+/// else held (DONE-04).
 pub struct GuardedBody {
     inner: Option<Incoming>,
-    guard: Option<CompletionGuard>,
-    cut: Option<oneshot::Receiver<CutReason>>,
+    /// Shared with the cut watcher, which settles the entry at a cut even
+    /// while a stalled borrower leaves the body unpolled.
+    guard: SharedGuard,
+    cut: Option<CutSignal>,
+}
+
+type SharedGuard = Arc<Mutex<Option<CompletionGuard>>>;
+
+fn take(guard: &SharedGuard) -> Option<CompletionGuard> {
+    match guard.lock() {
+        Ok(mut g) => g.take(),
+        Err(p) => p.into_inner().take(),
+    }
 }
 
 impl GuardedBody {
-    /// Guard `inner` with `guard`; `cut` resolves when a reclaim cuts it.
-    pub fn new(
-        inner: Incoming,
-        guard: CompletionGuard,
-        cut: Option<oneshot::Receiver<CutReason>>,
-    ) -> Self {
+    /// Guard `inner` with `guard`; `cut` is the response's cut signal.
+    pub fn new(inner: Incoming, guard: CompletionGuard, cut: Option<CutSignal>) -> Self {
+        let shared: SharedGuard = Arc::new(Mutex::new(Some(guard)));
+        if let Some(signal) = cut.clone() {
+            let watched = Arc::clone(&shared);
+            tokio::spawn(async move {
+                // Ends uncut when the entry is released (its signal dropped).
+                if let Some(reason) = cut_or_end(signal).await
+                    && let Some(guard) = take(&watched)
+                {
+                    info!(entry = %guard.entry(), upstream = %guard.route.name, reason = %reason, "proxied response cut by a reclaim");
+                    verify_cut(guard, reason.to_string()).await;
+                }
+            });
+        }
         GuardedBody {
             inner: Some(inner),
-            guard: Some(guard),
+            guard: shared,
             cut,
         }
     }
 
     fn finish(&mut self, outcome: ReleaseOutcome) {
-        if let Some(mut g) = self.guard.take() {
+        if let Some(mut g) = take(&self.guard) {
             g.finish(outcome);
         }
+    }
+
+    fn guarded(&self) -> bool {
+        match self.guard.lock() {
+            Ok(g) => g.is_some(),
+            Err(p) => p.into_inner().is_some(),
+        }
+    }
+
+    /// The body ended (or broke off) after a cut: the watcher settles the
+    /// entry (proof of the stop, or held); the borrower gets an error.
+    fn cut_end(&mut self, reason: &CutReason) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        self.inner = None;
+        Poll::Ready(Some(Err(reason.to_string().into())))
     }
 }
 
@@ -131,39 +167,30 @@ impl Body for GuardedBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = &mut *self;
-        if let Some(cut) = this.cut.as_mut()
-            && let Poll::Ready(result) = Pin::new(cut).poll(cx)
-        {
-            this.cut = None;
-            if let Ok(reason) = result
-                && let Some(guard) = this.guard.take()
-            {
-                this.inner = None; // closes the upstream connection
-                info!(entry = %guard.entry(), upstream = %guard.route.name, reason = %reason, "proxied response cut by a reclaim");
-                let why = reason.to_string();
-                tokio::spawn(verify_cut(guard, why.clone()));
-                return Poll::Ready(Some(Err(why.into())));
-            }
-        }
         let Some(inner) = this.inner.as_mut() else {
             return Poll::Ready(None);
         };
-        match ready!(Pin::new(&mut *inner).poll_frame(cx)) {
-            Some(Ok(frame)) => {
+        let polled = ready!(Pin::new(&mut *inner).poll_frame(cx));
+        let cut = this.cut.as_ref().and_then(cut_reason);
+        match (polled, cut) {
+            (Some(Ok(frame)), None) => {
                 if inner.is_end_stream() {
                     // The upstream's last byte is read: release before handing it on.
                     this.finish(ReleaseOutcome::Completed);
                 }
                 Poll::Ready(Some(Ok(frame)))
             }
-            Some(Err(e)) => {
+            // Bytes read before the cut are still the borrower's.
+            (Some(Ok(frame)), Some(_)) if !inner.is_end_stream() => Poll::Ready(Some(Ok(frame))),
+            (_, Some(reason)) => this.cut_end(&reason),
+            (Some(Err(e)), None) => {
                 this.finish(ReleaseOutcome::Uncertain(format!(
                     "the upstream response broke off: {e}"
                 )));
                 this.inner = None;
                 Poll::Ready(Some(Err(Box::new(e))))
             }
-            None => {
+            (None, None) => {
                 this.finish(ReleaseOutcome::Completed);
                 this.inner = None;
                 Poll::Ready(None)
@@ -174,7 +201,7 @@ impl Body for GuardedBody {
     fn is_end_stream(&self) -> bool {
         // While the guard is open, report "not ended" so the end is always polled
         // and the release recorded.
-        self.guard.is_none() && self.inner.as_ref().is_none_or(|b| b.is_end_stream())
+        !self.guarded() && self.inner.as_ref().is_none_or(|b| b.is_end_stream())
     }
 
     fn size_hint(&self) -> SizeHint {
@@ -186,7 +213,13 @@ impl Body for GuardedBody {
 
 impl Drop for GuardedBody {
     fn drop(&mut self) {
-        let (Some(guard), Some(inner)) = (self.guard.take(), self.inner.take()) else {
+        let Some(inner) = self.inner.take() else {
+            return;
+        };
+        if self.cut.as_ref().and_then(cut_reason).is_some() {
+            return; // the cut watcher settles the entry
+        }
+        let Some(guard) = take(&self.guard) else {
             return;
         };
         let Ok(handle) = tokio::runtime::Handle::try_current() else {
@@ -211,11 +244,14 @@ impl Drop for GuardedBody {
     }
 }
 
+/// Read the upstream reply of a borrower who left to its end, then release.
+/// A reclaim's cut closes the upstream connection meanwhile; the end that
+/// follows is no completion (RECL-15).
 async fn drain(
     mut body: Incoming,
     mut guard: CompletionGuard,
     timeout: Duration,
-    cut: Option<oneshot::Receiver<CutReason>>,
+    cut: Option<CutSignal>,
 ) {
     let read = async {
         while let Some(frame) = body.frame().await {
@@ -223,27 +259,11 @@ async fn drain(
         }
         Ok::<(), hyper::Error>(())
     };
-    let cut = async {
-        match cut {
-            Some(rx) => rx.await.ok(),
-            None => None,
-        }
-    };
-    let read = async {
-        tokio::select! {
-            r = read => Ok(r),
-            Some(reason) = cut => Err(reason),
-        }
-    };
-    let outcome = match tokio::time::timeout(timeout, read).await {
-        Ok(Err(reason)) => {
-            drop(body); // closes the upstream connection
-            info!(entry = %guard.entry(), upstream = %guard.route.name, reason = %reason, "draining response cut by a reclaim");
-            return verify_cut(guard, reason.to_string()).await;
-        }
-        Ok(Ok(r)) => Ok(r),
-        Err(e) => Err(e),
-    };
+    let outcome = tokio::time::timeout(timeout, read).await;
+    if let Some(reason) = cut.as_ref().and_then(cut_reason) {
+        info!(entry = %guard.entry(), upstream = %guard.route.name, reason = %reason, "draining response cut by a reclaim");
+        return verify_cut(guard, reason.to_string()).await;
+    }
     let outcome = match outcome {
         Ok(Ok(())) => ReleaseOutcome::Completed,
         Ok(Err(e)) => {

@@ -12,6 +12,8 @@ use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
+use crate::proxy::live::{CutSignal, cut_happens};
+
 /// Errors a body may carry through the proxy.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -163,6 +165,19 @@ pub async fn exchange(
     request: http::Request<ProxyBody>,
     connect_timeout: Duration,
 ) -> Result<http::Response<Incoming>, ExchangeError> {
+    exchange_with_cut(target, request, connect_timeout, None).await
+}
+
+/// [`exchange`], whose upstream connection is closed the moment `cut` is
+/// (RECL-15): the upstream sees its client go away at once, whether or not
+/// the borrower is still reading. The response body then ends early; its
+/// reader must check `cut` before counting that end as clean.
+pub async fn exchange_with_cut(
+    target: &Target,
+    request: http::Request<ProxyBody>,
+    connect_timeout: Duration,
+    cut: Option<CutSignal>,
+) -> Result<http::Response<Incoming>, ExchangeError> {
     let address = format!("{}:{}", target.host, target.port);
     let stream = match tokio::time::timeout(
         connect_timeout,
@@ -190,8 +205,22 @@ pub async fn exchange(
         .await
         .map_err(|e| ExchangeError::AfterConnect(e.to_string()))?;
     tokio::spawn(async move {
-        if let Err(e) = conn.with_upgrades().await {
-            tracing::debug!(error = %e, "upstream connection ended with an error");
+        let conn = conn.with_upgrades();
+        let cut = async {
+            match cut {
+                Some(signal) => cut_happens(signal).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            result = conn => {
+                if let Err(e) = result {
+                    tracing::debug!(error = %e, "upstream connection ended with an error");
+                }
+            }
+            reason = cut => {
+                tracing::debug!(reason = %reason, "upstream connection closed: cut by a reclaim");
+            }
         }
     });
     sender

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-use tokio::sync::oneshot;
+use tokio::sync::watch;
 
 use crate::engine::{EntryId, RefusalCode, UpstreamId};
 use crate::traits::CancelClaim;
@@ -19,6 +19,34 @@ pub struct CutReason {
     pub reason: String,
 }
 
+/// Whether (and why) a reclaim cut a proxied response: `None` until it does.
+/// Every part of the exchange watches it — the upstream connection (closed at
+/// once, whether or not the borrower reads), the response body and the drain
+/// after a borrower left (which then ask the adapter for proof of the stop).
+pub type CutSignal = watch::Receiver<Option<CutReason>>;
+
+/// The reason a [`CutSignal`] carries, once cut.
+pub fn cut_reason(signal: &CutSignal) -> Option<CutReason> {
+    signal.borrow().clone()
+}
+
+/// Resolves when `signal` is cut; never, when it is dropped uncut.
+pub async fn cut_happens(signal: CutSignal) -> CutReason {
+    match cut_or_end(signal).await {
+        Some(r) => r,
+        None => std::future::pending().await, // the work ended uncut
+    }
+}
+
+/// Resolves with the reason when `signal` is cut, or `None` once the work
+/// ended uncut (its signal dropped).
+pub async fn cut_or_end(mut signal: CutSignal) -> Option<CutReason> {
+    match signal.wait_for(Option::is_some).await {
+        Ok(r) => r.clone(),
+        Err(_) => None,
+    }
+}
+
 impl std::fmt::Display for CutReason {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(&self.reason)
@@ -29,7 +57,7 @@ impl std::fmt::Display for CutReason {
 struct Live {
     upstream: UpstreamId,
     /// Sync work: closing the proxied response is its cancellation.
-    cut: Option<oneshot::Sender<CutReason>>,
+    cut: Option<watch::Sender<Option<CutReason>>>,
     /// Tracked work: the one-shot right to cancel it at the upstream.
     claim: CancelClaim,
     /// Tracked work whose submission reply has not been recorded yet.
@@ -52,13 +80,9 @@ impl LiveWork {
         }
     }
 
-    /// Register sync work; the receiver resolves when a reclaim cuts it.
-    pub fn register_response(
-        &self,
-        entry: EntryId,
-        upstream: UpstreamId,
-    ) -> oneshot::Receiver<CutReason> {
-        let (tx, rx) = oneshot::channel();
+    /// Register sync work; the signal turns `Some` when a reclaim cuts it.
+    pub fn register_response(&self, entry: EntryId, upstream: UpstreamId) -> CutSignal {
+        let (tx, rx) = watch::channel(None);
         self.map().insert(
             entry,
             Live {
@@ -97,17 +121,28 @@ impl LiveWork {
         live.cancel_wanted.clone()
     }
 
-    /// Cut a proxied response. `false` when it is not sync work in flight.
+    /// Cut a proxied response. `false` when it is not sync work in flight,
+    /// or was cut already.
     pub fn cut(&self, entry: EntryId, reason: &CutReason) -> bool {
-        let tx = self.map().get_mut(&entry).and_then(|l| l.cut.take());
-        tx.is_some_and(|tx| tx.send(reason.clone()).is_ok())
+        let map = self.map();
+        let Some(tx) = map.get(&entry).and_then(|l| l.cut.as_ref()) else {
+            return false;
+        };
+        tx.send_if_modified(|current| {
+            if current.is_some() {
+                return false;
+            }
+            *current = Some(reason.clone());
+            true
+        })
     }
 
-    /// Whether the entry is sync work (cancelled by closing its response).
+    /// Whether the entry is sync work not cut yet (cancelled by closing its response).
     pub fn is_response(&self, entry: EntryId) -> bool {
         self.map()
             .get(&entry)
-            .is_some_and(|l| !l.reply_pending && l.cut.is_some())
+            .and_then(|l| l.cut.as_ref())
+            .is_some_and(|tx| tx.borrow().is_none())
     }
 
     /// Mark a tracked submission for cancellation and return its claim and
@@ -153,13 +188,23 @@ mod tests {
         let e = EntryId::from_u128(1);
         let rx = live.register_response(e, UpstreamId(0));
         assert!(live.is_response(e));
+        assert_eq!(cut_reason(&rx), None);
         let why = CutReason {
             code: RefusalCode::OwnerPresent,
             reason: "owner returned".to_owned(),
         };
         assert!(live.cut(e, &why));
         assert!(!live.cut(e, &why));
-        assert_eq!(rx.await.unwrap(), why);
+        assert!(!live.is_response(e));
+        assert_eq!(cut_happens(rx.clone()).await, why);
+        assert_eq!(cut_reason(&rx), Some(why));
+        // An uncut signal whose work ended never resolves.
+        let e2 = EntryId::from_u128(9);
+        let rx2 = live.register_response(e2, UpstreamId(0));
+        live.forget(e2);
+        let never =
+            tokio::time::timeout(std::time::Duration::from_millis(20), cut_happens(rx2)).await;
+        assert!(never.is_err());
     }
 
     #[test]

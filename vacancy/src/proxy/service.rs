@@ -15,11 +15,11 @@ use crate::engine::{CompletionMethod, EntryId, Refusal, RefusalCode, ReleaseOutc
 use crate::proxy::UpstreamRoute;
 use crate::proxy::completion::{CompletionGuard, GuardedBody, verify_cut};
 use crate::proxy::forward::{
-    ExchangeError, ProxyBody, exchange, full, is_upgrade, prepare_response_head, streaming,
-    upstream_request,
+    ExchangeError, ProxyBody, exchange, exchange_with_cut, full, is_upgrade, prepare_response_head,
+    streaming, upstream_request,
 };
 use crate::proxy::lender::Lender;
-use crate::proxy::live::CutReason;
+use crate::proxy::live::{CutSignal, cut_happens};
 use crate::proxy::shells::observe_upstream;
 use crate::proxy::tracked::exchange_tracked;
 use crate::traits::{InspectContext, RoutePolicy, WorkRoute, route_policy};
@@ -138,7 +138,7 @@ fn relay(
     mut resp: http::Response<Incoming>,
     borrower_upgrade: Option<hyper::upgrade::OnUpgrade>,
     guard: Option<CompletionGuard>,
-    cut: Option<oneshot::Receiver<CutReason>>,
+    cut: Option<CutSignal>,
 ) -> http::Response<ProxyBody> {
     if resp.status() == http::StatusCode::SWITCHING_PROTOCOLS {
         let upstream_upgrade = hyper::upgrade::on(&mut resp);
@@ -163,7 +163,7 @@ async fn tunnel(
     borrower: Option<hyper::upgrade::OnUpgrade>,
     upstream: hyper::upgrade::OnUpgrade,
     guard: Option<CompletionGuard>,
-    cut: Option<oneshot::Receiver<CutReason>>,
+    cut: Option<CutSignal>,
 ) {
     let copy = async {
         let borrower = borrower
@@ -177,13 +177,13 @@ async fn tunnel(
     };
     let cut = async {
         match cut {
-            Some(rx) => rx.await.ok(),
-            None => None,
+            Some(signal) => cut_happens(signal).await,
+            None => std::future::pending().await,
         }
     };
     let result = tokio::select! {
         r = copy => r,
-        Some(reason) = cut => {
+        reason = cut => {
             info!(reason = %reason, "gated WebSocket closed by a reclaim");
             Ok(())
         }
@@ -319,12 +319,12 @@ async fn work_request(
         });
         return answer(&route, rx).await;
     }
-    let mut cut = lender.live().register_response(entry, route.id);
+    let cut = lender.live().register_response(entry, route.id);
     tokio::spawn(async move {
         guard.forwarding();
         let exchanged = tokio::select! {
-            r = exchange(&task_route.target, upstream_req, task_route.connect_timeout) => Ok(r),
-            Ok(reason) = &mut cut => Err(reason),
+            r = exchange_with_cut(&task_route.target, upstream_req, task_route.connect_timeout, Some(cut.clone())) => Ok(r),
+            reason = cut_happens(cut.clone()) => Err(reason),
         };
         let response = match exchanged {
             Ok(Ok(resp)) => relay(resp, borrower_upgrade, Some(guard), Some(cut)),
