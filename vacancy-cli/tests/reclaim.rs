@@ -629,13 +629,14 @@ async fn a_changed_owner_scope_applies_only_after_a_restart() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_comfyui_reply_arriving_after_the_deadline_is_cancelled_once_when_recorded() {
-    // RECL-23, RECL-24, RECL-42
+    // RECL-23, RECL-24, RECL-42, RECL-38 (whose work is queued cannot be told
+    // while a reply is under way: the unload goes ahead, the reason logged)
     let emu = comfy_emulator();
     emu.set_faults(vacancy_test_support::ComfyFaults {
         submission_reply_delay: Duration::from_secs(4),
         ..vacancy_test_support::ComfyFaults::default()
     });
-    let (d, flag) = comfy_daemon(&emu, "on_owner_return = \"cancel\"");
+    let (d, flag) = comfy_daemon(&emu, "on_owner_return = \"cancel\"\nyield_on_veto = true");
     wait_away(&d).await;
     let proxy = d.proxy.clone();
     let submit = tokio::spawn(async move { submit(&proxy, 3).await });
@@ -649,6 +650,11 @@ async fn a_comfyui_reply_arriving_after_the_deadline_is_cancelled_once_when_reco
     let prompt = emu.running().expect("the borrowed prompt runs");
     owner_returns(&flag);
     wait_log(&d, "the submission reply is still under way").await;
+    wait_log(
+        &d,
+        "unloading without knowing whose work the upstream holds (RECL-38)",
+    )
+    .await;
     let reply = submit.await.unwrap();
     assert_eq!(reply.status, 200, "the borrower still gets the reply");
     wait_log(&d, "cancelling it now that its reply is recorded").await;
@@ -667,6 +673,7 @@ async fn a_comfyui_reply_arriving_after_the_deadline_is_cancelled_once_when_reco
     };
     assert_eq!(count("/queue"), 1, "{:?}", emu.requests());
     assert_eq!(count("/interrupt"), 1, "{:?}", emu.requests());
+    assert_eq!(count("/free"), 1, "{:?}", emu.requests());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
