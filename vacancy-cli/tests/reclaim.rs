@@ -147,21 +147,29 @@ async fn wait_log(d: &Daemon, needle: &str) {
     panic!("log never said {needle:?}:\n{}", d.process.log_tail(60));
 }
 
-fn ollama_daemon(emu: &OllamaEmulator, extra: &str) -> (Daemon, PathBuf) {
+/// An Ollama emulator that pauses `ms` before each generated token.
+fn slow_ollama(ms: u64) -> OllamaEmulator {
+    OllamaEmulator::start(OllamaOptions {
+        token_delay: Duration::from_millis(ms),
+        ..OllamaOptions::default()
+    })
+    .unwrap()
+}
+
+/// vacancyd lending one upstream `name` of `adapter` at `target` on `gpu0`,
+/// presence from the owner's flag file.
+fn one_upstream_daemon(name: &str, adapter: &str, target: &str, extra: &str) -> (Daemon, PathBuf) {
     let s = Setup::new(1);
     let body = format!(
         "{}{}",
         s.resource("gpu0"),
-        upstream(
-            "ollama",
-            "ollama",
-            s.proxies[0],
-            &emu.base_url(),
-            "gpu0",
-            extra
-        )
+        upstream(name, adapter, s.proxies[0], target, "gpu0", extra)
     );
     s.start("", &body)
+}
+
+fn ollama_daemon(emu: &OllamaEmulator, extra: &str) -> (Daemon, PathBuf) {
+    one_upstream_daemon("ollama", "ollama", &emu.base_url(), extra)
 }
 
 /// A ComfyUI emulator whose prompts run for 30 s.
@@ -174,20 +182,7 @@ fn comfy_emulator() -> ComfyEmulator {
 }
 
 fn comfy_daemon(emu: &ComfyEmulator, extra: &str) -> (Daemon, PathBuf) {
-    let s = Setup::new(1);
-    let body = format!(
-        "{}{}",
-        s.resource("gpu0"),
-        upstream(
-            "comfy",
-            "comfyui",
-            s.proxies[0],
-            &emu.base_url(),
-            "gpu0",
-            extra
-        )
-    );
-    s.start("", &body)
+    one_upstream_daemon("comfy", "comfyui", &emu.base_url(), extra)
 }
 
 /// A borrower's prompt through the proxy.
@@ -207,11 +202,7 @@ async fn submit(proxy: &str, color: u32) -> vacancy_test_support::HttpReply {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn drain_lets_work_that_finishes_in_time_finish() {
     // RECL-01, RECL-31, OWN-02
-    let emu = OllamaEmulator::start(OllamaOptions {
-        token_delay: Duration::from_millis(50),
-        ..OllamaOptions::default()
-    })
-    .unwrap();
+    let emu = slow_ollama(50);
     let (d, flag) = ollama_daemon(&emu, "on_owner_return = \"drain\"\ndrain_timeout_s = 20");
     wait_away(&d).await;
     let url = format!("{}/api/generate", d.proxy);
@@ -249,11 +240,7 @@ async fn drain_lets_work_that_finishes_in_time_finish() {
 async fn drain_cuts_the_response_at_its_deadline_and_holds_what_it_cannot_prove() {
     // RECL-01, RECL-15, RECL-41, DONE-04: a closed connection is no proof
     // the upstream stopped.
-    let emu = OllamaEmulator::start(OllamaOptions {
-        token_delay: Duration::from_millis(100),
-        ..OllamaOptions::default()
-    })
-    .unwrap();
+    let emu = slow_ollama(100);
     let (d, flag) = ollama_daemon(&emu, "on_owner_return = \"drain\"\ndrain_timeout_s = 1");
     wait_away(&d).await;
     let url = format!("{}/api/generate", d.proxy);
@@ -293,11 +280,7 @@ async fn drain_cuts_the_response_at_its_deadline_and_holds_what_it_cannot_prove(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_drain_stands_down_when_the_owner_leaves_before_its_deadline() {
     // RECL-04, RECL-08, RECL-12
-    let emu = OllamaEmulator::start(OllamaOptions {
-        token_delay: Duration::from_millis(100),
-        ..OllamaOptions::default()
-    })
-    .unwrap();
+    let emu = slow_ollama(100);
     let (d, flag) = ollama_daemon(
         &emu,
         "on_owner_return = \"drain\"\ndrain_timeout_s = 6\nyield_on_veto = true",
@@ -329,11 +312,7 @@ async fn a_drain_stands_down_when_the_owner_leaves_before_its_deadline() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn finish_lets_work_end_then_unloads_and_counts_the_yield() {
     // RECL-03, RECL-22, RECL-32, RECL-40, RECL-48, RECL-43
-    let emu = OllamaEmulator::start(OllamaOptions {
-        token_delay: Duration::from_millis(50),
-        ..OllamaOptions::default()
-    })
-    .unwrap();
+    let emu = slow_ollama(50);
     let (d, flag) = ollama_daemon(&emu, "on_owner_return = \"finish\"\nyield_on_veto = true");
     wait_away(&d).await;
     let url = format!("{}/api/generate", d.proxy);
@@ -496,11 +475,7 @@ async fn comfyui_cancel_stops_the_borrowed_prompt_and_skips_the_unload_for_the_o
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_exempt_upstream_keeps_lending_but_not_on_a_resource_a_yield_holds() {
     // SCOPE-02, SCOPE-11, SCOPE-12, SCOPE-13, SCOPE-14, SCOPE-20, RECL-43, RECL-45
-    let host = OllamaEmulator::start(OllamaOptions {
-        token_delay: Duration::from_millis(50),
-        ..OllamaOptions::default()
-    })
-    .unwrap();
+    let host = slow_ollama(50);
     let exempt = OllamaEmulator::start(OllamaOptions::default()).unwrap();
     let s = Setup::new(2);
     let (p0, p1) = (s.proxies[0], s.proxies[1]);
