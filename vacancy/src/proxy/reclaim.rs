@@ -76,26 +76,14 @@ pub async fn reclaim_loop(
                     deadline,
                     entries,
                 } => {
-                    let name = lender
-                        .with_engine(|e| e.upstream_name(upstream).map(str::to_owned))
-                        .unwrap_or_default();
                     let reason = cut_reason(id, &trigger, mode);
-                    info!(reclaim = %id, upstream = %name, trigger = %trigger.describe(), mode = %mode, deadline_in_ms = deadline.map(|d| d.since(now).as_millis()), entries = entries.len(), "reclaim started");
-                    // RECL-13: each response's own cut, should no decision come.
+                    info!(reclaim = %id, upstream = %name_of(&lender, upstream), trigger = %trigger.describe(), mode = %mode, deadline_in_ms = deadline.map(|d| d.since(now).as_millis()), entries = entries.len(), "reclaim started");
                     let backstops = match deadline {
                         Some(d) => entries
                             .iter()
                             .map(|&entry| {
                                 let at = lender.clock().instant(d) + times.cut_grace;
-                                let (lender, reason) = (Arc::clone(&lender), reason.clone());
-                                tokio::spawn(async move {
-                                    tokio::time::sleep_until(tokio::time::Instant::from_std(at))
-                                        .await;
-                                    if lender.live().cut(entry, &reason) {
-                                        warn!(entry = %entry, reclaim = %id, "no reclaim decided within 30 s after the response's deadline; cut it (RECL-13)");
-                                    }
-                                })
-                                .abort_handle()
+                                backstop(Arc::clone(&lender), id, entry, at, reason.clone())
                             })
                             .collect(),
                         None => Vec::new(),
@@ -108,8 +96,7 @@ pub async fn reclaim_loop(
                     elapsed,
                 } => {
                     forget(&mut known, id);
-                    let name = by_id.get(&upstream).map_or("", |r| r.name.as_str());
-                    info!(reclaim = %id, upstream = %name, elapsed_ms = elapsed.as_millis(), "reclaim abandoned; its trigger cleared");
+                    info!(reclaim = %id, upstream = %name_of(&lender, upstream), elapsed_ms = elapsed.as_millis(), "reclaim abandoned; its trigger cleared");
                 }
                 ReclaimCommand::Finished {
                     id,
@@ -117,8 +104,7 @@ pub async fn reclaim_loop(
                     elapsed,
                 } => {
                     forget(&mut known, id);
-                    let name = by_id.get(&upstream).map_or("", |r| r.name.as_str());
-                    info!(reclaim = %id, upstream = %name, elapsed_ms = elapsed.as_millis(), "reclaim finished: the affected work ended by itself");
+                    info!(reclaim = %id, upstream = %name_of(&lender, upstream), elapsed_ms = elapsed.as_millis(), "reclaim finished: the affected work ended by itself");
                 }
                 ReclaimCommand::Act {
                     id,
@@ -164,6 +150,30 @@ pub async fn reclaim_loop(
             () = stopped(&mut shutdown) => return,
         }
     }
+}
+
+fn name_of(lender: &Lender, upstream: UpstreamId) -> String {
+    lender
+        .with_engine(|e| e.upstream_name(upstream).map(str::to_owned))
+        .unwrap_or_default()
+}
+
+/// A response's own cut at `at` (its deadline plus the grace), should no
+/// reclaim decide its fate first (RECL-13); aborted when one does.
+fn backstop(
+    lender: Arc<Lender>,
+    id: ReclaimId,
+    entry: EntryId,
+    at: std::time::Instant,
+    reason: CutReason,
+) -> AbortHandle {
+    tokio::spawn(async move {
+        tokio::time::sleep_until(tokio::time::Instant::from_std(at)).await;
+        if lender.live().cut(entry, &reason) {
+            warn!(entry = %entry, reclaim = %id, "no reclaim decided within 30 s after the response's deadline; cut it (RECL-13)");
+        }
+    })
+    .abort_handle()
 }
 
 fn forget(known: &mut HashMap<ReclaimId, Known>, id: ReclaimId) -> Option<CutReason> {
