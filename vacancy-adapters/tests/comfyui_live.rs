@@ -207,44 +207,19 @@ async fn a_running_prompt_is_stopped_by_interrupt_on_the_early_release() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_unload_is_skipped_while_comfyui_holds_a_prompt_vacancy_did_not_admit() {
     // RECL-34..37 through the yield shell, RECL-48, OBS-04.
-    use vacancy::engine::{Engine, EngineSpec, OwnerPresence, ResourceSpec, UpstreamSpec};
+    use vacancy::proxy::Lender;
     use vacancy::proxy::shells::{Yielded, yield_upstream};
-    use vacancy::proxy::{Lender, Target, UpstreamRoute, VolatileStore};
-    use vacancy::{CapacitySample, ResourceKind};
 
     let comfy = ComfyUi::start(ComfyFlavor::V0_3_75).unwrap();
     let adapter = adapter(&comfy);
     let clock = adapter.settings().clock;
-    let mut engine = Engine::new(EngineSpec {
-        lending: true,
-        resources: vec![ResourceSpec::new("gpu0", ResourceKind::Gpu, 0)],
-        upstreams: vec![UpstreamSpec::new("comfy", "gpu0", 100)],
-    })
-    .unwrap();
-    engine.set_owner(OwnerPresence::Away);
-    let id = engine.upstream_id("comfy").unwrap();
-    let lender = Lender::new(
-        engine,
-        ["gpu0".to_owned()],
+    let (lender, route) = vacancy::testkit::lone_upstream(
+        "comfy",
+        std::sync::Arc::new(adapter),
+        &comfy.base_url(),
         clock,
-        std::sync::Arc::new(VolatileStore),
-    );
-    lender.record_sample(
-        "gpu0",
-        Ok(CapacitySample::memory(10_000, 20_000, clock.now())),
-        clock.now(),
-    );
-    let route = UpstreamRoute {
-        name: "comfy".into(),
-        id,
-        adapter: std::sync::Arc::new(adapter),
-        target: Target::parse(&comfy.base_url()).unwrap(),
-        management: vacancy::config::Management::Deny,
-        on_borrower_disconnect: vacancy::config::OnBorrowerDisconnect::Drain,
-        completion_timeout: Duration::from_secs(60),
-        max_body_bytes: 1 << 20,
-        connect_timeout: Duration::from_secs(2),
-    };
+    )
+    .unwrap();
     let yields = |l: &Lender| {
         l.metrics()
             .render(&l.status())

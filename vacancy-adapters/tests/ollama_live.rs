@@ -308,45 +308,19 @@ async fn unloading_sends_keep_alive_zero_for_every_model_and_checks_the_answer()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_yield_is_counted_and_disturbs_residency_but_releases_nothing() {
     // OBS-04 (vacancyd_yields_total), RECL-45, RECL-49
-    use vacancy::engine::{Engine, EngineSpec, OwnerPresence, ResourceSpec, UpstreamSpec};
     use vacancy::proxy::shells::{Yielded, observe_upstream, yield_upstream};
-    use vacancy::proxy::{Lender, Target, UpstreamRoute, VolatileStore};
-    use vacancy::{CapacitySample, ResourceKind};
 
     let emulator = OllamaEmulator::start(OllamaOptions::default()).unwrap();
     emulator.preload("llama3", None).unwrap();
     let adapter = adapter(&emulator);
     let clock = adapter.settings().clock;
-    let mut engine = Engine::new(EngineSpec {
-        lending: true,
-        resources: vec![ResourceSpec::new("gpu0", ResourceKind::Gpu, 0)],
-        upstreams: vec![UpstreamSpec::new("ollama", "gpu0", 100)],
-    })
-    .unwrap();
-    engine.set_owner(OwnerPresence::Away);
-    let id = engine.upstream_id("ollama").unwrap();
-    let lender = Lender::new(
-        engine,
-        ["gpu0".to_owned()],
+    let (lender, route) = vacancy::testkit::lone_upstream(
+        "ollama",
+        std::sync::Arc::new(adapter),
+        &emulator.base_url(),
         clock,
-        std::sync::Arc::new(VolatileStore),
-    );
-    lender.record_sample(
-        "gpu0",
-        Ok(CapacitySample::memory(10_000, 20_000, clock.now())),
-        clock.now(),
-    );
-    let route = UpstreamRoute {
-        name: "ollama".into(),
-        id,
-        adapter: std::sync::Arc::new(adapter),
-        target: Target::parse(&emulator.base_url()).unwrap(),
-        management: vacancy::config::Management::Deny,
-        on_borrower_disconnect: vacancy::config::OnBorrowerDisconnect::Drain,
-        completion_timeout: std::time::Duration::from_secs(60),
-        max_body_bytes: 1 << 20,
-        connect_timeout: std::time::Duration::from_secs(2),
-    };
+    )
+    .unwrap();
     observe_upstream(&lender, &route).await.unwrap();
     let ack = yield_upstream(&lender, &route, &[]).await.unwrap();
     assert_eq!(
@@ -362,8 +336,12 @@ async fn a_yield_is_counted_and_disturbs_residency_but_releases_nothing() {
     // Not recovered memory: the resource waits for a sample taken after the yield.
     assert!(!status.upstreams[0].vacancy.admitting, "{status:?}");
     lender.record_sample(
-        "gpu0",
-        Ok(CapacitySample::memory(10_000, 20_000, clock.now())),
+        "testkit",
+        Ok(vacancy::CapacitySample::memory(
+            1 << 20,
+            1 << 21,
+            clock.now(),
+        )),
         clock.now(),
     );
     assert!(lender.status().upstreams[0].vacancy.admitting);

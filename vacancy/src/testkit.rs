@@ -216,18 +216,23 @@ impl ProxyUnderTest {
     }
 }
 
-async fn harness(
+/// A lender with one always-roomy resource (`testkit`) and one upstream
+/// `name` reaching `target` through `adapter`, the owner away: for tests of
+/// the shells around an adapter (observation, yields, reclaims), with or
+/// without a listener in front.
+pub fn lone_upstream(
+    name: &str,
     adapter: Arc<dyn Adapter>,
-    upstream: SocketAddr,
-) -> Result<ProxyUnderTest, String> {
+    target: &str,
+    clock: crate::MonotonicClock,
+) -> Result<(Arc<Lender>, Arc<UpstreamRoute>), String> {
     let spec = EngineSpec {
         lending: true,
         resources: vec![ResourceSpec::new("testkit", ResourceKind::Memory, 0)],
-        upstreams: vec![UpstreamSpec::new("under-test", "testkit", 0)],
+        upstreams: vec![UpstreamSpec::new(name, "testkit", 0)],
     };
     let mut engine = Engine::new(spec).map_err(|e| e.to_string())?;
     engine.set_owner(OwnerPresence::Away);
-    let clock = crate::MonotonicClock::new();
     let lender = Arc::new(Lender::new(
         engine,
         ["testkit".to_owned()],
@@ -240,19 +245,32 @@ async fn harness(
         clock.now(),
     );
     let id = lender
-        .with_engine(|e| e.upstream_id("under-test"))
+        .with_engine(|e| e.upstream_id(name))
         .ok_or("no upstream")?;
     let route = Arc::new(UpstreamRoute {
-        name: "under-test".to_owned(),
+        name: name.to_owned(),
         id,
         adapter,
-        target: Target::parse(&format!("http://{upstream}"))?,
+        target: Target::parse(target)?,
         management: Management::Deny,
         on_borrower_disconnect: OnBorrowerDisconnect::Drain,
         completion_timeout: Duration::from_secs(5),
         max_body_bytes: 1 << 20,
         connect_timeout: Duration::from_secs(2),
     });
+    Ok((lender, route))
+}
+
+async fn harness(
+    adapter: Arc<dyn Adapter>,
+    upstream: SocketAddr,
+) -> Result<ProxyUnderTest, String> {
+    let (lender, route) = lone_upstream(
+        "under-test",
+        adapter,
+        &format!("http://{upstream}"),
+        crate::MonotonicClock::new(),
+    )?;
     let listener = TcpListener::bind("127.0.0.1:0")
         .await
         .map_err(|e| e.to_string())?;
