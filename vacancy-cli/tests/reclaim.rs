@@ -174,9 +174,15 @@ fn ollama_daemon(emu: &OllamaEmulator, extra: &str) -> (Daemon, PathBuf) {
 
 /// A ComfyUI emulator whose prompts run for 30 s.
 fn comfy_emulator() -> ComfyEmulator {
+    comfy_emulator_at(ComfyEmulatorOptions::default().version.as_deref())
+}
+
+/// The same, reporting release `version` (`None`: an early-2024 build that
+/// queues prompts under IDs of its own).
+fn comfy_emulator_at(version: Option<&str>) -> ComfyEmulator {
     ComfyEmulator::start(ComfyEmulatorOptions {
         run_time: Duration::from_secs(30),
-        ..ComfyEmulatorOptions::default()
+        ..ComfyEmulatorOptions::release(version)
     })
     .unwrap()
 }
@@ -606,7 +612,18 @@ async fn a_changed_owner_scope_applies_only_after_a_restart() {
 async fn a_comfyui_reply_arriving_after_the_deadline_is_cancelled_once_when_recorded() {
     // RECL-23, RECL-24, RECL-42, RECL-38 (whose work is queued cannot be told
     // while a reply is under way: the unload goes ahead, the reason logged)
-    let emu = comfy_emulator();
+    late_reply_is_cancelled_once(ComfyEmulatorOptions::default().version.as_deref()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_reply_naming_comfyuis_own_id_is_cancelled_under_that_id() {
+    // RECL-23, REC-04: before 0.3.45 ComfyUI queues under an ID of its own,
+    // which only the reply tells; the cancel must name that one.
+    late_reply_is_cancelled_once(None).await;
+}
+
+async fn late_reply_is_cancelled_once(version: Option<&str>) {
+    let emu = comfy_emulator_at(version);
     emu.set_faults(vacancy_test_support::ComfyFaults {
         submission_reply_delay: Duration::from_secs(4),
         ..vacancy_test_support::ComfyFaults::default()

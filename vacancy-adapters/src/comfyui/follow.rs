@@ -131,6 +131,7 @@ pub async fn track(
                 info!(assigned_ref = assigned, upstream_ref = %prompt_id, "ComfyUI queued the prompt under its own ID (a release before 0.3.45); following that");
                 events.upstream_ref(&prompt_id).await;
             }
+            events.following(&prompt_id).await;
             let tracker = PromptTracker::new(how, times, admitted_at, clock.now());
             drive(tracker, &prompt_id, reads, clock).await
         }

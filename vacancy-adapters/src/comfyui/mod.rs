@@ -574,6 +574,9 @@ impl TrackingEvents for Remembering<'_> {
         self.shared.remember(upstream_ref);
         self.inner.upstream_ref(upstream_ref).await;
     }
+    async fn following(&self, upstream_ref: &str) {
+        self.inner.following(upstream_ref).await;
+    }
 }
 
 #[async_trait]

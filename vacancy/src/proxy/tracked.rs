@@ -18,7 +18,7 @@ use crate::proxy::lender::Lender;
 use crate::proxy::reclaim::cancel_late_reply;
 use crate::proxy::service::refusal_response;
 use crate::time::Moment;
-use crate::traits::{Submission, TrackedEnd, TrackedWork, TrackingEvents};
+use crate::traits::{CancelClaim, Submission, TrackedEnd, TrackedWork, TrackingEvents};
 
 /// The most of a submission reply read: a larger one cannot be used (COMFY-09).
 pub const REPLY_LIMIT: usize = 4 * 1024 * 1024;
@@ -91,6 +91,7 @@ fn follow(
     assigned: String,
     admitted_at: Moment,
     submission: Submission,
+    claim: CancelClaim,
 ) {
     let entry = guard.entry();
     guard.tracking();
@@ -104,9 +105,10 @@ fn follow(
         };
         let events = Events {
             lender: Arc::clone(&lender),
+            route: Arc::clone(&route),
             entry,
             assigned: assigned.clone(),
-            upstream: route.name.clone(),
+            claim,
         };
         let work = TrackedWork {
             entry,
@@ -146,18 +148,15 @@ pub(crate) async fn exchange_tracked(
     .await;
     match exchanged {
         Ok(Ok(ex)) => {
-            let late_cancel = lender.live().reply_recorded(entry).is_some();
             follow(
-                Arc::clone(&lender),
+                lender,
                 Arc::clone(&route),
                 guard,
                 assigned,
                 admitted_at,
                 ex.submission,
+                claim,
             );
-            if late_cancel {
-                tokio::spawn(cancel_late_reply(lender, Arc::clone(&route), entry, claim));
-            }
             ex.response
         }
         Ok(Err(e)) => {
@@ -193,9 +192,10 @@ pub(crate) async fn exchange_tracked(
 
 struct Events {
     lender: Arc<Lender>,
+    route: Arc<UpstreamRoute>,
     entry: EntryId,
     assigned: String,
-    upstream: String,
+    claim: CancelClaim,
 }
 
 #[async_trait]
@@ -205,13 +205,26 @@ impl TrackingEvents for Events {
         // The record first: what /status shows is then already durable.
         if let Err(e) = self.lender.store().rewrite_ref(entry, upstream_ref).await {
             // REC-06: tracking goes on with the upstream's handle.
-            warn!(entry = %entry, upstream = %self.upstream, assigned_ref = %self.assigned, upstream_ref, error = %e, "could not rewrite the record with the upstream's handle; tracking it anyway");
+            warn!(entry = %entry, upstream = %self.route.name, assigned_ref = %self.assigned, upstream_ref, error = %e, "could not rewrite the record with the upstream's handle; tracking it anyway");
         }
         if let Err(e) = self
             .lender
             .with_engine(|e| e.set_upstream_ref(entry, upstream_ref))
         {
             warn!(entry = %entry, error = %e, "could not record the upstream's handle in the engine");
+        }
+    }
+
+    async fn following(&self, _upstream_ref: &str) {
+        // The reclaim may name the work from now on; if one wanted it
+        // cancelled while its reply was under way, cancel it now (RECL-23/24).
+        if self.lender.live().reply_recorded(self.entry).is_some() {
+            tokio::spawn(cancel_late_reply(
+                Arc::clone(&self.lender),
+                Arc::clone(&self.route),
+                self.entry,
+                self.claim.clone(),
+            ));
         }
     }
 }

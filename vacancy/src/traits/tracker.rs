@@ -53,6 +53,16 @@ pub trait TrackingEvents: Send + Sync {
     /// 0.3.45, REC-04): record it before following it. A failure is logged
     /// with both handles and tracking goes on (REC-06).
     async fn upstream_ref(&self, upstream_ref: &str);
+
+    /// The submission's reply is understood and the tracker follows the work
+    /// under `upstream_ref` (after [`upstream_ref`](Self::upstream_ref) where
+    /// that differs from the assigned handle). Until then a reclaim cannot
+    /// name the work at the upstream, so it waits for this (RECL-23) and
+    /// cancels it here if it wanted to meanwhile (RECL-24). Trackers call it
+    /// once, before they start following; the default ignores it.
+    async fn following(&self, upstream_ref: &str) {
+        let _ = upstream_ref;
+    }
 }
 
 /// Follows tracked work at the upstream until its end is proven.
