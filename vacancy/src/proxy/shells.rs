@@ -333,7 +333,8 @@ fn unreachable(error: String) -> UpstreamHealth {
     }
 }
 
-/// Ask the presence backend every `every` and give the answer to the engine.
+/// Ask the presence backend every `every` and give the answer to the engine;
+/// a change wakes the reclaim loop at once.
 pub async fn presence_loop(
     lender: Arc<Lender>,
     backend: Box<dyn PresenceBackend>,
@@ -343,6 +344,7 @@ pub async fn presence_loop(
     let mut last: Option<OwnerPresence> = None;
     loop {
         let presence = backend.presence().await;
+        lender.with_engine(|e| e.set_owner(presence));
         if last != Some(presence) {
             info!(
                 backend = backend.name(),
@@ -350,10 +352,8 @@ pub async fn presence_loop(
                 "owner presence"
             );
             last = Some(presence);
-            lender.with_engine(|e| e.set_owner(presence));
             lender.wake_reclaims(); // an edge may start reclaims (OWN-01)
         }
-        lender.with_engine(|e| e.set_owner(presence));
         tokio::select! {
             () = tokio::time::sleep(every) => {}
             () = stopped(&mut shutdown) => return,
