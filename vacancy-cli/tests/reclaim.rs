@@ -107,6 +107,17 @@ fn generate(tokens: u32) -> Vec<u8> {
         .into_bytes()
 }
 
+/// Once the owner is away, a borrower's streamed generation of `tokens`
+/// through the daemon's Ollama upstream, and the URL it went to.
+async fn generating(d: &Daemon, tokens: u32) -> (vacancy_test_support::HttpStream, String) {
+    wait_away(d).await;
+    let url = format!("{}/api/generate", d.proxy);
+    let stream = http_stream("POST", &url, &[JSON], generate(tokens))
+        .await
+        .unwrap();
+    (stream, url)
+}
+
 /// Read a streamed body to its end: `Ok(bytes)` or `Err` when it broke off.
 async fn read_all(mut s: vacancy_test_support::HttpStream) -> Result<Vec<u8>, String> {
     let mut out = Vec::new();
@@ -210,11 +221,7 @@ async fn drain_lets_work_that_finishes_in_time_finish() {
     // RECL-01, RECL-31, OWN-02
     let emu = slow_ollama(50);
     let (d, flag) = ollama_daemon(&emu, "on_owner_return = \"drain\"\ndrain_timeout_s = 20");
-    wait_away(&d).await;
-    let url = format!("{}/api/generate", d.proxy);
-    let stream = http_stream("POST", &url, &[JSON], generate(30))
-        .await
-        .unwrap();
+    let (stream, url) = generating(&d, 30).await;
     assert_eq!(stream.status, 200);
     owner_returns(&flag);
     d.wait_status("a drain", |s| s["reclaims"][0]["mode"] == "drain")
@@ -248,11 +255,7 @@ async fn drain_cuts_the_response_at_its_deadline_and_holds_what_it_cannot_prove(
     // the upstream stopped.
     let emu = slow_ollama(100);
     let (d, flag) = ollama_daemon(&emu, "on_owner_return = \"drain\"\ndrain_timeout_s = 1");
-    wait_away(&d).await;
-    let url = format!("{}/api/generate", d.proxy);
-    let stream = http_stream("POST", &url, &[JSON], generate(600))
-        .await
-        .unwrap();
+    let (stream, _) = generating(&d, 600).await;
     owner_returns(&flag);
     let started = std::time::Instant::now();
     let result = tokio::time::timeout(Duration::from_secs(20), read_all(stream))
@@ -291,11 +294,7 @@ async fn a_drain_stands_down_when_the_owner_leaves_before_its_deadline() {
         &emu,
         "on_owner_return = \"drain\"\ndrain_timeout_s = 6\nyield_on_veto = true",
     );
-    wait_away(&d).await;
-    let url = format!("{}/api/generate", d.proxy);
-    let stream = http_stream("POST", &url, &[JSON], generate(50))
-        .await
-        .unwrap();
+    let (stream, _) = generating(&d, 50).await;
     owner_returns(&flag);
     d.wait_status("a drain", |s| !s["reclaims"].as_array().unwrap().is_empty())
         .await;
@@ -320,11 +319,7 @@ async fn finish_lets_work_end_then_unloads_and_counts_the_yield() {
     // RECL-03, RECL-22, RECL-32, RECL-40, RECL-48, RECL-43
     let emu = slow_ollama(50);
     let (d, flag) = ollama_daemon(&emu, "on_owner_return = \"finish\"\nyield_on_veto = true");
-    wait_away(&d).await;
-    let url = format!("{}/api/generate", d.proxy);
-    let stream = http_stream("POST", &url, &[JSON], generate(40))
-        .await
-        .unwrap();
+    let (stream, _) = generating(&d, 40).await;
     owner_returns(&flag);
     let s = d
         .wait_status("a finish reclaim", |s| s["reclaims"][0]["mode"] == "finish")

@@ -72,6 +72,11 @@ impl BackgroundServer {
         self.addr
     }
 
+    /// `http://127.0.0.1:PORT`, without a trailing slash.
+    pub(crate) fn base_url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
     /// Stop listening and cut what still runs. Idempotent.
     pub(crate) fn stop(&mut self) {
         if let Some(stop) = self.stop.take() {

@@ -250,7 +250,7 @@ impl OllamaEmulator {
 
     /// `http://127.0.0.1:PORT`, without a trailing slash.
     pub fn base_url(&self) -> String {
-        format!("http://{}", self.server.addr())
+        self.server.base_url()
     }
 
     /// Loads `model` before any request, as an installer's preload would: with

@@ -89,7 +89,7 @@ impl CountingShim {
 
     /// `http://127.0.0.1:PORT` of the shim, without a trailing slash.
     pub fn base_url(&self) -> String {
-        format!("http://{}", self.server.addr())
+        self.server.base_url()
     }
 
     /// The upstream it forwards to.

@@ -376,7 +376,7 @@ impl VoiceEmulator {
 
     /// `http://127.0.0.1:PORT`, without a trailing slash.
     pub fn base_url(&self) -> String {
-        format!("http://{}", self.server.addr())
+        self.server.base_url()
     }
 
     /// Replaces the fault knobs (for the next requests and syntheses).
