@@ -88,11 +88,52 @@ pub use voice_emulator::{
     VoiceFaults, VoiceRequest, synthesized_audio,
 };
 
-/// A TCP port on 127.0.0.1 that was free a moment ago: binds port 0, reads the
-/// port the kernel chose, and releases it.
+/// A TCP port on 127.0.0.1 that was free a moment ago, never one this process
+/// handed out before.
+///
+/// Ports come from 20000..32000, below Linux's ephemeral range (32768..60999),
+/// so an outgoing connection of some test cannot take the port between this
+/// call and the server's bind; each candidate is checked by binding it. A
+/// process-wide record keeps two callers (two listeners of one daemon, two
+/// tests running at once) from getting the same port, which the kernel's own
+/// choice for port 0 does not promise once the probe socket is closed.
 pub fn free_port() -> std::io::Result<u16> {
-    let listener = std::net::TcpListener::bind(("127.0.0.1", 0))?;
-    Ok(listener.local_addr()?.port())
+    use std::collections::HashSet;
+    use std::hash::{BuildHasher, RandomState};
+    use std::sync::Mutex;
+
+    const LOW: u16 = 20_000;
+    const SPAN: u64 = 12_000;
+    static GIVEN: Mutex<Option<HashSet<u16>>> = Mutex::new(None);
+
+    let seed = RandomState::new();
+    let mut given = GIVEN
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    let given = given.get_or_insert_with(HashSet::new);
+    for attempt in 0u64..512 {
+        // RandomState is randomly keyed per instance: a cheap source of spread.
+        let port = LOW + (seed.hash_one(attempt) % SPAN) as u16;
+        if given.contains(&port) {
+            continue;
+        }
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            given.insert(port);
+            return Ok(port);
+        }
+    }
+    // The low range is crowded: fall back to the kernel's choice, still never a repeat.
+    for _ in 0..64 {
+        let listener = std::net::TcpListener::bind(("127.0.0.1", 0))?;
+        let port = listener.local_addr()?.port();
+        if given.insert(port) {
+            return Ok(port);
+        }
+    }
+    Err(std::io::Error::new(
+        std::io::ErrorKind::AddrNotAvailable,
+        "no free TCP port on 127.0.0.1 that this process has not already handed out",
+    ))
 }
 
 /// The directory for caches that speed up reruns (venvs, models):
