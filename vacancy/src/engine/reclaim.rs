@@ -72,12 +72,18 @@ pub enum ReclaimTrigger {
 }
 
 impl ReclaimTrigger {
-    /// One line for logs and status.
+    /// One line for logs and status. A pressure reason that already names
+    /// its GPUs (the tracker's do) is not prefixed with them a second time.
     pub fn describe(&self) -> String {
         match self {
             ReclaimTrigger::OwnerReturn { why } => format!("owner return: {why}"),
             ReclaimTrigger::Pressure { resources, why } => {
-                format!("GPU pressure on {}: {why}", resources.join(", "))
+                let on = format!("GPU pressure on {}", resources.join(", "));
+                if why.starts_with(&on) {
+                    why.clone()
+                } else {
+                    format!("{on}: {why}")
+                }
             }
         }
     }

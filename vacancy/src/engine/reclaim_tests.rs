@@ -578,3 +578,25 @@ fn an_away_moment_between_two_steps_is_never_missed() {
     e.set_owner(OwnerPresence::Present);
     assert_eq!(acts(&e.reclaim_step(t(20))), [(vec![job], false)]);
 }
+
+// PRES-02: a reclaim's trigger names the pressured GPU once, whether or not
+// the reason given already names it.
+#[test]
+fn a_pressure_trigger_names_its_gpu_once() {
+    let named = ReclaimTrigger::Pressure {
+        resources: vec!["gpu0".to_owned()],
+        why: "GPU pressure on gpu0 engaged: the owner's load is 64% / 6954 MiB".to_owned(),
+    };
+    assert_eq!(
+        named.describe(),
+        "GPU pressure on gpu0 engaged: the owner's load is 64% / 6954 MiB"
+    );
+    let bare = ReclaimTrigger::Pressure {
+        resources: vec!["gpu0".to_owned()],
+        why: "the owner's load is high".to_owned(),
+    };
+    assert_eq!(
+        bare.describe(),
+        "GPU pressure on gpu0: the owner's load is high"
+    );
+}
