@@ -3,8 +3,10 @@
 use std::path::Path;
 use std::process::ExitCode;
 
-use vacancy::config::{Config, ConfigErrors, LoadedConfig, ResourceConfig};
+use vacancy::config::{Config, ConfigErrors, LoadedConfig, ResourceConfig, SamplerKind};
 use vacancy::engine::{Engine, EngineSpec};
+use vacancy::ledger::{LocationInput, resolve_location};
+use vacancy::pressure::CalibrationFile;
 use vacancy::{MonotonicClock, ResourceKind};
 
 /// Exit status for a configuration with errors.
@@ -38,6 +40,9 @@ pub fn run(path: Option<&Path>, sample: bool) -> ExitCode {
     }
     if sample {
         for warning in sample_resources(&loaded.config) {
+            println!("warning: {origin}: {warning}");
+        }
+        for warning in calibration_warnings(&loaded.config, path) {
             println!("warning: {origin}: {warning}");
         }
     }
@@ -107,4 +112,58 @@ async fn sample_one(r: &ResourceConfig, clock: MonotonicClock) -> Option<String>
         )),
         Ok(_) => None,
     }
+}
+
+/// With GPU pressure enabled, every NVIDIA GPU needs an attended and an
+/// unattended baseline in the recovery directory the daemon would use: a
+/// missing one makes its readings uncalibrated, which refuses and reclaims
+/// its work (PRES-03). The daemon logs the same at startup.
+fn calibration_warnings(config: &Config, path: Option<&Path>) -> Vec<String> {
+    if !config.owner.gpu_pressure.enabled {
+        return Vec::new();
+    }
+    let gpus: Vec<&ResourceConfig> = config
+        .resources
+        .iter()
+        .filter(|r| r.kind == ResourceKind::Gpu && r.sampler == SamplerKind::Nvml)
+        .collect();
+    if gpus.is_empty() {
+        return Vec::new();
+    }
+    let input = LocationInput::from_env(path, &config.server.admission_state_dir);
+    let dir = match resolve_location(&input) {
+        Ok(location) => location.path,
+        Err(e) => {
+            return vec![format!(
+                "cannot find the recovery directory to read the GPU pressure calibration from ({e})"
+            )];
+        }
+    };
+    let file = CalibrationFile::path_in(&dir);
+    let calibration = match CalibrationFile::load(&file) {
+        Ok(c) => c,
+        Err(e) => {
+            return vec![format!(
+                "{e}; vacancyd would read every GPU as uncalibrated, refusing and reclaiming its work"
+            )];
+        }
+    };
+    let mut warnings = Vec::new();
+    for r in gpus {
+        let baseline = calibration.baseline(&r.name);
+        for (attendance, missing, when) in [
+            ("attended", baseline.attended.is_none(), "present"),
+            ("unattended", baseline.unattended.is_none(), "away"),
+        ] {
+            if missing {
+                warnings.push(format!(
+                    "resource {:?}: GPU pressure has no {attendance} baseline in {}; while the owner is {when}, vacancyd would refuse and reclaim its work until you run `vacancyd calibrate-pressure --resource {} --{attendance}`",
+                    r.name,
+                    file.display(),
+                    r.name
+                ));
+            }
+        }
+    }
+    warnings
 }

@@ -122,3 +122,84 @@ fn a_missing_file_is_named() {
     assert_eq!(out.status.code(), Some(1));
     assert!(text(&out.stderr).contains("/nonexistent/vacancyd.toml"));
 }
+
+/// A configuration with GPU pressure on one NVIDIA GPU, its recovery directory in `dir`.
+fn pressure_config(dir: &Path) -> std::path::PathBuf {
+    let state = dir.join("state");
+    std::fs::create_dir_all(&state).unwrap();
+    // A recovery directory must be private (REC rules), as vacancyd checks.
+    std::fs::set_permissions(&state, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
+    let path = dir.join("vacancyd.toml");
+    std::fs::write(
+        &path,
+        format!(
+            r#"[server]
+admission_state_dir = "{}"
+
+[owner.gpu_pressure]
+enabled = true
+
+[[resource]]
+name = "gpu0"
+kind = "gpu"
+sampler = "nvml"
+
+[[upstream]]
+name = "llama"
+adapter = "llamacpp"
+listen = "127.0.0.1:18081"
+target = "http://127.0.0.1:18080"
+resource = "gpu0"
+"#,
+            state.display()
+        ),
+    )
+    .unwrap();
+    path
+}
+
+// PRES-03: a GPU without a baseline reads as uncalibrated, which refuses and
+// reclaims its work; check-config says so before the daemon does.
+#[test]
+fn a_missing_pressure_calibration_is_a_warning_naming_the_command() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = pressure_config(dir.path());
+    let out = check_config(&["--config", path.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    for attendance in ["attended", "unattended"] {
+        assert!(
+            stdout.contains(&format!("GPU pressure has no {attendance} baseline"))
+                && stdout.contains(&format!(
+                    "vacancyd calibrate-pressure --resource gpu0 --{attendance}`"
+                )),
+            "{stdout}"
+        );
+    }
+
+    // With the unattended baseline saved, only the attended one is missing.
+    std::fs::write(
+        dir.path().join("state/pressure-calibration.json"),
+        r#"{"version": 1, "gpus": {"gpu0": {"attended": null, "unattended": {"util_pct": 3, "memory_mib": 200}}}}"#,
+    )
+    .unwrap();
+    let stdout = text(&check_config(&["--config", path.to_str().unwrap()]).stdout);
+    assert!(stdout.contains("no attended baseline"), "{stdout}");
+    assert!(!stdout.contains("no unattended baseline"), "{stdout}");
+
+    // A damaged file is named; nothing is judged from it.
+    std::fs::write(dir.path().join("state/pressure-calibration.json"), "{oops").unwrap();
+    let stdout = text(&check_config(&["--config", path.to_str().unwrap()]).stdout);
+    assert!(
+        stdout.contains("pressure-calibration.json") && stdout.contains("uncalibrated"),
+        "{stdout}"
+    );
+
+    // Without pressure, calibration does not matter.
+    let off = std::fs::read_to_string(&path)
+        .unwrap()
+        .replace("enabled = true", "enabled = false");
+    std::fs::write(&path, off).unwrap();
+    let stdout = text(&check_config(&["--config", path.to_str().unwrap()]).stdout);
+    assert!(!stdout.contains("calibrat"), "{stdout}");
+}
