@@ -1,5 +1,6 @@
 //! `Config`, `Engine` and `Reservation`.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
@@ -14,7 +15,11 @@ use vacancy::engine::{
     ObservedModel, OwnerPresence, Phase, PressureVerdict, ReclaimCommand, ReclaimId, ReleaseEffect,
     ReleaseOutcome, RequestReuse, ResidencyEvidence, WorkRequest,
 };
-use vacancy::{CapacitySample, Moment, MonotonicClock};
+use vacancy::pressure::{
+    Attendance, Baseline, Miss, Observation, OwnerLoad, PressureParams, PressureReading,
+    PressureTracker, PressureUpdate, TriggerKind,
+};
+use vacancy::{CapacitySample, Moment, MonotonicClock, ResourceKind};
 
 use crate::convert::json_to_py;
 use crate::errors::{Error, IntoPyResult, config_error};
@@ -132,6 +137,11 @@ struct Inner {
     timeline: Timeline,
     /// The latest moment any call used.
     latest: Moment,
+    /// One pressure tracker per GPU fed through `pressure_sample` /
+    /// `pressure_miss`, created at its first poll (its gap limit counts from then).
+    trackers: HashMap<String, PressureTracker>,
+    /// Calibrated baselines, kept for trackers not created yet.
+    baselines: HashMap<String, Baseline>,
 }
 
 impl Inner {
@@ -195,6 +205,11 @@ pub struct Engine {
     /// Notified on every successful sample, for `admit()` waiting on one.
     sampled: Condvar,
     clock: MonotonicClock,
+    /// `[owner.gpu_pressure]`'s parameters when enabled; `None`: pressure is
+    /// off and a GPU is limited only by its free memory (SCOPE-09).
+    pressure: Option<PressureParams>,
+    /// Each resource's kind, to tell GPUs from the rest.
+    kinds: HashMap<String, ResourceKind>,
 }
 
 fn entry_id(id: &str) -> Result<EntryId, Error> {
@@ -207,6 +222,56 @@ fn released(effect: ReleaseEffect) -> Vec<String> {
         ReleaseEffect::Released { sample_now, .. } => sample_now,
         ReleaseEffect::Held => Vec::new(),
     }
+}
+
+fn attendance_arg(attendance: &str) -> PyResult<Attendance> {
+    match attendance {
+        "attended" => Ok(Attendance::Attended),
+        "unattended" => Ok(Attendance::Unattended),
+        other => Err(PyValueError::new_err(format!(
+            "attendance must be 'attended' (the owner is present) or 'unattended' (away), not {other:?}"
+        ))),
+    }
+}
+
+fn owner_load(util_pct: u8, memory_mib: u64) -> PyResult<OwnerLoad> {
+    if util_pct > 100 {
+        return Err(PyValueError::new_err(format!(
+            "util_pct is a percentage (0 to 100), not {util_pct}"
+        )));
+    }
+    Ok(OwnerLoad {
+        util_pct,
+        memory_mib,
+    })
+}
+
+/// A pressure poll's result as the dict `pressure_sample` / `pressure_miss` return.
+fn update_json(u: &PressureUpdate) -> serde_json::Value {
+    let reading = match &u.reading {
+        PressureReading::Quiet => "quiet",
+        PressureReading::Rising => "rising",
+        PressureReading::Engaged => "engaged",
+        PressureReading::Releasing => "releasing",
+        PressureReading::Uncalibrated(_) => "uncalibrated",
+        PressureReading::Unavailable(_) => "unavailable",
+    };
+    let refuses = match &u.verdict {
+        PressureVerdict::Admits => None,
+        PressureVerdict::Refuses(why) => Some(why.clone()),
+    };
+    let trigger = u.trigger.as_ref().map(|t| {
+        let kind = match t.kind {
+            TriggerKind::Engaged => "engaged",
+            TriggerKind::Uncalibrated => "uncalibrated",
+            TriggerKind::Gap => "gap",
+        };
+        serde_json::json!({"kind": kind, "why": t.why})
+    });
+    serde_json::json!({
+        "resource": u.resource, "reading": reading, "refuses": refuses,
+        "cleared": u.cleared, "trigger": trigger,
+    })
 }
 
 /// A work entry ID from a `str` or a `Reservation`.
@@ -295,6 +360,50 @@ impl Engine {
     }
 
     /// Run `f` on the engine with the lock held; map its error after the lock is dropped.
+    /// The pressure parameters, if `resource` is a GPU and pressure is on.
+    fn pressure_gpu(&self, py: Python<'_>, resource: &str) -> PyResult<PressureParams> {
+        match self.kinds.get(resource) {
+            None => Err(Error::Engine(vacancy::engine::EngineError::UnknownResource(
+                resource.to_owned(),
+            ))
+            .into_py(py)),
+            Some(ResourceKind::Gpu) => self.pressure.ok_or_else(|| {
+                PyValueError::new_err(
+                    "GPU pressure is off in this configuration ([owner.gpu_pressure] enabled = false): \
+                     a GPU is limited only by its free memory",
+                )
+            }),
+            Some(kind) => Err(PyValueError::new_err(format!(
+                "resource {resource:?} is a {} resource; GPU pressure is measured on GPUs only",
+                kind.as_str()
+            ))),
+        }
+    }
+
+    /// One pressure poll of `resource`, applied to the engine as the daemon's
+    /// pressure loop applies it.
+    fn pressure_poll(
+        &self,
+        py: Python<'_>,
+        resource: &str,
+        observation: Observation,
+        at: Option<f64>,
+    ) -> PyResult<Py<PyAny>> {
+        let params = self.pressure_gpu(py, resource)?;
+        let value = self.with(py, |g| {
+            let m = g.moment(&self.clock, at)?;
+            let baseline = g.baselines.get(resource).copied().unwrap_or_default();
+            let tracker = g
+                .trackers
+                .entry(resource.to_owned())
+                .or_insert_with(|| PressureTracker::new(resource, params, baseline, m));
+            let update = tracker.poll(m, observation);
+            g.engine.apply_pressure(&update)?;
+            Ok(update_json(&update))
+        })?;
+        json_to_py(py, &value)
+    }
+
     fn with<T>(
         &self,
         py: Python<'_>,
@@ -366,14 +475,27 @@ impl Engine {
         if config.loaded.config.owner.presence == PresenceMode::None {
             engine.set_owner(OwnerPresence::Away);
         }
+        let c = &config.loaded.config;
         Ok(Engine {
             inner: Mutex::new(Inner {
                 engine,
                 timeline: Timeline::Unset,
                 latest: Moment::ZERO,
+                trackers: HashMap::new(),
+                baselines: HashMap::new(),
             }),
             sampled: Condvar::new(),
             clock: MonotonicClock::new(),
+            pressure: c
+                .owner
+                .gpu_pressure
+                .enabled
+                .then(|| PressureParams::from_config(&c.owner.gpu_pressure)),
+            kinds: c
+                .resources
+                .iter()
+                .map(|r| (r.name.clone(), r.kind))
+                .collect(),
         })
     }
 
@@ -665,6 +787,67 @@ impl Engine {
     /// depends on it (PRES-01..03).
     fn pressure_trigger(&self, py: Python<'_>, resource: &str, why: &str) -> PyResult<()> {
         self.with(py, |g| Ok(g.engine.pressure_trigger(resource, why)?))
+    }
+
+    /// A GPU's calibrated baseline for `attendance` (`"attended"` or
+    /// `"unattended"`), as `vacancyd calibrate-pressure` saves it: the
+    /// owner's normal utilization (percent) and memory (MiB).
+    fn set_pressure_baseline(
+        &self,
+        py: Python<'_>,
+        resource: &str,
+        attendance: &str,
+        util_pct: u8,
+        memory_mib: u64,
+    ) -> PyResult<()> {
+        self.pressure_gpu(py, resource)?;
+        let attendance = attendance_arg(attendance)?;
+        let load = owner_load(util_pct, memory_mib)?;
+        let mut g = self.lock();
+        let baseline = g.baselines.entry(resource.to_owned()).or_default();
+        baseline.set(attendance, load);
+        let baseline = *baseline;
+        if let Some(t) = g.trackers.get_mut(resource) {
+            t.set_baseline(baseline);
+        }
+        Ok(())
+    }
+
+    /// A good sample of the owner's load on a GPU (every process's use but
+    /// the lent servers'), taken while the owner was `attendance`. Judges it
+    /// with the daemon's pressure rules (PRES-01..13) and applies the result
+    /// to admission and reclaims; returns `{resource, reading, refuses,
+    /// cleared, trigger}`.
+    #[pyo3(signature = (resource, util_pct, memory_mib, attendance, at = None))]
+    fn pressure_sample(
+        &self,
+        py: Python<'_>,
+        resource: &str,
+        util_pct: u8,
+        memory_mib: u64,
+        attendance: &str,
+        at: Option<f64>,
+    ) -> PyResult<Py<PyAny>> {
+        let observation = Observation::Sample(
+            owner_load(util_pct, memory_mib)?,
+            attendance_arg(attendance)?,
+        );
+        self.pressure_poll(py, resource, observation, at)
+    }
+
+    /// No good sample of a GPU this poll: `reason` says why the read failed,
+    /// or `None` when owner presence is unknown and nothing was sampled
+    /// (PRES-04, PRES-10, PRES-11). Returns what `pressure_sample` returns.
+    #[pyo3(signature = (resource, reason = None, at = None))]
+    fn pressure_miss(
+        &self,
+        py: Python<'_>,
+        resource: &str,
+        reason: Option<String>,
+        at: Option<f64>,
+    ) -> PyResult<Py<PyAny>> {
+        let miss = reason.map_or(Miss::PresenceUnknown, Miss::ReadFailed);
+        self.pressure_poll(py, resource, Observation::Miss(miss), at)
     }
 
     /// Advance reclaims (RECL-01..50): owner and pressure edges start them,

@@ -454,6 +454,20 @@ impl Engine {
         Ok(())
     }
 
+    /// What a GPU's pressure tracker said after a poll: its verdict and
+    /// whether it clears a pressure reclaim, and its trigger, if any, for the
+    /// next [`reclaim_step`](Self::reclaim_step) (PRES-01..04, RECL-06).
+    pub fn apply_pressure(
+        &mut self,
+        update: &crate::pressure::PressureUpdate,
+    ) -> Result<(), EngineError> {
+        self.set_pressure_reading(&update.resource, update.verdict.clone(), update.cleared)?;
+        match &update.trigger {
+            Some(t) => self.pressure_trigger(&update.resource, &t.why),
+            None => Ok(()),
+        }
+    }
+
     /// A successful capacity sample. Closes a footprint measurement when the
     /// sample was taken after the observation that armed it (MEM-07).
     pub fn record_sample(

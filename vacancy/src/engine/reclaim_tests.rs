@@ -600,3 +600,41 @@ fn a_pressure_trigger_names_its_gpu_once() {
         "GPU pressure on gpu0: the owner's load is high"
     );
 }
+
+// PRES-01, PRES-03, RECL-06: a tracker's poll applied to the engine refuses
+// new work on its GPU and reclaims the work there, as the daemon's loop does.
+#[test]
+fn an_applied_tracker_poll_refuses_and_reclaims_the_gpus_work() {
+    use crate::pressure::{
+        Attendance, Baseline, Observation, OwnerLoad, PressureParams, PressureTracker,
+    };
+    let mut e = engine(OnOwnerReturn::Cancel, false);
+    let on_gpu0 = admit(&mut e, "llm", 10).unwrap();
+    let baseline = Baseline {
+        attended: None,
+        unattended: Some(OwnerLoad {
+            util_pct: 0,
+            memory_mib: 0,
+        }),
+    };
+    let params = PressureParams {
+        engage_after: Duration::ZERO,
+        ..PressureParams::default()
+    };
+    let mut tracker = PressureTracker::new("gpu0", params, baseline, t(0));
+    let owner = OwnerLoad {
+        util_pct: 90,
+        memory_mib: 8000,
+    };
+    let update = tracker.poll(t(20), Observation::Sample(owner, Attendance::Unattended));
+    e.apply_pressure(&update).unwrap();
+    let status = e.status(t(20));
+    let gpu0 = status.resources.iter().find(|r| r.name == "gpu0").unwrap();
+    assert!(
+        gpu0.pressure.starts_with("GPU pressure engaged"),
+        "{}",
+        gpu0.pressure
+    );
+    let cmds = e.reclaim_step(t(30));
+    assert_eq!(acts(&cmds), [(vec![on_gpu0], false)]);
+}

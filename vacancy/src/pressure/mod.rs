@@ -22,6 +22,6 @@ pub use reader::{
     PressureError, PressureReader, ScriptedReader, UnavailableReader, listening_pids,
 };
 pub use tracker::{
-    Attendance, Baseline, Miss, OwnerLoad, PressureParams, PressureReading, PressureTracker,
-    Trigger, TriggerKind,
+    Attendance, Baseline, Miss, Observation, OwnerLoad, PressureParams, PressureReading,
+    PressureTracker, PressureUpdate, Trigger, TriggerKind,
 };

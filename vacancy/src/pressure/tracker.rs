@@ -186,6 +186,32 @@ pub enum PressureReading {
     Unavailable(String),
 }
 
+/// What one poll of a GPU observed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Observation {
+    /// A good sample of the owner's load, taken while presence was known to
+    /// be this attendance (PRES-10).
+    Sample(OwnerLoad, Attendance),
+    /// No good sample: a failed read, or presence unknown.
+    Miss(Miss),
+}
+
+/// What a GPU's tracker says after one poll: everything the engine needs
+/// ([`Engine::apply_pressure`](crate::engine::Engine::apply_pressure)).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PressureUpdate {
+    /// The GPU resource.
+    pub resource: String,
+    /// The reading after the poll.
+    pub reading: PressureReading,
+    /// Whether new work on the GPU is admitted, or why not (PRES-04).
+    pub verdict: PressureVerdict,
+    /// Whether a pressure reclaim on the GPU may stand down (RECL-06, RECL-07).
+    pub cleared: bool,
+    /// An edge that reclaims the GPU's work, if the poll fired one (PRES-01..03).
+    pub trigger: Option<Trigger>,
+}
+
 /// A good sample as the tracker judged it.
 #[derive(Debug, Clone, Copy)]
 struct Good {
@@ -427,6 +453,24 @@ impl PressureTracker {
             tracing::info!(resource = %self.resource, why = %t.why, "GPU pressure trigger");
         }
         t
+    }
+
+    /// One poll at `now`: fold in what it observed, check the gap limit, and
+    /// say what the engine needs. The daemon's pressure loop and the Python
+    /// binding both poll through this, so they decide alike.
+    pub fn poll(&mut self, now: Moment, observation: Observation) -> PressureUpdate {
+        let trigger = match observation {
+            Observation::Sample(load, attendance) => self.on_sample(now, load, attendance),
+            Observation::Miss(why) => self.on_miss(now, why),
+        };
+        let trigger = trigger.or_else(|| self.tick(now));
+        PressureUpdate {
+            resource: self.resource.clone(),
+            reading: self.reading(now),
+            verdict: self.verdict(now),
+            cleared: self.cleared(now),
+            trigger,
+        }
     }
 
     fn is_above(&self, load: OwnerLoad, baseline: OwnerLoad) -> bool {

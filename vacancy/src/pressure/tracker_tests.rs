@@ -54,6 +54,45 @@ fn failed(why: &str) -> Miss {
     Miss::ReadFailed(why.to_owned())
 }
 
+// PRES-03, PRES-05, PRES-08, RECL-06: one poll folds in the observation,
+// then the gap check, and reports what the engine needs.
+#[test]
+fn a_poll_reports_reading_verdict_clearing_and_trigger() {
+    let mut t = tracker();
+    let u = t.poll(at(0), Observation::Sample(QUIET, ATT));
+    assert_eq!(u.resource, "gpu0");
+    assert_eq!(u.reading, PressureReading::Quiet);
+    assert_eq!(u.verdict, PressureVerdict::Admits);
+    assert!(u.cleared && u.trigger.is_none());
+
+    let u = t.poll(at(2), Observation::Sample(HIGH, ATT));
+    assert_eq!(u.reading, PressureReading::Rising);
+    assert!(matches!(u.verdict, PressureVerdict::Refuses(_)));
+    assert!(!u.cleared && u.trigger.is_none());
+    let u = t.poll(at(6), Observation::Sample(HIGH, ATT));
+    assert_eq!(u.reading, PressureReading::Engaged);
+    assert_eq!(u.trigger.map(|t| t.kind), Some(TriggerKind::Engaged));
+
+    // Releasing: still refusing, but a reclaim may stand down.
+    let u = t.poll(at(8), Observation::Sample(QUIET, ATT));
+    assert_eq!(u.reading, PressureReading::Releasing);
+    assert!(matches!(u.verdict, PressureVerdict::Refuses(_)) && u.cleared);
+
+    // Misses until the gap limit: the poll itself reports the gap.
+    let mut fired = None;
+    for s in (10..=30).step_by(2) {
+        let u = t.poll(at(s), Observation::Miss(failed("nvml gone")));
+        assert!(!u.cleared, "a failed read never clears (RECL-07)");
+        if u.trigger.is_some() {
+            fired = Some((s, u.trigger));
+            break;
+        }
+    }
+    let (s, trigger) = fired.expect("the gap limit fires");
+    assert_eq!(s, 28, "20 s after the last good sample at 8 s");
+    assert_eq!(trigger.map(|t| t.kind), Some(TriggerKind::Gap));
+}
+
 #[test]
 fn params_follow_the_config_and_the_floors() {
     // PRES-05, PRES-11

@@ -11,7 +11,7 @@ use tracing::{info, warn};
 
 use crate::engine::OwnerPresence;
 use crate::pressure::{
-    Attendance, Miss, PressureReader, PressureReading, PressureTracker, listening_pids,
+    Attendance, Miss, Observation, PressureReader, PressureReading, PressureTracker, listening_pids,
 };
 use crate::proxy::lender::Lender;
 use crate::proxy::stopped;
@@ -85,44 +85,27 @@ async fn round(
         OwnerPresence::Away => Some(Attendance::Unattended),
         OwnerPresence::Unknown => None,
     };
-    let edge = match attendance {
-        None => gpu.tracker.on_miss(clock.now(), Miss::PresenceUnknown),
-        Some(attendance) => {
-            let read = tokio::time::timeout(poll, gpu.reader.read(exclude)).await;
-            let now = clock.now();
-            match read {
-                Ok(Ok(load)) => gpu.tracker.on_sample(now, load, attendance),
-                Ok(Err(e)) => gpu.tracker.on_miss(now, Miss::ReadFailed(e.to_string())),
-                Err(_) => gpu.tracker.on_miss(
-                    now,
-                    Miss::ReadFailed(format!(
-                        "the attribution read took longer than poll_ms = {}",
-                        poll.as_millis()
-                    )),
-                ),
-            }
-        }
+    let observation = match attendance {
+        None => Observation::Miss(Miss::PresenceUnknown),
+        Some(attendance) => match tokio::time::timeout(poll, gpu.reader.read(exclude)).await {
+            Ok(Ok(load)) => Observation::Sample(load, attendance),
+            Ok(Err(e)) => Observation::Miss(Miss::ReadFailed(e.to_string())),
+            Err(_) => Observation::Miss(Miss::ReadFailed(format!(
+                "the attribution read took longer than poll_ms = {}",
+                poll.as_millis()
+            ))),
+        },
     };
-    let now = clock.now();
-    let edge = edge.or_else(|| gpu.tracker.tick(now));
-    let resource = gpu.tracker.resource().to_owned();
-    let reading = gpu.tracker.reading(now);
-    if last.as_ref() != Some(&reading) {
-        info!(resource = %resource, reading = ?reading, "GPU pressure reading");
-        *last = Some(reading);
+    let update = gpu.tracker.poll(clock.now(), observation);
+    let resource = &update.resource;
+    if last.as_ref() != Some(&update.reading) {
+        info!(resource = %resource, reading = ?update.reading, "GPU pressure reading");
+        *last = Some(update.reading.clone());
     }
-    let (verdict, cleared) = (gpu.tracker.verdict(now), gpu.tracker.cleared(now));
-    let applied = lender.with_engine(|e| {
-        e.set_pressure_reading(&resource, verdict, cleared)?;
-        match &edge {
-            Some(t) => e.pressure_trigger(&resource, &t.why),
-            None => Ok(()),
-        }
-    });
-    if let Err(e) = applied {
+    if let Err(e) = lender.with_engine(|e| e.apply_pressure(&update)) {
         warn!(resource = %resource, error = %e, "pressure for an unknown resource");
     }
-    if let Some(t) = edge {
+    if let Some(t) = &update.trigger {
         warn!(resource = %resource, kind = ?t.kind, reason = %t.why, "GPU pressure: reclaiming the work that depends on this GPU");
     }
 }
