@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use common::{Daemon, JSON, completion};
 use vacancy_test_support::{
-    CountingShim, LlamaOptions, LlamaServer, TinyModel, http_request, http_stream,
+    CountingShim, LlamaOptions, LlamaServer, Record, TinyModel, http_request, http_stream,
 };
 
 fn busy_model() -> LlamaOptions {
@@ -24,7 +24,7 @@ fn busy_model() -> LlamaOptions {
     }
 }
 
-fn is_work(r: &vacancy_test_support::Record) -> bool {
+fn is_work(r: &Record) -> bool {
     r.method == "POST" && r.path.contains("completion")
 }
 
@@ -296,32 +296,40 @@ async fn an_upstream_killed_mid_stream_leaves_the_work_held() {
     assert_eq!(r.status, 503);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_borrower_who_leaves_mid_stream_is_drained_then_released() {
-    // on_borrower_disconnect = "drain" (default): the reply is read to its end.
-    let llama = LlamaServer::start(busy_model()).unwrap();
-    let shim = CountingShim::start(llama.addr()).unwrap();
-    let d = Daemon::start(&shim.base_url(), 1000, 2000, 20_000, "");
+/// A borrower streams a completion of `n_predict` tokens, reads one chunk and
+/// leaves; once vacancyd has released the job and its resource, the one work
+/// request the upstream saw.
+async fn leave_mid_stream(d: &Daemon, shim: &CountingShim, n_predict: u32) -> Record {
     let mut stream = http_stream(
         "POST",
         &format!("{}/completion", d.proxy),
         &[JSON],
-        completion(48, true),
+        completion(n_predict, true),
     )
     .await
     .unwrap();
     stream.next_chunk().await.unwrap().unwrap();
     drop(stream);
     let s = d
-        .wait_status("the drained job to be released", |s| {
+        .wait_status("the job to be released after the borrower left", |s| {
             s["work"].as_array().is_some_and(|w| w.is_empty())
         })
         .await;
     assert!(s["resources"][0]["reserved_by"].is_null());
-    let work: Vec<_> = shim.records().into_iter().filter(is_work).collect();
+    let mut work: Vec<_> = shim.records().into_iter().filter(is_work).collect();
     assert_eq!(work.len(), 1);
+    work.remove(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_borrower_who_leaves_mid_stream_is_drained_then_released() {
+    // on_borrower_disconnect = "drain" (default): the reply is read to its end.
+    let llama = LlamaServer::start(busy_model()).unwrap();
+    let shim = CountingShim::start(llama.addr()).unwrap();
+    let d = Daemon::start(&shim.base_url(), 1000, 2000, 20_000, "");
+    let work = leave_mid_stream(&d, &shim, 48).await;
     assert!(
-        work[0].completed,
+        work.completed,
         "vacancyd must have read the upstream reply to its end"
     );
 }
@@ -338,26 +346,9 @@ async fn a_borrower_who_leaves_with_cut_stops_the_upstream_and_releases_on_slots
         20_000,
         "on_borrower_disconnect = \"cut\"",
     );
-    let mut stream = http_stream(
-        "POST",
-        &format!("{}/completion", d.proxy),
-        &[JSON],
-        completion(2000, true),
-    )
-    .await
-    .unwrap();
-    stream.next_chunk().await.unwrap().unwrap();
-    drop(stream);
-    let s = d
-        .wait_status("the cut job to be released", |s| {
-            s["work"].as_array().is_some_and(|w| w.is_empty())
-        })
-        .await;
-    assert!(s["resources"][0]["reserved_by"].is_null());
-    let work: Vec<_> = shim.records().into_iter().filter(is_work).collect();
-    assert_eq!(work.len(), 1);
+    let work = leave_mid_stream(&d, &shim, 2000).await;
     assert!(
-        !work[0].completed,
+        !work.completed,
         "the upstream reply must have been cut, not read to its end"
     );
 }
