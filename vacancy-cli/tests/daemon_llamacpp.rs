@@ -103,14 +103,7 @@ async fn memory_refusal_with_the_mem_02_numbers() {
     // MEM-02: 31,000 free, 24,000 reserve, 8,000 job.
     let llama = LlamaServer::start(LlamaOptions::default()).unwrap();
     let d = Daemon::start(&llama.base_url(), 24_000, 8000, 31_000, "");
-    let r = http_request(
-        "POST",
-        &format!("{}/completion", d.proxy),
-        &[JSON],
-        completion(4, false),
-    )
-    .await
-    .unwrap();
+    let r = d.complete(4).await;
     assert_eq!(r.status, 503);
     let body = r.json().unwrap();
     assert_eq!(body["error"]["code"], "insufficient_memory");
@@ -224,14 +217,7 @@ async fn an_upstream_that_is_down_releases_the_reservation() {
     // DONE-02
     let port = vacancy_test_support::free_port().unwrap();
     let d = Daemon::start(&format!("http://127.0.0.1:{port}"), 1000, 2000, 20_000, "");
-    let r = http_request(
-        "POST",
-        &format!("{}/completion", d.proxy),
-        &[JSON],
-        completion(4, false),
-    )
-    .await
-    .unwrap();
+    let r = d.complete(4).await;
     assert_eq!(r.status, 502, "{}", r.text());
     assert_eq!(r.json().unwrap()["error"]["code"], "upstream_unreachable");
     let s = d.status().await;
@@ -285,14 +271,7 @@ async fn an_upstream_killed_mid_stream_leaves_the_work_held() {
     assert!(text.contains(&format!("held {id}")), "{text}");
     assert!(text.contains("resources gpu0"), "{text}");
     // The held resource refuses new work.
-    let r = http_request(
-        "POST",
-        &format!("{}/completion", d.proxy),
-        &[JSON],
-        completion(4, false),
-    )
-    .await
-    .unwrap();
+    let r = d.complete(4).await;
     assert_eq!(r.status, 503);
 }
 
@@ -428,14 +407,7 @@ async fn oversized_work_bodies_get_413_and_metrics_count_it() {
         .unwrap();
     assert_eq!(r.status, 413);
     assert_eq!(r.json().unwrap()["error"]["code"], "body_too_large");
-    let ok = http_request(
-        "POST",
-        &format!("{}/completion", d.proxy),
-        &[JSON],
-        completion(2, false),
-    )
-    .await
-    .unwrap();
+    let ok = d.complete(2).await;
     assert_eq!(ok.status, 200, "{}", ok.text());
     let m = http_request("GET", &format!("{}/metrics", d.control), &[], Vec::new())
         .await
@@ -491,14 +463,7 @@ async fn work_sent_around_the_proxy_refuses_borrowed_work_while_slots_show_it() 
             .is_some_and(|r| r.contains("no idle slot"))
     })
     .await;
-    let r = http_request(
-        "POST",
-        &format!("{}/completion", d.proxy),
-        &[JSON],
-        completion(2, false),
-    )
-    .await
-    .unwrap();
+    let r = d.complete(2).await;
     assert_eq!(r.status, 503, "{}", r.text());
     let body = r.json().unwrap();
     assert_eq!(body["error"]["code"], "resource_busy");

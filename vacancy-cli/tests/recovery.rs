@@ -67,14 +67,7 @@ async fn the_default_recovery_directory_is_beside_the_configuration_and_private(
     let meta = std::fs::metadata(&dir).unwrap();
     assert!(meta.is_dir());
     assert_eq!(meta.permissions().mode() & 0o777, 0o700);
-    let r = http_request(
-        "POST",
-        &format!("{}/completion", d.proxy),
-        &[JSON],
-        completion(2, false),
-    )
-    .await
-    .unwrap();
+    let r = d.complete(2).await;
     assert_eq!(r.status, 200);
     let journal = std::fs::read_to_string(dir.join("journal.jsonl")).unwrap();
     assert!(journal.contains("\"op\":\"admit\""), "{journal}");

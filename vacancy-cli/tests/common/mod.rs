@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use vacancy_test_support::{ManagedProcess, free_port, http_request};
+use vacancy_test_support::{HttpReply, ManagedProcess, free_port, http_request};
 
 /// A running vacancyd with its configuration directory.
 pub struct Daemon {
@@ -132,6 +132,18 @@ impl Daemon {
 
     pub fn capacity_file(&self) -> PathBuf {
         self.dir.path().join("gpu0.json")
+    }
+
+    /// A borrower's non-streamed `/completion` of `n_predict` tokens through the proxy.
+    pub async fn complete(&self, n_predict: u32) -> HttpReply {
+        http_request(
+            "POST",
+            &format!("{}/completion", self.proxy),
+            &[JSON],
+            completion(n_predict, false),
+        )
+        .await
+        .unwrap()
     }
 
     /// `/status` as JSON.
