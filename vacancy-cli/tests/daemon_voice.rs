@@ -78,6 +78,22 @@ async fn post(d: &Daemon, path: &str, body: &Value) -> vacancy_test_support::Htt
     .unwrap()
 }
 
+/// A borrower's speech request for `model` ("hi").
+async fn speak(d: &Daemon, model: &str) -> vacancy_test_support::HttpReply {
+    post(
+        d,
+        "/v1/audio/speech",
+        &json!({"model": model, "input": "hi"}),
+    )
+    .await
+}
+
+/// Wait until vacancyd has observed the voice server.
+async fn observed(d: &Daemon) {
+    d.wait_status("an observation", |s| s["upstreams"][0]["reachable"] == true)
+        .await;
+}
+
 async fn get(d: &Daemon, path: &str) -> vacancy_test_support::HttpReply {
     http_request("GET", &format!("{}{path}", d.proxy), &[], Vec::new())
         .await
@@ -226,12 +242,7 @@ async fn only_a_request_naming_the_loaded_idle_engine_is_credited() {
     let s = d.status().await;
     assert_eq!(s["upstreams"][0]["vacancy"]["admitting"], false, "{s:#}");
 
-    let r = post(
-        &d,
-        "/v1/audio/speech",
-        &json!({"model": "qwen", "input": "hi"}),
-    )
-    .await;
+    let r = speak(&d, "qwen").await;
     assert_eq!(r.status, 200, "{}", r.text());
     settled(&d).await;
     residency(&d, "resident for voice engine qwen").await;
@@ -241,12 +252,7 @@ async fn only_a_request_naming_the_loaded_idle_engine_is_credited() {
         ("qwen-design", "qwen-design"),
         ("default", "generic alias"),
     ] {
-        let r = post(
-            &d,
-            "/v1/audio/speech",
-            &json!({"model": model, "input": "hi"}),
-        )
-        .await;
+        let r = speak(&d, model).await;
         assert_eq!(r.status, 503, "{model}: {}", r.text());
         let msg = r.json().unwrap()["error"]["message"]
             .as_str()
@@ -272,15 +278,9 @@ async fn a_null_or_empty_engine_proves_nothing_and_legacy_servers_keep_fixed_mod
         ..VoiceFaults::default()
     });
     let d = start(&emu.base_url(), 3000);
-    d.wait_status("an observation", |s| s["upstreams"][0]["reachable"] == true)
-        .await;
+    observed(&d).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let r = post(
-        &d,
-        "/v1/audio/speech",
-        &json!({"model": "qwen", "input": "hi"}),
-    )
-    .await;
+    let r = speak(&d, "qwen").await;
     assert_eq!(r.status, 503, "{}", r.text());
     for fault in [StatusEngineFault::Empty, StatusEngineFault::NotAString] {
         emu.set_faults(VoiceFaults {
@@ -288,12 +288,7 @@ async fn a_null_or_empty_engine_proves_nothing_and_legacy_servers_keep_fixed_mod
             ..VoiceFaults::default()
         });
         tokio::time::sleep(Duration::from_millis(2500)).await;
-        let r = post(
-            &d,
-            "/v1/audio/speech",
-            &json!({"model": "qwen", "input": "hi"}),
-        )
-        .await;
+        let r = speak(&d, "qwen").await;
         assert_eq!(r.status, 503, "{fault:?}: {}", r.text());
     }
     drop(d);
@@ -304,12 +299,7 @@ async fn a_null_or_empty_engine_proves_nothing_and_legacy_servers_keep_fixed_mod
     });
     let d = start(&legacy.base_url(), 3000);
     residency(&d, "qwen: loaded; resident").await;
-    let r = post(
-        &d,
-        "/v1/audio/speech",
-        &json!({"model": "qwen", "input": "hi"}),
-    )
-    .await;
+    let r = speak(&d, "qwen").await;
     assert_eq!(r.status, 200, "{}", r.text());
 }
 
@@ -321,8 +311,7 @@ async fn a_durable_execution_holds_until_its_response_ends_and_its_results_are_b
         ..VoiceEmulatorOptions::default()
     });
     let d = start(&emu.base_url(), 20_000);
-    d.wait_status("an observation", |s| s["upstreams"][0]["reachable"] == true)
-        .await;
+    observed(&d).await;
     let exec = tokio::spawn({
         let url = format!("{}/v1/audio/executions", d.proxy);
         async move {
@@ -372,14 +361,8 @@ async fn upstream_errors_are_passed_on_never_retried() {
         ..VoiceFaults::default()
     });
     let d = start(&emu.base_url(), 20_000);
-    d.wait_status("an observation", |s| s["upstreams"][0]["reachable"] == true)
-        .await;
-    let r = post(
-        &d,
-        "/v1/audio/speech",
-        &json!({"model": "qwen", "input": "hi"}),
-    )
-    .await;
+    observed(&d).await;
+    let r = speak(&d, "qwen").await;
     assert_eq!(
         r.status,
         500,
@@ -427,8 +410,7 @@ async fn an_execution_answered_202_early_is_released_at_that_response_end() {
         ..VoiceFaults::default()
     });
     let d = start(&emu.base_url(), 20_000);
-    d.wait_status("an observation", |s| s["upstreams"][0]["reachable"] == true)
-        .await;
+    observed(&d).await;
     let r = post(
         &d,
         "/v1/audio/executions",
