@@ -118,7 +118,7 @@ async fn memory_refusal_with_the_mem_02_numbers() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn routes_outside_work_are_refused_or_forwarded_per_the_table() {
-    // ROUTE-02, ROUTE-03, ROUTE-05, ROUTE-08, and malformed bodies.
+    // ROUTE-02, ROUTE-03, ROUTE-04, ROUTE-05, ROUTE-08, and malformed bodies.
     let llama = LlamaServer::start(LlamaOptions::default()).unwrap();
     let shim = CountingShim::start(llama.addr()).unwrap();
     let d = Daemon::start(&shim.base_url(), 1000, 2000, 20_000, "");
@@ -160,7 +160,14 @@ async fn routes_outside_work_are_refused_or_forwarded_per_the_table() {
             .await
             .unwrap();
         assert_eq!(r.status, status, "{method} {path}: {}", r.text());
-        assert_eq!(r.json().unwrap()["error"]["code"], code, "{method} {path}");
+        let error = &r.json().unwrap()["error"];
+        assert_eq!(error["code"], code, "{method} {path}");
+        if path.contains("no-such") {
+            // ROUTE-04: an unrecognized route is named, with where to report it.
+            let message = error["message"].as_str().unwrap();
+            assert!(message.contains(&format!("{method} {path}")), "{message}");
+            assert!(message.contains("vacancy's issue tracker"), "{message}");
+        }
     }
     // Discovery is forwarded without admission.
     let r = http_request("GET", &format!("{p}/v1/models"), &[], Vec::new())

@@ -475,6 +475,20 @@ fn request_that_cannot_reuse_the_model_gets_no_credit() {
     assert!(refusal.reason.contains("num_gpu"), "{}", refusal.reason);
 }
 
+#[test]
+fn memory_an_idle_model_would_free_is_not_available() {
+    // RES-19: 64,000 MiB free with "m" loaded and idle; "n" needs 70,000. Evicting
+    // "m" would make room, but that memory is never counted: "n" is refused.
+    let mut spec = gpu_and_ram();
+    spec.upstreams[0].default_min_free_mib = 70_000;
+    let mut e = ready(spec, 0);
+    observe_loaded(&mut e, "llm", "m", 5);
+    let r = refused(admit(&mut e, "llm", Some("n"), 10));
+    assert_eq!(r.code, RefusalCode::InsufficientMemory, "{}", r.reason);
+    // The loaded model itself is credited as resident (RES-03).
+    assert!(admitted(admit(&mut e, "llm", Some("m"), 10)).resident_credit);
+}
+
 fn observe_for_kinds(e: &mut Engine, model: &str, kinds: &[&str], at: u64) {
     let id = e.upstream_id("llm").unwrap();
     e.observe(
