@@ -692,3 +692,61 @@ async fn a_failed_cancellation_keeps_the_reservation_and_the_unload_still_goes_a
         .await;
     assert_eq!(s["work"][0]["id"], entry.as_str(), "the reservation stays");
 }
+
+/// Kill vacancyd with SIGKILL (a crash) and start it again on the same
+/// configuration and recovery directory.
+fn crash_and_restart(d: Daemon) -> Daemon {
+    let port = |url: &str| -> u16 { url.rsplit(':').next().unwrap().parse().unwrap() };
+    let (control, proxy) = (port(&d.control), port(&d.proxy));
+    let Daemon {
+        mut process, dir, ..
+    } = d;
+    process.kill().unwrap();
+    drop(process);
+    let path = dir.path().join("vacancyd.toml");
+    Daemon::start_with(dir, &path, control, proxy)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prompt_restored_after_a_crash_is_cancelled_at_a_later_owner_return() {
+    // REC-02, REC-03 with RECL-16, RECL-18, RECL-19, RECL-26, RECL-33
+    let emu = comfy_emulator();
+    let (d, flag) = comfy_daemon(&emu, "on_owner_return = \"drain\"\ndrain_timeout_s = 30");
+    wait_away(&d).await;
+    let r = submit(&d.proxy, 5).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let borrowed = r.json().unwrap()["prompt_id"].as_str().unwrap().to_owned();
+    for _ in 0..100 {
+        if emu.running().as_deref() == Some(borrowed.as_str()) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(emu.running().as_deref(), Some(borrowed.as_str()));
+
+    // A crash: the restarted daemon holds the prompt under its ID (REC-02, REC-03).
+    let d = crash_and_restart(d);
+    let s = d.status().await;
+    assert_eq!(s["work"][0]["phase"], "held", "{s:#}");
+    assert_eq!(s["work"][0]["upstream_ref"], borrowed.as_str());
+    wait_away(&d).await;
+    let queue_posts = emu.count("POST", "/queue");
+
+    // The owner comes back: nothing live to drain, so the held prompt is
+    // cancelled at once, not at the 30 s deadline; ComfyUI's history then
+    // proves its end, which releases the entry.
+    owner_returns(&flag);
+    d.wait_status("the held prompt cancelled and released", |s| {
+        s["work"].as_array().unwrap().is_empty() && s["reclaims"].as_array().unwrap().is_empty()
+    })
+    .await;
+    assert_ne!(emu.running().as_deref(), Some(borrowed.as_str()), "stopped");
+    assert_eq!(emu.count("POST", "/queue"), queue_posts + 1, "one delete");
+    wait_log(&d, "held work deleted or stopped at the upstream").await;
+    let log = d.process.log();
+    let line = log
+        .lines()
+        .find(|l| l.contains("held work deleted or stopped at the upstream"))
+        .unwrap();
+    assert!(line.contains("reclaim-1"), "{line}");
+}

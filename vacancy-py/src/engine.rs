@@ -885,10 +885,12 @@ impl Engine {
                         cancel,
                         unload,
                         held,
+                        cancel_held,
                     } => serde_json::json!({
                         "kind": "act", "id": id.to_string(), "upstream": name(*upstream),
                         "cancel": ids(cancel), "unload": unload,
                         "held": held.iter().map(|(e, why)| serde_json::json!([e.to_string(), why])).collect::<Vec<_>>(),
+                        "cancel_held": ids(cancel_held),
                     }),
                     ReclaimCommand::StoodDown {
                         id,

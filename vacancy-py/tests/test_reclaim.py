@@ -56,6 +56,7 @@ def test_recl_01_drain_acts_at_its_deadline_then_holds_until_done(engine: vacanc
         "cancel": [job.id],
         "unload": True,
         "held": [],
+        "cancel_held": [],
     }
     # RECL-43: the hold refuses new work even once the owner has left.
     engine.set_owner_present(False)

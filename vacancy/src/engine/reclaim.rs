@@ -123,6 +123,12 @@ pub enum ReclaimCommand {
         /// Held work of the upstream: it keeps its reservation and never delays
         /// the unload (RECL-33); log each with its reason.
         held: Vec<(EntryId, String)>,
+        /// Held work with the upstream's own handle for it (a restored or
+        /// timed-out ComfyUI prompt): cancel it at the upstream too, so it
+        /// cannot run on the owner's machine (REC-03). Only the upstream's
+        /// proof of its stop releases it; it never delays the unload (RECL-33).
+        /// Empty in finish mode (RECL-22).
+        cancel_held: Vec<EntryId>,
     },
     /// The trigger cleared before anything was done (RECL-04, RECL-08).
     StoodDown {
@@ -255,6 +261,20 @@ impl Engine {
         held
     }
 
+    /// Held work of an upstream that the upstream knows by its own handle,
+    /// so that it can be found and cancelled there (REC-03).
+    fn held_with_handle(&self, up: usize) -> Vec<EntryId> {
+        let mut ids: Vec<EntryId> = self
+            .entries
+            .values()
+            .filter(|e| e.upstream == up && e.phase == Phase::Held)
+            .filter(|e| e.reservation.upstream_ref.is_some())
+            .map(|e| e.reservation.id)
+            .collect();
+        ids.sort();
+        ids
+    }
+
     /// Whether a reclaim's trigger has cleared, judged by the checks
     /// admission applies (RECL-04..07).
     fn trigger_cleared(&self, rc: &ActiveReclaim) -> bool {
@@ -280,7 +300,8 @@ impl Engine {
     /// # Behavior
     ///
     /// - An edge starts a reclaim on each affected upstream that has accepted
-    ///   work, or that unloads on a veto; a reclaim already under way absorbs
+    ///   work, held work it can cancel at the upstream (REC-03), or that
+    ///   unloads on a veto; a reclaim already under way absorbs
     ///   later edges, so the earliest event fixes the deadline (RECL-14).
     /// - Pressure reaches only upstreams that depend on the pressured GPU
     ///   (PRES-02); while the owner veto refuses a host-scoped upstream,
@@ -365,9 +386,17 @@ impl Engine {
                 }
                 OnOwnerReturn::Finish => None,
             };
+            // REC-03: held prompts the upstream can find are cancelled with the
+            // live work, never in finish mode (RECL-22).
+            let cancel_held = match (&act, rc.mode) {
+                (Some(_), OnOwnerReturn::Cancel | OnOwnerReturn::Drain) => {
+                    self.held_with_handle(rc.upstream)
+                }
+                _ => Vec::new(),
+            };
             match act {
                 None => i += 1,
-                Some(cancel) if cancel.is_empty() && !unload => {
+                Some(cancel) if cancel.is_empty() && cancel_held.is_empty() && !unload => {
                     // The work ended by itself; there is nothing to unload.
                     self.end_reclaim(i, now);
                     out.push(ReclaimCommand::Finished {
@@ -384,6 +413,7 @@ impl Engine {
                         cancel,
                         unload,
                         held: self.held_work(rc.upstream),
+                        cancel_held,
                     });
                     i += 1;
                 }
@@ -405,7 +435,9 @@ impl Engine {
         }
         let policy = self.upstreams[up].spec.reclaim;
         let entries = self.live_work(up);
-        if entries.is_empty() && !policy.yield_on_veto {
+        let cancels_held = policy.on_owner_return != OnOwnerReturn::Finish
+            && !self.held_with_handle(up).is_empty();
+        if entries.is_empty() && !cancels_held && !policy.yield_on_veto {
             return; // nothing to wait for, cancel or unload
         }
         let id = ReclaimId(self.next_reclaim);

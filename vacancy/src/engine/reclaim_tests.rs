@@ -638,3 +638,94 @@ fn an_applied_tracker_poll_refuses_and_reclaims_the_gpus_work() {
     let cmds = e.reclaim_step(t(30));
     assert_eq!(acts(&cmds), [(vec![on_gpu0], false)]);
 }
+
+/// A held entry of `upstream` on `resource`, restored after a restart with
+/// the upstream's own handle `upstream_ref`.
+fn restore(e: &mut Engine, upstream: &str, resource: &str, upstream_ref: Option<&str>) -> EntryId {
+    let id = EntryId::from_u128(0xfeed + u128::from(upstream_ref.is_some()));
+    let mut resources = vec![resource.to_owned()];
+    if upstream != "helper" {
+        resources.push("ram".to_owned());
+    }
+    e.restore_held(
+        RestoredEntry {
+            id,
+            upstream: upstream.to_owned(),
+            model: None,
+            resources,
+            admitted_at: t(0),
+            completion: CompletionMethod::Tracked,
+            upstream_ref: upstream_ref.map(str::to_owned),
+        },
+        "restored after a restart",
+    )
+    .unwrap();
+    id
+}
+
+fn act_of(cmds: &[ReclaimCommand]) -> Option<(Vec<EntryId>, Vec<EntryId>, Vec<EntryId>)> {
+    cmds.iter().find_map(|c| match c {
+        ReclaimCommand::Act {
+            cancel,
+            held,
+            cancel_held,
+            ..
+        } => Some((
+            cancel.clone(),
+            held.iter().map(|(id, _)| *id).collect(),
+            cancel_held.clone(),
+        )),
+        _ => None,
+    })
+}
+
+// REC-03: a restored entry the upstream knows by its own ID (a ComfyUI prompt)
+// is cancelled there at a later owner return, even with no live work and no
+// unload; it stays listed as held (RECL-33).
+#[test]
+fn a_restored_prompt_is_cancelled_at_a_later_owner_return() {
+    for mode in [OnOwnerReturn::Drain, OnOwnerReturn::Cancel] {
+        let mut e = engine(mode, false);
+        let held = restore(&mut e, "llm", "gpu0", Some("prompt-1"));
+        e.set_owner(OwnerPresence::Present);
+        let cmds = e.reclaim_step(t(100));
+        assert_eq!(
+            act_of(&cmds),
+            Some((vec![], vec![held], vec![held])),
+            "{mode}: {cmds:?}"
+        );
+    }
+}
+
+// REC-03 with RECL-22: finish never cancels, held work included; held work
+// without an upstream handle cannot be found there and is only listed.
+#[test]
+fn held_work_is_cancelled_only_where_the_upstream_can_find_it_and_never_in_finish_mode() {
+    let mut e = engine(OnOwnerReturn::Finish, false);
+    restore(&mut e, "llm", "gpu0", Some("prompt-1"));
+    e.set_owner(OwnerPresence::Present);
+    assert!(
+        e.reclaim_step(t(100)).is_empty(),
+        "nothing to wait for or unload"
+    );
+
+    let mut e = engine(OnOwnerReturn::Finish, true);
+    let held = restore(&mut e, "llm", "gpu0", Some("prompt-1"));
+    e.set_owner(OwnerPresence::Present);
+    let cmds = e.reclaim_step(t(100));
+    assert_eq!(
+        act_of(&cmds),
+        Some((vec![], vec![held], vec![])),
+        "{cmds:?}"
+    );
+
+    let mut e = engine(OnOwnerReturn::Cancel, true);
+    let bare = restore(&mut e, "llm", "gpu0", None);
+    e.set_owner(OwnerPresence::Present);
+    let cmds = e.reclaim_step(t(100));
+    assert_eq!(
+        act_of(&cmds),
+        Some((vec![], vec![bare], vec![])),
+        "{cmds:?}"
+    );
+}

@@ -12,14 +12,14 @@ use tracing::{debug, info, warn};
 
 use crate::config::{OnOwnerReturn, normalize_host};
 use crate::engine::{
-    EntryId, RESPONSE_CUT_GRACE, ReclaimCommand, ReclaimId, ReclaimTrigger, RefusalCode,
-    ReleaseOutcome, UpstreamId,
+    EntryId, HeldRelease, RESPONSE_CUT_GRACE, ReclaimCommand, ReclaimId, ReclaimTrigger,
+    RefusalCode, ReleaseOutcome, UpstreamId,
 };
 use crate::proxy::lender::Lender;
 use crate::proxy::live::CutReason;
 use crate::proxy::shells::{UNLOAD_SKIPPED, Yielded, unload_upstream, yield_upstream};
 use crate::proxy::{UpstreamRoute, stopped};
-use crate::traits::{CancelItem, CancelOutcome};
+use crate::traits::{CancelClaim, CancelItem, CancelOutcome};
 
 /// The reclaim shell's timers; parameters so tests run fast.
 #[derive(Debug, Clone, Copy)]
@@ -112,6 +112,7 @@ pub async fn reclaim_loop(
                     cancel,
                     unload,
                     held,
+                    cancel_held,
                 } => {
                     let reason = forget(&mut known, id).unwrap_or_else(|| CutReason {
                         code: RefusalCode::OwnerPresent,
@@ -135,7 +136,7 @@ pub async fn reclaim_loop(
                         reason,
                         times,
                     };
-                    tokio::spawn(act.run(cancel, unload, held));
+                    tokio::spawn(act.run(cancel, unload, held, cancel_held));
                 }
             }
         }
@@ -215,7 +216,13 @@ struct Act {
 }
 
 impl Act {
-    async fn run(self, cancel: Vec<EntryId>, unload: bool, held: Vec<(EntryId, String)>) {
+    async fn run(
+        self,
+        cancel: Vec<EntryId>,
+        unload: bool,
+        held: Vec<(EntryId, String)>,
+        cancel_held: Vec<EntryId>,
+    ) {
         let (id, upstream) = (self.id, self.route.name.as_str());
         for (entry, why) in &held {
             // RECL-33: nothing finishes held work, so it never delays the unload.
@@ -232,6 +239,9 @@ impl Act {
         }
         if !tracked.is_empty() {
             self.cancel_tracked(&tracked).await;
+        }
+        if !cancel_held.is_empty() {
+            self.cancel_held(&cancel_held).await;
         }
         if unload {
             self.unload().await;
@@ -299,6 +309,61 @@ impl Act {
             }
         };
         settle(&self.lender, &id.to_string(), upstream, outcomes);
+    }
+
+    /// Cancel held work the upstream knows by its own handle (REC-03): a
+    /// restored or timed-out prompt could still run on the owner's machine.
+    /// Nothing else cancels it, so each gets a claim of its own; the
+    /// upstream's proof of its stop (RECL-17, RECL-18, RECL-25) releases it,
+    /// anything less leaves it held for an administrator.
+    async fn cancel_held(&self, entries: &[EntryId]) {
+        let (id, upstream) = (self.id, self.route.name.as_str());
+        let Some(reclaimer) = self.route.adapter.reclaimer() else {
+            for entry in entries {
+                warn!(entry = %entry, reclaim = %id, upstream, "the adapter cannot cancel held work at the upstream; it stays held (RECL-21)");
+            }
+            return;
+        };
+        let items: Vec<CancelItem> = entries
+            .iter()
+            .map(|&entry| CancelItem {
+                entry,
+                upstream_ref: self
+                    .lender
+                    .with_engine(|e| e.reservation(entry).and_then(|r| r.upstream_ref.clone())),
+                claim: CancelClaim::new(),
+            })
+            .collect();
+        let deadline = std::time::Instant::now() + self.times.request_bound;
+        let Ok(outcomes) = tokio::time::timeout(
+            self.times.request_bound * 2,
+            reclaimer.cancel(&items, deadline),
+        )
+        .await
+        else {
+            for item in &items {
+                warn!(entry = %item.entry, reclaim = %id, upstream, "cancelling held work did not finish within its bound; it stays held (RECL-21, RECL-27)");
+            }
+            return;
+        };
+        for outcome in outcomes {
+            match outcome {
+                CancelOutcome::Stopped(entry) => {
+                    info!(entry = %entry, reclaim = %id, upstream, "held work deleted or stopped at the upstream, which proves its end; released");
+                    if let Err(e) = self.lender.release_held(entry, HeldRelease::TrackingProof) {
+                        warn!(entry = %entry, reclaim = %id, error = %e, "could not release the held work");
+                    }
+                }
+                CancelOutcome::Failed { entry, reason } => {
+                    warn!(entry = %entry, reclaim = %id, upstream, reason = %reason, "cancelling held work failed; it stays held (RECL-21)");
+                }
+                CancelOutcome::Requested(entry)
+                | CancelOutcome::ClaimedElsewhere(entry)
+                | CancelOutcome::ByClosingResponse(entry) => {
+                    warn!(entry = %entry, reclaim = %id, upstream, "stop requested for held work, but the upstream does not prove its end; it stays held: release it as an administrator once the upstream has stopped");
+                }
+            }
+        }
     }
 
     /// Unload the whole server behind the upstream (RECL-30..40, RECL-47..49).
