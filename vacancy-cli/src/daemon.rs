@@ -316,7 +316,7 @@ pub async fn start(
 
     let presence = vacancy::presence::from_owner(&config.owner, Path::new(SEATS_DIR));
     info!("{}", presence.line);
-    let presence_name = presence.backend.name().to_owned();
+    let presence_name = presence.shown.clone();
     let manual = presence.manual.clone();
     let exempt = config.exempt_upstreams();
     if !exempt.is_empty() {

@@ -123,11 +123,15 @@ pub struct Presence {
     pub manual: Option<ManualPresence>,
     /// The line to log at startup.
     pub line: String,
+    /// How `/status` names the backend: its name, or for `auto` the choice
+    /// made (`auto: logind`, `auto: none`).
+    pub shown: String,
 }
 
 /// The backend `[owner]` selects, with the line to log at startup.
 pub fn from_owner(owner: &OwnerConfig, seats_dir: &Path) -> Presence {
     let plain = |backend: Box<dyn PresenceBackend>, line: String| Presence {
+        shown: backend.name().to_owned(),
         backend,
         manual: None,
         line,
@@ -145,6 +149,10 @@ pub fn from_owner(owner: &OwnerConfig, seats_dir: &Path) -> Presence {
             ),
         )
     };
+    let auto = |p: Presence| Presence {
+        shown: format!("auto: {}", p.backend.name()),
+        ..p
+    };
     match owner.presence {
         PresenceMode::None => plain(
             Box::new(NoneBackend),
@@ -155,6 +163,7 @@ pub fn from_owner(owner: &OwnerConfig, seats_dir: &Path) -> Presence {
             Presence {
                 backend: Box::new(manual.clone()),
                 manual: Some(manual),
+                shown: "manual".to_owned(),
                 line: "presence manual: unknown until the owner says present or away (vacancyd admin-request presence away)".to_owned(),
             }
         }
@@ -174,17 +183,17 @@ pub fn from_owner(owner: &OwnerConfig, seats_dir: &Path) -> Presence {
             )
         }
         PresenceMode::Logind => logind("presence logind".to_owned()),
-        PresenceMode::Auto if machine_has_seats(seats_dir) => logind(format!(
+        PresenceMode::Auto if machine_has_seats(seats_dir) => auto(logind(format!(
             "presence auto: login seats under {}, so logind decides (presence logind)",
             seats_dir.display()
-        )),
-        PresenceMode::Auto => plain(
+        ))),
+        PresenceMode::Auto => auto(plain(
             Box::new(NoneBackend),
             format!(
                 "presence auto: no login seats under {}, so this is a dedicated machine (presence none)",
                 seats_dir.display()
             ),
-        ),
+        )),
     }
 }
 
@@ -217,6 +226,7 @@ mod tests {
             "no seats: none"
         );
         assert_eq!(p.backend.name(), "none");
+        assert_eq!(p.shown, "auto: none", "/status says auto chose none");
         assert!(p.line.contains("no login seats"), "{}", p.line);
         // `command` without a command (validation refuses it) is unknown.
         let p = from_mode(PresenceMode::Command, dir.path());
@@ -229,6 +239,7 @@ mod tests {
         std::fs::write(dir.path().join("seat0"), "").unwrap();
         let p = from_mode(PresenceMode::Auto, dir.path());
         assert_eq!(p.backend.name(), "logind");
+        assert_eq!(p.shown, "auto: logind");
         assert!(p.line.contains("login seats under"), "{}", p.line);
         assert!(p.line.contains("do not count"), "{}", p.line);
         // Explicitly, and with remote sessions counting: from_owner passes it on.
