@@ -19,7 +19,7 @@ use crate::proxy::lender::Lender;
 use crate::proxy::live::CutReason;
 use crate::proxy::shells::{UNLOAD_SKIPPED, Yielded, unload_upstream, yield_upstream};
 use crate::proxy::{UpstreamRoute, stopped};
-use crate::traits::{CancelClaim, CancelItem, CancelOutcome};
+use crate::traits::{CancelClaim, CancelItem, CancelOutcome, Reclaimer};
 
 /// The reclaim shell's timers; parameters so tests run fast.
 #[derive(Debug, Clone, Copy)]
@@ -224,7 +224,7 @@ impl Act {
         cancel_held: Vec<EntryId>,
     ) {
         let (id, upstream) = (self.id, self.route.name.as_str());
-        for (entry, why) in &held {
+        for (entry, why) in held.iter().filter(|(e, _)| !cancel_held.contains(e)) {
             // RECL-33: nothing finishes held work, so it never delays the unload.
             warn!(entry = %entry, reclaim = %id, upstream, reason = %why, "held work keeps its reservation through the reclaim; release it as an administrator once the upstream has stopped");
         }
@@ -293,20 +293,11 @@ impl Act {
                 }
             })
             .collect();
-        let deadline = std::time::Instant::now() + self.times.request_bound;
-        let outcomes = match tokio::time::timeout(
-            self.times.request_bound * 2,
-            reclaimer.cancel(&items, deadline),
-        )
-        .await
-        {
-            Ok(o) => o,
-            Err(_) => {
-                for item in &items {
-                    warn!(entry = %item.entry, reclaim = %id, upstream, "cancellation did not finish within its bound; the reservation stays (RECL-21, RECL-27)");
-                }
-                return;
+        let Some(outcomes) = self.cancel_within_bound(reclaimer.as_ref(), &items).await else {
+            for item in &items {
+                warn!(entry = %item.entry, reclaim = %id, upstream, "cancellation did not finish within its bound; the reservation stays (RECL-21, RECL-27)");
             }
+            return;
         };
         settle(&self.lender, &id.to_string(), upstream, outcomes);
     }
@@ -334,13 +325,7 @@ impl Act {
                 claim: CancelClaim::new(),
             })
             .collect();
-        let deadline = std::time::Instant::now() + self.times.request_bound;
-        let Ok(outcomes) = tokio::time::timeout(
-            self.times.request_bound * 2,
-            reclaimer.cancel(&items, deadline),
-        )
-        .await
-        else {
+        let Some(outcomes) = self.cancel_within_bound(reclaimer.as_ref(), &items).await else {
             for item in &items {
                 warn!(entry = %item.entry, reclaim = %id, upstream, "cancelling held work did not finish within its bound; it stays held (RECL-21, RECL-27)");
             }
@@ -364,6 +349,22 @@ impl Act {
                 }
             }
         }
+    }
+
+    /// The reclaimer's cancellation of `items`, each request within the
+    /// request bound (RECL-27); `None` when the whole did not end in twice that.
+    async fn cancel_within_bound(
+        &self,
+        reclaimer: &dyn Reclaimer,
+        items: &[CancelItem],
+    ) -> Option<Vec<CancelOutcome>> {
+        let deadline = std::time::Instant::now() + self.times.request_bound;
+        tokio::time::timeout(
+            self.times.request_bound * 2,
+            reclaimer.cancel(items, deadline),
+        )
+        .await
+        .ok()
     }
 
     /// Unload the whole server behind the upstream (RECL-30..40, RECL-47..49).
