@@ -13,7 +13,7 @@ use vacancy::config::{Config, LOOPBACK, LoadedConfig, SamplerKind, same_server_k
 use vacancy::ledger::{LocationInput, resolve_location};
 use vacancy::pressure::{
     Attendance, CalibrationError, CalibrationFile, NvmlPressureReader, OwnerLoad, PressureError,
-    PressureReader, calibrate, listening_pids,
+    PressureReader, calibrate, server_pids,
 };
 
 /// `vacancyd calibrate-pressure`'s arguments.
@@ -227,7 +227,7 @@ pub async fn calibrate_into(
             tokio::time::sleep(plan.every).await;
         }
         // Looked up each time: a server may restart during calibration.
-        let pids = listening_pids(&plan.exclude);
+        let pids = server_pids(&plan.exclude);
         match reader.read(&pids).await {
             Ok(load) => {
                 writeln!(

@@ -18,9 +18,7 @@ mod tracker;
 
 pub use calibration::{CALIBRATION_FILE, CalibrationError, CalibrationFile, calibrate};
 pub use nvml::NvmlPressureReader;
-pub use reader::{
-    PressureError, PressureReader, ScriptedReader, UnavailableReader, listening_pids,
-};
+pub use reader::{PressureError, PressureReader, ScriptedReader, UnavailableReader, server_pids};
 pub use tracker::{
     Attendance, Baseline, Miss, Observation, OwnerLoad, PressureParams, PressureReading,
     PressureTracker, PressureUpdate, Trigger, TriggerKind,

@@ -1,6 +1,6 @@
 //! Reading the owner's load on a GPU, and finding the processes that are not the owner's.
 
-use std::collections::{BTreeSet, HashSet, VecDeque};
+use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -49,7 +49,7 @@ pub trait PressureReader: Send + Sync {
 
     /// The owner's load: utilization and memory of the GPU's processes whose
     /// PIDs are not in `exclude_pids` (the lent upstream servers, see
-    /// [`listening_pids`]).
+    /// [`server_pids`]).
     ///
     /// # Errors
     ///
@@ -159,14 +159,20 @@ impl PressureReader for ScriptedReader {
     }
 }
 
-/// The PIDs of the processes listening on `ports` (the upstream servers), so
-/// that their GPU use is not counted as the owner's.
+/// The PIDs of the upstream servers: the processes listening on `ports` and
+/// every process they started, so that their GPU use is not counted as the
+/// owner's. The descendants matter: an Ollama server's models run in runner
+/// processes it starts, a vLLM server's in engine processes.
 ///
 /// # Behavior
 ///
 /// - Linux only: listening TCP sockets are found in `/proc/net/tcp` and
 ///   `/proc/net/tcp6` (this network namespace), then their owners by the
-///   `socket:[inode]` links under `/proc/*/fd`. Elsewhere the list is empty.
+///   `socket:[inode]` links under `/proc/*/fd`, then those owners'
+///   descendants by the parent PIDs in `/proc/*/stat` (readable for every
+///   process) — except init's and a systemd manager's, which hold sockets
+///   for socket-activated services and are the ancestors of everything.
+///   Elsewhere the list is empty.
 /// - Only host and port are compared; loopback addresses, `0.0.0.0`, `::`
 ///   and `localhost` count as the same host.
 /// - Entries that cannot be read are skipped: a process of another account
@@ -175,7 +181,7 @@ impl PressureReader for ScriptedReader {
 ///   the owner's.
 /// - It reads `/proc` synchronously (every process's descriptors): from async
 ///   code, call it on a blocking thread, and not more often than once a poll.
-pub fn listening_pids(ports: &[SocketAddr]) -> Vec<u32> {
+pub fn server_pids(ports: &[SocketAddr]) -> Vec<u32> {
     let mut inodes: HashSet<u64> = HashSet::new();
     let mut wanted_by: Vec<(u64, SocketAddr)> = Vec::new();
     for (file, v6) in [("/proc/net/tcp", false), ("/proc/net/tcp6", true)] {
@@ -228,7 +234,63 @@ pub fn listening_pids(ports: &[SocketAddr]) -> Vec<u32> {
             tracing::warn!(%want, inode, "a server listens on this upstream address, but its process cannot be seen (another account?); its GPU use counts as the owner's");
         }
     }
-    pids.into_iter().collect()
+    with_descendants(pids).into_iter().collect()
+}
+
+/// `roots` and every process they started, and those started, from the
+/// parent PIDs in `/proc/*/stat`.
+fn with_descendants(mut pids: BTreeSet<u32>) -> BTreeSet<u32> {
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return pids;
+    };
+    let mut children: HashMap<u32, Vec<u32>> = HashMap::new();
+    for entry in procs.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let Some(ppid) = std::fs::read_to_string(entry.path().join("stat"))
+            .ok()
+            .and_then(|stat| parent_pid(&stat))
+        else {
+            continue;
+        };
+        children.entry(ppid).or_default().push(pid);
+    }
+    // A service manager holds the listening sockets of socket-activated
+    // services: everything descends from it, the owner's own work included.
+    let mut todo: Vec<u32> = pids
+        .iter()
+        .copied()
+        .filter(|&pid| !is_service_manager(pid))
+        .collect();
+    while let Some(pid) = todo.pop() {
+        for &child in children.get(&pid).map(Vec::as_slice).unwrap_or_default() {
+            if pids.insert(child) {
+                todo.push(child);
+            }
+        }
+    }
+    pids
+}
+
+/// Whether `pid` is init or a systemd manager (system or `--user`), whose
+/// descendants are not one server's processes.
+fn is_service_manager(pid: u32) -> bool {
+    pid == 1
+        || std::fs::read_to_string(format!("/proc/{pid}/comm"))
+            .is_ok_and(|comm| comm.trim_end() == "systemd")
+}
+
+/// The parent PID in a `/proc/PID/stat` line: `pid (comm) state ppid ...`,
+/// where `comm` may hold spaces and parentheses, so fields are counted from
+/// the last `)`.
+fn parent_pid(stat: &str) -> Option<u32> {
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(1)?.parse().ok()
 }
 
 /// Whether a socket listening on `local` serves `want`: same port, same host.
@@ -284,29 +346,29 @@ mod tests {
     use super::*;
 
     #[test]
-    fn listening_pids_finds_this_process_on_its_port() {
+    fn server_pids_finds_this_process_on_its_port() {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
         let me = std::process::id();
-        assert!(listening_pids(&[addr]).contains(&me), "{addr}");
+        assert!(server_pids(&[addr]).contains(&me), "{addr}");
         // Every loopback spelling and 0.0.0.0 name the same host.
         for host in ["127.0.0.2", "0.0.0.0", "::1"] {
             let other = SocketAddr::new(host.parse().unwrap(), addr.port());
-            assert!(listening_pids(&[other]).contains(&me), "{other}");
+            assert!(server_pids(&[other]).contains(&me), "{other}");
         }
         // A LAN address is another host.
         let lan = SocketAddr::new("192.0.2.7".parse().unwrap(), addr.port());
-        assert!(!listening_pids(&[lan]).contains(&me));
+        assert!(!server_pids(&[lan]).contains(&me));
     }
 
     #[test]
-    fn listening_pids_is_empty_for_an_unused_port() {
+    fn server_pids_is_empty_for_an_unused_port() {
         let addr = {
             let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
             l.local_addr().unwrap()
         };
-        assert!(!listening_pids(&[addr]).contains(&std::process::id()));
-        assert!(listening_pids(&[]).is_empty());
+        assert!(!server_pids(&[addr]).contains(&std::process::id()));
+        assert!(server_pids(&[]).is_empty());
     }
 
     #[test]
@@ -317,7 +379,58 @@ mod tests {
         };
         let addr = listener.local_addr().unwrap();
         let v4 = SocketAddr::new("127.0.0.1".parse().unwrap(), addr.port());
-        assert!(listening_pids(&[v4]).contains(&std::process::id()));
+        assert!(server_pids(&[v4]).contains(&std::process::id()));
+    }
+
+    #[test]
+    fn server_pids_include_the_processes_the_server_started() {
+        // An Ollama server's models run in runner processes it starts: this
+        // process listens, its child `sh` and grandchild `sleep` are the runners.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let mut child = std::process::Command::new("sh")
+            .args(["-c", "sleep 30 & echo $!; wait"])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+            &mut line,
+        )
+        .unwrap();
+        let grandchild: u32 = line.trim().parse().unwrap();
+        let pids = server_pids(&[addr]);
+        let _ = child.kill();
+        let _ = child.wait();
+        let _ = std::process::Command::new("kill")
+            .arg(grandchild.to_string())
+            .status();
+        assert!(pids.contains(&std::process::id()), "{pids:?}");
+        assert!(pids.contains(&child.id()), "the child: {pids:?}");
+        assert!(pids.contains(&grandchild), "the grandchild: {pids:?}");
+        // Not every process: the parent of this test is no server of ours.
+        let parent = parent_pid(&std::fs::read_to_string("/proc/self/stat").unwrap()).unwrap();
+        assert!(!pids.contains(&parent), "{pids:?}");
+    }
+
+    #[test]
+    fn init_is_never_expanded_to_its_descendants() {
+        assert!(is_service_manager(1));
+        assert!(!is_service_manager(std::process::id()));
+        let all = with_descendants(BTreeSet::from([1]));
+        assert_eq!(
+            all,
+            BTreeSet::from([1]),
+            "init's descendants are everything"
+        );
+    }
+
+    #[test]
+    fn a_parent_pid_is_read_past_any_command_name() {
+        assert_eq!(parent_pid("42 (ollama) S 7 42 42 0 -1"), Some(7));
+        assert_eq!(parent_pid("43 (a) b (c) R 9 43 43 0 -1"), Some(9));
+        assert_eq!(parent_pid("garbage"), None);
     }
 
     #[test]

@@ -11,7 +11,7 @@ use tracing::{info, warn};
 
 use crate::engine::OwnerPresence;
 use crate::pressure::{
-    Attendance, Miss, Observation, PressureReader, PressureReading, PressureTracker, listening_pids,
+    Attendance, Miss, Observation, PressureReader, PressureReading, PressureTracker, server_pids,
 };
 use crate::proxy::lender::Lender;
 use crate::proxy::stopped;
@@ -57,7 +57,7 @@ pub async fn pressure_loop(
     loop {
         let owner = lender.with_engine(|e| e.owner());
         let scan = servers.clone();
-        let exclude = tokio::task::spawn_blocking(move || listening_pids(&scan))
+        let exclude = tokio::task::spawn_blocking(move || server_pids(&scan))
             .await
             .unwrap_or_default();
         for (gpu, last) in gpus.iter_mut().zip(&mut last) {
