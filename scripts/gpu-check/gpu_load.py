@@ -7,6 +7,9 @@ M MiB of GPU memory and keeps the GPU busy D of the time; it answers every GET
 with a model list and every POST with a chat completion, after 10 s when the
 body names the model "slow".
 
+With `--runner`, the server itself never touches the GPU: like Ollama, it
+starts a runner process that holds the memory and computes.
+
 `owner --mib M --duty D`: the owner's own GPU work: M MiB held and the GPU busy
 D of the time, until killed.
 
@@ -17,6 +20,8 @@ import argparse
 import http.server
 import json
 import os
+import subprocess
+import sys
 import threading
 import time
 
@@ -85,7 +90,20 @@ def main() -> None:
     p.add_argument("--port", type=int, default=0)
     p.add_argument("--mib", type=int, required=True)
     p.add_argument("--duty", type=float, default=0.5)
+    p.add_argument("--runner", action="store_true")
     args = p.parse_args()
+    if args.role == "upstream" and args.runner:
+        runner = subprocess.Popen(
+            [sys.executable, "-u", __file__, "owner", "--mib", str(args.mib), "--duty", str(args.duty)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert runner.stdout is not None
+        print(f"runner {runner.stdout.readline().strip()}", flush=True)
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", args.port), Handler)
+        print(f"ready pid={os.getpid()}", flush=True)
+        server.serve_forever()
+        return
     memory = hold(args.mib)
     threading.Thread(target=burn, args=(args.duty,), daemon=True).start()
     torch.cuda.synchronize()

@@ -91,14 +91,17 @@ mkdir -m 700 "$work/state"
 echo "== check-config"
 "$bin" check-config --config "$work/vacancyd.toml"
 
-echo "== the upstream: 3072 MiB held, busy 30% of the time"
-start_load upstream upstream --port "$up_port" --mib 3072 --duty 0.3 || exit 1
+echo "== the upstream: a server that never touches the GPU and a runner it started: 3072 MiB held, busy 30% of the time"
+start_load upstream upstream --port "$up_port" --mib 3072 --duty 0.3 --runner || exit 1
+grep '^runner' "$work/upstream.log"
 nvidia-smi --query-compute-apps=pid,used_memory --format=csv
 
 echo "== calibrate-pressure --unattended (only the upstream on the GPU: it must be excluded)"
 "$bin" calibrate-pressure --config "$work/vacancyd.toml" --resource gpu0 --unattended --seconds 5 | tee "$work/unattended.txt"
-grep -q 'excluding 1 upstream process' "$work/unattended.txt" && ok=yes || ok=no
-check "the upstream's PID is found through its listening socket" $ok
+grep -q 'excluding 2 upstream processes' "$work/unattended.txt" && ok=yes || ok=no
+check "the upstream's PID is found through its listening socket, its runner as its child" $ok
+grep -q ' 0% / 0 MiB (excluding' "$work/unattended.txt" && ! grep -v ' 0% / 0 MiB (excluding' "$work/unattended.txt" | grep -q '^ *[0-9]*: ' && ok=yes || ok=no
+check "the runner's memory and compute are not the owner's" $ok
 mem=$(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(d)' "$work/state/pressure-calibration.json" 2>&1)
 echo "calibration file: $mem"
 
