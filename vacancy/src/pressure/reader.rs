@@ -175,43 +175,34 @@ impl PressureReader for ScriptedReader {
 ///   Elsewhere the list is empty.
 /// - Only host and port are compared; loopback addresses, `0.0.0.0`, `::`
 ///   and `localhost` count as the same host.
-/// - Entries that cannot be read are skipped: a process of another account
-///   is invisible unless vacancyd may read its `/proc/PID/fd`, and is then
-///   missing from the list (a warning says so), so its GPU use counts as
-///   the owner's.
+/// - A process of another account is invisible unless vacancyd may read
+///   its `/proc/PID/fd` (the same account, or root). If the socket belongs
+///   to a system account (uid 1 to 999, such as the `ollama` user of the
+///   packaged service), every process of that account counts as the
+///   server's; otherwise (root, a person's account) the server is missing
+///   from the list, a warning says so, and its GPU use counts as the owner's.
 /// - It reads `/proc` synchronously (every process's descriptors): from async
 ///   code, call it on a blocking thread, and not more often than once a poll.
 pub fn server_pids(ports: &[SocketAddr]) -> Vec<u32> {
-    let mut inodes: HashSet<u64> = HashSet::new();
-    let mut wanted_by: Vec<(u64, SocketAddr)> = Vec::new();
+    let mut wanted: Vec<(Listening, SocketAddr)> = Vec::new();
     for (file, v6) in [("/proc/net/tcp", false), ("/proc/net/tcp6", true)] {
         let Ok(text) = std::fs::read_to_string(file) else {
             continue;
         };
-        for (local, inode) in parse_listening(&text, v6) {
-            if let Some(want) = ports.iter().find(|w| same_socket(local, **w)) {
-                inodes.insert(inode);
-                wanted_by.push((inode, *want));
+        for sock in parse_listening(&text, v6) {
+            if let Some(want) = ports.iter().find(|w| same_socket(sock.local, **w)) {
+                wanted.push((sock, *want));
             }
         }
     }
-    if inodes.is_empty() {
+    if wanted.is_empty() {
         return Vec::new();
     }
+    let inodes: HashSet<u64> = wanted.iter().map(|(s, _)| s.inode).collect();
     let mut pids = BTreeSet::new();
     let mut found: HashSet<u64> = HashSet::new();
-    let Ok(procs) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    for entry in procs.flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        let Ok(fds) = std::fs::read_dir(entry.path().join("fd")) else {
+    for pid in all_pids() {
+        let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
             continue;
         };
         for fd in fds.flatten() {
@@ -229,30 +220,73 @@ pub fn server_pids(ports: &[SocketAddr]) -> Vec<u32> {
             }
         }
     }
-    for (inode, want) in wanted_by {
-        if !found.contains(&inode) {
-            tracing::warn!(%want, inode, "a server listens on this upstream address, but its process cannot be seen (another account?); its GPU use counts as the owner's");
+    for (sock, want) in wanted {
+        if found.contains(&sock.inode) {
+            continue;
+        }
+        let account = if is_system_account(sock.uid) {
+            processes_of(sock.uid)
+        } else {
+            BTreeSet::new()
+        };
+        let first = first_time(sock.inode);
+        if account.is_empty() {
+            if first {
+                tracing::warn!(%want, uid = sock.uid, "a server listens on this upstream address, but its process cannot be seen (an account vacancyd may not inspect); its GPU use counts as the owner's: run it as vacancyd's account or under a system account");
+            }
+        } else {
+            if first {
+                tracing::info!(%want, uid = sock.uid, "the server on this upstream address runs under a system account vacancyd cannot inspect; every process of that account counts as the server's");
+            }
+            pids.extend(account);
         }
     }
     with_descendants(pids).into_iter().collect()
 }
 
+/// Whether `inode` is seen here for the first time in this process: what
+/// cannot be seen is said once per listening socket, not at every poll.
+fn first_time(inode: u64) -> bool {
+    static SAID: Mutex<BTreeSet<u64>> = Mutex::new(BTreeSet::new());
+    SAID.lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .insert(inode)
+}
+
+/// Every PID under `/proc`.
+fn all_pids() -> Vec<u32> {
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    procs
+        .flatten()
+        .filter_map(|e| e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()))
+        .collect()
+}
+
+/// A system account (uid 1 to 999, below Debian's and Fedora's first
+/// login account): a service's own, such as the `ollama` user. Root and
+/// people's accounts run far more than one server.
+fn is_system_account(uid: u32) -> bool {
+    (1..1000).contains(&uid)
+}
+
+/// The processes whose effective uid is `uid` (the owner of `/proc/PID`,
+/// readable for every process).
+fn processes_of(uid: u32) -> BTreeSet<u32> {
+    use std::os::unix::fs::MetadataExt;
+    all_pids()
+        .into_iter()
+        .filter(|pid| std::fs::metadata(format!("/proc/{pid}")).is_ok_and(|m| m.uid() == uid))
+        .collect()
+}
+
 /// `roots` and every process they started, and those started, from the
 /// parent PIDs in `/proc/*/stat`.
 fn with_descendants(mut pids: BTreeSet<u32>) -> BTreeSet<u32> {
-    let Ok(procs) = std::fs::read_dir("/proc") else {
-        return pids;
-    };
     let mut children: HashMap<u32, Vec<u32>> = HashMap::new();
-    for entry in procs.flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        let Some(ppid) = std::fs::read_to_string(entry.path().join("stat"))
+    for pid in all_pids() {
+        let Some(ppid) = std::fs::read_to_string(format!("/proc/{pid}/stat"))
             .ok()
             .and_then(|stat| parent_pid(&stat))
         else {
@@ -299,8 +333,8 @@ fn same_socket(local: SocketAddr, want: SocketAddr) -> bool {
         && normalize_host(&local.ip().to_string()) == normalize_host(&want.ip().to_string())
 }
 
-/// The listening sockets of a `/proc/net/tcp` (or `tcp6`) table: local address and inode.
-fn parse_listening(text: &str, v6: bool) -> Vec<(SocketAddr, u64)> {
+/// The listening sockets of a `/proc/net/tcp` (or `tcp6`) table.
+fn parse_listening(text: &str, v6: bool) -> Vec<Listening> {
     const LISTEN: &str = "0A";
     text.lines()
         .skip(1)
@@ -316,10 +350,24 @@ fn parse_listening(text: &str, v6: bool) -> Vec<(SocketAddr, u64)> {
             } else {
                 parse_ipv4(addr)?
             };
-            let inode = fields.get(9)?.parse::<u64>().ok()?;
-            Some((SocketAddr::new(ip, port), inode))
+            Some(Listening {
+                local: SocketAddr::new(ip, port),
+                uid: fields.get(7)?.parse().ok()?,
+                inode: fields.get(9)?.parse().ok()?,
+            })
         })
         .collect()
+}
+
+/// A listening TCP socket in `/proc/net/tcp` or `/proc/net/tcp6`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Listening {
+    /// Where it listens.
+    local: SocketAddr,
+    /// The account that opened it.
+    uid: u32,
+    /// Its inode, as the owners' `/proc/PID/fd/*` links name it.
+    inode: u64,
 }
 
 /// The kernel prints each 32-bit word of the address in host byte order.
@@ -426,6 +474,130 @@ mod tests {
         );
     }
 
+    const CHILD_ENV: &str = "VACANCY_PRESSURE_TEST_SERVER_PORT";
+    const LISTEN_ENV: &str = "VACANCY_PRESSURE_TEST_LISTEN";
+
+    /// The server half of the account test: run as another account, it
+    /// listens on a port, says which, and waits.
+    #[test]
+    fn child_listens_when_asked() {
+        if std::env::var_os(LISTEN_ENV).is_none() {
+            return;
+        }
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        println!(
+            "listening on port {}",
+            listener.local_addr().unwrap().port()
+        );
+        std::io::Write::flush(&mut std::io::stdout()).unwrap();
+        std::thread::sleep(std::time::Duration::from_secs(60));
+    }
+
+    /// The child half of the account test: run as `nobody`, it prints what
+    /// [`server_pids`] finds on the port in [`CHILD_ENV`].
+    #[test]
+    fn unprivileged_child_prints_server_pids() {
+        let Some(port) = std::env::var(CHILD_ENV)
+            .ok()
+            .and_then(|p| p.parse::<u16>().ok())
+        else {
+            return;
+        };
+        let addr = SocketAddr::new(Ipv4Addr::LOCALHOST.into(), port);
+        println!("server pids: {:?}", server_pids(&[addr]));
+    }
+
+    /// A server under another account that vacancyd may not inspect: a
+    /// system account's processes all count as the server's, a person's
+    /// account cannot be told (only the warning).
+    #[test]
+    fn a_server_under_a_system_account_vacancyd_cannot_inspect_is_found_by_its_account() {
+        use std::os::unix::fs::PermissionsExt;
+        use std::process::{Command, Stdio};
+        let root = std::fs::metadata("/proc/self")
+            .is_ok_and(|m| std::os::unix::fs::MetadataExt::uid(&m) == 0);
+        let setpriv = ["/usr/bin/setpriv", "/bin/setpriv"]
+            .into_iter()
+            .find(|p| std::path::Path::new(p).exists());
+        let (true, Some(setpriv)) = (root, setpriv) else {
+            eprintln!("skipped: needs root and setpriv (util-linux) to run as other accounts");
+            return;
+        };
+        let as_uid = |uid: u32| {
+            let mut c = Command::new(setpriv);
+            c.args([
+                format!("--reuid={uid}"),
+                format!("--regid={uid}"),
+                "--clear-groups".to_owned(),
+            ]);
+            c
+        };
+        // A copy of this test binary that `nobody` may run.
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let bin = tmp.path().join("pressure-tests");
+        std::fs::copy(std::env::current_exe().unwrap(), &bin).unwrap();
+        std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let run_child = |uid: u32, test: &str| {
+            let mut c = as_uid(uid);
+            c.arg(&bin)
+                .args(["--exact", test, "--nocapture", "--test-threads=1"])
+                .current_dir(tmp.path());
+            c
+        };
+        for (uid, system) in [(2u32, true), (4321u32, false)] {
+            let mut server = run_child(uid, "pressure::reader::tests::child_listens_when_asked")
+                .env(LISTEN_ENV, "1")
+                .stdout(Stdio::piped())
+                .spawn()
+                .unwrap();
+            // Another process of the same account, not started by the server.
+            let sibling = as_uid(uid).args(["sleep", "60"]).spawn().unwrap();
+            let port =
+                std::io::BufRead::lines(std::io::BufReader::new(server.stdout.take().unwrap()))
+                    .map_while(Result::ok)
+                    .find_map(|l| {
+                        // The harness prints the test's name on the same line first.
+                        l.split("listening on port ")
+                            .nth(1)
+                            .map(|p| p.trim().to_owned())
+                    })
+                    .expect("the server says its port");
+            let out = run_child(
+                65534,
+                "pressure::reader::tests::unprivileged_child_prints_server_pids",
+            )
+            .env(CHILD_ENV, &port)
+            .output()
+            .unwrap();
+            let (server_pid, sibling_pid) = (server.id(), sibling.id());
+            for mut p in [server, sibling] {
+                let _ = p.kill();
+                let _ = p.wait();
+            }
+            let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+            let printed = stdout
+                .lines()
+                .find_map(|l| l.split("server pids: ").nth(1))
+                .unwrap_or_else(|| panic!("child printed nothing: {stdout}"));
+            let has = |pid: u32| {
+                printed
+                    .trim_matches(|c| c == '[' || c == ']')
+                    .split(", ")
+                    .any(|p| p == pid.to_string())
+            };
+            // setpriv execs its program: the pids are the processes' own.
+            if system {
+                assert!(has(server_pid) && has(sibling_pid), "uid {uid}: {printed}");
+            } else {
+                assert_eq!(
+                    printed, "[]",
+                    "uid {uid}: a person's account cannot be told"
+                );
+            }
+        }
+    }
+
     #[test]
     fn a_parent_pid_is_read_past_any_command_name() {
         assert_eq!(parent_pid("42 (ollama) S 7 42 42 0 -1"), Some(7));
@@ -444,13 +616,21 @@ mod tests {
         );
         assert_eq!(
             parse_listening(&text, false),
-            vec![("127.0.0.1:8080".parse().unwrap(), 4242)]
+            vec![Listening {
+                local: "127.0.0.1:8080".parse().unwrap(),
+                uid: 1000,
+                inode: 4242
+            }]
         );
         let any6 = "00000000000000000000000000000000";
         let text6 = format!("header\n 0: {any6}:2BCB {any6}:0000 0A 0:0 0:0 0 0 0 77 1\n");
         assert_eq!(
             parse_listening(&text6, true),
-            vec![("[::]:11211".parse().unwrap(), 77)]
+            vec![Listening {
+                local: "[::]:11211".parse().unwrap(),
+                uid: 0,
+                inode: 77
+            }]
         );
         assert_eq!(parse_ipv4("zz"), None);
         assert_eq!(parse_ipv6("00"), None);
