@@ -216,6 +216,21 @@ async fn submit(proxy: &str, color: u32) -> vacancy_test_support::HttpReply {
     .unwrap()
 }
 
+/// A borrower's prompt through the proxy, and its prompt ID once ComfyUI
+/// runs it (or after 5 s).
+async fn running_prompt(d: &Daemon, emu: &ComfyEmulator, color: u32) -> String {
+    let r = submit(&d.proxy, color).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let borrowed = r.json().unwrap()["prompt_id"].as_str().unwrap().to_owned();
+    for _ in 0..100 {
+        if emu.running().as_deref() == Some(borrowed.as_str()) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    borrowed
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn drain_lets_work_that_finishes_in_time_finish() {
     // RECL-01, RECL-31, OWN-02
@@ -427,15 +442,7 @@ async fn comfyui_cancel_stops_the_borrowed_prompt_and_skips_the_unload_for_the_o
     let (d, flag) = comfy_daemon(&emu, "on_owner_return = \"cancel\"\nyield_on_veto = true");
     wait_away(&d).await;
     // The borrower's prompt runs.
-    let r = submit(&d.proxy, 1).await;
-    assert_eq!(r.status, 200, "{}", r.text());
-    let borrowed = r.json().unwrap()["prompt_id"].as_str().unwrap().to_owned();
-    for _ in 0..100 {
-        if emu.running().as_deref() == Some(borrowed.as_str()) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    running_prompt(&d, &emu, 1).await;
     // The owner queues their own prompt behind it, directly.
     let owners = uuid::Uuid::new_v4().to_string();
     let r = http_request(
@@ -713,15 +720,7 @@ async fn a_prompt_restored_after_a_crash_is_cancelled_at_a_later_owner_return() 
     let emu = comfy_emulator();
     let (d, flag) = comfy_daemon(&emu, "on_owner_return = \"drain\"\ndrain_timeout_s = 30");
     wait_away(&d).await;
-    let r = submit(&d.proxy, 5).await;
-    assert_eq!(r.status, 200, "{}", r.text());
-    let borrowed = r.json().unwrap()["prompt_id"].as_str().unwrap().to_owned();
-    for _ in 0..100 {
-        if emu.running().as_deref() == Some(borrowed.as_str()) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let borrowed = running_prompt(&d, &emu, 5).await;
     assert_eq!(emu.running().as_deref(), Some(borrowed.as_str()));
 
     // A crash: the restarted daemon holds the prompt under its ID (REC-02, REC-03).
