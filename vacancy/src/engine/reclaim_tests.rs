@@ -241,8 +241,9 @@ fn finish_without_yield_stands_down_like_a_drain() {
 }
 
 #[test]
-fn held_work_is_listed_but_never_waited_for_or_cancelled() {
-    // RECL-33
+fn held_work_is_listed_but_never_waited_for() {
+    // RECL-33 (held work without an upstream handle is not cancelled either:
+    // nothing can find it there; REC-03 covers held work with one)
     let mut e = engine(OnOwnerReturn::Drain, true);
     let job = admit(&mut e, "llm", 10).unwrap();
     e.release(job, ReleaseOutcome::Uncertain("broke off".into()), t(20))
