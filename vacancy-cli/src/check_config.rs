@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use vacancy::config::{Config, ConfigErrors, LoadedConfig, ResourceConfig, SamplerKind};
 use vacancy::engine::{Engine, EngineSpec};
-use vacancy::ledger::{LocationInput, resolve_location};
+use vacancy::ledger::{LocationInput, recovery_path};
 use vacancy::pressure::CalibrationFile;
 use vacancy::{MonotonicClock, ResourceKind};
 
@@ -130,9 +130,10 @@ fn calibration_warnings(config: &Config, path: Option<&Path>) -> Vec<String> {
     if gpus.is_empty() {
         return Vec::new();
     }
+    // Only where the daemon would look: checking never creates the directory.
     let input = LocationInput::from_env(path, &config.server.admission_state_dir);
-    let dir = match resolve_location(&input) {
-        Ok(location) => location.path,
+    let dir = match recovery_path(&input) {
+        Ok(dir) => dir,
         Err(e) => {
             return vec![format!(
                 "cannot find the recovery directory to read the GPU pressure calibration from ({e})"

@@ -203,3 +203,38 @@ fn a_missing_pressure_calibration_is_a_warning_naming_the_command() {
     let stdout = text(&check_config(&["--config", path.to_str().unwrap()]).stdout);
     assert!(!stdout.contains("calibrat"), "{stdout}");
 }
+
+// REC-18, REC-21: checking a configuration only looks; it never creates the
+// recovery directory (as whatever account runs check-config).
+#[test]
+fn checking_the_pressure_calibration_creates_no_recovery_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = pressure_config(dir.path());
+    let written = std::fs::read_to_string(&path).unwrap();
+    let default_location = written
+        .lines()
+        .filter(|l| !l.starts_with("admission_state_dir"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    std::fs::write(&path, default_location).unwrap();
+    let out = check_config(&["--config", path.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text_of(&out));
+    let admission = dir.path().join("vacancyd.admission");
+    assert!(
+        text(&out.stdout).contains(&format!(
+            "no attended baseline in {}",
+            admission.join("pressure-calibration.json").display()
+        )),
+        "{}",
+        text_of(&out)
+    );
+    assert!(
+        !admission.exists(),
+        "check-config created {}",
+        admission.display()
+    );
+}
+
+fn text_of(out: &Output) -> String {
+    format!("{}{}", text(&out.stdout), text(&out.stderr))
+}

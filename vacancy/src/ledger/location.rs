@@ -114,6 +114,62 @@ pub struct Location {
 ///   ([`check_recovery_dir`], REC-22); vacancyd never changes an existing
 ///   directory's permissions or owner (REC-21).
 pub fn resolve_location(input: &LocationInput) -> Result<Location, LedgerError> {
+    let Located {
+        config,
+        state_dir,
+        path,
+        source,
+        is_default,
+    } = locate(input)?;
+    let setting = input.setting.trim();
+
+    if setting.is_empty() && state_dir.is_none() {
+        check_service_dir(input, config.as_deref(), &path)?;
+    }
+
+    let euid = running_uid();
+    let mut created = false;
+    if is_default {
+        check_path_safety(&path, euid)?;
+        created = create_private(&path)?;
+        if created {
+            // Look again: nothing may have been swapped in while creating.
+            check_path_safety(&path, euid)?;
+            info!(path = %path.display(), "created the recovery directory");
+        }
+    }
+    check_recovery_dir(&path)?;
+    Ok(Location {
+        path,
+        source,
+        is_default,
+        created,
+    })
+}
+
+/// The recovery directory [`resolve_location`] would use, without checking,
+/// creating or reading anything there: for tools that only look, such as
+/// `vacancyd check-config`, which must not create a directory as whatever
+/// account runs it.
+///
+/// # Errors
+///
+/// A configuration path that cannot be made absolute, or a relative
+/// setting without a configuration file.
+pub fn recovery_path(input: &LocationInput) -> Result<PathBuf, LedgerError> {
+    locate(input).map(|l| l.path)
+}
+
+/// Where the recovery directory is, and what decided it.
+struct Located {
+    config: Option<PathBuf>,
+    state_dir: Option<PathBuf>,
+    path: PathBuf,
+    source: LocationSource,
+    is_default: bool,
+}
+
+fn locate(input: &LocationInput) -> Result<Located, LedgerError> {
     let config = match &input.config_path {
         Some(p) => Some(normalize(
             &std::path::absolute(p).map_err(|e| LedgerError::io("resolve", p, e))?,
@@ -141,28 +197,12 @@ pub fn resolve_location(input: &LocationInput) -> Result<Location, LedgerError> 
         (normalize(&abs), LocationSource::Setting)
     };
     let is_default = path == default;
-
-    if setting.is_empty() && state_dir.is_none() {
-        check_service_dir(input, config.as_deref(), &path)?;
-    }
-
-    let euid = running_uid();
-    let mut created = false;
-    if is_default {
-        check_path_safety(&path, euid)?;
-        created = create_private(&path)?;
-        if created {
-            // Look again: nothing may have been swapped in while creating.
-            check_path_safety(&path, euid)?;
-            info!(path = %path.display(), "created the recovery directory");
-        }
-    }
-    check_recovery_dir(&path)?;
-    Ok(Location {
+    Ok(Located {
+        config,
+        state_dir,
         path,
         source,
         is_default,
-        created,
     })
 }
 

@@ -85,7 +85,7 @@ use crate::proxy::{ReservationStore, StoreError};
 pub use error::LedgerError;
 pub use location::{
     Location, LocationInput, LocationSource, SERVICE_BASE, SERVICE_BASE_ENV, check_recovery_dir,
-    resolve_location,
+    recovery_path, resolve_location,
 };
 pub use record::RecoveredEntry;
 
