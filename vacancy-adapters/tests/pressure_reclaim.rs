@@ -286,6 +286,7 @@ async fn engaged_pressure_reclaims_only_the_work_on_its_gpu() {
     let held = wait_held(&rig.lender).await;
     rig.lender
         .release_held(held, HeldRelease::AdministratorConfirmed)
+        .await
         .unwrap();
     assert_eq!(refusal_code(&rig.urls[0]).await, "pressure");
     // gpu1's work and lending go on.

@@ -22,8 +22,8 @@ use vacancy::engine::{
     WorkStatus,
 };
 use vacancy::presence::ManualPresence;
-use vacancy::proxy::Lender;
 use vacancy::proxy::shells::HealthCell;
+use vacancy::proxy::{HeldReleaseError, Lender};
 
 /// Static facts about one upstream plus its live health.
 pub struct UpstreamInfo {
@@ -433,17 +433,32 @@ async fn release_work(
             format!("no work entry {id:?}; IDs are listed by vacancyd status"),
         )
     })?;
+    // Answered only once the release is on disk (HELD-04): an acknowledged
+    // release never comes back as held after a crash.
     match state
         .lender
         .release_held(entry, HeldRelease::AdministratorConfirmed)
+        .await
     {
         Ok(()) => {
             info!(token = who, entry = %entry, "admin: held work released");
             Ok(ok(serde_json::json!({"released": entry.to_string()})))
         }
-        Err(e @ EngineError::UnknownEntry(_)) => Err(fail(404, "not_found", e.to_string())),
-        Err(e @ EngineError::NotHeld { .. }) => Err(fail(409, "conflict", e.to_string())),
-        Err(e) => Err(fail(409, "conflict", e.to_string())),
+        Err(HeldReleaseError::Engine(e @ EngineError::UnknownEntry(_))) => {
+            Err(fail(404, "not_found", e.to_string()))
+        }
+        Err(HeldReleaseError::Engine(e)) => Err(fail(409, "conflict", e.to_string())),
+        Err(HeldReleaseError::NotRecorded(e)) => {
+            warn!(token = who, entry = %entry, error = %e, "admin: the release could not be recorded; the entry stays held");
+            Err(fail(
+                503,
+                "ledger_unavailable",
+                format!(
+                    "the release of work entry {entry} could not be saved in the recovery directory, so the entry stays held: {}. Free disk space or fix the directory, then send the release again",
+                    e.reason
+                ),
+            ))
+        }
     }
 }
 

@@ -219,12 +219,17 @@ fn open_ledger(
         let reason = entry.held_reason.clone().unwrap_or_else(|| {
             "restored after a restart; the daemon stopped before its end was proven".to_owned()
         });
-        engine.restore_held(entry.to_restored(now, wall), &reason).map_err(|e| {
-            setup(format!(
-                "{e} (recovery directory {}); vacancyd does not start rather than forget this work",
-                location.path.display()
-            ))
-        })?;
+        let overlaps = engine
+            .restore_held(entry.to_restored(now, wall), &reason)
+            .map_err(|e| {
+                setup(format!(
+                    "{e} (recovery directory {}); vacancyd does not start rather than forget this work",
+                    location.path.display()
+                ))
+            })?;
+        for o in overlaps {
+            warn!(entry = %entry.id, other_entry = %o.holder, resource = %o.resource, "two unresolved records name the same resource (a crash came between one job's end and its record); both are held, since either may still run: stop or verify both at the upstream, then release each as an administrator");
+        }
         warn!(entry = %entry.id, upstream = %entry.upstream, resources = %entry.resources.join(","), age_s = entry.age(wall).as_secs(), "held work restored: stop or verify it at the upstream, then release it as an administrator");
     }
     Ok((ledger, location.path))

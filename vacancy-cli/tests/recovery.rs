@@ -188,3 +188,186 @@ async fn a_corrupt_record_stops_startup_naming_the_file() {
     assert!(err.contains("journal.jsonl"), "{err}");
     assert!(err.contains("line 1"), "{err}");
 }
+
+/// A tmpfs of `size` mounted at `path` for one test (root only), unmounted
+/// when dropped: a real disk that can be filled.
+struct Tmpfs {
+    path: std::path::PathBuf,
+}
+
+impl Tmpfs {
+    fn mount(path: &std::path::Path, size: &str) -> Tmpfs {
+        let uid = std::fs::read_to_string("/proc/self/status")
+            .unwrap()
+            .lines()
+            .find_map(|l| l.strip_prefix("Uid:"))
+            .and_then(|l| l.split_whitespace().next().map(str::to_owned))
+            .unwrap();
+        assert_eq!(
+            uid, "0",
+            "this test fills a real disk: it mounts a tmpfs, which needs root (run the suite as root, as CI does)"
+        );
+        std::fs::create_dir_all(path).unwrap();
+        let out = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size},mode=0700")])
+            .arg("tmpfs")
+            .arg(path)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "mount a tmpfs: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Tmpfs {
+            path: path.to_owned(),
+        }
+    }
+
+    /// Fill it: write until the disk says it is full.
+    fn fill(&self) -> std::path::PathBuf {
+        use std::io::Write;
+        let filler = self.path.join("filler");
+        let mut f = std::fs::File::create(&filler).unwrap();
+        let block = vec![0u8; 4096];
+        loop {
+            match f.write_all(&block) {
+                Ok(()) => {}
+                Err(e) if e.raw_os_error() == Some(28) => break, // ENOSPC
+                Err(e) => panic!("filling the tmpfs: {e}"),
+            }
+        }
+        // Whatever fits below a page, too.
+        while f.write_all(&[0u8]).is_ok() {}
+        filler
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.path).status();
+    }
+}
+
+/// A journal holding one admitted `llama` entry on gpu0, started `age_s`
+/// seconds ago, padded to end exactly at a page boundary so that the next
+/// append needs a new page of the disk.
+fn held_journal(id: &str, age_s: u64) -> Vec<u8> {
+    let started = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+        - age_s * 1000;
+    let line = |model: &str| {
+        format!(
+            "{{\"v\":1,\"op\":\"admit\",\"id\":\"{id}\",\"upstream\":\"llama\",\"model\":\"{model}\",\"resources\":[\"gpu0\"],\"completion\":\"response_end\",\"started_unix_ms\":{started},\"upstream_ref\":null}}\n"
+        )
+    };
+    let bare = line("").len();
+    line(&"m".repeat(4096 - bare)).into_bytes()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_admin_release_is_answered_only_once_on_disk_and_a_full_disk_keeps_it_held() {
+    // HELD-04, REC-01 (issue 14 item 3): the 200 leaves only after the
+    // release record is synced; on a full disk the release is refused with
+    // the reason and the entry stays held. REC-27 (item 2): an entry held for
+    // two hours shows its two hours after the restart.
+    const OPS: &str = "release-test-admin-token";
+    let dir = tempfile::tempdir().unwrap();
+    let rec = Tmpfs::mount(&dir.path().join("rec"), "256k");
+    let id = "3f1c2a9e-8d4b-4e6f-9a21-7b5c0d9e1f42";
+    let journal = held_journal(id, 7200);
+    assert_eq!(journal.len(), 4096);
+    std::fs::write(rec.path.join("journal.jsonl"), &journal).unwrap();
+    std::fs::set_permissions(
+        rec.path.join("journal.jsonl"),
+        std::fs::Permissions::from_mode(0o600),
+    )
+    .unwrap();
+    let (control, proxy) = (free_port().unwrap(), free_port().unwrap());
+    common::write_capacity(&dir.path().join("gpu0.json"), 20_000, 64_000);
+    let server = format!(
+        "admission_state_dir = \"{}\"\n[[server.token]]\nname = \"ops\"\nscopes = [\"admin\"]\nsha256 = \"{}\"\n",
+        rec.path.display(),
+        vacancy::auth::hash_token(OPS)
+    );
+    let setup = common::Setup {
+        target: &format!("http://127.0.0.1:{}", free_port().unwrap()),
+        reserve: 1000,
+        need: 2000,
+        free: 20_000,
+        server: &server,
+        upstream: "",
+        presence: "none",
+    };
+    let config = dir.path().join("vacancyd.toml");
+    std::fs::write(&config, common::config(dir.path(), control, proxy, &setup)).unwrap();
+    let control_url = format!("http://127.0.0.1:{control}");
+    let start = || {
+        let mut p = ManagedProcess::spawn("vacancyd", run(&config, &[])).unwrap();
+        p.wait_http_ok(&format!("{control_url}/health"), Duration::from_secs(20))
+            .unwrap();
+        p
+    };
+    let status = || async {
+        http_request("GET", &format!("{control_url}/status"), &[], Vec::new())
+            .await
+            .unwrap()
+            .json()
+            .unwrap()
+    };
+    let release = || async {
+        let auth = format!("Bearer {OPS}");
+        http_request(
+            "POST",
+            &format!("{control_url}/admin/work/{id}/release"),
+            &[
+                JSON,
+                ("authorization", auth.as_str()),
+                ("vacancy-intent", "release_work"),
+            ],
+            br#"{"upstream_stopped": true}"#.to_vec(),
+        )
+        .await
+        .unwrap()
+    };
+
+    let mut p = start();
+    let s: serde_json::Value = status().await;
+    assert_eq!(s["work"][0]["id"], id, "{s:#}");
+    assert_eq!(s["work"][0]["phase"], "held");
+    let age = s["work"][0]["age_s"].as_u64().unwrap();
+    assert!(
+        (7200..7300).contains(&age),
+        "REC-27: the age counts from the recorded start, not the restart: {age}"
+    );
+
+    // A full disk: the release cannot be saved, so it is refused and the
+    // entry stays held.
+    let filler = rec.fill();
+    let r = release().await;
+    assert_eq!(r.status, 503, "{}", r.text());
+    let body = r.json().unwrap();
+    assert_eq!(body["error"]["code"], "ledger_unavailable", "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("stays held"),
+        "{body}"
+    );
+    let s: serde_json::Value = status().await;
+    assert_eq!(s["work"][0]["phase"], "held", "{s:#}");
+    assert_eq!(s["resources"][0]["reserved_by"], id);
+
+    // Space again: the release is answered once it is on disk, so a kill -9
+    // right after the answer never brings it back.
+    std::fs::remove_file(filler).unwrap();
+    let r = release().await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    p.kill().unwrap();
+    let _p = start();
+    let s: serde_json::Value = status().await;
+    assert_eq!(s["work"], serde_json::json!([]), "{s:#}");
+}

@@ -105,18 +105,6 @@ pub enum EngineError {
         /// The resources the configuration names now.
         configured: Vec<String>,
     },
-    /// A restored record needs a resource that another entry holds.
-    #[error(
-        "restored work entry {id} needs resource {resource:?}, which entry {holder} holds already"
-    )]
-    RestoreConflict {
-        /// The entry.
-        id: EntryId,
-        /// The contested resource.
-        resource: String,
-        /// Who holds it.
-        holder: EntryId,
-    },
 }
 
 /// What a release did.
@@ -134,6 +122,16 @@ pub enum ReleaseEffect {
     Held,
 }
 
+/// A restored entry needs a resource another restored entry holds already:
+/// both are held, and the resource stays reserved until both are released.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RestoreOverlap {
+    /// The contested resource.
+    pub resource: String,
+    /// The entry restored first on it.
+    pub holder: EntryId,
+}
+
 /// A work entry recorded before a restart, returned as held (REC-02).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RestoredEntry {
@@ -145,8 +143,13 @@ pub struct RestoredEntry {
     pub model: Option<String>,
     /// The resources it held, primary first.
     pub resources: Vec<String>,
-    /// When it was admitted, on this engine's timeline.
+    /// When it was admitted, on this engine's timeline; the timeline's
+    /// origin when the work started before it.
     pub admitted_at: Moment,
+    /// How long before `admitted_at` the work really started: non-zero when
+    /// its recorded start predates this engine's timeline, so that its age
+    /// counts from the recorded start whatever the daemon's uptime (REC-27).
+    pub started_before: Duration,
     /// How its end is proven.
     pub completion: CompletionMethod,
     /// The upstream's own handle for it (REC-03).
@@ -188,6 +191,8 @@ struct Entry {
     held_reason: Option<String>,
     /// (model identity, kind) of a request of a known kind (RES-06).
     kind: Option<(String, String)>,
+    /// Age the entry had before the timeline's origin (REC-27).
+    started_before: Duration,
 }
 
 /// Why [`Engine::evaluate`] did not admit.
@@ -657,6 +662,7 @@ impl Engine {
                 phase: Phase::Forwarding,
                 held_reason: None,
                 kind,
+                started_before: Duration::ZERO,
             },
         );
         Decision::Admitted(reservation)
@@ -1077,9 +1083,17 @@ impl Engine {
         };
         let mut sample_now = Vec::with_capacity(e.deps.len());
         for res in e.deps {
+            // Restored records may overlap (see `restore_held`): the resource
+            // stays reserved while another entry still holds it.
+            let next = self
+                .entries
+                .values()
+                .filter(|other| other.deps.contains(&res))
+                .map(|other| other.reservation.id)
+                .min();
             let r = &mut self.resources[res];
             if r.holder == Some(id) {
-                r.holder = None;
+                r.holder = next;
             }
             r.disturbed(now);
             sample_now.push(r.spec.name.clone());
@@ -1092,7 +1106,17 @@ impl Engine {
 
     /// Return an entry recorded before a restart as held, reserving its
     /// resources again (REC-02). A changed resource mapping is an error (REC-08).
-    pub fn restore_held(&mut self, entry: RestoredEntry, reason: &str) -> Result<(), EngineError> {
+    ///
+    /// Two unresolved records may name the same resource (a crash between a
+    /// release reaching memory and reaching the journal): each is uncertain,
+    /// so both come back held and the resource stays reserved until every one
+    /// of them is released. The overlaps are returned so the caller can say so;
+    /// they never stop a restore.
+    pub fn restore_held(
+        &mut self,
+        entry: RestoredEntry,
+        reason: &str,
+    ) -> Result<Vec<RestoreOverlap>, EngineError> {
         if self.entries.contains_key(&entry.id) {
             return Err(EngineError::DuplicateEntry(entry.id));
         }
@@ -1113,17 +1137,16 @@ impl Engine {
                 configured,
             });
         }
+        let mut overlaps = Vec::new();
         for &i in &deps {
-            if let Some(holder) = self.resources[i].holder {
-                return Err(EngineError::RestoreConflict {
-                    id: entry.id,
-                    resource: self.resources[i].spec.name.clone(),
+            let r = &mut self.resources[i];
+            match r.holder {
+                Some(holder) => overlaps.push(RestoreOverlap {
+                    resource: r.spec.name.clone(),
                     holder,
-                });
+                }),
+                None => r.holder = Some(entry.id),
             }
-        }
-        for &i in &deps {
-            self.resources[i].holder = Some(entry.id);
         }
         let charges = configured
             .into_iter()
@@ -1151,9 +1174,10 @@ impl Engine {
                 phase: Phase::Held,
                 held_reason: Some(reason.to_owned()),
                 kind: None,
+                started_before: entry.started_before,
             },
         );
-        Ok(())
+        Ok(overlaps)
     }
 
     // ---- status --------------------------------------------------------
@@ -1203,7 +1227,7 @@ impl Engine {
                     .iter()
                     .map(|c| c.resource.clone())
                     .collect(),
-                age_s: now.since(e.reservation.admitted_at).as_secs(),
+                age_s: (now.since(e.reservation.admitted_at) + e.started_before).as_secs(),
                 completion: e.reservation.completion,
                 phase: e.phase,
                 held_reason: e.held_reason.clone(),

@@ -1114,6 +1114,7 @@ fn restored_entries_return_held_and_a_changed_mapping_is_an_error() {
         model: Some("m".to_owned()),
         resources: vec![GPU.to_owned(), RAM.to_owned()],
         admitted_at: t(0),
+        started_before: Duration::ZERO,
         completion: CompletionMethod::ResponseEnd,
         upstream_ref: Some("prompt-1".to_owned()),
     };
@@ -1134,6 +1135,78 @@ fn restored_entries_return_held_and_a_changed_mapping_is_an_error() {
         e.restore_held(moved, "restored"),
         Err(EngineError::ChangedMapping { .. })
     ));
+}
+
+fn restored(id: u128, upstream: &str, resources: &[&str]) -> RestoredEntry {
+    RestoredEntry {
+        id: EntryId::from_u128(id),
+        upstream: upstream.to_owned(),
+        model: None,
+        resources: resources.iter().map(|r| (*r).to_owned()).collect(),
+        admitted_at: t(0),
+        started_before: Duration::ZERO,
+        completion: CompletionMethod::ResponseEnd,
+        upstream_ref: None,
+    }
+}
+
+#[test]
+fn overlapping_restored_records_both_come_back_held() {
+    // REC-02 (issue 14 item 18): a crash between a release and its record
+    // leaves two unresolved records on one resource. Both are uncertain, so
+    // both are held, and the resource stays reserved until both are released.
+    let mut e = ready(gpu_and_ram(), 0);
+    let first = restored(1, "llm", &[GPU, RAM]);
+    let second = restored(2, "cpu-lane", &[RAM]);
+    assert!(
+        e.restore_held(first.clone(), "restored")
+            .unwrap()
+            .is_empty()
+    );
+    let overlaps = e.restore_held(second.clone(), "restored").unwrap();
+    assert_eq!(
+        overlaps,
+        vec![RestoreOverlap {
+            resource: RAM.to_owned(),
+            holder: first.id
+        }]
+    );
+    assert_eq!(e.phase(first.id), Some(Phase::Held));
+    assert_eq!(e.phase(second.id), Some(Phase::Held));
+
+    // Releasing the first leaves ram reserved by the second.
+    e.release_held(first.id, HeldRelease::AdministratorConfirmed, t(10))
+        .unwrap();
+    for r in [GPU, RAM] {
+        e.record_sample(r, CapacitySample::memory(64_000, 80_000, t(20)))
+            .unwrap();
+    }
+    assert_eq!(
+        refused(admit(&mut e, "cpu-lane", None, 30)).code,
+        RefusalCode::ResourceBusy
+    );
+    let status = e.status(t(30));
+    let ram = status.resources.iter().find(|r| r.name == RAM).unwrap();
+    assert_eq!(ram.reserved_by, Some(second.id.to_string()));
+
+    // Releasing the second frees it.
+    e.release_held(second.id, HeldRelease::AdministratorConfirmed, t(40))
+        .unwrap();
+    e.record_sample(RAM, CapacitySample::memory(64_000, 80_000, t(50)))
+        .unwrap();
+    admitted(admit(&mut e, "cpu-lane", None, 60));
+}
+
+#[test]
+fn a_restored_entry_older_than_the_timeline_keeps_its_age() {
+    // REC-27: an entry held for hours reads its hours after a restart, however
+    // short the daemon's uptime.
+    let mut e = ready(gpu_and_ram(), 0);
+    let mut entry = restored(1, "llm", &[GPU, RAM]);
+    entry.started_before = Duration::from_secs(3 * 3600);
+    e.restore_held(entry, "restored").unwrap();
+    let status = e.status(t(5_000));
+    assert_eq!(status.work[0].age_s, 3 * 3600 + 5);
 }
 
 #[test]

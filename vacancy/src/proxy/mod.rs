@@ -39,8 +39,8 @@ use crate::config::{Management, OnBorrowerDisconnect};
 use crate::engine::UpstreamId;
 use crate::traits::Adapter;
 pub use forward::{ProxyBody, Target};
-pub use lender::Lender;
-pub use store::{ReservationStore, StoreError, VolatileStore};
+pub use lender::{Admission, HeldReleaseError, Lender};
+pub use store::{ReservationStore, StoreChange, StoreError, StoreWrite, VolatileStore};
 
 /// Everything the proxy needs to know about one upstream.
 pub struct UpstreamRoute {

@@ -265,23 +265,25 @@ async fn work_request(
         }
         outcome = lender.decide(&request).await;
     }
-    lender.count(&route.name, &outcome);
-    let reservation = match outcome {
-        Ok(r) => r,
-        Err(refusal) => return refusal_response(&route, &refusal, false),
+    let admission = match outcome {
+        Ok(a) => a,
+        Err(refusal) => {
+            lender.count(&route.name, &Err(refusal.clone()));
+            return refusal_response(&route, &refusal, false);
+        }
     };
     let mut guard = CompletionGuard::new(Arc::clone(&lender), Arc::clone(&route), entry);
-    if let Err(e) = lender.store().persist(&reservation).await {
-        warn!(entry = %entry, error = %e, "reservation not recorded; not forwarding");
-        drop(guard); // not forwarded: releases
-        let refusal = Refusal::new(
-            RefusalCode::LedgerUnavailable,
-            format!(
-                "vacancyd could not record the reservation, so it did not forward the request: {e}"
-            ),
-        );
-        return refusal_response(&route, &refusal, false);
-    }
+    // REC-01: nothing is forwarded before the record is durable. A request
+    // that is not forwarded is counted by its outcome, the refusal.
+    let recorded = admission.recorded().await;
+    lender.count(&route.name, &recorded);
+    let reservation = match recorded {
+        Ok(r) => r,
+        Err(refusal) => {
+            drop(guard); // not forwarded: releases
+            return refusal_response(&route, &refusal, false);
+        }
+    };
     let body = inspection.rewritten_body.map_or(body, Bytes::from);
     let borrower_upgrade = if is_upgrade(&parts.headers) {
         parts.extensions.remove::<hyper::upgrade::OnUpgrade>()
