@@ -226,6 +226,7 @@ async fn work_request(
                     RefusalCode::InvalidRequest,
                     format!("the request body could not be read: {e}"),
                 );
+                lender.metrics().refused(&route.name, refusal.code);
                 return refusal_response(&route, &refusal, true);
             }
         }
