@@ -154,6 +154,7 @@ async fn rig() -> Rig {
             listener,
             Arc::clone(&lender),
             Arc::clone(&route),
+            vacancy::proxy::Listening::default(),
             shutdown.clone(),
             Duration::from_secs(1),
         ));

@@ -14,6 +14,7 @@ use tracing::{debug, info, warn};
 use crate::engine::{CompletionMethod, EntryId, Refusal, RefusalCode, ReleaseOutcome, WorkRequest};
 use crate::proxy::UpstreamRoute;
 use crate::proxy::completion::{CompletionGuard, GuardedBody, verify_cut};
+use crate::proxy::conn::{BorrowerBody, is_stalled};
 use crate::proxy::forward::{
     ExchangeError, ProxyBody, exchange, exchange_with_cut, full, is_upgrade, prepare_response_head,
     streaming, upstream_request,
@@ -31,7 +32,7 @@ const REFUSAL_DRAIN_BYTES: usize = 256 * 1024;
 pub async fn handle(
     lender: Arc<Lender>,
     route: Arc<UpstreamRoute>,
-    req: http::Request<Incoming>,
+    req: http::Request<BorrowerBody>,
 ) -> http::Response<ProxyBody> {
     let path = req
         .uri()
@@ -93,7 +94,7 @@ pub fn refusal_response(
 async fn refuse_after_draining(
     route: &UpstreamRoute,
     refusal: Refusal,
-    body: Incoming,
+    body: BorrowerBody,
 ) -> http::Response<ProxyBody> {
     let drained = hyper::body::Body::is_end_stream(&body)
         || tokio::time::timeout(
@@ -107,7 +108,7 @@ async fn refuse_after_draining(
 
 async fn forward_unreserved(
     route: &UpstreamRoute,
-    req: http::Request<Incoming>,
+    req: http::Request<BorrowerBody>,
 ) -> http::Response<ProxyBody> {
     let (mut parts, body) = req.into_parts();
     let borrower_upgrade = parts.extensions.remove::<hyper::upgrade::OnUpgrade>();
@@ -201,7 +202,7 @@ async fn tunnel(
 async fn work_request(
     lender: Arc<Lender>,
     route: Arc<UpstreamRoute>,
-    req: http::Request<Incoming>,
+    req: http::Request<BorrowerBody>,
     work: WorkRoute,
     path: &str,
 ) -> http::Response<ProxyBody> {
@@ -222,10 +223,14 @@ async fn work_request(
                 return refusal_response(&route, &refusal, true);
             }
             Err(e) => {
-                let refusal = Refusal::new(
-                    RefusalCode::InvalidRequest,
-                    format!("the request body could not be read: {e}"),
-                );
+                let reason = match is_stalled(e.as_ref()) {
+                    Some(stalled) => {
+                        info!(upstream = %route.name, received = stalled.received, elapsed_s = stalled.elapsed_s, "a request body arrived too slowly; closing the connection");
+                        stalled.to_string()
+                    }
+                    None => format!("the request body could not be read: {e}"),
+                };
+                let refusal = Refusal::new(RefusalCode::InvalidRequest, reason);
                 lender.metrics().refused(&route.name, refusal.code);
                 return refusal_response(&route, &refusal, true);
             }
