@@ -487,3 +487,58 @@ async fn work_sent_around_the_proxy_refuses_borrowed_work_while_slots_show_it() 
     );
     drop(direct);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vacancys_own_job_is_never_read_as_the_owners_work() {
+    // ADM-09 (issue 14 item 1): with two slots, a /slots reading taken during
+    // vacancy's own job shows "1 of 2 slots processing". /status and every
+    // refusal then say the resource is reserved, never that the upstream runs
+    // work vacancy did not admit; and once the job ends, sequential borrowers
+    // are not refused on a reading of it.
+    let llama = LlamaServer::start(LlamaOptions {
+        parallel: 2,
+        ..busy_model()
+    })
+    .unwrap();
+    let d = Daemon::start(&llama.base_url(), 1000, 2000, 20_000, "");
+    let url = format!("{}/completion", d.proxy);
+    let mut stream = http_stream("POST", &url, &[JSON], completion(200, true))
+        .await
+        .unwrap();
+    stream.next_chunk().await.unwrap().unwrap();
+    // Wait for an observation taken during the job.
+    let s = d
+        .wait_status("an observation showing the job's slot", |s| {
+            s["upstreams"][0]["residency"].as_array().is_some_and(|r| {
+                r.iter()
+                    .any(|e| e.as_str().is_some_and(|e| e.contains("processing")))
+            })
+        })
+        .await;
+    let vacancy = &s["upstreams"][0]["vacancy"];
+    assert_eq!(vacancy["admitting"], false, "{s:#}");
+    assert_eq!(vacancy["code"], "resource_busy", "{s:#}");
+    let reason = vacancy["reason"].as_str().unwrap();
+    assert!(!reason.contains("did not admit"), "{reason}");
+    let r = d.complete(4).await;
+    assert_eq!(r.status, 503);
+    let message = r.json().unwrap()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(message.contains("reserved"), "{message}");
+    assert!(!message.contains("did not admit"), "{message}");
+    let id = s["work"][0]["id"].as_str().unwrap();
+    assert!(
+        !message.contains(id),
+        "another borrower's entry ID: {message}"
+    );
+    while let Some(Ok(_)) = stream.next_chunk().await {}
+
+    // Borrowers one after another, each right after the last: never refused
+    // because of a reading of vacancy's own finished job.
+    for i in 0..10 {
+        let r = d.complete(8).await;
+        assert_eq!(r.status, 200, "request {i}: {}", r.text());
+    }
+}

@@ -304,7 +304,7 @@ async fn idle_slots_prove_residency() {
             model(&obs, "tiny.gguf"),
             ObservedModel::new("tiny.gguf", ResidencyEvidence::Proven)
         );
-        assert_eq!(obs.foreign_work, None);
+        assert_eq!(obs.visible_work, None);
         assert_eq!(paths(&server), ["/props", "/slots", "/v1/models"]);
     }
 }
@@ -319,7 +319,12 @@ async fn a_processing_slot_is_foreign_work_and_no_proof() {
     ])
     .await;
     let obs = at(&server).observe().await.unwrap();
-    assert_eq!(obs.foreign_work.as_deref(), Some("1 of 2 slots processing"));
+    assert_eq!(
+        obs.visible_work
+            .as_ref()
+            .map(|w| (w.jobs, w.description.as_str())),
+        Some((1, "1 of 2 slots processing"))
+    );
     assert_eq!(
         model(&obs, "tiny.gguf").evidence,
         ResidencyEvidence::NotProven(
@@ -335,7 +340,12 @@ async fn a_processing_slot_is_foreign_work_and_no_proof() {
     ])
     .await;
     let obs = at(&server).observe().await.unwrap();
-    assert_eq!(obs.foreign_work.as_deref(), Some("2 of 2 slots processing"));
+    assert_eq!(
+        obs.visible_work
+            .as_ref()
+            .map(|w| (w.jobs, w.description.as_str())),
+        Some((2, "2 of 2 slots processing"))
+    );
     assert_eq!(
         model(&obs, "tiny.gguf").evidence,
         ResidencyEvidence::NotProven("no idle slot (2 of 2 slots processing)".into())
@@ -375,7 +385,7 @@ async fn an_unavailable_slots_endpoint_is_no_evidence_never_idle() {
         ])
         .await;
         let obs = at(&server).observe().await.unwrap();
-        assert_eq!(obs.foreign_work, None, "{status}");
+        assert_eq!(obs.visible_work, None, "{status}");
         assert_eq!(
             model(&obs, "tiny.gguf").evidence,
             ResidencyEvidence::NotProven(why.into()),
@@ -471,7 +481,7 @@ async fn a_sleeping_server_lists_nothing_and_is_not_woken() {
     let a = at(&server);
     let obs = a.observe().await.unwrap();
     assert_eq!(obs.models, []);
-    assert_eq!(obs.foreign_work, None);
+    assert_eq!(obs.visible_work, None);
     assert_eq!(a.verify_stopped().await, Ok(true));
     assert_eq!(paths(&server), ["/props", "/props"]);
 }

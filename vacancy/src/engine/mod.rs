@@ -29,6 +29,7 @@ use std::time::Duration;
 
 pub use inputs::{
     Lesson, ModelObservation, ObservedModel, OwnerPresence, PressureVerdict, ResidencyEvidence,
+    VisibleWork,
 };
 pub use priors::MAX_PRIOR_IDENTITIES;
 pub use reclaim::{
@@ -57,6 +58,11 @@ pub const POST_JOB_SAMPLE_WAIT: Duration = Duration::from_secs(4);
 /// How old a model observation may be and still prove residency (RES-02) or
 /// show foreign work (ADM-09).
 pub const OBSERVATION_MAX_AGE: Duration = Duration::from_secs(4);
+
+/// How long after vacancy's own job ends an upstream may still show it as
+/// running: llama-server sends the final response before it frees the slot,
+/// and a reading taken in that moment shows vacancy's finished job (ADM-09).
+pub const OWN_WORK_TAIL: Duration = Duration::from_secs(1);
 
 /// A request the engine cannot act on.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -668,6 +674,23 @@ impl Engine {
         Decision::Admitted(reservation)
     }
 
+    /// vacancy's own jobs an upstream's reading taken at `taken_at` may show
+    /// on resources `deps`: every entry holding one of them, whatever its
+    /// phase, plus a job that ended within [`OWN_WORK_TAIL`] before the
+    /// reading (ADM-09).
+    fn own_jobs(&self, deps: &[Dep], taken_at: Moment) -> u32 {
+        let holding = self
+            .entries
+            .values()
+            .filter(|e| e.deps.iter().any(|r| deps.iter().any(|d| d.res == *r)))
+            .count();
+        let tail = deps.iter().any(|d| {
+            let ended = self.resources[d.res].last_disturbed;
+            ended > Moment::ZERO && taken_at.since(ended) < OWN_WORK_TAIL
+        });
+        u32::try_from(holding).unwrap_or(u32::MAX) + u32::from(tail)
+    }
+
     /// Whether the upstream's default-budget request would be admitted now (UI-01, VOICE-19).
     pub fn vacancy(&mut self, upstream: UpstreamId, now: Moment) -> Vacancy {
         let not_proven = Residency::NotProven {
@@ -852,18 +875,20 @@ impl Engine {
             }
         }
         if let Some(obs) = &u.observation
-            && let Some(what) = &obs.foreign_work
+            && let Some(work) = &obs.visible_work
             && now.since(obs.taken_at) <= OBSERVATION_MAX_AGE
             && u.deps
                 .iter()
                 .all(|d| obs.taken_at > self.resources[d.res].last_disturbed)
+            && work.jobs > self.own_jobs(&u.deps, obs.taken_at)
         {
-            // ADM-09: visible work that vacancy did not admit.
+            // ADM-09: visible work beyond vacancy's own, in a reading taken
+            // after the last job on every resource.
             return refuse(Refusal::new(
                 RefusalCode::ResourceBusy,
                 format!(
-                    "upstream {} is busy with work vacancy did not admit ({what})",
-                    u.spec.name
+                    "upstream {} is busy with work vacancy did not admit ({}); retry in 2 s",
+                    u.spec.name, work.description
                 ),
             ));
         }
@@ -887,19 +912,21 @@ impl Engine {
                     Refusal::new(
                         RefusalCode::ResourceBusy,
                         format!(
-                            "resource {} is held by {} of upstream {} (yield_on_veto), which is getting capacity back for the owner; retry in 2 s",
-                            r.spec.name, rc.id, self.upstreams[rc.upstream].spec.name
+                            "resource {} is held while vacancyd gets capacity back for the owner from upstream {} (yield_on_veto); retry in 2 s",
+                            r.spec.name, self.upstreams[rc.upstream].spec.name
                         ),
                     )
                     .on_resource(&r.spec.name),
                 );
             }
-            if let Some(holder) = r.holder {
+            if r.holder.is_some() {
+                // The holder's entry ID is another borrower's: /status and
+                // the log name it, the refusal does not.
                 return refuse(
                     Refusal::new(
                         RefusalCode::ResourceBusy,
                         format!(
-                            "resource {} is reserved by work entry {holder}; retry in 2 s",
+                            "resource {} is reserved by another borrowed job; retry in 2 s",
                             r.spec.name
                         ),
                     )

@@ -295,7 +295,7 @@ fn observe_loaded(e: &mut Engine, upstream: &str, model: &str, at: u64) {
                 model.to_owned(),
                 ResidencyEvidence::Proven,
             )],
-            foreign_work: None,
+            visible_work: None,
             allocator_free_mib: None,
         },
     )
@@ -502,7 +502,7 @@ fn observe_for_kinds(e: &mut Engine, model: &str, kinds: &[&str], at: u64) {
                     otherwise: format!("{model} is loaded with context 8192"),
                 },
             )],
-            foreign_work: None,
+            visible_work: None,
             allocator_free_mib: None,
         },
     )
@@ -836,7 +836,7 @@ fn only_the_loaded_idle_engine_is_credited_and_others_pay_their_cold_budget() {
                     otherwise: "engine qwen is loaded".to_owned(),
                 },
             )],
-            foreign_work: None,
+            visible_work: None,
             allocator_free_mib: None,
         },
     )
@@ -1215,18 +1215,102 @@ fn visible_foreign_work_refuses_as_busy() {
     let mut e = ready(gpu_and_ram(), 0);
     let id = e.upstream_id("llm").unwrap();
     let mut obs = ModelObservation::empty(t(10));
-    obs.foreign_work = Some("slot 0 is processing".to_owned());
+    obs.visible_work = Some(VisibleWork::new(1, "1 of 2 slots processing"));
     e.observe(id, obs).unwrap();
-    assert_eq!(
-        refused(admit(&mut e, "llm", None, 11)).code,
-        RefusalCode::ResourceBusy
-    );
+    let r = refused(admit(&mut e, "llm", None, 11));
+    assert_eq!(r.code, RefusalCode::ResourceBusy);
+    assert!(r.reason.contains("did not admit"), "{}", r.reason);
     // A stale observation proves nothing.
     e.record_sample(GPU, CapacitySample::memory(64_000, 80_000, t(4100)))
         .unwrap();
     e.record_sample(RAM, CapacitySample::memory(64_000, 80_000, t(4100)))
         .unwrap();
     admitted(admit(&mut e, "llm", None, 4100));
+}
+
+#[test]
+fn vacancys_own_running_job_is_not_foreign_work() {
+    // ADM-09 (issue 14 item 1): a reading taken during vacancy's own job
+    // shows that job; the refusal and /status say the resource is reserved,
+    // not that the upstream runs work vacancy did not admit.
+    let mut e = ready(gpu_and_ram(), 0);
+    let id = e.upstream_id("llm").unwrap();
+    let job = admitted(admit(&mut e, "llm", None, 10));
+    let mut obs = ModelObservation::empty(t(1000));
+    obs.visible_work = Some(VisibleWork::new(1, "1 of 2 slots processing"));
+    e.observe(id, obs).unwrap();
+    let r = refused(admit(&mut e, "llm", None, 1100));
+    assert_eq!(r.code, RefusalCode::ResourceBusy);
+    assert!(!r.reason.contains("did not admit"), "{}", r.reason);
+    assert!(r.reason.contains("reserved"), "{}", r.reason);
+    let vacancy = e.vacancy(id, t(1100));
+    assert!(
+        !vacancy
+            .reason
+            .as_deref()
+            .unwrap_or("")
+            .contains("did not admit"),
+        "{vacancy:?}"
+    );
+    // Two jobs visible while vacancy runs one: one is foreign.
+    let mut obs = ModelObservation::empty(t(1200));
+    obs.visible_work = Some(VisibleWork::new(2, "2 of 2 slots processing"));
+    e.observe(id, obs).unwrap();
+    let r = refused(admit(&mut e, "llm", None, 1300));
+    assert!(r.reason.contains("did not admit"), "{}", r.reason);
+    drop(job);
+}
+
+#[test]
+fn a_reading_of_a_finished_job_never_refuses_the_next_one() {
+    // ADM-09 (issue 14 item 1): once the job ends, a reading taken during it
+    // is older than the job's end and refuses nothing; one taken just after
+    // it that still shows the finished job (llama-server frees the slot after
+    // the final response) is vacancy's own work, not the owner's.
+    let mut e = ready(gpu_and_ram(), 0);
+    let id = e.upstream_id("llm").unwrap();
+    let job = admitted(admit(&mut e, "llm", None, 10));
+    let mut during = ModelObservation::empty(t(1000));
+    during.visible_work = Some(VisibleWork::new(1, "1 of 2 slots processing"));
+    e.observe(id, during).unwrap();
+    e.release(job.id, ReleaseOutcome::Completed, t(2000))
+        .unwrap();
+    let mut tail = ModelObservation::empty(t(2005));
+    tail.visible_work = Some(VisibleWork::new(1, "1 of 2 slots processing"));
+    e.observe(id, tail).unwrap();
+    for r in [GPU, RAM] {
+        e.record_sample(r, CapacitySample::memory(64_000, 80_000, t(2010)))
+            .unwrap();
+    }
+    admitted(admit(&mut e, "llm", None, 2020));
+}
+
+#[test]
+fn work_seen_well_after_vacancys_job_ended_is_foreign() {
+    // ADM-09: past the tail, a processing slot is someone else's.
+    let mut e = ready(gpu_and_ram(), 0);
+    let id = e.upstream_id("llm").unwrap();
+    let job = admitted(admit(&mut e, "llm", None, 10));
+    e.release(job.id, ReleaseOutcome::Completed, t(2000))
+        .unwrap();
+    for r in [GPU, RAM] {
+        e.record_sample(r, CapacitySample::memory(64_000, 80_000, t(2010)))
+            .unwrap();
+    }
+    let mut obs = ModelObservation::empty(t(3500));
+    obs.visible_work = Some(VisibleWork::new(1, "1 of 2 slots processing"));
+    e.observe(id, obs).unwrap();
+    let r = refused(admit(&mut e, "llm", None, 3600));
+    assert!(r.reason.contains("did not admit"), "{}", r.reason);
+}
+
+#[test]
+fn a_busy_refusal_does_not_name_another_borrowers_entry() {
+    // Issue 14 item 8: entry IDs are for the log and /status.
+    let mut e = ready(gpu_and_ram(), 0);
+    let job = admitted(admit(&mut e, "llm", None, 10));
+    let r = refused(admit(&mut e, "llm", None, 11));
+    assert!(!r.reason.contains(&job.id.to_string()), "{}", r.reason);
 }
 
 #[test]
