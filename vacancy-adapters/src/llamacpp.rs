@@ -72,6 +72,7 @@ pub const ROUTES: &[RouteSpec] = &[
     RouteSpec::new(RouteMethod::Post, "/detokenize", RouteClass::BorrowerRead),
     RouteSpec::new(RouteMethod::Get, "/health", RouteClass::Discovery),
     RouteSpec::new(RouteMethod::Get, "/v1/models", RouteClass::Discovery),
+    RouteSpec::new(RouteMethod::Get, "/v1/models/{id}", RouteClass::Discovery),
     RouteSpec::new(RouteMethod::Get, "/models", RouteClass::Discovery),
     RouteSpec::new(RouteMethod::Get, "/props", RouteClass::Discovery),
     RouteSpec::new(RouteMethod::Get, "/slots", RouteClass::Management),

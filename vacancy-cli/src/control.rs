@@ -334,6 +334,24 @@ async fn handle(state: &ControlState, peer: SocketAddr, req: http::Request<Borro
                 .await
                 .unwrap_or_else(ApiError::reply)
         }
+        // An unknown admin route is not told apart from a known one before
+        // the token is checked: probing /admin/* learns nothing.
+        (_, p) if p.starts_with("/admin/") || p == "/admin" => {
+            let authorization = head
+                .headers
+                .get(http::header::AUTHORIZATION)
+                .and_then(|v| v.to_str().ok());
+            match state.tokens.authorize(authorization, Scope::Owner) {
+                Err(e) => auth_error(e).reply(),
+                Ok(_) => error(
+                    404,
+                    "not_found",
+                    format!(
+                        "no admin route {method} {path}; see docs/operator-guide.md for the /admin routes"
+                    ),
+                ),
+            }
+        }
         (_, path) => error(
             404,
             "not_found",

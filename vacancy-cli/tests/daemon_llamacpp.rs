@@ -542,3 +542,74 @@ async fn vacancys_own_job_is_never_read_as_the_owners_work() {
         assert_eq!(r.status, 200, "request {i}: {}", r.text());
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refusal_texts_say_which_case_they_are() {
+    // Issue 14 item 8, ROUTE-04: an owner route and a typo get different
+    // words; GET /v1/models/{id} is discovery, as llama-server answers it; a
+    // malformed body says what to send.
+    let llama = LlamaServer::start(LlamaOptions {
+        alias: Some("tiny".to_owned()),
+        ..LlamaOptions::default()
+    })
+    .unwrap();
+    let d = Daemon::start(&llama.base_url(), 1000, 2000, 20_000, "");
+    let get = |path: &str| {
+        let url = format!("{}{path}", d.proxy);
+        async move { http_request("GET", &url, &[], Vec::new()).await.unwrap() }
+    };
+    let owner = get("/slots").await;
+    assert_eq!(owner.status, 403);
+    let message = owner.json().unwrap()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(message.contains("owner"), "{message}");
+    assert!(message.contains("management = \"allow\""), "{message}");
+    assert!(!message.contains("issue tracker"), "{message}");
+
+    let typo = get("/v1/modelz").await;
+    assert_eq!(typo.status, 403);
+    let message = typo.json().unwrap()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(message.contains("GET /v1/modelz"), "{message}");
+    assert!(message.contains("typo"), "{message}");
+    assert!(!message.contains("/slots"), "{message}");
+
+    let one = get("/v1/models/tiny").await;
+    assert_ne!(one.status, 403, "{}", one.text());
+    let direct = http_request(
+        "GET",
+        &format!("{}/v1/models/tiny", llama.base_url()),
+        &[],
+        Vec::new(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        (one.status, one.body.clone()),
+        (direct.status, direct.body),
+        "forwarded as llama-server answers it"
+    );
+
+    let r = http_request(
+        "POST",
+        &format!("{}/completion", d.proxy),
+        &[JSON],
+        b"prompt=hi".to_vec(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status, 400);
+    let message = r.json().unwrap()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(message.contains("not valid JSON"), "{message}");
+    assert!(
+        message.contains("send the request body as one JSON object"),
+        "{message}"
+    );
+}
