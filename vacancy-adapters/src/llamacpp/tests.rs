@@ -86,6 +86,8 @@ fn every_route_of_the_table_is_classified() {
         (Method::POST, "/slots/0", Kind::Management),
         (Method::POST, "/slots/1?action=erase", Kind::Management),
         (Method::POST, "/props", Kind::Management),
+        // Issue 14 item 8: llama-server answers one model's entry.
+        (Method::GET, "/v1/models/tiny.gguf", Kind::Discovery),
         (Method::GET, "/metrics", Kind::Management),
     ];
     for (method, path, want) in expected {
@@ -131,7 +133,6 @@ fn unlisted_requests_are_unknown() {
         (Method::GET, "/index.html"),
         (Method::GET, "/completion"),
         (Method::GET, "/slots/0"),
-        (Method::GET, "/v1/models/tiny.gguf"),
         (Method::GET, "/lora-adapters"),
         (Method::POST, "/lora-adapters"),
         (Method::POST, "/v1/models"),
