@@ -11,6 +11,7 @@ use crate::engine::{
     Decision, Engine, EngineError, EngineStatus, EntryId, HeldRelease, Lesson, ModelObservation,
     Refusal, ReleaseEffect, ReleaseOutcome, Reservation, UpstreamId, WorkRequest,
 };
+use crate::proxy::history::History;
 use crate::proxy::live::LiveWork;
 use crate::proxy::metrics::Metrics;
 use crate::proxy::store::ReservationStore;
@@ -32,6 +33,7 @@ pub struct Lender {
     observe_now: Mutex<HashMap<UpstreamId, Arc<Notify>>>,
     store: Arc<dyn ReservationStore>,
     metrics: Metrics,
+    history: History,
     live: LiveWork,
     reclaim_wake: Notify,
 }
@@ -61,6 +63,7 @@ impl Lender {
             observe_now: Mutex::new(HashMap::new()),
             store,
             metrics: Metrics::default(),
+            history: History::default(),
             live: LiveWork::default(),
             reclaim_wake: Notify::new(),
         }
@@ -88,6 +91,11 @@ impl Lender {
     /// The metrics.
     pub fn metrics(&self) -> &Metrics {
         &self.metrics
+    }
+
+    /// The recent history the owner console charts and lists.
+    pub fn history(&self) -> &History {
+        &self.history
     }
 
     /// Work in flight, for reclaims to reach (RECL-15, RECL-23).
@@ -141,6 +149,11 @@ impl Lender {
             Ok(sample) => e.record_sample(resource, *sample),
             Err(err) => e.record_sample_failure(resource, started, &err.to_string()),
         });
+        let took = self.clock.now().since(started);
+        self.metrics.sampled(resource, took, result.is_err());
+        if let Ok(sample) = &result {
+            self.history.sample(resource, sample);
+        }
         if let Err(e) = outcome {
             warn!(resource, error = %e, "sample for an unknown resource");
         }
@@ -202,6 +215,7 @@ impl Lender {
         match outcome {
             Ok(r) => {
                 self.metrics.admitted(upstream);
+                self.history.job_started(r);
                 info!(entry = %r.id, upstream, model = r.model.as_deref().unwrap_or(""), resident_credit = r.resident_credit, "admitted");
             }
             Err(refusal) => {
@@ -230,6 +244,7 @@ impl Lender {
                 observe_now,
             }) => {
                 info!(entry = %entry, "released");
+                self.history.job_ended(entry, now);
                 self.after_release(entry, &sample_now, observe_now);
             }
             Ok(ReleaseEffect::Held) => {
@@ -260,6 +275,7 @@ impl Lender {
         } = effect
         {
             info!(entry = %entry, by = ?by, "held work released");
+            self.history.job_ended(entry, now);
             self.after_release(entry, &sample_now, observe_now);
         }
         Ok(())

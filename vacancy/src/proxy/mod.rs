@@ -14,6 +14,7 @@
 
 pub mod completion;
 pub mod forward;
+pub mod history;
 pub mod lender;
 pub mod live;
 pub mod metrics;
