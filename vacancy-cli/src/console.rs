@@ -19,7 +19,11 @@ use crate::control::{ControlState, MAX_EVENT_STREAMS};
 
 /// The console's files: path, content type, content.
 const ASSETS: &[(&str, &str, &str)] = &[
-    ("/", "text/html; charset=utf-8", include_str!("console/index.html")),
+    (
+        "/",
+        "text/html; charset=utf-8",
+        include_str!("console/index.html"),
+    ),
     (
         "/console/app.js",
         "text/javascript; charset=utf-8",
@@ -58,7 +62,9 @@ pub fn page_weight() -> usize {
 }
 
 /// One of the console's files.
-pub fn asset(path: &str) -> http::Response<http_body_util::combinators::UnsyncBoxBody<Bytes, Infallible>> {
+pub fn asset(
+    path: &str,
+) -> http::Response<http_body_util::combinators::UnsyncBoxBody<Bytes, Infallible>> {
     let (content_type, body) = ASSETS
         .iter()
         .find(|(p, _, _)| *p == path)
@@ -130,7 +136,11 @@ pub fn events(
         let mut last = String::new();
         let mut quiet = Duration::ZERO;
         // Ask the browser to reconnect soon when the stream breaks.
-        if tx.send(Bytes::from_static(b"retry: 2000\n\n")).await.is_err() {
+        if tx
+            .send(Bytes::from_static(b"retry: 2000\n\n"))
+            .await
+            .is_err()
+        {
             return;
         }
         loop {
@@ -189,9 +199,14 @@ mod tests {
         let page = ASSETS[0].2;
         for (path, _, _) in &ASSETS[1..] {
             let named = page.contains(path)
-                || ASSETS.iter().any(|(_, _, body)| body.contains(path.trim_start_matches("/console")));
+                || ASSETS
+                    .iter()
+                    .any(|(_, _, body)| body.contains(path.trim_start_matches("/console")));
             assert!(named, "{path} is served but nothing loads it");
         }
-        assert!(!page.contains("http://") && !page.contains("https://"), "no outside resources");
+        assert!(
+            !page.contains("http://") && !page.contains("https://"),
+            "no outside resources"
+        );
     }
 }

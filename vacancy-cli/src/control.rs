@@ -353,11 +353,7 @@ async fn handle(
         },
         (&http::Method::GET, "/metrics") => match read_allowed() {
             Err(e) => e.reply(),
-            Ok(()) => respond(
-                200,
-                vacancy::proxy::metrics::CONTENT_TYPE,
-                state.metrics(),
-            ),
+            Ok(()) => respond(200, vacancy::proxy::metrics::CONTENT_TYPE, state.metrics()),
         },
         (&http::Method::GET, "/history") => match read_allowed() {
             Err(e) => e.reply(),
@@ -568,7 +564,11 @@ async fn save_settings(
         Err(e @ SaveError::Empty) => Err(fail(400, "invalid_request", e.to_string())),
         Err(e @ SaveError::Io(_)) => {
             warn!(token = %who, error = %e, "settings not saved");
-            Err(fail(500, "not_saved", format!("the settings were not saved: {e}")))
+            Err(fail(
+                500,
+                "not_saved",
+                format!("the settings were not saved: {e}"),
+            ))
         }
     }
 }

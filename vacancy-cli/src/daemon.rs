@@ -444,7 +444,10 @@ pub async fn start(
         manual,
         tokens: vacancy::auth::Tokens::new(config.server.tokens.clone()),
         ready: false.into(),
-        settings: crate::settings::Settings::new(config_path.map(Path::to_path_buf), config.clone()),
+        settings: crate::settings::Settings::new(
+            config_path.map(Path::to_path_buf),
+            config.clone(),
+        ),
         pressure_gpus,
         event_streams: 0.into(),
     });

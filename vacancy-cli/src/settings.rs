@@ -168,10 +168,7 @@ impl Settings {
         Settings {
             path,
             running,
-            state: Mutex::new(Known {
-                seen: None,
-                status,
-            }),
+            state: Mutex::new(Known { seen: None, status }),
         }
     }
 
@@ -279,7 +276,10 @@ pub fn previous_path(path: &Path) -> PathBuf {
 /// new text to a temporary file beside `path`, which is synced and renamed
 /// over it, and the directory is synced. Both new files take `path`'s mode.
 fn write_atomically(path: &Path, previous: &str, text: &str) -> Result<PathBuf, String> {
-    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
     let mode = std::fs::metadata(path)
         .map(|m| m.permissions())
         .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
@@ -295,7 +295,9 @@ fn write_atomically(path: &Path, previous: &str, text: &str) -> Result<PathBuf, 
     })?;
     match File::open(dir).and_then(|d| d.sync_all()) {
         Ok(()) => {}
-        Err(e) => warn!(dir = %dir.display(), error = %e, "could not sync the configuration directory"),
+        Err(e) => {
+            warn!(dir = %dir.display(), error = %e, "could not sync the configuration directory")
+        }
     }
     Ok(prev)
 }

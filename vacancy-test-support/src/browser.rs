@@ -159,7 +159,9 @@ impl Browser {
         text: Option<&str>,
         timeout: Duration,
     ) -> Result<String, SupportError> {
-        let v = self.call(json!({"op": "wait", "css": css, "text": text, "timeout": timeout.as_secs_f64()}))?;
+        let v = self.call(
+            json!({"op": "wait", "css": css, "text": text, "timeout": timeout.as_secs_f64()}),
+        )?;
         Ok(v.as_str().unwrap_or_default().to_owned())
     }
 

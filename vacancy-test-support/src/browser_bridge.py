@@ -15,6 +15,7 @@ os.environ.setdefault("SE_OFFLINE", "true")
 
 from selenium import webdriver  # noqa: E402
 from selenium.webdriver.chrome.service import Service  # noqa: E402
+from selenium.common.exceptions import StaleElementReferenceException  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 
 
@@ -56,6 +57,18 @@ def wait(driver, cmd):
 
 
 def run(driver, cmd):
+    # The console re-renders on every status change: an element found a moment
+    # ago may be replaced before it is used, so look it up again.
+    for attempt in range(10):
+        try:
+            return run_once(driver, cmd)
+        except StaleElementReferenceException:
+            if attempt == 9:
+                raise
+            time.sleep(0.05)
+
+
+def run_once(driver, cmd):
     op = cmd["op"]
     if op == "get":
         driver.get(cmd["url"])
