@@ -555,3 +555,157 @@ fn check_config_passes(path: &Path) {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// The scripted scene `scripts/console-screenshots` photographs: two routes
+/// (one exempt), jobs on the chart, an owner-return reclaim that cut a
+/// stream, a held entry, and a saved setting waiting for a restart. Writes
+/// `overview.png`, `workloads.png` and `settings.png` (1280×800) into
+/// `$VACANCY_CONSOLE_SHOTS`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "run by scripts/console-screenshots"]
+async fn console_screenshots() {
+    let out = PathBuf::from(std::env::var("VACANCY_CONSOLE_SHOTS").expect("VACANCY_CONSOLE_SHOTS"));
+    std::fs::create_dir_all(&out).unwrap();
+    let mut llama = LlamaServer::start(busy_model()).unwrap();
+    let helper_server = LlamaServer::start(LlamaOptions::default()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (control, proxy, helper) = (
+        free_port().unwrap(),
+        free_port().unwrap(),
+        free_port().unwrap(),
+    );
+    let fast = |text: String| text.replace("poll_ms = 60000", "poll_ms = 1000");
+    let config = format!(
+        r#"[server]
+listen = "127.0.0.1:{control}"
+{tokens}
+[owner]
+presence = "manual"
+{gpu0}{lane}
+[[upstream]]
+name = "llama"
+adapter = "llamacpp"
+listen = "127.0.0.1:{proxy}"
+target = "{target}"
+resource = "gpu0"
+default_min_free_mib = 6000
+on_owner_return = "drain"
+drain_timeout_s = 2
+
+[[upstream]]
+name = "helper"
+adapter = "llamacpp"
+listen = "127.0.0.1:{helper}"
+target = "{helper_target}"
+resource = "lane"
+default_min_free_mib = 800
+owner_scope = "resource"
+"#,
+        tokens = tokens(),
+        gpu0 = fast(resource(dir.path(), "gpu0", 4096)),
+        lane = fast(resource(dir.path(), "lane", 1024)),
+        target = llama.base_url(),
+        helper_target = helper_server.base_url(),
+    );
+    let d = start(dir, &config, control, proxy);
+    let gpu0 = d.dir.path().join("gpu0.json");
+    let lane = d.dir.path().join("lane.json");
+    let admin = |path: &'static str, intent: &'static str, body: &'static str| {
+        let url = format!("{}{path}", d.control);
+        async move {
+            let auth = format!("Bearer {OPS}");
+            http_request(
+                "POST",
+                &url,
+                &[JSON, ("authorization", &auth), ("vacancy-intent", intent)],
+                body.as_bytes().to_vec(),
+            )
+            .await
+            .unwrap()
+        }
+    };
+    admin("/admin/owner", "presence", r#"{"present": false}"#).await;
+    // A minute of jobs: free memory dips while each runs.
+    for round in 0..7u64 {
+        write_capacity(&gpu0, 30_000 - round * 900, 49_152);
+        write_capacity(&lane, 7_000, 8_192);
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        write_capacity(&gpu0, 21_000 - round * 500, 49_152);
+        write_capacity(&lane, 5_200, 8_192);
+        let r = d.complete(48).await;
+        assert_eq!(r.status, 200, "{}", r.text());
+        let _ = http_request(
+            "POST",
+            &format!("http://127.0.0.1:{helper}/completion"),
+            &[JSON],
+            completion(8, false),
+        )
+        .await
+        .unwrap();
+        write_capacity(&gpu0, 29_000 - round * 700, 49_152);
+        tokio::time::sleep(Duration::from_secs(5)).await;
+    }
+    // The owner comes back during a stream: the drain cuts it after 2 s.
+    let mut stream = http_stream(
+        "POST",
+        &format!("{}/completion", d.proxy),
+        &[JSON],
+        completion(400, true),
+    )
+    .await
+    .unwrap();
+    stream.next_chunk().await.unwrap().unwrap();
+    admin("/admin/owner", "presence", r#"{"present": true}"#).await;
+    while let Some(Ok(_)) = stream.next_chunk().await {}
+    d.wait_status("the reclaim to end", |s| {
+        s["reclaim_log"][0]["outcome"].is_string()
+    })
+    .await;
+    admin("/admin/owner", "presence", r#"{"present": false}"#).await;
+    // A held entry: the upstream dies mid-stream, then comes back.
+    write_capacity(&gpu0, 27_500, 49_152);
+    d.wait_status("gpu0 admitting again", |s| {
+        s["upstreams"][0]["vacancy"]["admitting"] == true
+    })
+    .await;
+    let mut stream = http_stream(
+        "POST",
+        &format!("{}/completion", d.proxy),
+        &[JSON],
+        completion(400, true),
+    )
+    .await
+    .unwrap();
+    stream.next_chunk().await.unwrap().unwrap();
+    let port = llama.port();
+    llama.kill().unwrap();
+    while let Some(Ok(_)) = stream.next_chunk().await {}
+    let _llama = LlamaServer::start_on(port, busy_model()).unwrap();
+    d.wait_status("a held entry", |s| s["work"][0]["phase"] == "held")
+        .await;
+    // A saved setting a restart would apply; the owner is at the desk.
+    let saved = admin(
+        "/admin/settings",
+        "settings",
+        r#"{"resources": {"gpu0": {"reserve_mib": 6144}}, "upstreams": {"llama": {"models": {"qwen3:8b": {"min_free_mib": 7000}}}}}"#,
+    )
+    .await;
+    assert_eq!(saved.status, 200, "{}", saved.text());
+    admin("/admin/owner", "presence", r#"{"present": true}"#).await;
+
+    let mut b = browser();
+    b.get(&format!("{}/", d.control)).unwrap();
+    set_token(&mut b, OWNER);
+    wait(&mut b, "#veto", "Only exempt routes are lending");
+    wait(&mut b, "svg[data-chart='gpu0'] rect.job", "");
+    b.js("document.getElementById('notice').hidden = true")
+        .unwrap();
+    b.screenshot(&out.join("overview.png")).unwrap();
+    b.click("nav a[data-page='workloads']").unwrap();
+    wait(&mut b, "#held-banner", "needs attention");
+    wait(&mut b, "#reclaims", "owner");
+    b.screenshot(&out.join("workloads.png")).unwrap();
+    b.click("nav a[data-page='settings']").unwrap();
+    wait(&mut b, "#settings-pending", "Saved settings differ");
+    b.screenshot(&out.join("settings.png")).unwrap();
+}

@@ -37,6 +37,8 @@ const clock = (t) => new Date(t).toLocaleTimeString();
 // ---- the token and the admin calls ----
 
 const token = () => sessionStorage.getItem(TOKEN_KEY);
+/** Reads send the token too: beyond loopback they need scope read. */
+const reading = () => (token() ? { headers: { authorization: `Bearer ${token()}` } } : {});
 
 function notice(text, kind) {
   const n = $("notice");
@@ -79,6 +81,7 @@ async function admin(path, intent, body, done) {
 function connect() {
   const es = new EventSource("/events");
   const heard = () => {
+    state.streaming = true;
     state.seen = Date.now();
     if (state.down) {
       state.down = null;
@@ -93,9 +96,38 @@ function connect() {
   es.addEventListener("ping", heard);
   es.addEventListener("open", heard);
   es.addEventListener("error", () => {
-    if (!state.down) state.down = Date.now();
-    showLink();
+    state.streaming = false;
+    // EventSource cannot send a token: where /events is refused (beyond
+    // loopback without one) or the daemon is away, poll /status instead.
+    poll();
   });
+}
+
+let polling = false;
+async function poll() {
+  if (polling) return;
+  polling = true;
+  // Until the stream is back.
+  while (!state.streaming) {
+    try {
+      const r = await fetch("/status", reading());
+      if (r.ok) {
+        state.seen = Date.now();
+        state.down = null;
+        state.status = await r.json();
+        render();
+      } else if (r.status === 401 || r.status === 403) {
+        askToken("From this address the console needs a token of scope read to show the status.");
+      } else if (!state.down) {
+        state.down = Date.now();
+      }
+    } catch {
+      if (!state.down) state.down = Date.now();
+    }
+    showLink();
+    await new Promise((done) => setTimeout(done, 2000));
+  }
+  polling = false;
 }
 
 function showLink() {
@@ -122,7 +154,7 @@ setInterval(() => {
 
 async function loadHistory() {
   try {
-    const r = await fetch("/history");
+    const r = await fetch("/history", reading());
     if (r.ok) state.history = await r.json();
   } catch {
     /* shown by the stream's state */
@@ -182,9 +214,9 @@ function overview(s) {
     h("div", { class: "row" }, sign(u), u.owner_scope === "resource" ? h("span", { class: "pill" }, "exempt") : null),
     u.vacancy.admitting ? null : h("div", { class: "muted", "data-reason": u.name }, u.vacancy.reason ?? ""))));
   const hist = state.history;
-  const resources = h("div", { class: "grid" }, s.resources.map((r) => {
+  const resources = h("div", { class: "resources" }, s.resources.map((r) => {
     const pressure = s.gpu_pressure.includes(r.name);
-    return h("div", { class: "card", "data-resource": r.name },
+    return h("div", { class: "card resource", "data-resource": r.name }, h("div", {},
       h("div", { class: "row spread" }, h("h3", {}, `${r.name} `, h("span", { class: "pill" }, r.kind)),
         h("button", { type: "button", "data-switch": r.name, on: { click: () => admin(`/admin/resources/${encodeURIComponent(r.name)}`, "resource", { enabled: !r.enabled }, (b) => `${b.resource} switched ${b.enabled ? "on" : "off"}`) } },
           r.enabled ? "Switch off" : "Switch on")),
@@ -196,7 +228,7 @@ function overview(s) {
         r.capacity_unknown ? [h("dt", {}, "capacity"), h("dd", {}, r.capacity_unknown)] : null,
         r.awaiting_fresh_sample ? [h("dt", {}, "sample"), h("dd", {}, "waiting for one taken after the last job")] : null,
         r.reserved_by ? [h("dt", {}, "held by"), h("dd", { class: "mono" }, r.reserved_by)] : null,
-        pressure ? [h("dt", {}, "GPU pressure"), h("dd", { "data-pressure": r.name }, r.pressure)] : null),
+        pressure ? [h("dt", {}, "GPU pressure"), h("dd", { "data-pressure": r.name }, r.pressure)] : null)),
       memoryChart(r, hist?.resources.find((x) => x.name === r.name), hist?.jobs ?? []));
   }));
   return [
@@ -222,7 +254,7 @@ function exemptNote(s, u) {
 }
 
 function workloads(s) {
-  const cards = h("div", { class: "grid" }, s.upstreams.map((u) => h("div", { class: "card", "data-route": u.name },
+  const cards = h("div", { class: "grid routes" }, s.upstreams.map((u) => h("div", { class: "card", "data-route": u.name },
     h("div", { class: "row spread" }, h("h3", {}, u.name), h("span", { class: "pill" }, `${u.adapter} · ${u.owner_scope}`)),
     h("div", { class: "note mono" }, `${u.listen} → ${u.target}`),
     h("div", { class: "section", "data-admission": u.name }, h("strong", {}, "Admission: "), sign(u), u.vacancy.admitting ? "" : h("div", { class: "muted" }, u.vacancy.reason ?? "")),
@@ -259,11 +291,11 @@ function workloads(s) {
       r.unload ? h("div", {}, r.unload) : null,
       !r.closed.length && !r.cancelled.length && !r.cancel_failed.length && !r.unload ? h("span", { class: "muted" }, "nothing") : null)));
   return [
-    h("h2", {}, "Routes"), cards,
     h("h2", {}, `Work (${s.work.length})`),
     held.length ? h("div", { class: "banner bad", id: "held-banner" }, `${held.length} held ${held.length === 1 ? "entry needs" : "entries need"} attention: completion is uncertain, so the resources stay reserved. Restarting never releases them.`) : null,
     s.work.length ? h("table", { id: "work" }, h("thead", {}, h("tr", {}, ["ID", "Upstream", "Model", "Resources", "Age", "Completion", "Phase"].map((c) => h("th", {}, c)))), h("tbody", {}, rows))
       : h("p", { class: "empty" }, "No work entries."),
+    h("h2", {}, "Routes"), cards,
     s.reclaims.length ? [h("h2", {}, "Reclaims under way"), h("ul", {}, s.reclaims.map((r) => h("li", {}, `${r.id} on ${r.upstream}: ${r.trigger} (${r.mode}, ${r.stage}${r.deadline_in_ms != null ? `, deadline in ${Math.ceil(r.deadline_in_ms / 1000)} s` : ""})`)))] : null,
     h("h2", {}, "Recent reclaims"),
     reclaims.length ? h("table", { id: "reclaims" }, h("thead", {}, h("tr", {}, ["Started", "Upstream", "Trigger", "Mode", "Outcome", "What it did"].map((c) => h("th", {}, c)))), h("tbody", {}, reclaims))
@@ -284,7 +316,7 @@ async function copy(text) {
 
 async function loadForm() {
   try {
-    const r = await fetch("/settings");
+    const r = await fetch("/settings", reading());
     state.form = r.ok ? await r.json() : null;
   } catch {
     state.form = null;
@@ -292,12 +324,18 @@ async function loadForm() {
   renderSettings();
 }
 
+/** The running value where the saved one differs (SCOPE-03: it stays in force until a restart). */
+function running(key, saved) {
+  const [kind, name, field] = key.split(".");
+  const v = state.form?.running[kind].find((x) => x.name === name)?.[field];
+  return v !== undefined && v !== saved ? h("span", { class: "note", "data-running": key }, `running: ${v}`) : null;
+}
 function numberField(label, key, value) {
-  return h("label", { class: "field" }, label, h("input", { type: "number", min: 0, step: 1, "data-key": key, value }));
+  return h("label", { class: "field" }, label, h("input", { type: "number", min: 0, step: 1, "data-key": key, value }), running(key, value));
 }
 function selectField(label, key, value, options) {
   return h("label", { class: "field" }, label,
-    h("select", { "data-key": key }, options.map((o) => h("option", { value: o, selected: o === value }, o))));
+    h("select", { "data-key": key }, options.map((o) => h("option", { value: o, selected: o === value }, o))), running(key, value));
 }
 
 function renderSettings() {

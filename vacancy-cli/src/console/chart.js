@@ -3,7 +3,7 @@
 // as a floor no job touches, and each job marked as a band along the top.
 
 const NS = "http://www.w3.org/2000/svg";
-const W = 560, H = 150, L = 44, R = 8, T = 14, B = 18;
+const W = 900, H = 170, L = 48, R = 8, T = 16, B = 18;
 
 function el(name, attrs, text) {
   const e = document.createElementNS(NS, name);
