@@ -147,29 +147,51 @@ async fn poller(control: String) {
     }
 }
 
+/// CPU seconds `pid` has used (user + system), from /proc.
+fn cpu_s(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the command's closing parenthesis; utime and stime are the 12th and 13th.
+    let rest = stat.rsplit(')').next().unwrap_or_default();
+    let f: Vec<f64> = rest
+        .split_whitespace()
+        .skip(11)
+        .take(2)
+        .filter_map(|v| v.parse().ok())
+        .collect();
+    f.iter().sum::<f64>() / 100.0 // USER_HZ
+}
+
+/// What one round measured.
+struct Round {
+    p50: f64,
+    p90: f64,
+    p99: f64,
+    admitted_cpu_us: f64,
+    refused_per_s: f64,
+    refused_cpu_us: f64,
+}
+
 fn pct(sorted: &[Duration], p: f64) -> f64 {
     let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
     sorted[i].as_secs_f64() * 1e6
 }
 
-async fn measure(
-    proxy: &str,
-    closed: &str,
-    admitted_n: u64,
-    refuse_s: u64,
-) -> (f64, f64, f64, f64) {
+async fn measure(pid: u32, proxy: &str, closed: &str, admitted_n: u64, refuse_s: u64) -> Round {
     let mut sender = connect(proxy).await;
     for _ in 0..50 {
         assert_eq!(post(&mut sender, proxy, "/completion").await, 200);
     }
     let mut lat = Vec::with_capacity(admitted_n as usize);
+    let cpu0 = cpu_s(pid);
     for _ in 0..admitted_n {
         let t = Instant::now();
         let status = post(&mut sender, proxy, "/completion").await;
         lat.push(t.elapsed());
         assert_eq!(status, 200);
     }
+    let admitted_cpu_us = (cpu_s(pid) - cpu0) * 1e6 / admitted_n as f64;
     lat.sort();
+    let cpu1 = cpu_s(pid);
     let until = Instant::now() + Duration::from_secs(refuse_s);
     let workers: Vec<_> = (0..2)
         .map(|_| {
@@ -189,12 +211,14 @@ async fn measure(
     for w in workers {
         refused += w.await.unwrap();
     }
-    (
-        pct(&lat, 0.5),
-        pct(&lat, 0.9),
-        pct(&lat, 0.99),
-        refused as f64 / refuse_s as f64,
-    )
+    Round {
+        p50: pct(&lat, 0.5),
+        p90: pct(&lat, 0.9),
+        p99: pct(&lat, 0.99),
+        admitted_cpu_us,
+        refused_per_s: refused as f64 / refuse_s as f64,
+        refused_cpu_us: (cpu_s(pid) - cpu1) * 1e6 / refused.max(1) as f64,
+    }
 }
 
 fn main() {
@@ -260,7 +284,7 @@ resource = "off"
         );
         let path = dir.path().join("vacancyd.toml");
         std::fs::write(&path, config).unwrap();
-        let _daemon = Daemon(
+        let daemon = Daemon(
             Command::new(&bin)
                 .args(["run", "--config"])
                 .arg(&path)
@@ -282,9 +306,10 @@ resource = "off"
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         tokio::time::sleep(Duration::from_millis(300)).await;
+        let pid = daemon.0.id();
         println!("vacancyd: {bin}");
-        println!("consoles  admitted p50 / p90 / p99 (µs)   refused/s");
-        for open in [0, consoles, 0, consoles] {
+        println!("consoles  admitted p50 / p90 / p99 µs  CPU µs/req   refused/s  CPU µs/refusal   console CPU ms/s");
+        for open in [0, consoles, 0, consoles, 0, consoles] {
             let mut tasks = Vec::new();
             for _ in 0..open {
                 tasks.push(tokio::spawn(console(control.clone())));
@@ -293,8 +318,15 @@ resource = "off"
                 tasks.push(tokio::spawn(poller(control.clone())));
             }
             tokio::time::sleep(Duration::from_millis(500)).await;
-            let (p50, p90, p99, refused) = measure(&proxy, &closed, admitted_n, refuse_s).await;
-            println!("{open:>8}  {p50:>8.0} / {p90:>6.0} / {p99:>6.0}          {refused:>9.0}");
+            // What the open consoles cost by themselves, with no borrower.
+            let idle0 = cpu_s(pid);
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            let idle = (cpu_s(pid) - idle0) * 1000.0 / 2.0;
+            let r = measure(pid, &proxy, &closed, admitted_n, refuse_s).await;
+            println!(
+                "{open:>8}  {:>6.0} / {:>6.0} / {:>6.0}  {:>10.0}  {:>10.0}  {:>14.1}  {idle:>17.1}",
+                r.p50, r.p90, r.p99, r.admitted_cpu_us, r.refused_per_s, r.refused_cpu_us
+            );
             for t in tasks {
                 t.abort();
             }

@@ -146,6 +146,7 @@ listen = "127.0.0.1:{proxy}"
 target = "{target}"
 resource = "gpu0"
 default_min_free_mib = 2000
+drain_timeout_s = 4
 
 [[upstream]]
 name = "helper"
@@ -212,7 +213,7 @@ owner_scope = "resource"
         "POST",
         &format!("{}/completion", d.proxy),
         &[JSON],
-        completion(400, true),
+        completion(4000, true),
     )
     .await
     .unwrap();
@@ -243,17 +244,47 @@ owner_scope = "resource"
         "{note}"
     );
     assert_eq!(b.count("[data-exempt='llama']").unwrap(), 0);
-    while let Some(chunk) = stream.next_chunk().await {
-        chunk.unwrap();
-    }
+
+    // The owner comes back during the stream and leaves again before the
+    // drain's deadline (the reclaim stands down), then comes back for good
+    // (the drain closes the stream): the recent reclaims say so.
+    b.click("nav a[data-page='overview']").unwrap();
+    let cut = id;
+    b.click("#presence-present").unwrap();
+    d.wait_status("a reclaim", |s| {
+        s["reclaims"].as_array().is_some_and(|r| !r.is_empty())
+    })
+    .await;
+    b.click("#presence-away").unwrap();
+    d.wait_status("the reclaim to stand down", |s| {
+        s["reclaim_log"][0]["outcome"] == "stood_down"
+    })
+    .await;
 
     // Owner present: the exempt route admits, so only exempt routes lend.
-    b.click("nav a[data-page='overview']").unwrap();
     b.click("#presence-present").unwrap();
     wait(&mut b, "#presence-state", "present");
     wait(&mut b, "[data-sign='llama']", "owner_present");
     wait(&mut b, "#veto", "Only exempt routes are lending");
     wait(&mut b, "#exempt-lending", "helper");
+    while let Some(Ok(_)) = stream.next_chunk().await {}
+    d.wait_status(
+        "the cut stream released (llama-server's idle slots prove it)",
+        |s| {
+            s["reclaim_log"][0]["outcome"] == "acted"
+                && s["work"].as_array().is_some_and(|w| w.is_empty())
+        },
+    )
+    .await;
+    b.click("nav a[data-page='workloads']").unwrap();
+    let log = wait(&mut b, "#reclaims", "stood down");
+    for part in ["owner return", "drain", "acted", &format!("closed: {cut}")] {
+        assert!(
+            log.contains(part),
+            "{part} missing from the recent reclaims:\n{log}"
+        );
+    }
+    b.click("nav a[data-page='overview']").unwrap();
     // With the exempt route's resource switched off, nothing lends.
     b.click("[data-switch='lane']").unwrap();
     wait(&mut b, "[data-sign='helper']", "resource_disabled");

@@ -281,7 +281,7 @@ pub fn pending_keys(running: &Config, saved: &Config) -> Vec<String> {
         &saved.resources,
         "resource",
         |r| &r.name,
-        |a, b, path, keys| resource_diff(a, b, path, keys),
+        resource_diff,
         &mut keys,
     );
     diff_named(
@@ -289,7 +289,7 @@ pub fn pending_keys(running: &Config, saved: &Config) -> Vec<String> {
         &saved.upstreams,
         "upstream",
         |u| &u.name,
-        |a, b, path, keys| upstream_diff(a, b, path, keys),
+        upstream_diff,
         &mut keys,
     );
     keys
