@@ -132,7 +132,6 @@ pub fn events(
     }
     let (tx, rx) = mpsc::channel::<Bytes>(4);
     tokio::spawn(async move {
-        let _slot = slot;
         let mut last = String::new();
         let mut quiet = Duration::ZERO;
         // Ask the browser to reconnect soon when the stream breaks.
@@ -144,7 +143,7 @@ pub fn events(
             return;
         }
         loop {
-            let doc = match serde_json::to_string(&_slot.0.status()) {
+            let doc = match serde_json::to_string(&slot.0.status()) {
                 Ok(doc) => doc,
                 Err(e) => {
                     debug!(error = %e, "cannot render status for the console stream");
