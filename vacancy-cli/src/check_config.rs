@@ -15,7 +15,13 @@ const EXIT_INVALID: u8 = 1;
 /// Validate `path` (or the embedded default), print every error or warning,
 /// and with `sample` read each resource once.
 pub fn run(path: Option<&Path>, sample: bool) -> ExitCode {
-    let loaded = match load(path) {
+    let loaded = match load(path).and_then(|loaded| {
+        let origin = path.map_or_else(
+            || vacancy::config::EMBEDDED_ORIGIN.to_owned(),
+            |p| p.display().to_string(),
+        );
+        engine_accepts(loaded, &origin)
+    }) {
         Ok(loaded) => loaded,
         Err(errors) => {
             eprintln!("{errors}");
@@ -31,10 +37,6 @@ pub fn run(path: Option<&Path>, sample: bool) -> ExitCode {
         || vacancy::config::EMBEDDED_ORIGIN.to_owned(),
         |p| p.display().to_string(),
     );
-    if let Err(e) = Engine::new(EngineSpec::from(&loaded.config)) {
-        eprintln!("{origin}: {e}");
-        return ExitCode::from(EXIT_INVALID);
-    }
     for w in &loaded.warnings {
         println!("warning: {origin}: {w}");
     }
@@ -59,6 +61,27 @@ pub fn run(path: Option<&Path>, sample: bool) -> ExitCode {
 
 fn plural(n: usize) -> &'static str {
     if n == 1 { "" } else { "s" }
+}
+
+/// Validate a configuration text exactly as `check-config` does: the
+/// parser's and validator's every problem, then what the engine refuses.
+/// The console's settings editor saves nothing this rejects.
+pub fn validate(text: &str, origin: &str) -> Result<LoadedConfig, ConfigErrors> {
+    engine_accepts(Config::parse(text, origin)?, origin)
+}
+
+fn engine_accepts(loaded: LoadedConfig, origin: &str) -> Result<LoadedConfig, ConfigErrors> {
+    match Engine::new(EngineSpec::from(&loaded.config)) {
+        Ok(_) => Ok(loaded),
+        Err(e) => Err(ConfigErrors {
+            origin: origin.to_owned(),
+            errors: vec![vacancy::config::ConfigError {
+                path: String::new(),
+                line: None,
+                message: e.to_string(),
+            }],
+        }),
+    }
 }
 
 fn load(path: Option<&Path>) -> Result<LoadedConfig, ConfigErrors> {

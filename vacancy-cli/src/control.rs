@@ -1,10 +1,14 @@
-//! The control listener: `/health`, `/status`, `/metrics` (DESIGN §4).
+//! The control listener (DESIGN §4): `/health`, `/status`, `/metrics`,
+//! `/history`, the owner console at `/` with its live `/events` stream, and
+//! the `/admin` calls.
 
+use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use bytes::Bytes;
+use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full, Limited};
 use serde::Serialize;
 use tokio::net::TcpListener;
@@ -18,8 +22,12 @@ use vacancy::engine::{
 };
 use vacancy::presence::ManualPresence;
 use vacancy::proxy::conn::{AcceptBackoff, BorrowerBody, serve_connection};
+use vacancy::proxy::history::ReclaimLogEntry;
+use vacancy::proxy::metrics::ScrapeFacts;
 use vacancy::proxy::shells::HealthCell;
 use vacancy::proxy::{HeldReleaseError, Lender, Listening};
+
+use crate::settings::{SaveError, Settings, SettingsStatus};
 
 /// Static facts about one upstream plus its live health.
 pub struct UpstreamInfo {
@@ -47,6 +55,12 @@ pub struct ControlState {
     pub tokens: Tokens,
     /// True once every listener is bound and the ledger is loaded.
     pub ready: AtomicBool,
+    /// The configuration file and what a restart would change.
+    pub settings: Settings,
+    /// The GPUs whose pressure is measured, for `/metrics`.
+    pub pressure_gpus: Vec<String>,
+    /// Console event streams open now (bounded by [`MAX_EVENT_STREAMS`]).
+    pub event_streams: std::sync::atomic::AtomicUsize,
 }
 
 /// `/status` (DESIGN §4).
@@ -68,6 +82,13 @@ pub struct StatusDoc {
     pub work: Vec<WorkStatus>,
     /// Reclaims under way (drain, cancel or finish after an owner return or pressure).
     pub reclaims: Vec<ReclaimStatus>,
+    /// The recent reclaims, newest first: trigger, mode, what was cancelled
+    /// or unloaded, stand-downs (a bounded log kept by the daemon).
+    pub reclaim_log: Vec<ReclaimLogEntry>,
+    /// Saved settings that differ from the running ones (SCOPE-03).
+    pub settings: SettingsStatus,
+    /// The GPUs whose pressure is measured (`[owner.gpu_pressure]` enabled).
+    pub gpu_pressure: Vec<String>,
 }
 
 /// One upstream in `/status`.
@@ -122,7 +143,11 @@ impl ControlState {
                 }
             })
             .collect();
+        let now = self.lender.clock().now();
         StatusDoc {
+            reclaim_log: self.lender.history().reclaims(now),
+            settings: self.settings.status(),
+            gpu_pressure: self.pressure_gpus.clone(),
             lending: s.lending,
             owner: s.owner.as_str(),
             presence_backend: self.presence_backend.clone(),
@@ -136,14 +161,26 @@ impl ControlState {
 
     fn metrics(&self) -> String {
         let s = self.lender.status();
-        self.lender.metrics().render(&s)
+        let facts = ScrapeFacts {
+            reachable: s
+                .upstreams
+                .iter()
+                .zip(&self.upstreams)
+                .map(|(u, info)| (u.name.clone(), info.health.get().reachable))
+                .collect(),
+            pressure_gpus: self.pressure_gpus.clone(),
+        };
+        self.lender.metrics().render_with(&s, &facts)
     }
 }
 
-type Reply = http::Response<Full<Bytes>>;
+/// Console event streams served at once; more are refused with 503.
+pub const MAX_EVENT_STREAMS: usize = 32;
+
+type Reply = http::Response<UnsyncBoxBody<Bytes, Infallible>>;
 
 fn respond(status: u16, content_type: &str, body: impl Into<Bytes>) -> Reply {
-    let mut resp = http::Response::new(Full::new(body.into()));
+    let mut resp = http::Response::new(Full::new(body.into()).boxed_unsync());
     *resp.status_mut() =
         http::StatusCode::from_u16(status).unwrap_or(http::StatusCode::INTERNAL_SERVER_ERROR);
     if let Ok(v) = http::HeaderValue::from_str(content_type) {
@@ -275,7 +312,11 @@ fn ok(value: serde_json::Value) -> Reply {
     respond(200, "application/json", value.to_string())
 }
 
-async fn handle(state: &ControlState, peer: SocketAddr, req: http::Request<BorrowerBody>) -> Reply {
+async fn handle(
+    state: &Arc<ControlState>,
+    peer: SocketAddr,
+    req: http::Request<BorrowerBody>,
+) -> Reply {
     let json = "application/json";
     let (head, body) = req.into_parts();
     let path = head.uri.path().to_owned();
@@ -311,8 +352,33 @@ async fn handle(state: &ControlState, peer: SocketAddr, req: http::Request<Borro
         },
         (&http::Method::GET, "/metrics") => match read_allowed() {
             Err(e) => e.reply(),
-            Ok(()) => respond(200, "text/plain; version=0.0.4", state.metrics()),
+            Ok(()) => respond(200, vacancy::proxy::metrics::CONTENT_TYPE, state.metrics()),
         },
+        (&http::Method::GET, "/history") => match read_allowed() {
+            Err(e) => e.reply(),
+            Ok(()) => {
+                let now = state.lender.clock().now();
+                match serde_json::to_vec(&state.lender.history().snapshot(now)) {
+                    Ok(body) => respond(200, json, body),
+                    Err(e) => error(500, "internal", format!("cannot render history: {e}")),
+                }
+            }
+        },
+        (&http::Method::GET, "/settings") => match read_allowed() {
+            Err(e) => e.reply(),
+            Ok(()) => match serde_json::to_vec(&state.settings.form()) {
+                Ok(body) => respond(200, json, body),
+                Err(e) => error(500, "internal", format!("cannot render settings: {e}")),
+            },
+        },
+        (&http::Method::GET, "/events") => match read_allowed() {
+            Err(e) => e.reply(),
+            Ok(()) => crate::console::events(state),
+        },
+        (&http::Method::GET, p) if crate::console::is_asset(p) => crate::console::asset(p),
+        (&http::Method::POST, "/admin/settings") => save_settings(state, &head, body)
+            .await
+            .unwrap_or_else(ApiError::reply),
         (&http::Method::POST, "/admin/lending") => lending(state, &head, body)
             .await
             .unwrap_or_else(ApiError::reply),
@@ -356,7 +422,7 @@ async fn handle(state: &ControlState, peer: SocketAddr, req: http::Request<Borro
             404,
             "not_found",
             format!(
-                "no control route {method} {path}; see /status, /metrics, /health and /admin/*"
+                "no control route {method} {path}; see / (the console), /status, /events, /history, /settings, /metrics, /health and /admin/*"
             ),
         ),
     }
@@ -473,6 +539,67 @@ async fn release_work(
                     "the release of work entry {entry} could not be saved in the recovery directory, so the entry stays held: {}. Free disk space or fix the directory, then send the release again",
                     e.reason
                 ),
+            ))
+        }
+    }
+}
+
+async fn save_settings(
+    state: &ControlState,
+    head: &http::request::Parts,
+    body: BorrowerBody,
+) -> Result<Reply, ApiError> {
+    // Scope owner; admin for the advanced workload permissions (SCOPE-03).
+    let who = admit_call(state, head, Scope::Owner, "settings")?.to_owned();
+    let map = json_body(body).await?;
+    let edit: vacancy::config::SettingsEdit =
+        serde_json::from_value(serde_json::Value::Object(map)).map_err(|e| {
+            fail(
+                400,
+                "invalid_request",
+                format!("the settings are not in the expected form: {e}"),
+            )
+        })?;
+    if edit.needs_admin() {
+        admit_call(state, head, Scope::Admin, "settings").map_err(|e| ApiError {
+            message: format!(
+                "{} (owner_scope and management are advanced workload permissions)",
+                e.message
+            ),
+            ..e
+        })?;
+    }
+    match state.settings.save(&edit, &who) {
+        Ok(saved) => Ok(ok(serde_json::json!({
+            "saved": true,
+            "restart_required": !saved.pending.is_empty(),
+            "path": saved.path,
+            "previous": saved.previous,
+            "pending": saved.pending,
+            "message": saved.message,
+        }))),
+        Err(SaveError::Invalid(problems)) => {
+            let n = problems.len();
+            let list: Vec<serde_json::Value> = problems
+                .iter()
+                .map(|p| serde_json::json!({"key": p.path, "line": p.line, "message": p.message}))
+                .collect();
+            let body = serde_json::json!({"error": {
+                "code": "invalid_settings",
+                "message": SaveError::Invalid(problems).to_string(),
+                "problems": list,
+            }});
+            warn!(token = %who, problems = n, "settings not saved: they do not validate");
+            Ok(respond(422, "application/json", body.to_string()))
+        }
+        Err(e @ SaveError::NoFile) => Err(fail(409, "conflict", e.to_string())),
+        Err(e @ SaveError::Empty) => Err(fail(400, "invalid_request", e.to_string())),
+        Err(e @ SaveError::Io(_)) => {
+            warn!(token = %who, error = %e, "settings not saved");
+            Err(fail(
+                500,
+                "not_saved",
+                format!("the settings were not saved: {e}"),
             ))
         }
     }

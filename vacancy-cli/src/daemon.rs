@@ -436,6 +436,16 @@ pub async fn start(
     let control = control_listener
         .local_addr()
         .map_err(|e| setup(format!("control listener: {e}")))?;
+    let pressure_gpus = if config.owner.gpu_pressure.enabled {
+        config
+            .resources
+            .iter()
+            .filter(|r| r.kind == ResourceKind::Gpu && r.sampler == SamplerKind::Nvml)
+            .map(|r| r.name.clone())
+            .collect()
+    } else {
+        Vec::new()
+    };
     let state = Arc::new(ControlState {
         lender: Arc::clone(&lender),
         upstreams: infos,
@@ -443,6 +453,12 @@ pub async fn start(
         manual,
         tokens: vacancy::auth::Tokens::new(config.server.tokens.clone()),
         ready: false.into(),
+        settings: crate::settings::Settings::new(
+            config_path.map(Path::to_path_buf),
+            config.clone(),
+        ),
+        pressure_gpus,
+        event_streams: 0.into(),
     });
     let limits = ConnLimits::from_config(&config.server);
     let nofile = conn::raise_nofile_limit();

@@ -3,8 +3,10 @@
 mod admin_cmd;
 mod calibrate;
 mod check_config;
+mod console;
 mod control;
 mod daemon;
+mod settings;
 mod status_cmd;
 
 use std::path::PathBuf;

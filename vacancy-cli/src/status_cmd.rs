@@ -203,6 +203,18 @@ pub fn render(status: &Value) -> String {
             s(&r["trigger"])
         );
     }
+    // SCOPE-03: the running settings stay authoritative until a restart.
+    let pending: Vec<String> = status["settings"]["pending"]
+        .as_array()
+        .map(|a| a.iter().map(s).collect())
+        .unwrap_or_default();
+    if !pending.is_empty() {
+        let _ = writeln!(
+            out,
+            "saved settings differ from the running ones: {}; a restart applies them",
+            pending.join(", ")
+        );
+    }
     out
 }
 
@@ -223,6 +235,22 @@ mod tests {
         assert!(
             text.contains("reclaim-3 upstream ollama: drain waiting, deadline in 12 s, holding its resources (yield_on_veto) (owner return: the owner is present)"),
             "{text}"
+        );
+    }
+
+    #[test]
+    fn saved_settings_that_differ_get_a_line() {
+        // SCOPE-03
+        let status = serde_json::json!({
+            "lending": true, "owner": "away", "presence_backend": "none",
+            "owner_veto": {"active": false, "reason": null, "exempt_upstreams": []},
+            "resources": [], "upstreams": [], "work": [], "reclaims": [],
+            "settings": {"config_path": "/etc/vacancyd/vacancyd.toml", "pending": ["resource.gpu0.reserve_mib", "upstream.llama.owner_scope"]}
+        });
+        assert!(
+            render(&status).contains("saved settings differ from the running ones: resource.gpu0.reserve_mib, upstream.llama.owner_scope; a restart applies them"),
+            "{}",
+            render(&status)
         );
     }
 
@@ -252,6 +280,7 @@ mod tests {
         assert!(text.contains("still lending: tts"), "{text}");
         assert!(text.contains("[owner-exempt]"), "{text}");
         assert!(text.contains("reserved by e1"), "{text}");
+        assert!(!text.contains("saved settings differ"), "{text}");
         // RES-22
         assert!(
             text.contains("    model qwen3-tts: loaded; not proven (busy)"),

@@ -26,6 +26,20 @@ fn the_unit_keeps_its_state_in_a_private_state_directory() {
 }
 
 #[test]
+fn the_unit_lets_saved_settings_write_the_configuration_directory_and_nothing_more() {
+    // POST /admin/settings writes vacancyd.toml (temp + rename, .prev kept):
+    // the configuration's directory is writable, the rest of the system is not.
+    let u = unit();
+    assert!(u.lines().any(|l| l.trim() == "ProtectSystem=strict"));
+    let writable: Vec<&str> = u
+        .lines()
+        .filter(|l| l.trim_start().starts_with("ReadWritePaths="))
+        .collect();
+    assert_eq!(writable, ["ReadWritePaths=/etc/vacancyd"]);
+    assert!(!u.contains("ProtectSystem=full") && !u.contains("ReadOnlyPaths=/etc/vacancyd"));
+}
+
+#[test]
 fn systemd_analyze_verifies_the_unit() {
     // .ci/run installs systemd where systemd-analyze is missing.
     let dir = tempfile::tempdir().unwrap();

@@ -25,6 +25,8 @@
 //!   `/status` shapes and faults.
 //! - [`Login1Bus`]: a private D-Bus system bus with a fake systemd-logind
 //!   ([`FakeSession`]s the test sets) for the real `loginctl` (see [`login1`]).
+//! - [`Browser`]: a real headless Chromium (the Debian `chromium` and
+//!   `chromium-driver` packages) driven by Selenium, for the owner console.
 //! - [`http_request`], [`http_stream`], [`http_get_status`]: small HTTP clients.
 //!
 //! Everything works from an empty cache; the cache only speeds up reruns. The first
@@ -52,6 +54,7 @@
 //! ```
 
 mod background;
+mod browser;
 pub mod comfyui;
 pub mod comfyui_emulator;
 mod error;
@@ -67,6 +70,7 @@ pub mod voice_emulator;
 
 use std::path::PathBuf;
 
+pub use browser::{BROWSER_DEBIAN_PACKAGES, BROWSER_PACKAGES, BROWSER_VENV, Browser};
 pub use comfyui::{
     ComfyFlavor, ComfyInstall, ComfyUi, invalid_workflow, prompt_request, simple_workflow,
     slow_workflow,

@@ -29,6 +29,7 @@
 //! # Ok::<(), vacancy::config::ConfigErrors>(())
 //! ```
 
+mod edit;
 mod error;
 mod hosts;
 mod parse;
@@ -40,6 +41,7 @@ mod tests;
 
 use std::path::Path;
 
+pub use edit::{ModelEdit, ResourceEdit, SettingsEdit, UpstreamEdit, pending_keys};
 pub use error::{ConfigError, ConfigErrors, ConfigWarning};
 pub use hosts::{LOOPBACK, normalize_host, same_server_key};
 pub use schema::{

@@ -448,7 +448,7 @@ pub enum OnBorrowerDisconnect {
 }
 
 /// One entry of `[upstream.models]`. `None` falls back to the upstream's value.
-#[derive(Debug, Clone, PartialEq, Default, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ModelRequirement {
     /// Requirement on the primary resource; `None`: `default_min_free_mib`.

@@ -12,6 +12,7 @@ use crate::engine::{
     Phase, Refusal, RefusalCode, ReleaseEffect, ReleaseOutcome, Reservation, UpstreamId,
     WorkRequest,
 };
+use crate::proxy::history::History;
 use crate::proxy::live::LiveWork;
 use crate::proxy::metrics::Metrics;
 use crate::proxy::store::{ReservationStore, StoreError, StoreWrite};
@@ -33,6 +34,7 @@ pub struct Lender {
     observe_now: Mutex<HashMap<UpstreamId, Arc<Notify>>>,
     store: Arc<dyn ReservationStore>,
     metrics: Metrics,
+    history: History,
     live: LiveWork,
     reclaim_wake: Notify,
 }
@@ -62,6 +64,7 @@ impl Lender {
             observe_now: Mutex::new(HashMap::new()),
             store,
             metrics: Metrics::default(),
+            history: History::default(),
             live: LiveWork::default(),
             reclaim_wake: Notify::new(),
         }
@@ -89,6 +92,11 @@ impl Lender {
     /// The metrics.
     pub fn metrics(&self) -> &Metrics {
         &self.metrics
+    }
+
+    /// The recent history the owner console charts and lists.
+    pub fn history(&self) -> &History {
+        &self.history
     }
 
     /// Work in flight, for reclaims to reach (RECL-15, RECL-23).
@@ -142,6 +150,11 @@ impl Lender {
             Ok(sample) => e.record_sample(resource, *sample),
             Err(err) => e.record_sample_failure(resource, started, &err.to_string()),
         });
+        let took = self.clock.now().since(started);
+        self.metrics.sampled(resource, took, result.is_err());
+        if let Ok(sample) = &result {
+            self.history.sample(resource, sample);
+        }
         if let Err(e) = outcome {
             warn!(resource, error = %e, "sample for an unknown resource");
         }
@@ -218,6 +231,7 @@ impl Lender {
         match outcome {
             Ok(r) => {
                 self.metrics.admitted(upstream);
+                self.history.job_started(r);
                 info!(entry = %r.id, upstream, model = r.model.as_deref().unwrap_or(""), resident_credit = r.resident_credit, "admitted");
             }
             Err(refusal) => {
@@ -260,6 +274,7 @@ impl Lender {
                 observe_now,
             }) => {
                 info!(entry = %entry, "released");
+                self.history.job_ended(entry, now);
                 self.after_release(&sample_now, observe_now);
             }
             Ok(ReleaseEffect::Held) => {
@@ -312,6 +327,7 @@ impl Lender {
                 observe_now,
             }) => {
                 info!(entry = %entry, by = ?by, "held work released");
+                self.history.job_ended(entry, now);
                 self.after_release(&sample_now, observe_now);
                 self.wake_reclaims();
                 Ok(())

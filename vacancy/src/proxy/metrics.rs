@@ -1,144 +1,572 @@
-//! Prometheus counters and gauges of the proxy (DESIGN §4 `/metrics`).
+//! Prometheus metrics of the daemon (DESIGN §4 `/metrics`), kept with the
+//! `prometheus-client` crate and exposed in the Prometheus text format 0.0.4.
+//!
+//! Counters and histograms are updated where things happen (admission, the
+//! proxy's request path, sampling, observation, reclaims); gauges are set from
+//! the engine's status at scrape time, so they never drift from `/status`.
+//! Names follow Prometheus conventions: `_total` for counters, base units
+//! (`_seconds`) for durations. The six original names (`vacancyd_admissions_total`,
+//! `vacancyd_refusals_total`, `vacancyd_work_active`, `vacancyd_resource_free_mib`,
+//! `vacancyd_yields_total`, `vacancyd_upstream_owner_veto_exempt`) are a contract
+//! and keep their names.
 
-use std::collections::BTreeMap;
-use std::fmt::Write as _;
-use std::sync::Mutex;
+use std::collections::HashMap;
+use std::sync::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::{Family, MetricConstructor};
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
 
 use crate::engine::{EngineStatus, RefusalCode};
 
-/// Counters the proxy updates as it admits and refuses.
-#[derive(Debug, Default)]
-pub struct Metrics {
-    inner: Mutex<Counters>,
+/// The content type of [`Metrics::render`]'s text.
+pub const CONTENT_TYPE: &str = prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct UpstreamLabel {
+    upstream: String,
 }
 
-#[derive(Debug, Default)]
-struct Counters {
-    admissions: BTreeMap<String, u64>,
-    refusals: BTreeMap<String, BTreeMap<&'static str, u64>>,
-    yields: BTreeMap<String, u64>,
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RefusalLabels {
+    upstream: String,
+    code: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RouteLabels {
+    upstream: String,
+    route_class: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResourceLabel {
+    resource: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct WorkLabels {
+    upstream: String,
+    phase: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StateLabel {
+    state: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReclaimLabels {
+    upstream: String,
+    trigger: &'static str,
+    mode: &'static str,
+    outcome: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CancelLabels {
+    upstream: String,
+    outcome: &'static str,
+}
+
+/// Histogram buckets, in seconds.
+#[derive(Clone)]
+struct Buckets(&'static [f64]);
+
+impl MetricConstructor<Histogram> for Buckets {
+    fn new_metric(&self) -> Histogram {
+        Histogram::new(self.0.iter().copied())
+    }
+}
+
+/// A whole borrower request, up to the response head: from well under a
+/// millisecond (a refusal) to a minute (a slow first token).
+const REQUEST_BUCKETS: &[f64] = &[
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+    60.0,
+];
+/// vacancyd's own time: microseconds for a refusal, one fsync for an
+/// admission, up to ADM-06's 4 s wait for a post-job sample.
+const ADDED_BUCKETS: &[f64] = &[
+    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0, 4.0,
+    10.0,
+];
+/// One durable record write (about one fsync).
+const PERSIST_BUCKETS: &[f64] = &[
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
+];
+/// One capacity sample (a file read, sysinfo, NVML, sysfs).
+const SAMPLE_BUCKETS: &[f64] = &[
+    0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 2.0, 10.0,
+];
+
+/// The handles one upstream's request path updates, looked up by name under
+/// a read lock so that counting a request allocates nothing once its labels
+/// have been seen.
+#[derive(Default)]
+struct PerUpstream {
+    admissions: Option<Counter>,
+    refusals: HashMap<&'static str, Counter>,
+    requests: HashMap<&'static str, (Histogram, Histogram)>,
+}
+
+/// What a scrape needs besides the engine's status.
+#[derive(Debug, Clone, Default)]
+pub struct ScrapeFacts {
+    /// Per upstream, whether its server answered the last check (`None`: not yet checked).
+    pub reachable: Vec<(String, Option<bool>)>,
+    /// The GPUs whose pressure is measured (`[owner.gpu_pressure]` enabled).
+    pub pressure_gpus: Vec<String>,
+}
+
+/// The daemon's metrics registry and the handles that update it.
+pub struct Metrics {
+    registry: Registry,
+    cache: RwLock<HashMap<String, PerUpstream>>,
+    admissions: Family<UpstreamLabel, Counter>,
+    refusals: Family<RefusalLabels, Counter>,
+    yields: Family<UpstreamLabel, Counter>,
+    request_duration: Family<RouteLabels, Histogram, Buckets>,
+    added: Family<RouteLabels, Histogram, Buckets>,
+    persist: Histogram,
+    sample_duration: Family<ResourceLabel, Histogram, Buckets>,
+    sample_failures: Family<ResourceLabel, Counter>,
+    observation_failures: Family<UpstreamLabel, Counter>,
+    reclaims: Family<ReclaimLabels, Counter>,
+    cancellations: Family<CancelLabels, Counter>,
+    work_active: Family<WorkLabels, Gauge>,
+    held: Gauge,
+    free_mib: Family<ResourceLabel, Gauge>,
+    awaiting_sample: Family<ResourceLabel, Gauge>,
+    exempt: Family<UpstreamLabel, Gauge>,
+    presence: Family<StateLabel, Gauge>,
+    lending: Gauge,
+    pressure_refusing: Family<ResourceLabel, Gauge>,
+    reachable: Family<UpstreamLabel, Gauge>,
+    /// Scrapes set gauges and then encode: one at a time.
+    scrape: Mutex<()>,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::default();
+        let admissions = Family::default();
+        let refusals = Family::default();
+        let yields = Family::default();
+        let request_duration = Family::new_with_constructor(Buckets(REQUEST_BUCKETS));
+        let added = Family::new_with_constructor(Buckets(ADDED_BUCKETS));
+        let persist = Histogram::new(PERSIST_BUCKETS.iter().copied());
+        let sample_duration = Family::new_with_constructor(Buckets(SAMPLE_BUCKETS));
+        let sample_failures = Family::default();
+        let observation_failures = Family::default();
+        let reclaims = Family::default();
+        let cancellations = Family::default();
+        let work_active = Family::default();
+        let held = Gauge::default();
+        let free_mib = Family::default();
+        let awaiting_sample = Family::default();
+        let exempt = Family::default();
+        let presence = Family::default();
+        let lending = Gauge::default();
+        let pressure_refusing = Family::default();
+        let reachable = Family::default();
+        let r = &mut registry;
+        r.register(
+            "vacancyd_admissions",
+            "Borrowed requests admitted",
+            admissions.clone(),
+        );
+        r.register(
+            "vacancyd_refusals",
+            "Borrowed requests refused, by code",
+            refusals.clone(),
+        );
+        r.register(
+            "vacancyd_yields",
+            "Unload acknowledgements (not recovered memory, OBS-04)",
+            yields.clone(),
+        );
+        r.register(
+            "vacancyd_request_duration_seconds",
+            "Borrower requests from arrival to the response head, by upstream and route class",
+            request_duration.clone(),
+        );
+        r.register(
+            "vacancyd_added_seconds",
+            "vacancyd's own time per request before the upstream is asked (inspection, admission, the post-job sample wait, the ledger write), or to the refusal",
+            added.clone(),
+        );
+        r.register(
+            "vacancyd_ledger_persist_duration_seconds",
+            "Durable reservation writes before forwarding (REC-01)",
+            persist.clone(),
+        );
+        r.register(
+            "vacancyd_sample_duration_seconds",
+            "Capacity samples, by resource",
+            sample_duration.clone(),
+        );
+        r.register(
+            "vacancyd_sample_failures",
+            "Capacity samples that failed or did not answer, by resource",
+            sample_failures.clone(),
+        );
+        r.register(
+            "vacancyd_observation_failures",
+            "Upstream model observations that failed, by upstream",
+            observation_failures.clone(),
+        );
+        r.register(
+            "vacancyd_reclaims",
+            "Reclaims ended, by trigger (owner_return, pressure), mode and outcome (stood_down, finished, acted)",
+            reclaims.clone(),
+        );
+        r.register(
+            "vacancyd_cancellations",
+            "Borrowed work cancelled by reclaims, by outcome (closed, stopped, requested, failed)",
+            cancellations.clone(),
+        );
+        r.register(
+            "vacancyd_work_active",
+            "Work entries by phase",
+            work_active.clone(),
+        );
+        r.register(
+            "vacancyd_held_entries",
+            "Work entries held: completion is uncertain and needs an administrator (HELD-02)",
+            held.clone(),
+        );
+        r.register(
+            "vacancyd_resource_free_mib",
+            "Free MiB in the last good sample",
+            free_mib.clone(),
+        );
+        r.register(
+            "vacancyd_resource_awaiting_fresh_sample",
+            "1 while a resource waits for a capacity sample taken after its last job (ADM-04)",
+            awaiting_sample.clone(),
+        );
+        r.register(
+            "vacancyd_upstream_owner_veto_exempt",
+            "1 for upstreams exempt from owner presence",
+            exempt.clone(),
+        );
+        r.register(
+            "vacancyd_owner_presence",
+            "1 for the owner presence the backend last reported (present, away, unknown)",
+            presence.clone(),
+        );
+        r.register(
+            "vacancyd_lending",
+            "The lending switch (1 on, 0 paused)",
+            lending.clone(),
+        );
+        r.register(
+            "vacancyd_gpu_pressure_refusing",
+            "1 while a GPU's pressure refuses new work (engaged, uncalibrated or unavailable)",
+            pressure_refusing.clone(),
+        );
+        r.register(
+            "vacancyd_upstream_reachable",
+            "1 when the upstream's server answered the last check",
+            reachable.clone(),
+        );
+        Metrics {
+            registry,
+            cache: RwLock::new(HashMap::new()),
+            admissions,
+            refusals,
+            yields,
+            request_duration,
+            added,
+            persist,
+            sample_duration,
+            sample_failures,
+            observation_failures,
+            reclaims,
+            cancellations,
+            work_active,
+            held,
+            free_mib,
+            awaiting_sample,
+            exempt,
+            presence,
+            lending,
+            pressure_refusing,
+            reachable,
+            scrape: Mutex::new(()),
+        }
+    }
+}
+
+/// The label value of a reclaim's trigger.
+pub fn trigger_label(trigger: &crate::engine::ReclaimTrigger) -> &'static str {
+    match trigger {
+        crate::engine::ReclaimTrigger::OwnerReturn { .. } => "owner_return",
+        crate::engine::ReclaimTrigger::Pressure { .. } => "pressure",
+    }
 }
 
 impl Metrics {
-    fn with<R>(&self, f: impl FnOnce(&mut Counters) -> R) -> R {
-        let mut guard = match self.inner.lock() {
+    fn read_cache(&self) -> RwLockReadGuard<'_, HashMap<String, PerUpstream>> {
+        match self.cache.read() {
             Ok(g) => g,
-            Err(poisoned) => poisoned.into_inner(),
-        };
-        f(&mut guard)
+            Err(p) => p.into_inner(),
+        }
+    }
+
+    fn write_cache(&self) -> RwLockWriteGuard<'_, HashMap<String, PerUpstream>> {
+        match self.cache.write() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        }
     }
 
     /// One admission on `upstream`.
     pub fn admitted(&self, upstream: &str) {
-        self.with(|c| match c.admissions.get_mut(upstream) {
-            Some(n) => *n += 1,
-            None => {
-                c.admissions.insert(upstream.to_owned(), 1);
-            }
+        let cached = self
+            .read_cache()
+            .get(upstream)
+            .and_then(|h| h.admissions.clone());
+        let counter = cached.unwrap_or_else(|| {
+            let c = self.admissions.get_or_create_owned(&UpstreamLabel {
+                upstream: upstream.to_owned(),
+            });
+            self.write_cache()
+                .entry(upstream.to_owned())
+                .or_default()
+                .admissions = Some(c.clone());
+            c
         });
+        counter.inc();
     }
 
     /// One refusal on `upstream` with `code`.
     pub fn refused(&self, upstream: &str, code: RefusalCode) {
-        self.with(|c| {
-            // Look up by reference first: refusals are the hot path, so no
-            // allocation once an upstream has been seen.
-            let codes = match c.refusals.get_mut(upstream) {
-                Some(codes) => codes,
-                None => c.refusals.entry(upstream.to_owned()).or_default(),
-            };
-            *codes.entry(code.as_str()).or_default() += 1;
+        let code = code.as_str();
+        let cached = self
+            .read_cache()
+            .get(upstream)
+            .and_then(|h| h.refusals.get(code).cloned());
+        let counter = cached.unwrap_or_else(|| {
+            let c = self.refusals.get_or_create_owned(&RefusalLabels {
+                upstream: upstream.to_owned(),
+                code,
+            });
+            self.write_cache()
+                .entry(upstream.to_owned())
+                .or_default()
+                .refusals
+                .insert(code, c.clone());
+            c
         });
+        counter.inc();
     }
 
     /// One acknowledged unload on `upstream` (OBS-04).
     pub fn yielded(&self, upstream: &str) {
-        self.with(|c| *c.yields.entry(upstream.to_owned()).or_default() += 1);
+        self.yields
+            .get_or_create(&UpstreamLabel {
+                upstream: upstream.to_owned(),
+            })
+            .inc();
+    }
+
+    /// One borrower request answered: `total` from arrival to the response
+    /// head, `added` of it vacancyd's own.
+    pub fn request(
+        &self,
+        upstream: &str,
+        route_class: &'static str,
+        total: Duration,
+        added: Duration,
+    ) {
+        let cached = self
+            .read_cache()
+            .get(upstream)
+            .and_then(|h| h.requests.get(route_class).cloned());
+        let (duration, own) = cached.unwrap_or_else(|| {
+            let labels = RouteLabels {
+                upstream: upstream.to_owned(),
+                route_class,
+            };
+            let pair = (
+                self.request_duration.get_or_create_owned(&labels),
+                self.added.get_or_create_owned(&labels),
+            );
+            self.write_cache()
+                .entry(upstream.to_owned())
+                .or_default()
+                .requests
+                .insert(route_class, pair.clone());
+            pair
+        });
+        duration.observe(total.as_secs_f64());
+        own.observe(added.as_secs_f64());
+    }
+
+    /// One durable reservation write.
+    pub fn persisted(&self, took: Duration) {
+        self.persist.observe(took.as_secs_f64());
+    }
+
+    /// One capacity sample of `resource`, successful or not.
+    pub fn sampled(&self, resource: &str, took: Duration, failed: bool) {
+        let labels = ResourceLabel {
+            resource: resource.to_owned(),
+        };
+        self.sample_duration
+            .get_or_create(&labels)
+            .observe(took.as_secs_f64());
+        if failed {
+            self.sample_failures.get_or_create(&labels).inc();
+        } else {
+            // Present at zero from the first sample on.
+            let _ = self.sample_failures.get_or_create(&labels);
+        }
+    }
+
+    /// One observation of `upstream`, failed or not.
+    pub fn observed(&self, upstream: &str, failed: bool) {
+        let counter = self.observation_failures.get_or_create(&UpstreamLabel {
+            upstream: upstream.to_owned(),
+        });
+        if failed {
+            counter.inc();
+        }
+    }
+
+    /// One reclaim ended: `outcome` is `stood_down`, `finished` (the work
+    /// ended by itself) or `acted` (cancellation or an unload went ahead).
+    pub fn reclaim_ended(
+        &self,
+        upstream: &str,
+        trigger: &'static str,
+        mode: &'static str,
+        outcome: &'static str,
+    ) {
+        self.reclaims
+            .get_or_create(&ReclaimLabels {
+                upstream: upstream.to_owned(),
+                trigger,
+                mode,
+                outcome,
+            })
+            .inc();
+    }
+
+    /// One cancellation of borrowed work by a reclaim: `closed` (its proxied
+    /// response), `stopped` (proven at the upstream), `requested` (asked,
+    /// proof left to tracking) or `failed`.
+    pub fn cancelled(&self, upstream: &str, outcome: &'static str) {
+        self.cancellations
+            .get_or_create(&CancelLabels {
+                upstream: upstream.to_owned(),
+                outcome,
+            })
+            .inc();
     }
 
     /// The Prometheus text exposition, with gauges taken from `status`.
     pub fn render(&self, status: &EngineStatus) -> String {
+        self.render_with(status, &ScrapeFacts::default())
+    }
+
+    /// [`render`](Self::render), with what only the daemon knows.
+    pub fn render_with(&self, status: &EngineStatus, facts: &ScrapeFacts) -> String {
+        let _one_at_a_time = match self.scrape.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        };
+        self.set_gauges(status, facts);
         let mut out = String::new();
-        self.with(|c| {
-            let _ = writeln!(
-                out,
-                "# HELP vacancyd_admissions_total Borrowed requests admitted."
-            );
-            let _ = writeln!(out, "# TYPE vacancyd_admissions_total counter");
-            for u in &status.upstreams {
-                let n = c.admissions.get(&u.name).copied().unwrap_or(0);
-                let _ = writeln!(
-                    out,
-                    "vacancyd_admissions_total{{upstream=\"{}\"}} {n}",
-                    u.name
-                );
-            }
-            let _ = writeln!(
-                out,
-                "# HELP vacancyd_refusals_total Borrowed requests refused, by code."
-            );
-            let _ = writeln!(out, "# TYPE vacancyd_refusals_total counter");
-            for (upstream, codes) in &c.refusals {
-                for (code, n) in codes {
-                    let _ = writeln!(
-                        out,
-                        "vacancyd_refusals_total{{upstream=\"{upstream}\",code=\"{code}\"}} {n}"
-                    );
-                }
-            }
-            let _ = writeln!(
-                out,
-                "# HELP vacancyd_yields_total Unload acknowledgements (not recovered memory)."
-            );
-            let _ = writeln!(out, "# TYPE vacancyd_yields_total counter");
-            for u in &status.upstreams {
-                let n = c.yields.get(&u.name).copied().unwrap_or(0);
-                let _ = writeln!(out, "vacancyd_yields_total{{upstream=\"{}\"}} {n}", u.name);
-            }
-        });
-        let _ = writeln!(out, "# HELP vacancyd_work_active Work entries by phase.");
-        let _ = writeln!(out, "# TYPE vacancyd_work_active gauge");
+        // Writing to a String cannot fail.
+        let _ = prometheus_client::encoding::prometheus_text::encode(&mut out, &self.registry);
+        out
+    }
+
+    fn set_gauges(&self, status: &EngineStatus, facts: &ScrapeFacts) {
+        let gauge = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
         for u in &status.upstreams {
+            let upstream = UpstreamLabel {
+                upstream: u.name.clone(),
+            };
+            // Present at zero for every upstream.
+            let _ = self.admissions.get_or_create(&upstream);
+            let _ = self.yields.get_or_create(&upstream);
+            self.exempt
+                .get_or_create(&upstream)
+                .set(i64::from(u.owner_scope == "resource"));
             for phase in ["forwarding", "tracking", "held"] {
                 let n = status
                     .work
                     .iter()
                     .filter(|w| w.upstream == u.name && w.phase.as_str() == phase)
                     .count();
-                let _ = writeln!(
-                    out,
-                    "vacancyd_work_active{{upstream=\"{}\",phase=\"{phase}\"}} {n}",
-                    u.name
-                );
+                self.work_active
+                    .get_or_create(&WorkLabels {
+                        upstream: u.name.clone(),
+                        phase,
+                    })
+                    .set(gauge(n as u64));
             }
         }
-        let _ = writeln!(
-            out,
-            "# HELP vacancyd_resource_free_mib Free MiB in the last good sample."
-        );
-        let _ = writeln!(out, "# TYPE vacancyd_resource_free_mib gauge");
+        let held = status
+            .work
+            .iter()
+            .filter(|w| w.phase.as_str() == "held")
+            .count();
+        self.held.set(gauge(held as u64));
         for r in &status.resources {
-            if let Some(free) = r.free_mib {
-                let _ = writeln!(
-                    out,
-                    "vacancyd_resource_free_mib{{resource=\"{}\"}} {free}",
-                    r.name
-                );
+            let labels = ResourceLabel {
+                resource: r.name.clone(),
+            };
+            match r.free_mib {
+                Some(free) => {
+                    self.free_mib.get_or_create(&labels).set(gauge(free));
+                }
+                None => {
+                    self.free_mib.remove(&labels);
+                }
+            }
+            self.awaiting_sample
+                .get_or_create(&labels)
+                .set(i64::from(r.awaiting_fresh_sample));
+            if facts.pressure_gpus.contains(&r.name) {
+                self.pressure_refusing
+                    .get_or_create(&labels)
+                    .set(i64::from(r.pressure != "admits"));
             }
         }
-        let _ = writeln!(
-            out,
-            "# HELP vacancyd_upstream_owner_veto_exempt 1 for upstreams exempt from owner presence."
-        );
-        let _ = writeln!(out, "# TYPE vacancyd_upstream_owner_veto_exempt gauge");
-        for u in &status.upstreams {
-            let exempt = u8::from(u.owner_scope == "resource");
-            let _ = writeln!(
-                out,
-                "vacancyd_upstream_owner_veto_exempt{{upstream=\"{}\"}} {exempt}",
-                u.name
-            );
+        let current = status.owner.as_str();
+        for state in ["present", "away", "unknown"] {
+            self.presence
+                .get_or_create(&StateLabel { state })
+                .set(i64::from(state == current));
         }
-        out
+        self.lending.set(i64::from(status.lending));
+        for (name, reachable) in &facts.reachable {
+            let labels = UpstreamLabel {
+                upstream: name.clone(),
+            };
+            match reachable {
+                Some(r) => {
+                    self.reachable.get_or_create(&labels).set(i64::from(*r));
+                }
+                None => {
+                    self.reachable.remove(&labels);
+                }
+            }
+        }
     }
 }

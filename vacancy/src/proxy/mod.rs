@@ -15,6 +15,7 @@
 pub mod completion;
 pub mod conn;
 pub mod forward;
+pub mod history;
 pub mod lender;
 pub mod live;
 pub mod metrics;

@@ -17,6 +17,7 @@ use crate::engine::{
 };
 use crate::proxy::lender::Lender;
 use crate::proxy::live::CutReason;
+use crate::proxy::metrics::trigger_label;
 use crate::proxy::shells::{UNLOAD_SKIPPED, Yielded, unload_upstream, yield_upstream};
 use crate::proxy::{UpstreamRoute, stopped};
 use crate::traits::{CancelClaim, CancelItem, CancelOutcome, Reclaimer};
@@ -77,6 +78,14 @@ pub async fn reclaim_loop(
                     entries,
                 } => {
                     let reason = cut_reason(id, &trigger, mode);
+                    lender.history().reclaim_started(
+                        &id.to_string(),
+                        &name_of(&lender, upstream),
+                        trigger.describe(),
+                        trigger_label(&trigger),
+                        mode.as_str(),
+                        now,
+                    );
                     info!(reclaim = %id, upstream = %name_of(&lender, upstream), trigger = %trigger.describe(), mode = %mode, deadline_in_ms = deadline.map(|d| d.since(now).as_millis()), entries = entries.len(), "reclaim started");
                     let backstops = match deadline {
                         Some(d) => entries
@@ -96,6 +105,7 @@ pub async fn reclaim_loop(
                     elapsed,
                 } => {
                     forget(&mut known, id);
+                    ended(&lender, id, upstream, "stood_down");
                     info!(reclaim = %id, upstream = %name_of(&lender, upstream), elapsed_ms = elapsed.as_millis(), "reclaim abandoned; its trigger cleared");
                 }
                 ReclaimCommand::Finished {
@@ -104,6 +114,7 @@ pub async fn reclaim_loop(
                     elapsed,
                 } => {
                     forget(&mut known, id);
+                    ended(&lender, id, upstream, "finished");
                     info!(reclaim = %id, upstream = %name_of(&lender, upstream), elapsed_ms = elapsed.as_millis(), "reclaim finished: the affected work ended by itself");
                 }
                 ReclaimCommand::Act {
@@ -150,6 +161,19 @@ pub async fn reclaim_loop(
             () = lender.reclaim_wakeup().notified() => {}
             () = stopped(&mut shutdown) => return,
         }
+    }
+}
+
+/// Record a reclaim's end in the console's log and the metrics.
+fn ended(lender: &Lender, id: ReclaimId, upstream: UpstreamId, outcome: &'static str) {
+    let key = id.to_string();
+    lender
+        .history()
+        .reclaim_ended(&key, outcome, lender.clock().now());
+    if let Some((trigger, mode)) = lender.history().reclaim_labels(&key) {
+        lender
+            .metrics()
+            .reclaim_ended(&name_of(lender, upstream), trigger, mode, outcome);
     }
 }
 
@@ -235,6 +259,10 @@ impl Act {
             // RECL-15: closing the proxied response is the cancellation.
             if live.cut(*entry, &self.reason) {
                 info!(entry = %entry, reclaim = %id, upstream, "closing the proxied response");
+                self.lender
+                    .history()
+                    .reclaim_closed(&id.to_string(), *entry);
+                self.lender.metrics().cancelled(upstream, "closed");
             }
         }
         if !tracked.is_empty() {
@@ -250,6 +278,7 @@ impl Act {
         if let Err(e) = self.lender.with_engine(|e| e.reclaim_done(id, now)) {
             warn!(reclaim = %id, error = %e, "could not end the reclaim");
         }
+        ended(&self.lender, id, self.route.id, "acted");
         info!(reclaim = %id, upstream, "reclaim complete; new work waits for a fresh capacity sample");
         self.lender.wake_reclaims();
     }
@@ -299,7 +328,7 @@ impl Act {
             }
             return;
         };
-        settle(&self.lender, &id.to_string(), upstream, outcomes);
+        settle(&self.lender, &id.to_string(), Some(id), upstream, outcomes);
     }
 
     /// Cancel held work the upstream knows by its own handle (REC-03): a
@@ -332,6 +361,7 @@ impl Act {
             return;
         };
         for outcome in outcomes {
+            record_cancel(&self.lender, Some(id), upstream, &outcome);
             match outcome {
                 CancelOutcome::Stopped(entry) => {
                     info!(entry = %entry, reclaim = %id, upstream, "held work deleted or stopped at the upstream, which proves its end; released");
@@ -399,14 +429,25 @@ impl Act {
             )
             .await
         };
-        match result {
+        let what = match result {
             Ok(Ok(Yielded::Unloaded(_))) => {
                 info!(reclaim = %id, upstream, "models unloaded (acknowledged; fresh samples show what was freed)");
+                "models unloaded (acknowledged)".to_owned()
             }
-            Ok(Ok(Yielded::Skipped)) => info!(reclaim = %id, upstream, "{UNLOAD_SKIPPED}"),
-            Ok(Err(e)) => warn!(reclaim = %id, upstream, error = %e, "unload failed (RECL-47)"),
-            Err(_) => warn!(reclaim = %id, upstream, "unload got no answer within its bound"),
-        }
+            Ok(Ok(Yielded::Skipped)) => {
+                info!(reclaim = %id, upstream, "{UNLOAD_SKIPPED}");
+                UNLOAD_SKIPPED.to_owned()
+            }
+            Ok(Err(e)) => {
+                warn!(reclaim = %id, upstream, error = %e, "unload failed (RECL-47)");
+                format!("unload failed: {e}")
+            }
+            Err(_) => {
+                warn!(reclaim = %id, upstream, "unload got no answer within its bound");
+                "unload got no answer within its bound".to_owned()
+            }
+        };
+        self.lender.history().reclaim_unload(&id.to_string(), what);
     }
 }
 
@@ -414,8 +455,15 @@ impl Act {
 /// keeps the reservation and says why (RECL-21); everything else is left to
 /// completion tracking (RECL-18, RECL-29, RECL-42).
 /// `by` names who cancelled: a reclaim's id, or the submission recorder.
-fn settle(lender: &Lender, by: &str, upstream: &str, outcomes: Vec<CancelOutcome>) {
+fn settle(
+    lender: &Lender,
+    by: &str,
+    reclaim: Option<ReclaimId>,
+    upstream: &str,
+    outcomes: Vec<CancelOutcome>,
+) {
     for outcome in outcomes {
+        record_cancel(lender, reclaim, upstream, &outcome);
         match outcome {
             CancelOutcome::Stopped(entry) => {
                 info!(entry = %entry, by, upstream, "borrowed work deleted or stopped at the upstream; released");
@@ -433,6 +481,30 @@ fn settle(lender: &Lender, by: &str, upstream: &str, outcomes: Vec<CancelOutcome
             CancelOutcome::Failed { entry, reason } => {
                 warn!(entry = %entry, by, upstream, reason = %reason, "cancellation failed; the reservation stays (RECL-21)");
             }
+        }
+    }
+}
+
+/// Count one cancellation outcome and note it in its reclaim's log entry.
+fn record_cancel(
+    lender: &Lender,
+    reclaim: Option<ReclaimId>,
+    upstream: &str,
+    outcome: &CancelOutcome,
+) {
+    let (entry, label, failed) = match outcome {
+        CancelOutcome::Stopped(e) => (*e, "stopped", false),
+        CancelOutcome::Requested(e) => (*e, "requested", false),
+        CancelOutcome::Failed { entry, .. } => (*entry, "failed", true),
+        CancelOutcome::ClaimedElsewhere(_) | CancelOutcome::ByClosingResponse(_) => return,
+    };
+    lender.metrics().cancelled(upstream, label);
+    if let Some(id) = reclaim {
+        let key = id.to_string();
+        if failed {
+            lender.history().reclaim_cancel_failed(&key, entry);
+        } else {
+            lender.history().reclaim_cancelled(&key, entry);
         }
     }
 }
@@ -461,7 +533,13 @@ pub(crate) async fn cancel_late_reply(
     let outcomes = reclaimer
         .cancel(std::slice::from_ref(&item), deadline)
         .await;
-    settle(&lender, "the submission recorder", &route.name, outcomes);
+    settle(
+        &lender,
+        "the submission recorder",
+        None,
+        &route.name,
+        outcomes,
+    );
 }
 
 #[cfg(test)]

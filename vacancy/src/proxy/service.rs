@@ -1,7 +1,8 @@
 //! One borrower request through one upstream's listener:
 //! classify → (inspect → admit → persist) → forward → complete.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
+use std::time::Instant;
 
 use bytes::Bytes;
 use http::header;
@@ -31,26 +32,52 @@ const SHOULD_RETRY: http::HeaderName = http::HeaderName::from_static("x-should-r
 /// How much of an unread request body a refusal drains to keep the connection alive.
 const REFUSAL_DRAIN_BYTES: usize = 256 * 1024;
 
-/// Answer one borrower request.
+/// When the upstream was asked: the end of vacancyd's own time on a request.
+type Forwarded = OnceLock<Instant>;
+
+/// Answer one borrower request, timing it for the metrics: the whole time to
+/// the response head, and vacancyd's own part of it (everything before the
+/// upstream is asked; all of it for a refusal).
 pub async fn handle(
     lender: Arc<Lender>,
     route: Arc<UpstreamRoute>,
     req: http::Request<BorrowerBody>,
 ) -> http::Response<ProxyBody> {
+    let arrived = Instant::now();
+    let forwarded = Forwarded::new();
     let path = req
         .uri()
         .path_and_query()
         .map_or("/", |p| p.as_str())
         .to_owned();
     let class = route.adapter.classify(req.method(), &path);
+    let label = class.label();
+    let response = answer_request(&lender, &route, req, class, path, &forwarded).await;
+    let total = arrived.elapsed();
+    let added = forwarded
+        .get()
+        .map_or(total, |at| at.saturating_duration_since(arrived));
+    lender.metrics().request(&route.name, label, total, added);
+    response
+}
+
+async fn answer_request(
+    lender: &Arc<Lender>,
+    route: &Arc<UpstreamRoute>,
+    req: http::Request<BorrowerBody>,
+    class: RouteClass,
+    path: String,
+    forwarded: &Forwarded,
+) -> http::Response<ProxyBody> {
+    let (lender, route) = (Arc::clone(lender), Arc::clone(route));
     match route_policy(class, req.method(), route.management) {
         RoutePolicy::Refuse(code) => {
             let refusal = route_refusal(&route, class, code, req.method(), &path);
             lender.metrics().refused(&route.name, code);
             refuse_after_draining(&route, refusal, req.into_body()).await
         }
-        RoutePolicy::Forward => forward_unreserved(&route, req).await,
-        RoutePolicy::Admit(work) => work_request(lender, route, req, work, &path).await,
+        RoutePolicy::Forward => forward_unreserved(&route, req, forwarded).await,
+        RoutePolicy::Admit(work) => work_request(lender, route, req, work, &path, forwarded).await,
     }
 }
 
@@ -126,6 +153,7 @@ async fn refuse_after_draining(
 async fn forward_unreserved(
     route: &UpstreamRoute,
     req: http::Request<BorrowerBody>,
+    forwarded: &Forwarded,
 ) -> http::Response<ProxyBody> {
     let (mut parts, body) = req.into_parts();
     let borrower_upgrade = parts.extensions.remove::<hyper::upgrade::OnUpgrade>();
@@ -135,6 +163,7 @@ async fn forward_unreserved(
             return refusal_response(route, &Refusal::new(RefusalCode::InvalidRequest, e), true);
         }
     };
+    let _ = forwarded.set(Instant::now());
     match exchange(&route.target, upstream_req, route.connect_timeout).await {
         Ok(resp) => relay(resp, borrower_upgrade, None, None),
         Err(e) => exchange_failed(route, &e),
@@ -222,6 +251,7 @@ async fn work_request(
     req: http::Request<BorrowerBody>,
     work: WorkRoute,
     path: &str,
+    forwarded: &Forwarded,
 ) -> http::Response<ProxyBody> {
     let arrived_at = lender.clock().now();
     let (mut parts, body) = req.into_parts();
@@ -298,7 +328,9 @@ async fn work_request(
     let mut guard = CompletionGuard::new(Arc::clone(&lender), Arc::clone(&route), entry);
     // REC-01: nothing is forwarded before the record is durable. A request
     // that is not forwarded is counted by its outcome, the refusal.
+    let persisting = Instant::now();
     let recorded = admission.recorded().await;
+    lender.metrics().persisted(persisting.elapsed());
     lender.count(&route.name, &recorded);
     let reservation = match recorded {
         Ok(r) => r,
@@ -322,6 +354,7 @@ async fn work_request(
     // The exchange runs apart from the borrower's connection, so a borrower who
     // leaves mid-wait never leaves the entry without an owner.
     let (tx, rx) = oneshot::channel();
+    let _ = forwarded.set(Instant::now());
     let task_route = Arc::clone(&route);
     if work.completion == CompletionMethod::Tracked {
         let assigned = reservation

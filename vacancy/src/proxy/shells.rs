@@ -316,6 +316,7 @@ pub async fn observe_loop(
         {
             debug!(upstream = %route.name, error = %error, "observation failed");
         }
+        lender.metrics().observed(&route.name, next.error.is_some());
         health.set(next);
         tokio::select! {
             () = tokio::time::sleep(every) => {}

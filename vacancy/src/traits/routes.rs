@@ -67,6 +67,20 @@ pub enum RouteClass {
     Unknown,
 }
 
+impl RouteClass {
+    /// The class's name in metrics labels (`work`, `borrower_read`,
+    /// `discovery`, `management`, `unknown`).
+    pub fn label(&self) -> &'static str {
+        match self {
+            RouteClass::Work(_) => "work",
+            RouteClass::BorrowerRead => "borrower_read",
+            RouteClass::Discovery => "discovery",
+            RouteClass::Management => "management",
+            RouteClass::Unknown => "unknown",
+        }
+    }
+}
+
 /// A path segment check for `{param}` segments (e.g. VOICE-07's ID shape).
 pub type ParamCheck = fn(&str) -> bool;
 
