@@ -1,6 +1,9 @@
 //! Reclaim on owner return through a real vacancyd (RECL-01..50, SCOPE-02,
-//! SCOPE-12): the `command` and `manual` presence backends, the real
-//! llama-server, and the Ollama and ComfyUI emulators.
+//! SCOPE-03, SCOPE-12): the `command` and `manual` presence backends, the
+//! real llama-server, real Ollama and ComfyUI where they show what is tested,
+//! and their emulators for pacing and faults (a generation paced token by
+//! token, a reply that comes late, an unload answered wrongly, releases
+//! after 0.3.75).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
 
 mod common;
@@ -10,9 +13,11 @@ use std::time::Duration;
 
 use common::{Daemon, JSON, completion, write_capacity};
 use serde_json::{Value, json};
+use vacancy_test_support::ollama::modelfile;
 use vacancy_test_support::{
     ComfyEmulator, ComfyEmulatorOptions, LlamaOptions, LlamaServer, OllamaEmulator, OllamaOptions,
-    free_port, http_request, http_stream, prompt_request, simple_workflow,
+    OllamaRelease, OllamaServer, TinyModel, free_port, http_request, http_stream, prompt_request,
+    simple_workflow,
 };
 
 /// A configuration whose owner is present while `flag` exists, with one GPU
@@ -179,6 +184,17 @@ fn one_upstream_daemon(name: &str, adapter: &str, target: &str, extra: &str) -> 
     s.start("", &body)
 }
 
+/// A real Ollama of `release` serving `tiny` (the default tiny GGUF,
+/// `PARAMETER num_ctx 2048`).
+fn real_ollama(release: OllamaRelease) -> OllamaServer {
+    let server = OllamaServer::start(release).unwrap();
+    let gguf = TinyModel::default().ensure().unwrap();
+    server
+        .create("tiny", &modelfile(&gguf, Some(2048)))
+        .unwrap();
+    server
+}
+
 fn ollama_daemon(emu: &OllamaEmulator, extra: &str) -> (Daemon, PathBuf) {
     one_upstream_daemon("ollama", "ollama", &emu.base_url(), extra)
 }
@@ -331,7 +347,9 @@ async fn a_drain_stands_down_when_the_owner_leaves_before_its_deadline() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn finish_lets_work_end_then_unloads_and_counts_the_yield() {
-    // RECL-03, RECL-22, RECL-32, RECL-40, RECL-48, RECL-43
+    // RECL-03, RECL-22, RECL-32, RECL-40, RECL-48, RECL-43 (the emulator
+    // paces the generation so it still runs when the owner returns; the
+    // unload on a real Ollama is the next test)
     let emu = slow_ollama(50);
     let (d, flag) = ollama_daemon(&emu, "on_owner_return = \"finish\"\nyield_on_veto = true");
     let (stream, _) = generating(&d, 40).await;
@@ -351,6 +369,124 @@ async fn finish_lets_work_end_then_unloads_and_counts_the_yield() {
         metric(&d, "vacancyd_yields_total{upstream=\"ollama\"}").await,
         Some(1.0)
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_real_ollama_unloads_on_owner_return_its_runner_exits_and_the_yield_is_counted() {
+    // RECL-22, RECL-40, RECL-48 on real Ollama 0.9.3: the unload is
+    // keep_alive: 0 for each model /api/ps lists, acknowledged with
+    // done_reason "unload", after which the model's runner process is gone.
+    let server = real_ollama(OllamaRelease::V0_9_3);
+    let (d, flag) = one_upstream_daemon(
+        "ollama",
+        "ollama",
+        &server.base_url(),
+        "on_owner_return = \"drain\"\nyield_on_veto = true",
+    );
+    wait_away(&d).await;
+    let body =
+        json!({"model": "tiny", "prompt": "hi", "stream": false, "options": {"num_predict": 4}});
+    let r = http_request(
+        "POST",
+        &format!("{}/api/generate", d.proxy),
+        &[JSON],
+        body.to_string().into_bytes(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    let runners = server.runners();
+    assert_eq!(
+        runners.len(),
+        1,
+        "the borrower's model runs in its runner: {runners:?}"
+    );
+    owner_returns(&flag);
+    wait_log(&d, "model unload acknowledged").await;
+    d.wait_status("the reclaim over", |s| {
+        s["reclaims"].as_array().unwrap().is_empty()
+    })
+    .await;
+    for _ in 0..200 {
+        if server.runners().is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(server.runners(), [], "the runner exited with the unload");
+    let ps = http_request(
+        "GET",
+        &format!("{}/api/ps", server.base_url()),
+        &[],
+        Vec::new(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(ps.json().unwrap()["models"], json!([]), "nothing loaded");
+    assert_eq!(
+        metric(&d, "vacancyd_yields_total{upstream=\"ollama\"}").await,
+        Some(1.0)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unload_the_upstream_rejects_or_garbles_is_logged_as_a_failure() {
+    // RECL-47: Ollama answers the keep_alive: 0 request, but not with its
+    // unload acknowledgement (a fault only the emulator shows on demand).
+    for (reply, why) in [
+        (
+            (500, r#"{"error":"llama runner process no longer running"}"#),
+            "500",
+        ),
+        (
+            (200, r#"{"done":true,"done_reason":"stop"}"#),
+            "not acknowledged",
+        ),
+        ((200, "garbage"), "garbage"),
+    ] {
+        let emu = OllamaEmulator::start(OllamaOptions::default()).unwrap();
+        emu.preload("llama3", None).unwrap();
+        emu.set_override("/api/generate", Some((reply.0, reply.1.to_owned())));
+        let (d, flag) = ollama_daemon(&emu, "on_owner_return = \"cancel\"\nyield_on_veto = true");
+        wait_away(&d).await;
+        owner_returns(&flag);
+        wait_log(&d, "unload failed (RECL-47)").await;
+        let log = d.process.log();
+        let line = log
+            .lines()
+            .find(|l| l.contains("unload failed (RECL-47)"))
+            .unwrap();
+        assert!(line.contains("reclaim-1"), "{line}");
+        assert!(
+            line.contains("upstream=ollama") || line.contains("ollama"),
+            "{line}"
+        );
+        assert!(
+            line.to_lowercase().contains(&why.to_lowercase()) || line.contains("rejected"),
+            "{why}: {line}"
+        );
+        assert!(!log.contains("models unloaded (acknowledged"), "{log}");
+        d.wait_status("the reclaim over", |s| {
+            s["reclaims"].as_array().unwrap().is_empty()
+        })
+        .await;
+        // A rejected unload is no yield.
+        assert_eq!(
+            metric(&d, "vacancyd_yields_total{upstream=\"ollama\"}")
+                .await
+                .unwrap_or(0.0),
+            0.0,
+            "{why}"
+        );
+        assert_eq!(
+            emu.requests()
+                .iter()
+                .filter(|r| r.path == "/api/generate" && r.body["keep_alive"] == 0)
+                .count(),
+            1,
+            "{why}: one unload request"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -591,23 +727,76 @@ async fn an_exempt_upstream_keeps_lending_but_not_on_a_resource_a_yield_holds() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_changed_owner_scope_applies_only_after_a_restart() {
-    // SCOPE-03: until the restart, the running /status is authoritative.
-    let emu = OllamaEmulator::start(OllamaOptions::default()).unwrap();
-    let (d, _flag) = ollama_daemon(&emu, "");
+    // SCOPE-03: an owner_scope change in the file waits for a service
+    // restart; until then the running /status, and what the daemon does, stay
+    // as it started.
+    let server = real_ollama(OllamaRelease::V0_5_4);
+    let (d, flag) = one_upstream_daemon("ollama", "ollama", &server.base_url(), "");
     let path = d.dir.path().join("vacancyd.toml");
     let config = std::fs::read_to_string(&path).unwrap();
-    std::fs::write(
-        &path,
-        config.replace(
-            "default_min_free_mib = 1000",
-            "default_min_free_mib = 1000\nowner_scope = \"resource\"",
-        ),
-    )
-    .unwrap();
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    let s = d.status().await;
-    assert_eq!(s["upstreams"][0]["owner_scope"], "host");
+    let changed = config.replace(
+        "default_min_free_mib = 1000",
+        "default_min_free_mib = 1000\nowner_scope = \"resource\"",
+    );
+    assert_ne!(changed, config, "the edit changed the file");
+    std::fs::write(&path, &changed).unwrap();
+    // The edited file is valid and says the upstream is now exempt (SCOPE-18).
+    let check = std::process::Command::new(env!("CARGO_BIN_EXE_vacancyd"))
+        .arg("check-config")
+        .arg("--config")
+        .arg(&path)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&check.stdout).into_owned();
+    assert!(check.status.success(), "{said}");
+    let exempt_line = said
+        .lines()
+        .find_map(|l| l.split_once(": owner-exempt upstreams: "))
+        .map(|(_, names)| format!("owner-exempt upstreams: {names}"))
+        .unwrap_or_else(|| panic!("check-config names the exempt upstreams: {said}"));
+    assert_eq!(exempt_line, "owner-exempt upstreams: ollama");
+
+    // The running daemon goes on as it started: host scope in /status, and
+    // a borrower is refused while the owner is here.
+    let url = format!("{}/api/generate", d.proxy);
+    let body =
+        json!({"model": "tiny", "prompt": "hi", "stream": false, "options": {"num_predict": 2}})
+            .to_string()
+            .into_bytes();
+    owner_returns(&flag);
+    let s = d
+        .wait_status("the owner back", |s| s["owner"] == "present")
+        .await;
+    assert_eq!(s["upstreams"][0]["owner_scope"], "host", "{s:#}");
     assert_eq!(s["owner_veto"]["exempt_upstreams"], json!([]));
+    let r = http_request("POST", &url, &[JSON], body.clone())
+        .await
+        .unwrap();
+    assert_eq!(r.status, 503, "{}", r.text());
+    assert!(r.text().contains("owner_present"), "{}", r.text());
+
+    // A service restart applies it: the upstream is exempt and lends while
+    // the owner is present.
+    let d = d.restart();
+    let s = d
+        .wait_status("the owner present after the restart", |s| {
+            s["owner"] == "present" && s["upstreams"][0]["vacancy"]["admitting"] == true
+        })
+        .await;
+    assert_eq!(s["upstreams"][0]["owner_scope"], "resource", "{s:#}");
+    assert_eq!(s["owner_veto"]["exempt_upstreams"], json!(["ollama"]));
+    // SCOPE-18: the restarted service logs the exempt upstreams once, in
+    // check-config's words.
+    let log = d.process.log();
+    let lines: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("owner-exempt upstreams"))
+        .collect();
+    assert_eq!(lines.len(), 1, "{lines:#?}");
+    assert!(lines[0].contains(&exempt_line), "{lines:#?}");
+    let r = http_request("POST", &url, &[JSON], body).await.unwrap();
+    assert_eq!(r.status, 200, "the exempt upstream lends: {}", r.text());
+    owner_leaves(&flag);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

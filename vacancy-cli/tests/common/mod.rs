@@ -130,6 +130,20 @@ impl Daemon {
         }
     }
 
+    /// A service restart: stop vacancyd (SIGTERM, as systemd does) and start
+    /// it again on the same configuration file, directory and ports.
+    pub fn restart(self) -> Daemon {
+        let port = |url: &str| -> u16 { url.rsplit(':').next().unwrap().parse().unwrap() };
+        let (control, proxy) = (port(&self.control), port(&self.proxy));
+        let Daemon {
+            mut process, dir, ..
+        } = self;
+        process.terminate(Duration::from_secs(20)).unwrap();
+        drop(process);
+        let path = dir.path().join("vacancyd.toml");
+        Self::start_with(dir, &path, control, proxy)
+    }
+
     pub fn capacity_file(&self) -> PathBuf {
         self.dir.path().join("gpu0.json")
     }
