@@ -456,6 +456,7 @@ async fn an_unload_the_upstream_rejects_or_garbles_is_logged_as_a_failure() {
             .lines()
             .find(|l| l.contains("unload failed (RECL-47)"))
             .unwrap();
+        eprintln!("RECL47LINE {line}");
         assert!(line.contains("reclaim-1"), "{line}");
         assert!(
             line.contains("upstream=ollama") || line.contains("ollama"),
