@@ -15,9 +15,9 @@ use common::{Daemon, JSON, completion, write_capacity};
 use serde_json::{Value, json};
 use vacancy_test_support::ollama::modelfile;
 use vacancy_test_support::{
-    ComfyEmulator, ComfyEmulatorOptions, LlamaOptions, LlamaServer, OllamaEmulator, OllamaOptions,
-    OllamaRelease, OllamaServer, TinyModel, free_port, http_request, http_stream, prompt_request,
-    simple_workflow,
+    ComfyEmulator, ComfyEmulatorOptions, ComfyFlavor, ComfyUi, CountingShim, LlamaOptions,
+    LlamaServer, OllamaEmulator, OllamaOptions, OllamaRelease, OllamaServer, TinyModel, free_port,
+    http_request, http_stream, prompt_request, simple_workflow, slow_workflow,
 };
 
 /// A configuration whose owner is present while `flag` exists, with one GPU
@@ -199,13 +199,9 @@ fn ollama_daemon(emu: &OllamaEmulator, extra: &str) -> (Daemon, PathBuf) {
     one_upstream_daemon("ollama", "ollama", &emu.base_url(), extra)
 }
 
-/// A ComfyUI emulator whose prompts run for 30 s.
-fn comfy_emulator() -> ComfyEmulator {
-    comfy_emulator_at(ComfyEmulatorOptions::default().version.as_deref())
-}
-
-/// The same, reporting release `version` (`None`: an early-2024 build that
-/// queues prompts under IDs of its own).
+/// A ComfyUI emulator whose prompts run for 30 s, reporting release
+/// `version` (`None`: an early-2024 build that queues prompts under IDs of
+/// its own).
 fn comfy_emulator_at(version: Option<&str>) -> ComfyEmulator {
     ComfyEmulator::start(ComfyEmulatorOptions {
         run_time: Duration::from_secs(30),
@@ -232,19 +228,81 @@ async fn submit(proxy: &str, color: u32) -> vacancy_test_support::HttpReply {
     .unwrap()
 }
 
-/// A borrower's prompt through the proxy, and its prompt ID once ComfyUI
-/// runs it (or after 5 s).
-async fn running_prompt(d: &Daemon, emu: &ComfyEmulator, color: u32) -> String {
-    let r = submit(&d.proxy, color).await;
+/// A real ComfyUI 0.3.75 and a counting shim in front of it: vacancyd talks
+/// to the shim, the owner to ComfyUI directly.
+fn real_comfy() -> (ComfyUi, CountingShim) {
+    let comfy = ComfyUi::start(ComfyFlavor::V0_3_75).unwrap();
+    let shim = CountingShim::start(comfy.addr()).unwrap();
+    (comfy, shim)
+}
+
+/// How many `method path` requests vacancyd sent through the shim.
+fn relayed(shim: &CountingShim, method: &str, path: &str) -> usize {
+    shim.records()
+        .iter()
+        .filter(|r| r.method == method && r.path == path)
+        .count()
+}
+
+/// ComfyUI's queue, straight from the server: (running, pending) prompt IDs.
+async fn comfy_queue(comfy: &ComfyUi) -> (Vec<String>, Vec<String>) {
+    let v = http_request(
+        "GET",
+        &format!("{}/queue", comfy.base_url()),
+        &[],
+        Vec::new(),
+    )
+    .await
+    .unwrap()
+    .json()
+    .unwrap();
+    let ids = |k: &str| -> Vec<String> {
+        v[k].as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|i| i[1].as_str().map(str::to_owned))
+            .collect()
+    };
+    (ids("queue_running"), ids("queue_pending"))
+}
+
+/// The status of prompt `id` in ComfyUI's history (`success`, `error`), if it ended.
+async fn comfy_outcome(comfy: &ComfyUi, id: &str) -> Option<String> {
+    let v = http_request(
+        "GET",
+        &format!("{}/history/{id}", comfy.base_url()),
+        &[],
+        Vec::new(),
+    )
+    .await
+    .unwrap()
+    .json()
+    .unwrap();
+    v[id]["status"]["status_str"].as_str().map(str::to_owned)
+}
+
+/// A borrower's slow prompt (seconds of image blurs) through the proxy, and
+/// its prompt ID once the real ComfyUI runs it.
+async fn running_slow_prompt(d: &Daemon, comfy: &ComfyUi, color: u32) -> String {
+    let r = http_request(
+        "POST",
+        &format!("{}/prompt", d.proxy),
+        &[JSON],
+        prompt_request(slow_workflow(color), None)
+            .to_string()
+            .into_bytes(),
+    )
+    .await
+    .unwrap();
     assert_eq!(r.status, 200, "{}", r.text());
-    let borrowed = r.json().unwrap()["prompt_id"].as_str().unwrap().to_owned();
-    for _ in 0..100 {
-        if emu.running().as_deref() == Some(borrowed.as_str()) {
-            break;
+    let id = r.json().unwrap()["prompt_id"].as_str().unwrap().to_owned();
+    for _ in 0..300 {
+        if comfy_queue(comfy).await.0.contains(&id) {
+            return id;
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    borrowed
+    panic!("the borrowed prompt {id} never ran");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -567,39 +625,63 @@ async fn cancel_closes_a_llama_server_response_at_once_through_manual_presence()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn comfyui_cancel_stops_the_borrowed_prompt_and_skips_the_unload_for_the_owners() {
-    // RECL-16, RECL-18, RECL-19, RECL-26, RECL-34, RECL-37
-    let emu = comfy_emulator();
-    let (d, flag) = comfy_daemon(&emu, "on_owner_return = \"cancel\"\nyield_on_veto = true");
+    // RECL-16, RECL-18, RECL-19, RECL-26, RECL-34, RECL-37 on real ComfyUI 0.3.75
+    let (comfy, shim) = real_comfy();
+    let (d, flag) = one_upstream_daemon(
+        "comfy",
+        "comfyui",
+        &shim.base_url(),
+        "on_owner_return = \"cancel\"\nyield_on_veto = true",
+    );
     wait_away(&d).await;
     // The borrower's prompt runs.
-    running_prompt(&d, &emu, 1).await;
+    let borrowed = running_slow_prompt(&d, &comfy, 0x01_0203).await;
     // The owner queues their own prompt behind it, directly.
     let owners = uuid::Uuid::new_v4().to_string();
     let r = http_request(
         "POST",
-        &format!("{}/prompt", emu.base_url()),
+        &format!("{}/prompt", comfy.base_url()),
         &[JSON],
-        prompt_request(simple_workflow(2), Some(&owners))
+        prompt_request(simple_workflow(0x02_0304), Some(&owners))
             .to_string()
             .into_bytes(),
     )
     .await
     .unwrap();
-    assert_eq!(r.status, 200);
+    assert_eq!(r.status, 200, "{}", r.text());
     owner_returns(&flag);
     wait_log(
         &d,
         "model unload skipped; the upstream holds work vacancyd did not admit",
     )
     .await;
-    d.wait_status("the stopped prompt released", |s| {
-        s["work"].as_array().unwrap().is_empty() && s["reclaims"].as_array().unwrap().is_empty()
-    })
+    d.wait_status_within(
+        "the stopped prompt released",
+        Duration::from_secs(90),
+        |s| {
+            s["work"].as_array().unwrap().is_empty() && s["reclaims"].as_array().unwrap().is_empty()
+        },
+    )
     .await;
-    // RECL-19: only the borrowed prompt was named; the owner's still waits.
-    assert!(emu.pending().contains(&owners) || emu.running().as_deref() == Some(owners.as_str()));
+    // RECL-16/26: the borrowed prompt was stopped (ComfyUI's history says
+    // so), not run to its end.
+    assert!(!comfy_queue(&comfy).await.0.contains(&borrowed), "stopped");
+    // RECL-19: only the borrowed prompt was named; the owner's ran to its end.
+    let mut outcome = None;
+    for _ in 0..200 {
+        outcome = comfy_outcome(&comfy, &owners).await;
+        if outcome.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     assert_eq!(
-        emu.count("POST", "/free"),
+        outcome.as_deref(),
+        Some("success"),
+        "the owner's prompt ran"
+    );
+    assert_eq!(
+        relayed(&shim, "POST", "/free"),
         0,
         "no unload under the owner's prompt"
     );
@@ -855,17 +937,21 @@ async fn late_reply_is_cancelled_once(version: Option<&str>) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_cancellation_keeps_the_reservation_and_the_unload_still_goes_ahead() {
-    // RECL-21, RECL-47
-    let emu = comfy_emulator();
-    let (d, flag) = comfy_daemon(&emu, "on_owner_return = \"cancel\"\nyield_on_veto = true");
+    // RECL-21, RECL-47 on real ComfyUI 0.3.75, stopped under its running prompt
+    let (mut comfy, shim) = real_comfy();
+    let (d, flag) = one_upstream_daemon(
+        "comfy",
+        "comfyui",
+        &shim.base_url(),
+        "on_owner_return = \"cancel\"\nyield_on_veto = true",
+    );
     wait_away(&d).await;
-    let r = submit(&d.proxy, 4).await;
-    assert_eq!(r.status, 200, "{}", r.text());
+    running_slow_prompt(&d, &comfy, 0x04_0506).await;
     let entry = d.status().await["work"][0]["id"]
         .as_str()
         .unwrap()
         .to_owned();
-    drop(emu); // ComfyUI goes away: every cancellation request fails
+    comfy.stop().unwrap(); // ComfyUI goes away: every cancellation request fails
     owner_returns(&flag);
     wait_log(&d, "cancellation failed; the reservation stays (RECL-21)").await;
     wait_log(&d, "unload failed (RECL-47)").await;
@@ -899,12 +985,17 @@ fn crash_and_restart(d: Daemon) -> Daemon {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_prompt_restored_after_a_crash_is_cancelled_at_a_later_owner_return() {
-    // REC-02, REC-03 with RECL-16, RECL-18, RECL-19, RECL-26, RECL-33
-    let emu = comfy_emulator();
-    let (d, flag) = comfy_daemon(&emu, "on_owner_return = \"drain\"\ndrain_timeout_s = 30");
+    // REC-02, REC-03 with RECL-16, RECL-18, RECL-19, RECL-26, RECL-33 on real
+    // ComfyUI 0.3.75
+    let (comfy, shim) = real_comfy();
+    let (d, flag) = one_upstream_daemon(
+        "comfy",
+        "comfyui",
+        &shim.base_url(),
+        "on_owner_return = \"drain\"\ndrain_timeout_s = 30",
+    );
     wait_away(&d).await;
-    let borrowed = running_prompt(&d, &emu, 5).await;
-    assert_eq!(emu.running().as_deref(), Some(borrowed.as_str()));
+    let borrowed = running_slow_prompt(&d, &comfy, 0x05_0607).await;
 
     // A crash: the restarted daemon holds the prompt under its ID (REC-02, REC-03).
     let d = crash_and_restart(d);
@@ -912,18 +1003,31 @@ async fn a_prompt_restored_after_a_crash_is_cancelled_at_a_later_owner_return() 
     assert_eq!(s["work"][0]["phase"], "held", "{s:#}");
     assert_eq!(s["work"][0]["upstream_ref"], borrowed.as_str());
     wait_away(&d).await;
-    let queue_posts = emu.count("POST", "/queue");
+    let queue_posts = relayed(&shim, "POST", "/queue");
 
     // The owner comes back: nothing live to drain, so the held prompt is
     // cancelled at once, not at the 30 s deadline; ComfyUI's history then
     // proves its end, which releases the entry.
     owner_returns(&flag);
-    d.wait_status("the held prompt cancelled and released", |s| {
-        s["work"].as_array().unwrap().is_empty() && s["reclaims"].as_array().unwrap().is_empty()
-    })
+    d.wait_status_within(
+        "the held prompt cancelled and released",
+        Duration::from_secs(90),
+        |s| {
+            s["work"].as_array().unwrap().is_empty() && s["reclaims"].as_array().unwrap().is_empty()
+        },
+    )
     .await;
-    assert_ne!(emu.running().as_deref(), Some(borrowed.as_str()), "stopped");
-    assert_eq!(emu.count("POST", "/queue"), queue_posts + 1, "one delete");
+    assert!(!comfy_queue(&comfy).await.0.contains(&borrowed), "stopped");
+    assert_ne!(
+        comfy_outcome(&comfy, &borrowed).await.as_deref(),
+        Some("success"),
+        "stopped before its end"
+    );
+    assert_eq!(
+        relayed(&shim, "POST", "/queue"),
+        queue_posts + 1,
+        "one delete"
+    );
     wait_log(&d, "held work deleted or stopped at the upstream").await;
     let log = d.process.log();
     let line = log

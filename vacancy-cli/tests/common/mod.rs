@@ -175,15 +175,30 @@ impl Daemon {
         what: &str,
         pred: impl Fn(&serde_json::Value) -> bool,
     ) -> serde_json::Value {
-        let mut last = serde_json::Value::Null;
-        for _ in 0..200 {
-            last = self.status().await;
+        self.wait_status_within(what, Duration::from_secs(10), pred)
+            .await
+    }
+
+    /// Wait up to `within` until `/status` satisfies `pred`, or panic with
+    /// the last status. For what a real upstream takes seconds to show (a
+    /// ComfyUI interrupt lands at the next node).
+    pub async fn wait_status_within(
+        &self,
+        what: &str,
+        within: Duration,
+        pred: impl Fn(&serde_json::Value) -> bool,
+    ) -> serde_json::Value {
+        let deadline = std::time::Instant::now() + within;
+        loop {
+            let last = self.status().await;
             if pred(&last) {
                 return last;
             }
+            if std::time::Instant::now() >= deadline {
+                panic!("timed out waiting for {what}; last status: {last:#}");
+            }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        panic!("timed out waiting for {what}; last status: {last:#}");
     }
 }
 
