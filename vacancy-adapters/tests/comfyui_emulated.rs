@@ -685,3 +685,96 @@ async fn a_running_prompt_is_stopped_with_the_job_cancel_on_0_26_and_interrupt_b
         assert_eq!(emu.running(), None, "{version}");
     }
 }
+
+#[tokio::test]
+async fn recl_27_each_cancellation_request_is_bounded() {
+    // RECL-27: a delete may take up to 2 minutes (the default bound); a
+    // ComfyUI that never answers fails the cancellation at the bound, and
+    // the reservation stays (RECL-21). That ComfyUI completes the delete
+    // after vacancyd stops waiting is ComfyUI's own doing.
+    use vacancy_adapters::comfyui::reclaim::ReclaimTimes;
+    assert_eq!(ReclaimTimes::default().request, Duration::from_secs(120));
+    // A server that accepts every connection, reads, and never answers.
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = silent.local_addr().unwrap();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((stream, _)) = silent.accept().await {
+            held.push(stream);
+        }
+    });
+    let bound = Duration::from_millis(300);
+    let reclaimer = ComfyUiAdapter::new(AdapterSettings::new(
+        format!("http://{addr}").parse().unwrap(),
+        MonotonicClock::new(),
+    ))
+    .unwrap()
+    // The queue reads around the delete are bounded by the read limits
+    // (COMFY-32), shrunk here too.
+    .with_read_limits(limits())
+    .with_reclaim_times(ReclaimTimes {
+        request: bound,
+        ..ReclaimTimes::default()
+    })
+    .reclaimer()
+    .unwrap();
+    let item = vacancy::traits::CancelItem {
+        entry: EntryId::from_u128(27),
+        upstream_ref: Some(new_id()),
+        claim: vacancy::traits::CancelClaim::new(),
+    };
+    let started = Instant::now();
+    let out = reclaimer.cancel(&[item], Instant::now()).await;
+    let took = started.elapsed();
+    match &out[..] {
+        [vacancy::traits::CancelOutcome::Failed { entry, reason }] => {
+            assert_eq!(*entry, EntryId::from_u128(27));
+            assert!(reason.contains("deleting borrowed prompts"), "{reason}");
+        }
+        other => panic!("{other:?}"),
+    }
+    // The delete waited its bound, and no longer (the read before it fails
+    // within its own 300 ms first-byte limit).
+    assert!(
+        took >= bound && took < bound + Duration::from_secs(2),
+        "{took:?}"
+    );
+}
+
+#[tokio::test]
+async fn recl_36_the_pre_unload_read_stops_at_the_first_foreign_prompt_within_16_mib() {
+    // RECL-36: a queue of about 18 MB of prompts. All vacancyd's: the read
+    // breaks its 16 MiB bound and cannot tell. The first one foreign: the
+    // read stops there, long before the bound, and finds foreign work.
+    use vacancy::traits::ForeignWork;
+    let items = 18_000;
+    let emu = start(Some("0.3.75"), Duration::from_secs(30));
+    emu.set_faults(ComfyFaults {
+        queue_padding: Some(QueuePadding {
+            items,
+            item_bytes: 1000,
+        }),
+        ..ComfyFaults::default()
+    });
+    let reclaimer = ComfyUiAdapter::new(settings(&emu))
+        .unwrap()
+        .reclaimer()
+        .unwrap();
+    let ours: Vec<String> = (0..items).map(|i| format!("foreign-{i:08}")).collect();
+    match reclaimer.foreign_work(&ours).await {
+        Ok(ForeignWork::CannotTell(why)) => assert!(why.contains("16 MiB"), "{why}"),
+        other => panic!("all ours, past 16 MiB: {other:?}"),
+    }
+    let started = Instant::now();
+    assert_eq!(
+        reclaimer.foreign_work(&ours[..100]).await,
+        Ok(ForeignWork::Present),
+        "the 101st prompt is foreign"
+    );
+    assert_eq!(reclaimer.foreign_work(&[]).await, Ok(ForeignWork::Present));
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+}

@@ -18,6 +18,7 @@ use vacancy_adapters::comfyui::ComfyUiAdapter;
 
 use async_trait::async_trait;
 use vacancy::traits::{Submission, TrackedEnd, TrackedWork, Tracker, TrackingEvents};
+use vacancy_adapters::comfyui::reclaim::ReclaimTimes;
 use vacancy_adapters::comfyui::tracker::TrackingTimes;
 use vacancy_test_support::{
     ComfyFlavor, ComfyUi, CountingShim, http_request, prompt_request, simple_workflow,
@@ -387,5 +388,123 @@ async fn an_owner_deleted_pending_prompt_is_released_after_two_absent_checks_on_
         queue(&comfy).await.0,
         [foreign],
         "the owner's prompt still runs"
+    );
+}
+
+/// The adapter at `comfy` with reclaim bounds shrunk to `history_check`.
+fn adapter_with_history_check(comfy: &ComfyUi, history_check: Duration) -> ComfyUiAdapter {
+    adapter(comfy).with_reclaim_times(ReclaimTimes {
+        history_check,
+        history_every: Duration::from_millis(100),
+        ..ReclaimTimes::default()
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recl_17_a_deleted_prompt_or_one_no_longer_queued_releases_its_reservation() {
+    // RECL-17 on real ComfyUI 0.3.75, for acknowledged prompts: one the
+    // delete removed from the pending queue, and one that already ran to its
+    // end, are both Stopped (their reservations released).
+    let comfy = ComfyUi::start(ComfyFlavor::V0_3_75).unwrap();
+    let reclaimer = adapter(&comfy).reclaimer().unwrap();
+    let done = submit(&comfy, simple_workflow(0x17_0001), None).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while history(&comfy, &done).await.get(&done).is_none() {
+        assert!(Instant::now() < deadline, "{done} never ended");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let running = submit(&comfy, slow_workflow(0x17_0002), None).await;
+    wait_running(&comfy, &running).await;
+    let pending = submit(&comfy, simple_workflow(0x17_0003), None).await;
+    assert_eq!(queue(&comfy).await.1, std::slice::from_ref(&pending));
+    let out = reclaimer
+        .cancel(
+            &[item(1, &pending), item(2, &done)],
+            std::time::Instant::now(),
+        )
+        .await;
+    assert_eq!(
+        out,
+        [
+            CancelOutcome::Stopped(EntryId::from_u128(1)),
+            CancelOutcome::Stopped(EntryId::from_u128(2)),
+        ]
+    );
+    assert_eq!(
+        queue(&comfy).await,
+        (vec![running], vec![]),
+        "only ours went"
+    );
+    assert_eq!(
+        history(&comfy, &pending).await,
+        serde_json::json!({}),
+        "it never ran"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recl_25_absence_of_an_unacknowledged_prompt_proves_nothing() {
+    // RECL-25 on real ComfyUI 0.3.75: a prompt whose submission reply never
+    // arrived, absent from the queue and without history, is not released
+    // by the cancel (Requested: its tracker decides); one the queue showed
+    // before the delete is.
+    let comfy = ComfyUi::start(ComfyFlavor::V0_3_75).unwrap();
+    let reclaimer = adapter(&comfy).reclaimer().unwrap();
+    let never_arrived = "aaaaaaaa-0000-4000-8000-000000000025";
+    let out = reclaimer
+        .cancel(&[item(1, never_arrived)], std::time::Instant::now())
+        .await;
+    assert_eq!(out, [CancelOutcome::Requested(EntryId::from_u128(1))]);
+    // It reached ComfyUI after all (only its reply was lost): the queue shows
+    // it pending, so the delete's removal proves it will never run.
+    let running = submit(&comfy, slow_workflow(0x25_0001), None).await;
+    wait_running(&comfy, &running).await;
+    let reached = submit(
+        &comfy,
+        simple_workflow(0x25_0002),
+        Some("aaaaaaaa-0000-4000-8000-000000000026"),
+    )
+    .await;
+    let out = reclaimer
+        .cancel(&[item(2, &reached)], std::time::Instant::now())
+        .await;
+    assert_eq!(out, [CancelOutcome::Stopped(EntryId::from_u128(2))]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recl_29_a_prompt_stopping_after_the_history_window_is_released_by_its_tracker() {
+    // RECL-29 on real ComfyUI 0.3.75, with the 10 s history window (RECL-28)
+    // shrunk to nothing: the stop request goes out, the history shows no end
+    // within the window, so the cancel releases nothing (Requested); the
+    // prompt's tracker releases it once its history shows the end.
+    let comfy = ComfyUi::start(ComfyFlavor::V0_3_75).unwrap();
+    let a = adapter_with_history_check(&comfy, Duration::ZERO).with_tracking_times(TrackingTimes {
+        check_every: CHECK,
+        lost_wait: Duration::from_millis(500),
+        timeout: Duration::from_secs(120),
+    });
+    let (reclaimer, tracker) = (a.reclaimer().unwrap(), a.tracker().unwrap());
+    let clock = a.settings().clock;
+    let id = EntryId::random().to_string();
+    let reply = submission(&comfy, slow_workflow(0x29_0001), &id).await;
+    wait_running(&comfy, &id).await;
+    let tracking = {
+        let id = id.clone();
+        tokio::spawn(async move { track(&tracker, clock, &id, reply).await })
+    };
+    let out = reclaimer
+        .cancel(&[item(1, &id)], std::time::Instant::now())
+        .await;
+    assert_eq!(out, [CancelOutcome::Requested(EntryId::from_u128(1))]);
+    assert!(!tracking.is_finished(), "the stop lands at the next node");
+    let end = tokio::time::timeout(Duration::from_secs(90), tracking)
+        .await
+        .expect("the tracker sees the interrupted prompt's history")
+        .unwrap();
+    let why = released(&end);
+    assert!(why.contains("history"), "{why}");
+    assert_eq!(
+        history(&comfy, &id).await[&id]["status"]["status_str"],
+        "error"
     );
 }

@@ -433,3 +433,34 @@ async fn an_execution_answered_202_early_is_released_at_that_response_end() {
     no_work(&d).await;
     assert!(emu.busy(), "the non-conformant server still synthesizes");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_observation_keeps_the_engine_name_the_server_reports() {
+    // VOICE-11: the engine's name is kept exactly as /status reports it
+    // (case and punctuation included), and only that name gets its credit.
+    let engine = "Qwen3-TTS_v2.1";
+    let emu = emulator(VoiceEmulatorOptions {
+        engines: vec![engine.to_owned(), "breeze".to_owned()],
+        loaded: Some(engine.to_owned()),
+        ..VoiceEmulatorOptions::default()
+    });
+    // 3000 free - 1000 reserve: only resident credit (300) fits.
+    let d = start(&emu.base_url(), 3000);
+    residency(
+        &d,
+        &format!("{engine}: loaded; resident for voice engine {engine}"),
+    )
+    .await;
+    let r = speak(&d, engine).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    settled(&d).await;
+    residency(&d, &format!("resident for voice engine {engine}")).await;
+    let r = speak(&d, &engine.to_lowercase()).await;
+    assert_eq!(
+        r.status,
+        503,
+        "another name is another engine: {}",
+        r.text()
+    );
+    assert_eq!(emu.synthesis_count(engine), 1);
+}

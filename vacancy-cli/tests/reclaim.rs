@@ -1036,3 +1036,63 @@ async fn a_prompt_restored_after_a_crash_is_cancelled_at_a_later_owner_return() 
         .unwrap();
     assert!(line.contains("reclaim-1"), "{line}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_an_unload_freed_is_judged_from_fresh_samples_never_from_its_acknowledgement() {
+    // OBS-05 on real Ollama 0.5.4: the unload is acknowledged, but while the
+    // capacity samples still say the memory is taken, work stays refused for
+    // memory; a sample that shows it free admits it.
+    let server = real_ollama(OllamaRelease::V0_5_4);
+    let (d, flag) = one_upstream_daemon(
+        "ollama",
+        "ollama",
+        &server.base_url(),
+        "on_owner_return = \"cancel\"\nyield_on_veto = true",
+    );
+    let capacity = d.dir.path().join("gpu0.json");
+    let url = format!("{}/api/generate", d.proxy);
+    let body =
+        json!({"model": "tiny", "prompt": "hi", "stream": false, "options": {"num_predict": 2}})
+            .to_string()
+            .into_bytes();
+    wait_away(&d).await;
+    let r = http_request("POST", &url, &[JSON], body.clone())
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    // The owner's own use takes the memory; the owner comes back.
+    write_capacity(&capacity, 500, 64_000);
+    owner_returns(&flag);
+    wait_log(
+        &d,
+        "models unloaded (acknowledged; fresh samples show what was freed)",
+    )
+    .await;
+    owner_leaves(&flag);
+    let s = d
+        .wait_status("the owner away, a sample after the unload", |s| {
+            s["owner"] == "away"
+                && s["reclaims"].as_array().unwrap().is_empty()
+                && s["resources"][0]["awaiting_fresh_sample"] == false
+        })
+        .await;
+    assert_eq!(s["resources"][0]["free_mib"], 500, "{s:#}");
+    let r = http_request("POST", &url, &[JSON], body.clone())
+        .await
+        .unwrap();
+    assert_eq!(
+        r.status,
+        503,
+        "the acknowledgement freed nothing: {}",
+        r.text()
+    );
+    assert!(r.text().contains("insufficient_memory"), "{}", r.text());
+    // A fresh sample that shows the memory free is what admits work again.
+    write_capacity(&capacity, 40_000, 64_000);
+    d.wait_status("a sample showing the memory free", |s| {
+        s["resources"][0]["free_mib"] == 40_000
+    })
+    .await;
+    let r = http_request("POST", &url, &[JSON], body).await.unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+}
