@@ -866,3 +866,75 @@ async fn a_too_old_observation_is_refreshed_once_on_the_refusal_path() {
     }
     panic!("the observation loop refreshed first in every round; RES-20 was never exercised");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn learned_contexts_survive_a_model_unload_up_to_eight_kinds_per_model() {
+    // RES-12: kinds learned for a model stay when the model unloads, at most
+    // 8 per model (the oldest goes first); when it loads again under the
+    // same digest they credit its first request.
+    let emu = emulator();
+    let digest = OllamaModel::new("llama3").digest;
+    let (dir, path, control, proxy) = prepare(&emu.base_url(), HIGH);
+    // An earlier run taught 8 /api kinds (num_ctx 1000 to 8000).
+    let admission = dir.path().join("vacancyd.admission");
+    std::fs::create_dir_all(&admission).unwrap();
+    std::fs::set_permissions(
+        &admission,
+        std::os::unix::fs::PermissionsExt::from_mode(0o700),
+    )
+    .unwrap();
+    let kinds: Vec<Value> = (1..=8u64)
+        .map(|n| json!({"num_ctx": n * 1000, "family": "api", "context": n * 1000}))
+        .collect();
+    let cache = json!({"version": 1, "upstreams": {"ollama": {"models": {MODEL: {
+        "digest": digest, "parallel": false, "learned": 1, "kinds": kinds
+    }}}}});
+    std::fs::write(admission.join("learned-contexts.json"), cache.to_string()).unwrap();
+    let d = Daemon::start_with(dir, &path, control, proxy);
+    d.wait_status("the upstream to be observed", |s| {
+        s["upstreams"][0]["reachable"] == true
+    })
+    .await;
+
+    // A ninth kind is taught: the oldest one makes room.
+    let ps = streamed_then_lower(&d, &emu, "/v1/chat/completions", v1_chat()).await;
+    settle(&d, &emu, ps, LOW, "the /v1 kind to be learned", |r| {
+        r.contains(&format!("{MODEL}, num_ctx unset, /v1"))
+    })
+    .await;
+    let kinds = learned_kinds(&read_cache(&d));
+    assert_eq!(kinds.len(), 8, "{kinds:#?}");
+    assert!(!kinds.iter().any(|k| k["num_ctx"] == 1000), "{kinds:#?}");
+    assert!(kinds.iter().any(|k| k["num_ctx"] == 2000), "{kinds:#?}");
+    let v1 = json!({"num_ctx": null, "family": "v1", "context": 4096});
+    assert_eq!(kinds.last(), Some(&v1), "{kinds:#?}");
+
+    // The owner unloads the model: nothing is loaded, nothing is forgotten.
+    let r = http_request(
+        "POST",
+        &format!("{}/api/generate", emu.base_url()),
+        &[JSON],
+        json!({"model": "llama3", "keep_alive": 0})
+            .to_string()
+            .into_bytes(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.json().unwrap()["done_reason"], "unload");
+    wait_residency(&d, "the model unloaded", |r| !r.contains(MODEL)).await;
+    assert_eq!(
+        learned_kinds(&read_cache(&d)),
+        kinds,
+        "kept through the unload"
+    );
+
+    // Loaded again under the same digest: the /v1 kind credits at once.
+    emu.preload("llama3", None).unwrap();
+    wait_residency(&d, "the learned /v1 kind credited again", |r| {
+        r.contains(&format!("resident for {MODEL}, num_ctx unset, /v1"))
+    })
+    .await;
+    let reply = post(&d, "/v1/chat/completions", &v1_chat()).await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    assert_eq!(admissions(&d), [false, true]);
+}
