@@ -385,7 +385,10 @@ async fn an_owner_deleted_pending_prompt_is_released_after_two_absent_checks_on_
     assert!(why.contains("two consecutive checks"), "{why}");
     // Two checks after the delete, each reading the queue, found it absent.
     let reads_after = count(&shim, "GET", "/queue") - reads_at_delete;
-    assert!(reads_after >= 2, "{reads_after} queue reads after the delete");
+    assert!(
+        reads_after >= 2,
+        "{reads_after} queue reads after the delete"
+    );
     assert_eq!(
         queue(&comfy).await.0,
         [foreign],
