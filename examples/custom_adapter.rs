@@ -106,7 +106,7 @@ impl Adapter for HaikuAdapter {
                 "basho-1".to_owned(),
                 ResidencyEvidence::NotProven("the haiku server reports no idle state".to_owned()),
             )],
-            foreign_work: None,
+            visible_work: None,
             allocator_free_mib: None,
         })
     }

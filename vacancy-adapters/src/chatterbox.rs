@@ -16,7 +16,9 @@
 use async_trait::async_trait;
 use serde_json::Value;
 use vacancy::config::VoiceRoutesConfig;
-use vacancy::engine::{ModelObservation, ObservedModel, RequestReuse, ResidencyEvidence};
+use vacancy::engine::{
+    ModelObservation, ObservedModel, RequestReuse, ResidencyEvidence, VisibleWork,
+};
 use vacancy::traits::routes::RouteOverlap;
 use vacancy::traits::{
     Adapter, InspectContext, InspectError, Inspection, ObserveError, RouteClass, RouteMethod,
@@ -337,7 +339,7 @@ impl Adapter for ChatterboxAdapter {
         Ok(ModelObservation {
             taken_at,
             models,
-            foreign_work: busy.then(|| "the voice server reports busy".to_owned()),
+            visible_work: busy.then(|| VisibleWork::new(1, "the voice server reports busy")),
             allocator_free_mib: None,
         })
     }

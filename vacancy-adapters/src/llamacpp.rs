@@ -21,7 +21,7 @@
 
 use async_trait::async_trait;
 use serde_json::Value;
-use vacancy::engine::{ModelObservation, ObservedModel, ResidencyEvidence};
+use vacancy::engine::{ModelObservation, ObservedModel, ResidencyEvidence, VisibleWork};
 use vacancy::traits::routes::RouteOverlap;
 use vacancy::traits::{
     Adapter, InspectContext, InspectError, Inspection, ObserveError, RouteClass, RouteMethod,
@@ -72,6 +72,7 @@ pub const ROUTES: &[RouteSpec] = &[
     RouteSpec::new(RouteMethod::Post, "/detokenize", RouteClass::BorrowerRead),
     RouteSpec::new(RouteMethod::Get, "/health", RouteClass::Discovery),
     RouteSpec::new(RouteMethod::Get, "/v1/models", RouteClass::Discovery),
+    RouteSpec::new(RouteMethod::Get, "/v1/models/{id}", RouteClass::Discovery),
     RouteSpec::new(RouteMethod::Get, "/models", RouteClass::Discovery),
     RouteSpec::new(RouteMethod::Get, "/props", RouteClass::Discovery),
     RouteSpec::new(RouteMethod::Get, "/slots", RouteClass::Management),
@@ -111,9 +112,10 @@ pub fn route_table() -> Result<RouteTable, RouteOverlap> {
 ///      ready unless router mode says it is still loading; router-mode
 ///      models that are not loaded are left out.
 ///   3. `GET /slots`: every slot idle is [`ResidencyEvidence::Proven`]
-///      (RES-16); any slot processing is `foreign_work = "N of M slots
-///      processing"` (ADM-09: the engine counts it only when the observation
-///      is fresh and taken after vacancy's last job there) and `NotProven`;
+///      (RES-16); N slots processing are `visible_work` of N jobs, "N of M
+///      slots processing" (ADM-09: the engine counts the jobs beyond its own,
+///      and only when the observation is fresh and taken after vacancy's last
+///      job there) and `NotProven`;
 ///      `/slots` answering an error status (disabled: 501, missing: 404,
 ///      401/403 without a usable credential) is `NotProven("the /slots
 ///      endpoint is unavailable: ...")` with no foreign work: absence is no
@@ -328,7 +330,7 @@ fn observation(
     models: Vec<(String, bool)>,
     slots: Result<Slots, FetchError>,
 ) -> ModelObservation {
-    let (evidence, foreign_work) = match slots {
+    let (evidence, visible_work) = match slots {
         Ok(Slots { processing: 0, .. }) => (ResidencyEvidence::Proven, None),
         Ok(Slots { total, processing }) => {
             let busy = format!("{processing} of {total} slots processing");
@@ -337,7 +339,11 @@ fn observation(
             } else {
                 format!("{busy}; resident credit needs idle slots")
             };
-            (ResidencyEvidence::NotProven(why), Some(busy))
+            let jobs = u32::try_from(processing).unwrap_or(u32::MAX);
+            (
+                ResidencyEvidence::NotProven(why),
+                Some(VisibleWork::new(jobs, busy)),
+            )
         }
         Err(e) => {
             let hint = if matches!(e, FetchError::Unauthorized { .. }) {
@@ -362,7 +368,7 @@ fn observation(
                 ..ObservedModel::new(name, evidence.clone())
             })
             .collect(),
-        foreign_work,
+        visible_work,
         allocator_free_mib: None,
     }
 }

@@ -53,7 +53,7 @@ async fn an_idle_server_proves_its_model_resident() {
             ResidencyEvidence::Proven
         )]
     );
-    assert_eq!(obs.foreign_work, None);
+    assert_eq!(obs.visible_work, None);
     assert_eq!(a.verify_stopped().await, Ok(true));
 
     // A credential the server does not ask for changes nothing.
@@ -101,8 +101,10 @@ async fn a_busy_slot_is_foreign_work_and_a_cut_stream_is_proven_stopped() {
 
     let obs = a.observe().await.unwrap();
     assert_eq!(
-        obs.foreign_work.as_deref(),
-        Some("1 of 1 slots processing"),
+        obs.visible_work
+            .as_ref()
+            .map(|w| (w.jobs, w.description.as_str())),
+        Some((1, "1 of 1 slots processing")),
         "{}",
         server.process().log_tail(30)
     );
@@ -121,7 +123,7 @@ async fn a_busy_slot_is_foreign_work_and_a_cut_stream_is_proven_stopped() {
     )
     .await;
     let obs = a.observe().await.unwrap();
-    assert_eq!(obs.foreign_work, None);
+    assert_eq!(obs.visible_work, None);
     assert_eq!(obs.models[0].evidence, ResidencyEvidence::Proven);
 }
 
@@ -162,7 +164,7 @@ async fn disabled_slots_are_no_evidence() {
     .await;
     let a = adapter(server.settings());
     let obs = a.observe().await.unwrap();
-    assert_eq!(obs.foreign_work, None);
+    assert_eq!(obs.visible_work, None);
     let ResidencyEvidence::NotProven(why) = &obs.models[0].evidence else {
         panic!("proven without /slots: {obs:?}");
     };
@@ -194,7 +196,7 @@ async fn a_sleeping_server_is_observed_without_waking_it() {
     let a = adapter(server.settings());
     let obs = a.observe().await.unwrap();
     assert_eq!(obs.models, []);
-    assert_eq!(obs.foreign_work, None);
+    assert_eq!(obs.visible_work, None);
     assert_eq!(a.verify_stopped().await, Ok(true));
     assert_eq!(server.get("/props").await["is_sleeping"], true);
     assert!(

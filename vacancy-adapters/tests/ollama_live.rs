@@ -46,7 +46,7 @@ async fn a_preloaded_model_is_proven_resident() {
             otherwise: "llama3:latest is loaded with context 4096, which requests of this kind are not known to reuse (nothing learned for it; the Modelfile sets no num_ctx)".into(),
         }
     );
-    assert_eq!(obs.foreign_work, None);
+    assert_eq!(obs.visible_work, None);
     // Observation reads /api/ps only, with GET (OBS-01: nothing of a borrower's).
     let asked: Vec<_> = emulator
         .requests()

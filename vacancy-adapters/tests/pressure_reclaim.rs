@@ -154,6 +154,7 @@ async fn rig() -> Rig {
             listener,
             Arc::clone(&lender),
             Arc::clone(&route),
+            vacancy::proxy::Listening::default(),
             shutdown.clone(),
             Duration::from_secs(1),
         ));
@@ -286,6 +287,7 @@ async fn engaged_pressure_reclaims_only_the_work_on_its_gpu() {
     let held = wait_held(&rig.lender).await;
     rig.lender
         .release_held(held, HeldRelease::AdministratorConfirmed)
+        .await
         .unwrap();
     assert_eq!(refusal_code(&rig.urls[0]).await, "pressure");
     // gpu1's work and lending go on.

@@ -1,16 +1,11 @@
 //! The control listener: `/health`, `/status`, `/metrics` (DESIGN §4).
 
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
-use hyper::body::Incoming;
-use hyper::server::conn::http1;
-use hyper::service::service_fn;
-use hyper_util::rt::TokioIo;
 use serde::Serialize;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -22,8 +17,9 @@ use vacancy::engine::{
     WorkStatus,
 };
 use vacancy::presence::ManualPresence;
-use vacancy::proxy::Lender;
+use vacancy::proxy::conn::{AcceptBackoff, BorrowerBody, serve_connection};
 use vacancy::proxy::shells::HealthCell;
+use vacancy::proxy::{HeldReleaseError, Lender, Listening};
 
 /// Static facts about one upstream plus its live health.
 pub struct UpstreamInfo {
@@ -231,7 +227,9 @@ fn admit_call<'a>(
 }
 
 /// A JSON object body, read within 64 KiB.
-async fn json_body(body: Incoming) -> Result<serde_json::Map<String, serde_json::Value>, ApiError> {
+async fn json_body(
+    body: BorrowerBody,
+) -> Result<serde_json::Map<String, serde_json::Value>, ApiError> {
     let bytes = Limited::new(body, 64 * 1024)
         .collect()
         .await
@@ -277,7 +275,7 @@ fn ok(value: serde_json::Value) -> Reply {
     respond(200, "application/json", value.to_string())
 }
 
-async fn handle(state: &ControlState, peer: SocketAddr, req: http::Request<Incoming>) -> Reply {
+async fn handle(state: &ControlState, peer: SocketAddr, req: http::Request<BorrowerBody>) -> Reply {
     let json = "application/json";
     let (head, body) = req.into_parts();
     let path = head.uri.path().to_owned();
@@ -336,6 +334,24 @@ async fn handle(state: &ControlState, peer: SocketAddr, req: http::Request<Incom
                 .await
                 .unwrap_or_else(ApiError::reply)
         }
+        // An unknown admin route is not told apart from a known one before
+        // the token is checked: probing /admin/* learns nothing.
+        (_, p) if p.starts_with("/admin/") || p == "/admin" => {
+            let authorization = head
+                .headers
+                .get(http::header::AUTHORIZATION)
+                .and_then(|v| v.to_str().ok());
+            match state.tokens.authorize(authorization, Scope::Owner) {
+                Err(e) => auth_error(e).reply(),
+                Ok(_) => error(
+                    404,
+                    "not_found",
+                    format!(
+                        "no admin route {method} {path}; see docs/operator-guide.md for the /admin routes"
+                    ),
+                ),
+            }
+        }
         (_, path) => error(
             404,
             "not_found",
@@ -349,7 +365,7 @@ async fn handle(state: &ControlState, peer: SocketAddr, req: http::Request<Incom
 async fn lending(
     state: &ControlState,
     head: &http::request::Parts,
-    body: Incoming,
+    body: BorrowerBody,
 ) -> Result<Reply, ApiError> {
     let who = admit_call(state, head, Scope::Owner, "lending")?;
     let enabled = bool_field(&json_body(body).await?, "enabled")?;
@@ -361,7 +377,7 @@ async fn lending(
 async fn resource(
     state: &ControlState,
     head: &http::request::Parts,
-    body: Incoming,
+    body: BorrowerBody,
     name: &str,
 ) -> Result<Reply, ApiError> {
     let who = admit_call(state, head, Scope::Owner, "resource")?;
@@ -384,7 +400,7 @@ async fn resource(
 async fn presence(
     state: &ControlState,
     head: &http::request::Parts,
-    body: Incoming,
+    body: BorrowerBody,
 ) -> Result<Reply, ApiError> {
     let who = admit_call(state, head, Scope::Owner, "presence")?;
     let present = bool_field(&json_body(body).await?, "present")?;
@@ -414,7 +430,7 @@ async fn presence(
 async fn release_work(
     state: &ControlState,
     head: &http::request::Parts,
-    body: Incoming,
+    body: BorrowerBody,
     id: &str,
 ) -> Result<Reply, ApiError> {
     let who = admit_call(state, head, Scope::Admin, "release_work")?;
@@ -433,40 +449,61 @@ async fn release_work(
             format!("no work entry {id:?}; IDs are listed by vacancyd status"),
         )
     })?;
+    // Answered only once the release is on disk (HELD-04): an acknowledged
+    // release never comes back as held after a crash.
     match state
         .lender
         .release_held(entry, HeldRelease::AdministratorConfirmed)
+        .await
     {
         Ok(()) => {
             info!(token = who, entry = %entry, "admin: held work released");
             Ok(ok(serde_json::json!({"released": entry.to_string()})))
         }
-        Err(e @ EngineError::UnknownEntry(_)) => Err(fail(404, "not_found", e.to_string())),
-        Err(e @ EngineError::NotHeld { .. }) => Err(fail(409, "conflict", e.to_string())),
-        Err(e) => Err(fail(409, "conflict", e.to_string())),
+        Err(HeldReleaseError::Engine(e @ EngineError::UnknownEntry(_))) => {
+            Err(fail(404, "not_found", e.to_string()))
+        }
+        Err(HeldReleaseError::Engine(e)) => Err(fail(409, "conflict", e.to_string())),
+        Err(HeldReleaseError::NotRecorded(e)) => {
+            warn!(token = who, entry = %entry, error = %e, "admin: the release could not be recorded; the entry stays held");
+            Err(fail(
+                503,
+                "ledger_unavailable",
+                format!(
+                    "the release of work entry {entry} could not be saved in the recovery directory, so the entry stays held: {}. Free disk space or fix the directory, then send the release again",
+                    e.reason
+                ),
+            ))
+        }
     }
 }
 
-/// Serve the control plane until `shutdown`.
+/// Serve the control plane until `shutdown`, under the same connection
+/// limits as the borrowers' listeners and a budget of its own, so that it
+/// answers while borrower connections are exhausted.
 pub async fn serve(
     listener: TcpListener,
     state: Arc<ControlState>,
+    listening: Listening,
     mut shutdown: watch::Receiver<bool>,
 ) {
+    let mut backoff = AcceptBackoff::new("control");
     loop {
+        let next = async {
+            let permit = listening.budget.acquire().await;
+            (permit, backoff.accept(&listener).await)
+        };
         tokio::select! {
-            accepted = listener.accept() => {
-                let Ok((stream, peer)) = accepted else {
-                    warn!("control accept failed");
-                    continue;
-                };
+            (permit, (stream, peer)) = next => {
                 let state = Arc::clone(&state);
+                let limits = listening.limits;
                 tokio::spawn(async move {
-                    let svc = service_fn(move |req| {
+                    let _permit = permit;
+                    let handler = move |req| {
                         let state = Arc::clone(&state);
-                        async move { Ok::<_, Infallible>(handle(&state, peer, req).await) }
-                    });
-                    if let Err(e) = http1::Builder::new().serve_connection(TokioIo::new(stream), svc).await {
+                        async move { handle(&state, peer, req).await }
+                    };
+                    if let Err(e) = serve_connection(stream, limits, handler, None).await {
                         debug!(error = %e, "control connection ended with an error");
                     }
                 });

@@ -20,10 +20,11 @@ use vacancy::pressure::{
     CalibrationFile, NvmlPressureReader, PressureParams, PressureReader, PressureTracker,
     UnavailableReader,
 };
+use vacancy::proxy::conn::{self, ConnLimits};
 use vacancy::proxy::pressure::PressureGpu;
 use vacancy::proxy::reclaim::ReclaimTimes;
 use vacancy::proxy::shells::{self, HealthCell, UnavailableResource};
-use vacancy::proxy::{Lender, Target, UpstreamRoute};
+use vacancy::proxy::{Lender, Listening, Target, UpstreamRoute};
 use vacancy::traits::Adapter;
 use vacancy::{MonotonicClock, Resource, ResourceKind};
 use vacancy_adapters::comfyui::ComfyUiAdapter;
@@ -37,6 +38,9 @@ use crate::control::{ControlState, UpstreamInfo};
 
 /// How long open exchanges may finish after a shutdown signal.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
+/// Descriptors kept for the ledger, samplers, observation and the control
+/// plane while borrowers use the rest.
+const DESCRIPTOR_RESERVE: u64 = 128;
 /// How often upstreams are observed (fresh enough for RES-02's 4 s).
 const OBSERVE_EVERY: Duration = Duration::from_secs(2);
 /// How often the presence backend is asked.
@@ -219,12 +223,17 @@ fn open_ledger(
         let reason = entry.held_reason.clone().unwrap_or_else(|| {
             "restored after a restart; the daemon stopped before its end was proven".to_owned()
         });
-        engine.restore_held(entry.to_restored(now, wall), &reason).map_err(|e| {
-            setup(format!(
-                "{e} (recovery directory {}); vacancyd does not start rather than forget this work",
-                location.path.display()
-            ))
-        })?;
+        let overlaps = engine
+            .restore_held(entry.to_restored(now, wall), &reason)
+            .map_err(|e| {
+                setup(format!(
+                    "{e} (recovery directory {}); vacancyd does not start rather than forget this work",
+                    location.path.display()
+                ))
+            })?;
+        for o in overlaps {
+            warn!(entry = %entry.id, other_entry = %o.holder, resource = %o.resource, "two unresolved records name the same resource (a crash came between one job's end and its record); both are held, since either may still run: stop or verify both at the upstream, then release each as an administrator");
+        }
         warn!(entry = %entry.id, upstream = %entry.upstream, resources = %entry.resources.join(","), age_s = entry.age(wall).as_secs(), "held work restored: stop or verify it at the upstream, then release it as an administrator");
     }
     Ok((ledger, location.path))
@@ -430,12 +439,28 @@ pub async fn start(
         tokens: vacancy::auth::Tokens::new(config.server.tokens.clone()),
         ready: false.into(),
     });
+    let limits = ConnLimits::from_config(&config.server);
+    let nofile = conn::raise_nofile_limit();
+    let (borrowers, control_budget) = conn::budgets(nofile, DESCRIPTOR_RESERVE);
+    info!(
+        open_files = nofile,
+        borrower_connections = borrowers.size(),
+        control_connections = control_budget.size(),
+        header_timeout_s = limits.header.as_secs(),
+        idle_timeout_s = limits.idle.as_secs(),
+        body_timeout_s = limits.body.as_secs(),
+        "connection limits"
+    );
     for (listener, route) in servers {
         info!(upstream = %route.name, adapter = route.adapter.name(), listen = %listener.local_addr().map(|a| a.to_string()).unwrap_or_default(), target = %route.target.authority, "lending upstream");
         tasks.spawn(vacancy::proxy::serve(
             listener,
             Arc::clone(&lender),
             route,
+            Listening {
+                limits,
+                budget: borrowers.clone(),
+            },
             shutdown.clone(),
             SHUTDOWN_GRACE,
         ));
@@ -443,6 +468,10 @@ pub async fn start(
     tasks.spawn(crate::control::serve(
         control_listener,
         Arc::clone(&state),
+        Listening {
+            limits,
+            budget: control_budget,
+        },
         shutdown.clone(),
     ));
     state.ready.store(true, Ordering::Release);

@@ -24,8 +24,11 @@ struct Cli {
 enum Command {
     /// Run the daemon: one proxy listener per upstream and the control plane.
     Run {
-        /// The configuration file; without it, the embedded default (system
-        /// memory, a llama-server at 127.0.0.1:8080 lent at 127.0.0.1:8081).
+        /// The configuration file; without it, the embedded default: system
+        /// memory (4096 MiB reserve), a llama-server at 127.0.0.1:8080 lent at
+        /// 127.0.0.1:8081 (2048 MiB a job), an Ollama at 127.0.0.1:11434 lent
+        /// at 127.0.0.1:11435 (4096 MiB a job), presence auto (logind on a
+        /// desktop: work is refused while its owner is logged in).
         #[arg(long)]
         config: Option<PathBuf>,
     },

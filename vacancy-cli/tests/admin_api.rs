@@ -399,3 +399,33 @@ async fn observations_use_the_configured_credential_never_the_borrowers() {
         "the credential leaked into the log"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn any_case_of_bearer_is_accepted_and_unknown_admin_routes_need_a_token() {
+    // Issue 14 item 14 (RFC 9110: the scheme is case-insensitive) and item 19
+    // (an unknown /admin route answers 404 only after the token is checked).
+    let llama = LlamaServer::start(LlamaOptions::default()).unwrap();
+    let d = daemon(&llama.base_url(), "none", "");
+    for scheme in ["bearer", "BEARER", "Bearer"] {
+        let auth = format!("{scheme} {OWNER}");
+        let r = http_request(
+            "POST",
+            &format!("{}/admin/lending", d.control),
+            &[
+                JSON,
+                ("authorization", &auth),
+                ("vacancy-intent", "lending"),
+            ],
+            br#"{"enabled": true}"#.to_vec(),
+        )
+        .await
+        .unwrap();
+        assert_eq!(r.status, 200, "{scheme}: {}", r.text());
+    }
+    let (status, body) = admin(&d, "/admin/no-such-thing", None, None, "{}").await;
+    assert_eq!(status, 401, "{body}");
+    let (status, body) = admin(&d, "/admin/no-such-thing", Some(READER), None, "{}").await;
+    assert_eq!(status, 403, "{body}");
+    let (status, body) = admin(&d, "/admin/no-such-thing", Some(OWNER), None, "{}").await;
+    assert_eq!(status, 404, "{body}");
+}

@@ -487,3 +487,129 @@ async fn work_sent_around_the_proxy_refuses_borrowed_work_while_slots_show_it() 
     );
     drop(direct);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vacancys_own_job_is_never_read_as_the_owners_work() {
+    // ADM-09 (issue 14 item 1): with two slots, a /slots reading taken during
+    // vacancy's own job shows "1 of 2 slots processing". /status and every
+    // refusal then say the resource is reserved, never that the upstream runs
+    // work vacancy did not admit; and once the job ends, sequential borrowers
+    // are not refused on a reading of it.
+    let llama = LlamaServer::start(LlamaOptions {
+        parallel: 2,
+        ..busy_model()
+    })
+    .unwrap();
+    let d = Daemon::start(&llama.base_url(), 1000, 2000, 20_000, "");
+    let url = format!("{}/completion", d.proxy);
+    let mut stream = http_stream("POST", &url, &[JSON], completion(200, true))
+        .await
+        .unwrap();
+    stream.next_chunk().await.unwrap().unwrap();
+    // Wait for an observation taken during the job.
+    let s = d
+        .wait_status("an observation showing the job's slot", |s| {
+            s["upstreams"][0]["residency"].as_array().is_some_and(|r| {
+                r.iter()
+                    .any(|e| e.as_str().is_some_and(|e| e.contains("processing")))
+            })
+        })
+        .await;
+    let vacancy = &s["upstreams"][0]["vacancy"];
+    assert_eq!(vacancy["admitting"], false, "{s:#}");
+    assert_eq!(vacancy["code"], "resource_busy", "{s:#}");
+    let reason = vacancy["reason"].as_str().unwrap();
+    assert!(!reason.contains("did not admit"), "{reason}");
+    let r = d.complete(4).await;
+    assert_eq!(r.status, 503);
+    let message = r.json().unwrap()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(message.contains("reserved"), "{message}");
+    assert!(!message.contains("did not admit"), "{message}");
+    let id = s["work"][0]["id"].as_str().unwrap();
+    assert!(
+        !message.contains(id),
+        "another borrower's entry ID: {message}"
+    );
+    while let Some(Ok(_)) = stream.next_chunk().await {}
+
+    // Borrowers one after another, each right after the last: never refused
+    // because of a reading of vacancy's own finished job.
+    for i in 0..10 {
+        let r = d.complete(8).await;
+        assert_eq!(r.status, 200, "request {i}: {}", r.text());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refusal_texts_say_which_case_they_are() {
+    // Issue 14 item 8, ROUTE-04: an owner route and a typo get different
+    // words; GET /v1/models/{id} is discovery, as llama-server answers it; a
+    // malformed body says what to send.
+    let llama = LlamaServer::start(LlamaOptions {
+        alias: Some("tiny".to_owned()),
+        ..LlamaOptions::default()
+    })
+    .unwrap();
+    let d = Daemon::start(&llama.base_url(), 1000, 2000, 20_000, "");
+    let get = |path: &str| {
+        let url = format!("{}{path}", d.proxy);
+        async move { http_request("GET", &url, &[], Vec::new()).await.unwrap() }
+    };
+    let owner = get("/slots").await;
+    assert_eq!(owner.status, 403);
+    let message = owner.json().unwrap()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(message.contains("owner"), "{message}");
+    assert!(message.contains("management = \"allow\""), "{message}");
+    assert!(!message.contains("issue tracker"), "{message}");
+
+    let typo = get("/v1/modelz").await;
+    assert_eq!(typo.status, 403);
+    let message = typo.json().unwrap()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(message.contains("GET /v1/modelz"), "{message}");
+    assert!(message.contains("typo"), "{message}");
+    assert!(!message.contains("/slots"), "{message}");
+
+    let one = get("/v1/models/tiny").await;
+    assert_ne!(one.status, 403, "{}", one.text());
+    let direct = http_request(
+        "GET",
+        &format!("{}/v1/models/tiny", llama.base_url()),
+        &[],
+        Vec::new(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        (one.status, one.body.clone()),
+        (direct.status, direct.body),
+        "forwarded as llama-server answers it"
+    );
+
+    let r = http_request(
+        "POST",
+        &format!("{}/completion", d.proxy),
+        &[JSON],
+        b"prompt=hi".to_vec(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status, 400);
+    let message = r.json().unwrap()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(message.contains("not valid JSON"), "{message}");
+    assert!(
+        message.contains("send the request body as one JSON object"),
+        "{message}"
+    );
+}

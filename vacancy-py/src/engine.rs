@@ -582,7 +582,10 @@ impl Engine {
                 ModelObservation {
                     taken_at,
                     models,
-                    foreign_work,
+                    // Work the caller says vacancy did not admit: foreign
+                    // whatever vacancy's own jobs are.
+                    visible_work: foreign_work
+                        .map(|what| vacancy::engine::VisibleWork::new(u32::MAX, what)),
                     allocator_free_mib: None,
                 },
             )?;

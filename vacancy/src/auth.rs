@@ -70,10 +70,13 @@ impl Tokens {
     /// The token presented in an `Authorization` header value, if it matches
     /// a configured hash. Every configured hash is compared, matched or not.
     pub fn authenticate(&self, authorization: Option<&str>) -> Option<&TokenConfig> {
-        let presented = authorization?
-            .strip_prefix("Bearer ")
-            .map(str::trim)
-            .filter(|t| !t.is_empty())?;
+        // RFC 9110 §11.1: the scheme is case-insensitive and followed by
+        // one or more spaces.
+        let (scheme, rest) = authorization?.trim_start().split_once(' ')?;
+        if !scheme.eq_ignore_ascii_case("bearer") {
+            return None;
+        }
+        let presented = Some(rest.trim()).filter(|t| !t.is_empty())?;
         let hash = hash_token(presented);
         let mut found = None;
         for t in &self.tokens {
@@ -187,5 +190,28 @@ mod tests {
             tokens.authorize(Some("Bearer "), Scope::Read),
             Err(AuthError::Unauthenticated)
         );
+    }
+
+    #[test]
+    fn the_bearer_scheme_is_case_insensitive() {
+        // Issue 14 item 14, RFC 9110 §11.1.
+        let tokens = Tokens::new(vec![TokenConfig {
+            name: "ops".into(),
+            scopes: vec![Scope::Admin],
+            sha256: hash_token("a"),
+        }]);
+        for header in ["bearer a", "BEARER a", "Bearer  a", "bEaReR a "] {
+            assert!(
+                tokens.authorize(Some(header), Scope::Admin).is_ok(),
+                "{header:?}"
+            );
+        }
+        for header in ["Basic a", "Bearera", "Token a"] {
+            assert_eq!(
+                tokens.authorize(Some(header), Scope::Read),
+                Err(AuthError::Unauthenticated),
+                "{header:?}"
+            );
+        }
     }
 }

@@ -280,6 +280,7 @@ async fn harness(
         listener,
         Arc::clone(&lender),
         route,
+        crate::proxy::Listening::default(),
         rx,
         Duration::from_secs(1),
     ));

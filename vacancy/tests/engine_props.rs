@@ -304,7 +304,7 @@ fn run(reserves: [u64; 3], events: Vec<Event>) -> Result<(), TestCaseError> {
                     ModelObservation {
                         taken_at: now,
                         models: vec![ObservedModel::new(MODELS[model], ResidencyEvidence::Proven)],
-                        foreign_work: None,
+                        visible_work: None,
                         allocator_free_mib: None,
                     },
                 )

@@ -25,7 +25,7 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use serde_json::{Value, json};
-use vacancy::engine::{ModelObservation, Refusal, RequestReuse};
+use vacancy::engine::{ModelObservation, Refusal, RequestReuse, VisibleWork};
 use vacancy::traits::routes::RouteOverlap;
 use vacancy::traits::{
     Adapter, InspectContext, InspectError, Inspection, ObserveError, Reclaimer, RenderedRefusal,
@@ -197,8 +197,6 @@ struct Shared {
     /// For delete, stop and unload requests, which may take 2 minutes (RECL-27).
     control: ObservationClient,
     borrowed: Mutex<Borrowed>,
-    /// Prompts whose tracking is under way (the ones `queue_remaining` may count).
-    active: Mutex<usize>,
     version: Mutex<Option<ReportedVersion>>,
     times: TrackingTimes,
     limits: ReadLimits,
@@ -257,7 +255,6 @@ impl ComfyUiAdapter {
                         .with_observe_timeout(ReclaimTimes::default().request),
                 ),
                 borrowed: Mutex::new(Borrowed::default()),
-                active: Mutex::new(0),
                 version: Mutex::new(None),
                 times: TrackingTimes::default(),
                 limits: ReadLimits::default(),
@@ -520,17 +517,18 @@ impl Adapter for ComfyUiAdapter {
                     "GET /prompt: no whole-number exec_info.queue_remaining".to_owned(),
                 )
             })?;
-        let ours = u64::try_from(*lock(&self.shared.active)).unwrap_or(u64::MAX);
-        let foreign_work = (remaining > ours).then(|| {
-            format!(
-                "ComfyUI holds {remaining} queued or running prompts, {} more than vacancy admitted",
-                remaining - ours
+        // vacancy's own prompts are subtracted by the engine, which knows
+        // every entry on the server's resources (ADM-09).
+        let visible_work = (remaining > 0).then(|| {
+            VisibleWork::new(
+                u32::try_from(remaining).unwrap_or(u32::MAX),
+                format!("ComfyUI holds {remaining} queued or running prompts"),
             )
         });
         Ok(ModelObservation {
             taken_at,
             models: Vec::new(),
-            foreign_work,
+            visible_work,
             allocator_free_mib,
         })
     }
@@ -566,23 +564,6 @@ pub const DEFAULT_JOBS_PATH: &str = "/api/jobs/{id}";
 #[derive(Debug)]
 struct ComfyTracker(Arc<Shared>);
 
-/// Counts a prompt as tracked while it lives (the observation's `queue_remaining` baseline).
-struct Active<'a>(&'a Shared);
-
-impl<'a> Active<'a> {
-    fn start(shared: &'a Shared) -> Self {
-        *lock(&shared.active) += 1;
-        Active(shared)
-    }
-}
-
-impl Drop for Active<'_> {
-    fn drop(&mut self) {
-        let mut n = lock(&self.0.active);
-        *n = n.saturating_sub(1);
-    }
-}
-
 /// Events that also remember ComfyUI's own ID for borrower reads (REC-04).
 struct Remembering<'a> {
     inner: &'a dyn TrackingEvents,
@@ -609,7 +590,6 @@ impl Tracker for ComfyTracker {
         events: &dyn TrackingEvents,
     ) -> TrackedEnd {
         let shared = &*self.0;
-        let _active = Active::start(shared);
         let events = Remembering {
             inner: events,
             shared,

@@ -47,6 +47,9 @@ fn unsupported(message: String) -> InspectError {
     }
 }
 
+/// What a borrower whose body could not be read should send instead.
+const SEND_JSON: &str = "send the request body as one JSON object, as the upstream's API documents";
+
 /// Inspect a JSON work request: the model it names and, on `POST /v1/responses`,
 /// the background rule.
 ///
@@ -98,7 +101,7 @@ pub fn inspect_json_body(
                     "POST {RESPONSES_PATH} needs a body that is a JSON object vacancy can read, to rule out background mode, and {problem}; send a JSON object, without background"
                 ))
             } else {
-                InspectError::invalid(problem)
+                InspectError::invalid(format!("{problem}; {SEND_JSON}"))
             });
         }
     };
@@ -250,12 +253,12 @@ mod tests {
         assert_eq!(e.code, RefusalCode::InvalidRequest);
         assert_eq!(
             e.message,
-            "the body is not valid JSON: EOF while parsing a value at line 1 column 0"
+            "the body is not valid JSON: EOF while parsing a value at line 1 column 0; send the request body as one JSON object, as the upstream's API documents"
         );
         let e = err("/v1/chat/completions", b"model=x");
         assert_eq!(
             e.message,
-            "the body is not valid JSON: expected value at line 1 column 1"
+            "the body is not valid JSON: expected value at line 1 column 1; send the request body as one JSON object, as the upstream's API documents"
         );
         let e = err("/completion", br#"{"model":"m"} trailing"#);
         assert!(
@@ -266,7 +269,7 @@ mod tests {
         assert_eq!(e.code, RefusalCode::InvalidRequest);
         assert_eq!(
             e.message,
-            "the body is not valid JSON: it is not UTF-8 text (invalid byte at offset 11)"
+            "the body is not valid JSON: it is not UTF-8 text (invalid byte at offset 11); send the request body as one JSON object, as the upstream's API documents"
         );
     }
 

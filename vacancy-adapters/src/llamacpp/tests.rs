@@ -86,6 +86,8 @@ fn every_route_of_the_table_is_classified() {
         (Method::POST, "/slots/0", Kind::Management),
         (Method::POST, "/slots/1?action=erase", Kind::Management),
         (Method::POST, "/props", Kind::Management),
+        // Issue 14 item 8: llama-server answers one model's entry.
+        (Method::GET, "/v1/models/tiny.gguf", Kind::Discovery),
         (Method::GET, "/metrics", Kind::Management),
     ];
     for (method, path, want) in expected {
@@ -131,7 +133,6 @@ fn unlisted_requests_are_unknown() {
         (Method::GET, "/index.html"),
         (Method::GET, "/completion"),
         (Method::GET, "/slots/0"),
-        (Method::GET, "/v1/models/tiny.gguf"),
         (Method::GET, "/lora-adapters"),
         (Method::POST, "/lora-adapters"),
         (Method::POST, "/v1/models"),
@@ -304,7 +305,7 @@ async fn idle_slots_prove_residency() {
             model(&obs, "tiny.gguf"),
             ObservedModel::new("tiny.gguf", ResidencyEvidence::Proven)
         );
-        assert_eq!(obs.foreign_work, None);
+        assert_eq!(obs.visible_work, None);
         assert_eq!(paths(&server), ["/props", "/slots", "/v1/models"]);
     }
 }
@@ -319,7 +320,12 @@ async fn a_processing_slot_is_foreign_work_and_no_proof() {
     ])
     .await;
     let obs = at(&server).observe().await.unwrap();
-    assert_eq!(obs.foreign_work.as_deref(), Some("1 of 2 slots processing"));
+    assert_eq!(
+        obs.visible_work
+            .as_ref()
+            .map(|w| (w.jobs, w.description.as_str())),
+        Some((1, "1 of 2 slots processing"))
+    );
     assert_eq!(
         model(&obs, "tiny.gguf").evidence,
         ResidencyEvidence::NotProven(
@@ -335,7 +341,12 @@ async fn a_processing_slot_is_foreign_work_and_no_proof() {
     ])
     .await;
     let obs = at(&server).observe().await.unwrap();
-    assert_eq!(obs.foreign_work.as_deref(), Some("2 of 2 slots processing"));
+    assert_eq!(
+        obs.visible_work
+            .as_ref()
+            .map(|w| (w.jobs, w.description.as_str())),
+        Some((2, "2 of 2 slots processing"))
+    );
     assert_eq!(
         model(&obs, "tiny.gguf").evidence,
         ResidencyEvidence::NotProven("no idle slot (2 of 2 slots processing)".into())
@@ -375,7 +386,7 @@ async fn an_unavailable_slots_endpoint_is_no_evidence_never_idle() {
         ])
         .await;
         let obs = at(&server).observe().await.unwrap();
-        assert_eq!(obs.foreign_work, None, "{status}");
+        assert_eq!(obs.visible_work, None, "{status}");
         assert_eq!(
             model(&obs, "tiny.gguf").evidence,
             ResidencyEvidence::NotProven(why.into()),
@@ -471,7 +482,7 @@ async fn a_sleeping_server_lists_nothing_and_is_not_woken() {
     let a = at(&server);
     let obs = a.observe().await.unwrap();
     assert_eq!(obs.models, []);
-    assert_eq!(obs.foreign_work, None);
+    assert_eq!(obs.visible_work, None);
     assert_eq!(a.verify_stopped().await, Ok(true));
     assert_eq!(paths(&server), ["/props", "/props"]);
 }

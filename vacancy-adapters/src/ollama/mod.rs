@@ -418,7 +418,7 @@ impl Adapter for OllamaAdapter {
         Ok(ModelObservation {
             taken_at,
             models,
-            foreign_work: None,
+            visible_work: None,
             allocator_free_mib: None,
         })
     }

@@ -64,6 +64,18 @@ pub struct ServerConfig {
     /// The largest work request body vacancyd reads to inspect it, in MiB;
     /// larger bodies get 413 `body_too_large`. Default 32.
     pub max_body_mib: u64,
+    /// Seconds a request head may take from its first byte to its last, on
+    /// every listener; slower connections are closed. Default 30.
+    pub header_timeout_s: u64,
+    /// Seconds a connection may stay open with no request in flight (HTTP
+    /// keep-alive). A response being streamed is never idle. Default 75.
+    pub idle_timeout_s: u64,
+    /// Seconds a request body may take before `body_min_rate_bytes` applies;
+    /// a body that falls behind is refused and its connection closed. Default 30.
+    pub body_timeout_s: u64,
+    /// Bytes per second a request body must average after `body_timeout_s`
+    /// (each such amount extends the deadline by a second). Default 1024.
+    pub body_min_rate_bytes: u64,
     /// `[[server.token]]`: admin/owner credentials (hashes only).
     #[serde(rename = "token")]
     pub tokens: Vec<TokenConfig>,
@@ -76,6 +88,10 @@ impl Default for ServerConfig {
             admission_state_dir: String::new(),
             lending: true,
             max_body_mib: 32,
+            header_timeout_s: 30,
+            idle_timeout_s: 75,
+            body_timeout_s: 30,
+            body_min_rate_bytes: 1024,
             tokens: Vec::new(),
         }
     }

@@ -122,6 +122,32 @@ impl Checker<'_> {
                 "must be at least 1 (MiB of a work request body read to inspect it)",
             );
         }
+        for (key, value, what) in [
+            (
+                "header_timeout_s",
+                server.header_timeout_s,
+                "seconds a request head may take",
+            ),
+            (
+                "idle_timeout_s",
+                server.idle_timeout_s,
+                "seconds an idle connection stays open",
+            ),
+            (
+                "body_timeout_s",
+                server.body_timeout_s,
+                "seconds a request body may take before its minimum rate applies",
+            ),
+            (
+                "body_min_rate_bytes",
+                server.body_min_rate_bytes,
+                "bytes per second a request body must average",
+            ),
+        ] {
+            if value == 0 {
+                self.error(&sp.key(key), format!("must be at least 1 ({what})"));
+            }
+        }
 
         let mut seen: HashMap<&str, KeyPath> = HashMap::new();
         for (i, token) in server.tokens.iter().enumerate() {

@@ -99,6 +99,26 @@ pub struct Lesson {
     pub finished_at: Moment,
 }
 
+/// Jobs an upstream shows running or queued (ADM-09): llama.cpp's processing
+/// slots, ComfyUI's queue, a voice server's busy flag.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VisibleWork {
+    /// How many jobs, vacancy's own included.
+    pub jobs: u32,
+    /// What was seen, for refusals and the log: never prompt contents.
+    pub description: String,
+}
+
+impl VisibleWork {
+    /// `jobs` jobs, described as `description`.
+    pub fn new(jobs: u32, description: impl Into<String>) -> Self {
+        VisibleWork {
+            jobs,
+            description: description.into(),
+        }
+    }
+}
+
 /// What an adapter saw when it observed its upstream.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ModelObservation {
@@ -106,9 +126,10 @@ pub struct ModelObservation {
     pub taken_at: Moment,
     /// The loaded models.
     pub models: Vec<ObservedModel>,
-    /// Work on the upstream that vacancy did not admit (ADM-09), described
-    /// without prompt contents; `None` when none is visible.
-    pub foreign_work: Option<String>,
+    /// The work the upstream shows running or queued, vacancy's own included
+    /// (ADM-09); `None` when none is visible or the upstream cannot tell. The
+    /// engine subtracts its own jobs: only work beyond them is foreign.
+    pub visible_work: Option<VisibleWork>,
     /// Memory the upstream's own allocator holds but does not use, in MiB
     /// (ComfyUI's `torch_vram_free`): the upstream reuses it for the next job,
     /// so on a route with one GPU it counts as free (RES-17). `None` when the
@@ -122,7 +143,7 @@ impl ModelObservation {
         ModelObservation {
             taken_at,
             models: Vec::new(),
-            foreign_work: None,
+            visible_work: None,
             allocator_free_mib: None,
         }
     }

@@ -29,6 +29,7 @@ use std::time::Duration;
 
 pub use inputs::{
     Lesson, ModelObservation, ObservedModel, OwnerPresence, PressureVerdict, ResidencyEvidence,
+    VisibleWork,
 };
 pub use priors::MAX_PRIOR_IDENTITIES;
 pub use reclaim::{
@@ -57,6 +58,11 @@ pub const POST_JOB_SAMPLE_WAIT: Duration = Duration::from_secs(4);
 /// How old a model observation may be and still prove residency (RES-02) or
 /// show foreign work (ADM-09).
 pub const OBSERVATION_MAX_AGE: Duration = Duration::from_secs(4);
+
+/// How long after vacancy's own job ends an upstream may still show it as
+/// running: llama-server sends the final response before it frees the slot,
+/// and a reading taken in that moment shows vacancy's finished job (ADM-09).
+pub const OWN_WORK_TAIL: Duration = Duration::from_secs(1);
 
 /// A request the engine cannot act on.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -105,18 +111,6 @@ pub enum EngineError {
         /// The resources the configuration names now.
         configured: Vec<String>,
     },
-    /// A restored record needs a resource that another entry holds.
-    #[error(
-        "restored work entry {id} needs resource {resource:?}, which entry {holder} holds already"
-    )]
-    RestoreConflict {
-        /// The entry.
-        id: EntryId,
-        /// The contested resource.
-        resource: String,
-        /// Who holds it.
-        holder: EntryId,
-    },
 }
 
 /// What a release did.
@@ -134,6 +128,16 @@ pub enum ReleaseEffect {
     Held,
 }
 
+/// A restored entry needs a resource another restored entry holds already:
+/// both are held, and the resource stays reserved until both are released.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RestoreOverlap {
+    /// The contested resource.
+    pub resource: String,
+    /// The entry restored first on it.
+    pub holder: EntryId,
+}
+
 /// A work entry recorded before a restart, returned as held (REC-02).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RestoredEntry {
@@ -145,8 +149,13 @@ pub struct RestoredEntry {
     pub model: Option<String>,
     /// The resources it held, primary first.
     pub resources: Vec<String>,
-    /// When it was admitted, on this engine's timeline.
+    /// When it was admitted, on this engine's timeline; the timeline's
+    /// origin when the work started before it.
     pub admitted_at: Moment,
+    /// How long before `admitted_at` the work really started: non-zero when
+    /// its recorded start predates this engine's timeline, so that its age
+    /// counts from the recorded start whatever the daemon's uptime (REC-27).
+    pub started_before: Duration,
     /// How its end is proven.
     pub completion: CompletionMethod,
     /// The upstream's own handle for it (REC-03).
@@ -188,6 +197,8 @@ struct Entry {
     held_reason: Option<String>,
     /// (model identity, kind) of a request of a known kind (RES-06).
     kind: Option<(String, String)>,
+    /// Age the entry had before the timeline's origin (REC-27).
+    started_before: Duration,
 }
 
 /// Why [`Engine::evaluate`] did not admit.
@@ -657,9 +668,27 @@ impl Engine {
                 phase: Phase::Forwarding,
                 held_reason: None,
                 kind,
+                started_before: Duration::ZERO,
             },
         );
         Decision::Admitted(reservation)
+    }
+
+    /// vacancy's own jobs an upstream's reading taken at `taken_at` may show
+    /// on resources `deps`: every entry holding one of them, whatever its
+    /// phase, plus a job that ended within [`OWN_WORK_TAIL`] before the
+    /// reading (ADM-09).
+    fn own_jobs(&self, deps: &[Dep], taken_at: Moment) -> u32 {
+        let holding = self
+            .entries
+            .values()
+            .filter(|e| e.deps.iter().any(|r| deps.iter().any(|d| d.res == *r)))
+            .count();
+        let tail = deps.iter().any(|d| {
+            let ended = self.resources[d.res].last_disturbed;
+            ended > Moment::ZERO && taken_at.since(ended) < OWN_WORK_TAIL
+        });
+        u32::try_from(holding).unwrap_or(u32::MAX) + u32::from(tail)
     }
 
     /// Whether the upstream's default-budget request would be admitted now (UI-01, VOICE-19).
@@ -846,18 +875,20 @@ impl Engine {
             }
         }
         if let Some(obs) = &u.observation
-            && let Some(what) = &obs.foreign_work
+            && let Some(work) = &obs.visible_work
             && now.since(obs.taken_at) <= OBSERVATION_MAX_AGE
             && u.deps
                 .iter()
                 .all(|d| obs.taken_at > self.resources[d.res].last_disturbed)
+            && work.jobs > self.own_jobs(&u.deps, obs.taken_at)
         {
-            // ADM-09: visible work that vacancy did not admit.
+            // ADM-09: visible work beyond vacancy's own, in a reading taken
+            // after the last job on every resource.
             return refuse(Refusal::new(
                 RefusalCode::ResourceBusy,
                 format!(
-                    "upstream {} is busy with work vacancy did not admit ({what})",
-                    u.spec.name
+                    "upstream {} is busy with work vacancy did not admit ({}); retry in 2 s",
+                    u.spec.name, work.description
                 ),
             ));
         }
@@ -881,19 +912,21 @@ impl Engine {
                     Refusal::new(
                         RefusalCode::ResourceBusy,
                         format!(
-                            "resource {} is held by {} of upstream {} (yield_on_veto), which is getting capacity back for the owner; retry in 2 s",
-                            r.spec.name, rc.id, self.upstreams[rc.upstream].spec.name
+                            "resource {} is held while vacancyd gets capacity back for the owner from upstream {} (yield_on_veto); retry in 2 s",
+                            r.spec.name, self.upstreams[rc.upstream].spec.name
                         ),
                     )
                     .on_resource(&r.spec.name),
                 );
             }
-            if let Some(holder) = r.holder {
+            if r.holder.is_some() {
+                // The holder's entry ID is another borrower's: /status and
+                // the log name it, the refusal does not.
                 return refuse(
                     Refusal::new(
                         RefusalCode::ResourceBusy,
                         format!(
-                            "resource {} is reserved by work entry {holder}; retry in 2 s",
+                            "resource {} is reserved by another borrowed job; retry in 2 s",
                             r.spec.name
                         ),
                     )
@@ -1077,9 +1110,17 @@ impl Engine {
         };
         let mut sample_now = Vec::with_capacity(e.deps.len());
         for res in e.deps {
+            // Restored records may overlap (see `restore_held`): the resource
+            // stays reserved while another entry still holds it.
+            let next = self
+                .entries
+                .values()
+                .filter(|other| other.deps.contains(&res))
+                .map(|other| other.reservation.id)
+                .min();
             let r = &mut self.resources[res];
             if r.holder == Some(id) {
-                r.holder = None;
+                r.holder = next;
             }
             r.disturbed(now);
             sample_now.push(r.spec.name.clone());
@@ -1092,7 +1133,17 @@ impl Engine {
 
     /// Return an entry recorded before a restart as held, reserving its
     /// resources again (REC-02). A changed resource mapping is an error (REC-08).
-    pub fn restore_held(&mut self, entry: RestoredEntry, reason: &str) -> Result<(), EngineError> {
+    ///
+    /// Two unresolved records may name the same resource (a crash between a
+    /// release reaching memory and reaching the journal): each is uncertain,
+    /// so both come back held and the resource stays reserved until every one
+    /// of them is released. The overlaps are returned so the caller can say so;
+    /// they never stop a restore.
+    pub fn restore_held(
+        &mut self,
+        entry: RestoredEntry,
+        reason: &str,
+    ) -> Result<Vec<RestoreOverlap>, EngineError> {
         if self.entries.contains_key(&entry.id) {
             return Err(EngineError::DuplicateEntry(entry.id));
         }
@@ -1113,17 +1164,16 @@ impl Engine {
                 configured,
             });
         }
+        let mut overlaps = Vec::new();
         for &i in &deps {
-            if let Some(holder) = self.resources[i].holder {
-                return Err(EngineError::RestoreConflict {
-                    id: entry.id,
-                    resource: self.resources[i].spec.name.clone(),
+            let r = &mut self.resources[i];
+            match r.holder {
+                Some(holder) => overlaps.push(RestoreOverlap {
+                    resource: r.spec.name.clone(),
                     holder,
-                });
+                }),
+                None => r.holder = Some(entry.id),
             }
-        }
-        for &i in &deps {
-            self.resources[i].holder = Some(entry.id);
         }
         let charges = configured
             .into_iter()
@@ -1151,9 +1201,10 @@ impl Engine {
                 phase: Phase::Held,
                 held_reason: Some(reason.to_owned()),
                 kind: None,
+                started_before: entry.started_before,
             },
         );
-        Ok(())
+        Ok(overlaps)
     }
 
     // ---- status --------------------------------------------------------
@@ -1203,7 +1254,7 @@ impl Engine {
                     .iter()
                     .map(|c| c.resource.clone())
                     .collect(),
-                age_s: now.since(e.reservation.admitted_at).as_secs(),
+                age_s: (now.since(e.reservation.admitted_at) + e.started_before).as_secs(),
                 completion: e.reservation.completion,
                 phase: e.phase,
                 held_reason: e.held_reason.clone(),

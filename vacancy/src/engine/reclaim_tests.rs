@@ -655,6 +655,7 @@ fn restore(e: &mut Engine, upstream: &str, resource: &str, upstream_ref: Option<
             model: None,
             resources,
             admitted_at: t(0),
+            started_before: std::time::Duration::ZERO,
             completion: CompletionMethod::Tracked,
             upstream_ref: upstream_ref.map(str::to_owned),
         },

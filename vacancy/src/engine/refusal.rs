@@ -125,6 +125,14 @@ impl RefusalCode {
             _ => None,
         }
     }
+
+    /// Whether a client's retry within seconds can succeed: exactly the codes
+    /// with a `Retry-After`. Sent as `x-should-retry`, which the OpenAI and
+    /// Anthropic SDKs honour, so they stop retrying a paused lender three
+    /// times and keep retrying a busy one.
+    pub fn should_retry(self) -> bool {
+        self.retry_after().is_some()
+    }
 }
 
 impl fmt::Display for RefusalCode {
@@ -188,6 +196,18 @@ mod tests {
             RefusalCode::ResourceBusy.retry_after(),
             Some(Duration::from_secs(2))
         );
+    }
+
+    #[test]
+    fn only_refusals_with_a_retry_after_say_a_retry_helps() {
+        // Issue 14 item 9: x-should-retry is true exactly with Retry-After.
+        for code in RefusalCode::ALL {
+            assert_eq!(code.should_retry(), code.retry_after().is_some(), "{code}");
+        }
+        assert!(RefusalCode::ResourceBusy.should_retry());
+        assert!(!RefusalCode::LendingPaused.should_retry());
+        assert!(!RefusalCode::RouteNotSupported.should_retry());
+        assert!(!RefusalCode::OwnerPresent.should_retry());
     }
 
     #[test]

@@ -295,7 +295,7 @@ fn observe_loaded(e: &mut Engine, upstream: &str, model: &str, at: u64) {
                 model.to_owned(),
                 ResidencyEvidence::Proven,
             )],
-            foreign_work: None,
+            visible_work: None,
             allocator_free_mib: None,
         },
     )
@@ -502,7 +502,7 @@ fn observe_for_kinds(e: &mut Engine, model: &str, kinds: &[&str], at: u64) {
                     otherwise: format!("{model} is loaded with context 8192"),
                 },
             )],
-            foreign_work: None,
+            visible_work: None,
             allocator_free_mib: None,
         },
     )
@@ -836,7 +836,7 @@ fn only_the_loaded_idle_engine_is_credited_and_others_pay_their_cold_budget() {
                     otherwise: "engine qwen is loaded".to_owned(),
                 },
             )],
-            foreign_work: None,
+            visible_work: None,
             allocator_free_mib: None,
         },
     )
@@ -1114,6 +1114,7 @@ fn restored_entries_return_held_and_a_changed_mapping_is_an_error() {
         model: Some("m".to_owned()),
         resources: vec![GPU.to_owned(), RAM.to_owned()],
         admitted_at: t(0),
+        started_before: Duration::ZERO,
         completion: CompletionMethod::ResponseEnd,
         upstream_ref: Some("prompt-1".to_owned()),
     };
@@ -1136,24 +1137,180 @@ fn restored_entries_return_held_and_a_changed_mapping_is_an_error() {
     ));
 }
 
+fn restored(id: u128, upstream: &str, resources: &[&str]) -> RestoredEntry {
+    RestoredEntry {
+        id: EntryId::from_u128(id),
+        upstream: upstream.to_owned(),
+        model: None,
+        resources: resources.iter().map(|r| (*r).to_owned()).collect(),
+        admitted_at: t(0),
+        started_before: Duration::ZERO,
+        completion: CompletionMethod::ResponseEnd,
+        upstream_ref: None,
+    }
+}
+
+#[test]
+fn overlapping_restored_records_both_come_back_held() {
+    // REC-02 (issue 14 item 18): a crash between a release and its record
+    // leaves two unresolved records on one resource. Both are uncertain, so
+    // both are held, and the resource stays reserved until both are released.
+    let mut e = ready(gpu_and_ram(), 0);
+    let first = restored(1, "llm", &[GPU, RAM]);
+    let second = restored(2, "cpu-lane", &[RAM]);
+    assert!(
+        e.restore_held(first.clone(), "restored")
+            .unwrap()
+            .is_empty()
+    );
+    let overlaps = e.restore_held(second.clone(), "restored").unwrap();
+    assert_eq!(
+        overlaps,
+        vec![RestoreOverlap {
+            resource: RAM.to_owned(),
+            holder: first.id
+        }]
+    );
+    assert_eq!(e.phase(first.id), Some(Phase::Held));
+    assert_eq!(e.phase(second.id), Some(Phase::Held));
+
+    // Releasing the first leaves ram reserved by the second.
+    e.release_held(first.id, HeldRelease::AdministratorConfirmed, t(10))
+        .unwrap();
+    for r in [GPU, RAM] {
+        e.record_sample(r, CapacitySample::memory(64_000, 80_000, t(20)))
+            .unwrap();
+    }
+    assert_eq!(
+        refused(admit(&mut e, "cpu-lane", None, 30)).code,
+        RefusalCode::ResourceBusy
+    );
+    let status = e.status(t(30));
+    let ram = status.resources.iter().find(|r| r.name == RAM).unwrap();
+    assert_eq!(ram.reserved_by, Some(second.id.to_string()));
+
+    // Releasing the second frees it.
+    e.release_held(second.id, HeldRelease::AdministratorConfirmed, t(40))
+        .unwrap();
+    e.record_sample(RAM, CapacitySample::memory(64_000, 80_000, t(50)))
+        .unwrap();
+    admitted(admit(&mut e, "cpu-lane", None, 60));
+}
+
+#[test]
+fn a_restored_entry_older_than_the_timeline_keeps_its_age() {
+    // REC-27: an entry held for hours reads its hours after a restart, however
+    // short the daemon's uptime.
+    let mut e = ready(gpu_and_ram(), 0);
+    let mut entry = restored(1, "llm", &[GPU, RAM]);
+    entry.started_before = Duration::from_secs(3 * 3600);
+    e.restore_held(entry, "restored").unwrap();
+    let status = e.status(t(5_000));
+    assert_eq!(status.work[0].age_s, 3 * 3600 + 5);
+}
+
 #[test]
 fn visible_foreign_work_refuses_as_busy() {
     // ADM-09 (Ambiguity reading: resource_busy)
     let mut e = ready(gpu_and_ram(), 0);
     let id = e.upstream_id("llm").unwrap();
     let mut obs = ModelObservation::empty(t(10));
-    obs.foreign_work = Some("slot 0 is processing".to_owned());
+    obs.visible_work = Some(VisibleWork::new(1, "1 of 2 slots processing"));
     e.observe(id, obs).unwrap();
-    assert_eq!(
-        refused(admit(&mut e, "llm", None, 11)).code,
-        RefusalCode::ResourceBusy
-    );
+    let r = refused(admit(&mut e, "llm", None, 11));
+    assert_eq!(r.code, RefusalCode::ResourceBusy);
+    assert!(r.reason.contains("did not admit"), "{}", r.reason);
     // A stale observation proves nothing.
     e.record_sample(GPU, CapacitySample::memory(64_000, 80_000, t(4100)))
         .unwrap();
     e.record_sample(RAM, CapacitySample::memory(64_000, 80_000, t(4100)))
         .unwrap();
     admitted(admit(&mut e, "llm", None, 4100));
+}
+
+#[test]
+fn vacancys_own_running_job_is_not_foreign_work() {
+    // ADM-09 (issue 14 item 1): a reading taken during vacancy's own job
+    // shows that job; the refusal and /status say the resource is reserved,
+    // not that the upstream runs work vacancy did not admit.
+    let mut e = ready(gpu_and_ram(), 0);
+    let id = e.upstream_id("llm").unwrap();
+    let job = admitted(admit(&mut e, "llm", None, 10));
+    let mut obs = ModelObservation::empty(t(1000));
+    obs.visible_work = Some(VisibleWork::new(1, "1 of 2 slots processing"));
+    e.observe(id, obs).unwrap();
+    let r = refused(admit(&mut e, "llm", None, 1100));
+    assert_eq!(r.code, RefusalCode::ResourceBusy);
+    assert!(!r.reason.contains("did not admit"), "{}", r.reason);
+    assert!(r.reason.contains("reserved"), "{}", r.reason);
+    let vacancy = e.vacancy(id, t(1100));
+    assert!(
+        !vacancy
+            .reason
+            .as_deref()
+            .unwrap_or("")
+            .contains("did not admit"),
+        "{vacancy:?}"
+    );
+    // Two jobs visible while vacancy runs one: one is foreign.
+    let mut obs = ModelObservation::empty(t(1200));
+    obs.visible_work = Some(VisibleWork::new(2, "2 of 2 slots processing"));
+    e.observe(id, obs).unwrap();
+    let r = refused(admit(&mut e, "llm", None, 1300));
+    assert!(r.reason.contains("did not admit"), "{}", r.reason);
+    drop(job);
+}
+
+#[test]
+fn a_reading_of_a_finished_job_never_refuses_the_next_one() {
+    // ADM-09 (issue 14 item 1): once the job ends, a reading taken during it
+    // is older than the job's end and refuses nothing; one taken just after
+    // it that still shows the finished job (llama-server frees the slot after
+    // the final response) is vacancy's own work, not the owner's.
+    let mut e = ready(gpu_and_ram(), 0);
+    let id = e.upstream_id("llm").unwrap();
+    let job = admitted(admit(&mut e, "llm", None, 10));
+    let mut during = ModelObservation::empty(t(1000));
+    during.visible_work = Some(VisibleWork::new(1, "1 of 2 slots processing"));
+    e.observe(id, during).unwrap();
+    e.release(job.id, ReleaseOutcome::Completed, t(2000))
+        .unwrap();
+    let mut tail = ModelObservation::empty(t(2005));
+    tail.visible_work = Some(VisibleWork::new(1, "1 of 2 slots processing"));
+    e.observe(id, tail).unwrap();
+    for r in [GPU, RAM] {
+        e.record_sample(r, CapacitySample::memory(64_000, 80_000, t(2010)))
+            .unwrap();
+    }
+    admitted(admit(&mut e, "llm", None, 2020));
+}
+
+#[test]
+fn work_seen_well_after_vacancys_job_ended_is_foreign() {
+    // ADM-09: past the tail, a processing slot is someone else's.
+    let mut e = ready(gpu_and_ram(), 0);
+    let id = e.upstream_id("llm").unwrap();
+    let job = admitted(admit(&mut e, "llm", None, 10));
+    e.release(job.id, ReleaseOutcome::Completed, t(2000))
+        .unwrap();
+    for r in [GPU, RAM] {
+        e.record_sample(r, CapacitySample::memory(64_000, 80_000, t(2010)))
+            .unwrap();
+    }
+    let mut obs = ModelObservation::empty(t(3500));
+    obs.visible_work = Some(VisibleWork::new(1, "1 of 2 slots processing"));
+    e.observe(id, obs).unwrap();
+    let r = refused(admit(&mut e, "llm", None, 3600));
+    assert!(r.reason.contains("did not admit"), "{}", r.reason);
+}
+
+#[test]
+fn a_busy_refusal_does_not_name_another_borrowers_entry() {
+    // Issue 14 item 8: entry IDs are for the log and /status.
+    let mut e = ready(gpu_and_ram(), 0);
+    let job = admitted(admit(&mut e, "llm", None, 10));
+    let r = refused(admit(&mut e, "llm", None, 11));
+    assert!(!r.reason.contains(&job.id.to_string()), "{}", r.reason);
 }
 
 #[test]

@@ -75,12 +75,11 @@ use std::sync::{Arc, mpsc};
 use std::thread::JoinHandle;
 use std::time::SystemTime;
 
-use async_trait::async_trait;
 use tokio::sync::oneshot;
 use tracing::{info, warn};
 
-use crate::engine::{EntryId, Reservation};
-use crate::proxy::{ReservationStore, StoreError};
+use crate::engine::EntryId;
+use crate::proxy::{ReservationStore, StoreChange, StoreError, StoreWrite};
 
 pub use error::LedgerError;
 pub use location::{
@@ -258,40 +257,8 @@ impl Ledger {
             id: entry,
             upstream_ref: upstream_ref.to_owned(),
         };
-        let result = match self.submit(change) {
-            Ok(reply) => self.reply(reply).await,
-            Err(e) => Err(e),
-        };
-        let (previous, result) = match result {
-            Ok(Appended::Written { previous_ref }) => {
-                info!(
-                    entry = %entry,
-                    recorded_ref = previous_ref.as_deref().unwrap_or(""),
-                    upstream_ref,
-                    "rewrote the record with the upstream's own ID (REC-04)"
-                );
-                return Ok(());
-            }
-            Ok(Appended::NoEntry) => (
-                None,
-                Err(LedgerError::UnknownEntry {
-                    path: self.inner.dir.clone(),
-                    entry,
-                }),
-            ),
-            Err(e) => (None::<String>, Err(e)),
-        };
-        if let Err(e) = &result {
-            warn!(
-                entry = %entry,
-                recorded_ref = previous.as_deref().unwrap_or(""),
-                upstream_ref,
-                error = %e,
-                "could not rewrite the record with the upstream's own ID; tracking continues with \
-                 the upstream's ID and the record keeps the old one (REC-06)"
-            );
-        }
-        result
+        let queued = self.submit(change);
+        ref_written(&self.inner.dir, entry, upstream_ref, queued).await
     }
 
     /// Compact the journal now if it holds any dead lines; otherwise nothing.
@@ -322,13 +289,6 @@ impl Ledger {
         let (tx, rx) = oneshot::channel();
         self.send(Job::Change(change, tx))?;
         Ok(rx)
-    }
-
-    async fn reply(
-        &self,
-        rx: oneshot::Receiver<Result<Appended, LedgerError>>,
-    ) -> Result<Appended, LedgerError> {
-        rx.await.map_err(|_| self.stopped())?
     }
 
     fn send(&self, job: Job) -> Result<(), LedgerError> {
@@ -372,47 +332,95 @@ impl Ledger {
     fn journal_lines(&self) -> u64 {
         self.inspect(|w| w.lines)
     }
+}
 
-    async fn store(&self, entry: EntryId, change: Change) -> Result<(), StoreError> {
-        let result = match self.submit(change) {
-            Ok(reply) => self.reply(reply).await,
-            Err(e) => Err(e),
+impl ReservationStore for Ledger {
+    fn submit(&self, change: StoreChange) -> StoreWrite {
+        let entry = change.entry();
+        let dir = self.inner.dir.clone();
+        let new_ref = match &change {
+            StoreChange::Ref { upstream_ref, .. } => Some(upstream_ref.clone()),
+            _ => None,
         };
-        result.map(|_| ()).map_err(|e| StoreError {
-            entry,
-            reason: e.to_string(),
+        // Queued now, in the caller's order; only the wait is deferred.
+        let queued = self.submit(journal_change(change));
+        Box::pin(async move {
+            let result = match new_ref {
+                Some(upstream_ref) => ref_written(&dir, entry, &upstream_ref, queued).await,
+                None => written(&dir, queued).await.map(|_| ()),
+            };
+            result.map_err(|e| StoreError {
+                entry,
+                reason: e.to_string(),
+            })
         })
     }
 }
 
-#[async_trait]
-impl ReservationStore for Ledger {
-    async fn persist(&self, reservation: &Reservation) -> Result<(), StoreError> {
-        let entry =
-            RecoveredEntry::from_reservation(reservation, record::unix_ms(SystemTime::now()));
-        self.store(reservation.id, Change::Admit(entry)).await
-    }
-
-    async fn mark_held(&self, entry: EntryId, reason: &str) -> Result<(), StoreError> {
-        let change = Change::Held {
+/// The journal's form of a store change.
+fn journal_change(change: StoreChange) -> Change {
+    match change {
+        StoreChange::Admit(r) => Change::Admit(RecoveredEntry::from_reservation(
+            &r,
+            record::unix_ms(SystemTime::now()),
+        )),
+        StoreChange::Held { entry, reason } => Change::Held { id: entry, reason },
+        StoreChange::Ref {
+            entry,
+            upstream_ref,
+        } => Change::Ref {
             id: entry,
-            reason: reason.to_owned(),
-        };
-        self.store(entry, change).await
+            upstream_ref,
+        },
+        StoreChange::Release(entry) => Change::Release { id: entry },
     }
+}
 
-    async fn forget(&self, entry: EntryId) -> Result<(), StoreError> {
-        self.store(entry, Change::Release { id: entry }).await
-    }
+/// Wait for a queued change's reply.
+async fn written(
+    dir: &Path,
+    queued: Result<oneshot::Receiver<Result<Appended, LedgerError>>, LedgerError>,
+) -> Result<Appended, LedgerError> {
+    let stopped = || LedgerError::Unavailable {
+        path: dir.to_path_buf(),
+        reason: "the journal writer stopped".to_owned(),
+    };
+    queued?.await.map_err(|_| stopped())?
+}
 
-    async fn rewrite_ref(&self, entry: EntryId, upstream_ref: &str) -> Result<(), StoreError> {
-        Ledger::rewrite_ref(self, entry, upstream_ref)
-            .await
-            .map_err(|e| StoreError {
-                entry,
-                reason: e.to_string(),
-            })
+/// Wait for a queued `ref` change and log what it did (REC-04, REC-06).
+async fn ref_written(
+    dir: &Path,
+    entry: EntryId,
+    upstream_ref: &str,
+    queued: Result<oneshot::Receiver<Result<Appended, LedgerError>>, LedgerError>,
+) -> Result<(), LedgerError> {
+    let result = match written(dir, queued).await {
+        Ok(Appended::Written { previous_ref }) => {
+            info!(
+                entry = %entry,
+                recorded_ref = previous_ref.as_deref().unwrap_or(""),
+                upstream_ref,
+                "rewrote the record with the upstream's own ID (REC-04)"
+            );
+            return Ok(());
+        }
+        Ok(Appended::NoEntry) => Err(LedgerError::UnknownEntry {
+            path: dir.to_path_buf(),
+            entry,
+        }),
+        Err(e) => Err(e),
+    };
+    if let Err(e) = &result {
+        warn!(
+            entry = %entry,
+            upstream_ref,
+            error = %e,
+            "could not rewrite the record with the upstream's own ID; tracking continues with \
+             the upstream's ID and the record keeps the old one (REC-06)"
+        );
     }
+    result
 }
 
 /// Lines a compaction keeps for these entries (the end marker not counted).

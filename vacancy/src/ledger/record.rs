@@ -66,17 +66,20 @@ impl RecoveredEntry {
     }
 
     /// The entry for [`Engine::restore_held`](crate::engine::Engine::restore_held):
-    /// admitted `age(now_wall)` before `now` on the engine's timeline (REC-27),
-    /// saturating at the timeline's origin.
+    /// admitted `age(now_wall)` before `now` (REC-27). The engine's timeline
+    /// starts with the daemon, so an entry older than the daemon's uptime is
+    /// placed at the timeline's origin and carries the rest of its age in
+    /// `started_before`: its age still counts from the recorded start.
     pub fn to_restored(&self, now: Moment, now_wall: SystemTime) -> RestoredEntry {
         let age = self.age(now_wall);
-        let age_nanos = u64::try_from(age.as_nanos()).unwrap_or(u64::MAX);
+        let on_timeline = age.min(now.since(Moment::ZERO));
         RestoredEntry {
             id: self.id,
             upstream: self.upstream.clone(),
             model: self.model.clone(),
             resources: self.resources.clone(),
-            admitted_at: Moment::from_nanos(now.as_nanos().saturating_sub(age_nanos)),
+            admitted_at: Moment::ZERO.after(now.since(Moment::ZERO) - on_timeline),
+            started_before: age - on_timeline,
             completion: self.completion,
             upstream_ref: self.upstream_ref.clone(),
         }

@@ -254,9 +254,13 @@ pub fn full(bytes: impl Into<Bytes>) -> ProxyBody {
         .boxed_unsync()
 }
 
-/// A borrower's streaming body, forwarded as it arrives.
-pub fn streaming(body: Incoming) -> ProxyBody {
-    body.map_err(|e| -> BoxError { Box::new(e) }).boxed_unsync()
+/// A streaming body, forwarded as it arrives.
+pub fn streaming<B>(body: B) -> ProxyBody
+where
+    B: hyper::body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    body.map_err(Into::into).boxed_unsync()
 }
 
 #[cfg(test)]

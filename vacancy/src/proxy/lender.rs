@@ -9,11 +9,12 @@ use tracing::{debug, info, warn};
 
 use crate::engine::{
     Decision, Engine, EngineError, EngineStatus, EntryId, HeldRelease, Lesson, ModelObservation,
-    Refusal, ReleaseEffect, ReleaseOutcome, Reservation, UpstreamId, WorkRequest,
+    Phase, Refusal, RefusalCode, ReleaseEffect, ReleaseOutcome, Reservation, UpstreamId,
+    WorkRequest,
 };
 use crate::proxy::live::LiveWork;
 use crate::proxy::metrics::Metrics;
-use crate::proxy::store::ReservationStore;
+use crate::proxy::store::{ReservationStore, StoreError, StoreWrite};
 use crate::time::MonotonicClock;
 use crate::traits::resource::{CapacitySample, SampleError};
 
@@ -158,13 +159,17 @@ impl Lender {
     }
 
     /// Decide a request, waiting up to the engine's bound for a post-job
-    /// sample (ADM-06), and count the outcome in the metrics.
+    /// sample (ADM-06); once admitted, wait for its record to be durable
+    /// (REC-01). Counts the outcome in the metrics, once.
     pub async fn admit(
         &self,
         request: &WorkRequest,
         upstream: &str,
     ) -> Result<Reservation, Refusal> {
-        let outcome = self.decide(request).await;
+        let outcome = match self.decide(request).await {
+            Ok(admission) => admission.recorded().await,
+            Err(refusal) => Err(refusal),
+        };
         self.count(upstream, &outcome);
         outcome
     }
@@ -172,27 +177,38 @@ impl Lender {
     /// Decide a request, waiting up to the engine's bound for a post-job
     /// sample (ADM-06), without counting it: for callers that may decide the
     /// same request twice (RES-20) and count once with [`count`](Self::count).
-    pub async fn decide(&self, request: &WorkRequest) -> Result<Reservation, Refusal> {
+    ///
+    /// An admission's record is queued in the store under the engine lock, so
+    /// the store's order is the engine's; the caller awaits
+    /// [`Admission::recorded`] before forwarding (REC-01).
+    pub async fn decide(&self, request: &WorkRequest) -> Result<Admission, Refusal> {
         loop {
             let landed = self.sample_landed.notified();
             tokio::pin!(landed);
             landed.as_mut().enable();
             let now = self.clock.now();
-            match self.with_engine(|e| e.admit(request, now)) {
-                Decision::Admitted(r) => return Ok(r),
-                Decision::Refused(refusal) => return Err(refusal),
-                Decision::Wait { until, resources } => {
-                    for r in &resources {
-                        if let Some(t) = self.sample_now.get(r) {
-                            t.notify_one();
-                        }
-                    }
-                    let deadline = tokio::time::Instant::from_std(self.clock.instant(until));
-                    tokio::select! {
-                        () = &mut landed => {}
-                        () = tokio::time::sleep_until(deadline) => {}
-                    }
+            let step = self.with_engine(|e| match e.admit(request, now) {
+                Decision::Admitted(reservation) => Step::Admitted(Admission {
+                    write: self.store.persist(&reservation),
+                    reservation,
+                }),
+                Decision::Refused(refusal) => Step::Refused(refusal),
+                Decision::Wait { until, resources } => Step::Wait(until, resources),
+            });
+            let (until, resources) = match step {
+                Step::Admitted(admission) => return Ok(admission),
+                Step::Refused(refusal) => return Err(refusal),
+                Step::Wait(until, resources) => (until, resources),
+            };
+            for r in &resources {
+                if let Some(t) = self.sample_now.get(r) {
+                    t.notify_one();
                 }
+            }
+            let deadline = tokio::time::Instant::from_std(self.clock.instant(until));
+            tokio::select! {
+                () = &mut landed => {}
+                () = tokio::time::sleep_until(deadline) => {}
             }
         }
     }
@@ -214,14 +230,28 @@ impl Lender {
     /// End a job: release it or hold it, and trigger post-job samples (ADM-05).
     ///
     /// The engine's release is synchronous, so it is recorded before the caller
-    /// hands the borrower its last byte; the store follows in the background.
+    /// hands the borrower its last byte. Its record is queued in the store
+    /// under the same engine lock, so it reaches the journal before any later
+    /// admission that reuses the resources; the write itself completes in the
+    /// background.
     pub fn release(&self, entry: EntryId, outcome: ReleaseOutcome) {
         let held_reason = match &outcome {
             ReleaseOutcome::Uncertain(r) => Some(r.clone()),
             _ => None,
         };
         let now = self.clock.now();
-        let effect = self.with_engine(|e| e.release(entry, outcome, now));
+        let (effect, write) = self.with_engine(|e| {
+            let effect = e.release(entry, outcome, now);
+            let write = match &effect {
+                Ok(ReleaseEffect::Released { .. }) => Some(self.store.forget(entry)),
+                Ok(ReleaseEffect::Held) => Some(
+                    self.store
+                        .mark_held(entry, held_reason.as_deref().unwrap_or_default()),
+                ),
+                Err(_) => None,
+            };
+            (effect, write)
+        });
         self.live.forget(entry);
         self.wake_reclaims();
         match effect {
@@ -230,17 +260,11 @@ impl Lender {
                 observe_now,
             }) => {
                 info!(entry = %entry, "released");
-                self.after_release(entry, &sample_now, observe_now);
+                self.after_release(&sample_now, observe_now);
             }
             Ok(ReleaseEffect::Held) => {
                 let reason = held_reason.unwrap_or_default();
                 warn!(entry = %entry, reason = %reason, "work held: completion is uncertain; release it as an administrator once the upstream has stopped");
-                let store = Arc::clone(&self.store);
-                spawn_store_update(async move {
-                    if let Err(e) = store.mark_held(entry, &reason).await {
-                        warn!(entry = %entry, error = %e, "could not record the hold");
-                    }
-                });
             }
             // A reclaim proved the stop and released it first (RECL-17).
             Err(EngineError::UnknownEntry(_)) => {
@@ -248,24 +272,58 @@ impl Lender {
             }
             Err(e) => warn!(entry = %entry, error = %e, "release refused"),
         }
-    }
-
-    /// Release a held entry on an administrator's confirmation (HELD-04).
-    pub fn release_held(&self, entry: EntryId, by: HeldRelease) -> Result<(), EngineError> {
-        let now = self.clock.now();
-        let effect = self.with_engine(|e| e.release_held(entry, by, now))?;
-        if let ReleaseEffect::Released {
-            sample_now,
-            observe_now,
-        } = effect
-        {
-            info!(entry = %entry, by = ?by, "held work released");
-            self.after_release(entry, &sample_now, observe_now);
+        if let Some(write) = write {
+            spawn_store_update(async move {
+                if let Err(e) = write.await {
+                    warn!(entry = %entry, error = %e, "could not record the end of the work; a restart returns it as held");
+                }
+            });
         }
-        Ok(())
     }
 
-    fn after_release(&self, entry: EntryId, resources: &[String], observe: Option<UpstreamId>) {
+    /// Release a held entry on an administrator's confirmation (HELD-04) or
+    /// tracking proof, once its release is durable.
+    ///
+    /// # Behavior
+    ///
+    /// The release record is written and synced *before* the engine frees the
+    /// entry, so an acknowledged release survives a crash; if it cannot be
+    /// written the entry stays held and the error says so. Meanwhile the
+    /// entry keeps its resources, so no admission can reuse them before the
+    /// record is on disk.
+    pub async fn release_held(
+        &self,
+        entry: EntryId,
+        by: HeldRelease,
+    ) -> Result<(), HeldReleaseError> {
+        let write = self.with_engine(|e| match e.phase(entry) {
+            None => Err(EngineError::UnknownEntry(entry)),
+            Some(Phase::Held) => Ok(self.store.forget(entry)),
+            Some(phase) => Err(EngineError::NotHeld {
+                id: entry,
+                phase: phase.as_str(),
+            }),
+        })?;
+        write.await.map_err(HeldReleaseError::NotRecorded)?;
+        let now = self.clock.now();
+        match self.with_engine(|e| e.release_held(entry, by, now)) {
+            Ok(ReleaseEffect::Released {
+                sample_now,
+                observe_now,
+            }) => {
+                info!(entry = %entry, by = ?by, "held work released");
+                self.after_release(&sample_now, observe_now);
+                self.wake_reclaims();
+                Ok(())
+            }
+            Ok(ReleaseEffect::Held) => Ok(()),
+            // Released meanwhile by the other door (tracking proof or an administrator).
+            Err(EngineError::UnknownEntry(_)) => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    fn after_release(&self, resources: &[String], observe: Option<UpstreamId>) {
         for r in resources {
             if let Some(t) = self.sample_now.get(r) {
                 t.notify_one();
@@ -274,12 +332,6 @@ impl Lender {
         if let Some(upstream) = observe {
             self.observe_trigger(upstream).notify_one();
         }
-        let store = Arc::clone(&self.store);
-        spawn_store_update(async move {
-            if let Err(e) = store.forget(entry).await {
-                warn!(entry = %entry, error = %e, "could not remove the released record");
-            }
-        });
     }
 
     /// A snapshot of the engine.
@@ -289,13 +341,237 @@ impl Lender {
     }
 }
 
-/// Run a store update on the current runtime; outside one (a shutdown), skip
-/// it: the record stays, and a restart returns it as held, which is safe.
+/// Wait for a store write on the current runtime, to log its failure. The
+/// change is queued already; outside a runtime (a shutdown) only the log line
+/// is lost.
 fn spawn_store_update(update: impl std::future::Future<Output = ()> + Send + 'static) {
     match tokio::runtime::Handle::try_current() {
         Ok(handle) => {
             handle.spawn(update);
         }
         Err(_) => warn!("no runtime to update the reservation store; the record stays"),
+    }
+}
+
+/// An admitted request whose record is queued in the store.
+pub struct Admission {
+    reservation: Reservation,
+    write: StoreWrite,
+}
+
+impl std::fmt::Debug for Admission {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Admission")
+            .field("reservation", &self.reservation)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Admission {
+    /// The reservation, before its record is durable.
+    pub fn reservation(&self) -> &Reservation {
+        &self.reservation
+    }
+
+    /// Wait until the record would survive a crash (REC-01). On a failure the
+    /// request must not be forwarded: the refusal says so without internals,
+    /// and the log gets the store's reason.
+    pub async fn recorded(self) -> Result<Reservation, Refusal> {
+        let entry = self.reservation.id;
+        match self.write.await {
+            Ok(()) => Ok(self.reservation),
+            Err(e) => {
+                warn!(entry = %entry, error = %e, "reservation not recorded; not forwarding");
+                Err(Refusal::new(
+                    RefusalCode::LedgerUnavailable,
+                    "vacancyd could not record the reservation on its disk, so it did not forward the request; nothing ran. The owner's daemon log says why; retry later",
+                ))
+            }
+        }
+    }
+}
+
+/// A held entry could not be released.
+#[derive(Debug, thiserror::Error)]
+pub enum HeldReleaseError {
+    /// The engine refused: unknown entry, or not held.
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+    /// The release could not be recorded; the entry stays held.
+    #[error("the release could not be recorded, so the entry stays held: {0}")]
+    NotRecorded(StoreError),
+}
+
+/// One pass of [`Lender::decide`]: the engine's decision, with an admission's
+/// record already queued.
+enum Step {
+    Admitted(Admission),
+    Refused(Refusal),
+    Wait(crate::Moment, Vec<String>),
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+    use std::sync::Mutex;
+    use std::time::Duration;
+
+    use tokio::sync::oneshot;
+
+    use super::*;
+    use crate::engine::{EngineSpec, OwnerPresence, ResourceSpec, UpstreamSpec};
+    use crate::proxy::store::StoreChange;
+    use crate::traits::resource::ResourceKind;
+
+    /// A store that notes each change in submission order, and whose writes
+    /// complete when the test says (or fail).
+    #[derive(Default)]
+    struct Recorder {
+        order: Mutex<Vec<String>>,
+        /// Writes of releases wait for this to be sent (or dropped: failure).
+        gate: Mutex<Option<oneshot::Receiver<bool>>>,
+    }
+
+    impl Recorder {
+        fn order(&self) -> Vec<String> {
+            self.order.lock().unwrap().clone()
+        }
+    }
+
+    impl ReservationStore for Recorder {
+        fn submit(&self, change: StoreChange) -> StoreWrite {
+            let entry = change.entry();
+            let line = match &change {
+                StoreChange::Admit(r) => format!("admit {}", r.id),
+                StoreChange::Held { entry, .. } => format!("held {entry}"),
+                StoreChange::Ref { entry, .. } => format!("ref {entry}"),
+                StoreChange::Release(entry) => format!("release {entry}"),
+            };
+            self.order.lock().unwrap().push(line);
+            let gate = match change {
+                StoreChange::Release(_) => self.gate.lock().unwrap().take(),
+                _ => None,
+            };
+            Box::pin(async move {
+                match gate {
+                    None => Ok(()),
+                    Some(rx) => match rx.await {
+                        Ok(true) => Ok(()),
+                        _ => Err(StoreError {
+                            entry,
+                            reason: "No space left on device".to_owned(),
+                        }),
+                    },
+                }
+            })
+        }
+    }
+
+    fn lender(store: Arc<Recorder>) -> (Arc<Lender>, UpstreamId) {
+        let mut engine = Engine::new(EngineSpec {
+            lending: true,
+            resources: vec![ResourceSpec::new("gpu0", ResourceKind::Gpu, 1000)],
+            upstreams: vec![UpstreamSpec::new("llm", "gpu0", 1000)],
+        })
+        .unwrap();
+        engine.set_owner(OwnerPresence::Away);
+        let clock = MonotonicClock::new();
+        let lender = Arc::new(Lender::new(engine, ["gpu0".to_owned()], clock, store));
+        sample(&lender);
+        let up = lender.with_engine(|e| e.upstream_id("llm")).unwrap();
+        (lender, up)
+    }
+
+    fn sample(lender: &Lender) {
+        let now = lender.clock().now();
+        lender.record_sample("gpu0", Ok(CapacitySample::memory(9000, 9000, now)), now);
+    }
+
+    async fn admit(lender: &Lender, up: UpstreamId) -> Reservation {
+        let req = WorkRequest::new(up, None, lender.clock().now());
+        lender.admit(&req, "llm").await.unwrap()
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_release_reaches_the_store_before_the_next_admission_on_its_resources() {
+        // REC-01, REC-02 (issue 14 item 18): the store's order is the
+        // engine's. A release spawned into a task of its own could reach the
+        // journal after the next job's admission, and a kill -9 between the
+        // two left two live records on one resource.
+        let store = Arc::new(Recorder::default());
+        let (lender, up) = lender(Arc::clone(&store));
+        let first = admit(&lender, up).await;
+        lender.release(first.id, ReleaseOutcome::Completed);
+        sample(&lender);
+        let second = admit(&lender, up).await;
+        assert_eq!(
+            store.order(),
+            vec![
+                format!("admit {}", first.id),
+                format!("release {}", first.id),
+                format!("admit {}", second.id),
+            ]
+        );
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_hold_reaches_the_store_in_the_engine_order() {
+        // REC-01: a hold is queued when the engine holds, before anything later.
+        let store = Arc::new(Recorder::default());
+        let (lender, up) = lender(Arc::clone(&store));
+        let first = admit(&lender, up).await;
+        lender.release(first.id, ReleaseOutcome::Uncertain("broke off".to_owned()));
+        assert_eq!(
+            store.order(),
+            vec![format!("admit {}", first.id), format!("held {}", first.id)]
+        );
+    }
+
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn an_administrator_release_is_answered_only_once_it_is_durable() {
+        // HELD-04 (issue 14 item 3): until the release is on disk the entry
+        // stays held and keeps its resources; then it is released.
+        let store = Arc::new(Recorder::default());
+        let (tx, rx) = oneshot::channel();
+        *store.gate.lock().unwrap() = Some(rx);
+        let (lender, up) = lender(Arc::clone(&store));
+        let first = admit(&lender, up).await;
+        lender.release(first.id, ReleaseOutcome::Uncertain("broke off".to_owned()));
+        let releasing = {
+            let lender = Arc::clone(&lender);
+            tokio::spawn(async move {
+                lender
+                    .release_held(first.id, HeldRelease::AdministratorConfirmed)
+                    .await
+            })
+        };
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert!(!releasing.is_finished(), "answered before the write");
+        let phase = lender.with_engine(|e| e.phase(first.id));
+        assert_eq!(phase, Some(Phase::Held));
+        tx.send(true).unwrap();
+        releasing.await.unwrap().unwrap();
+        assert_eq!(lender.with_engine(|e| e.phase(first.id)), None);
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn an_administrator_release_that_cannot_be_saved_keeps_the_entry_held() {
+        // HELD-04 (issue 14 item 3): a full disk answers with an error saying
+        // so, and the entry stays held.
+        let store = Arc::new(Recorder::default());
+        let (tx, rx) = oneshot::channel::<bool>();
+        *store.gate.lock().unwrap() = Some(rx);
+        let (lender, up) = lender(Arc::clone(&store));
+        let first = admit(&lender, up).await;
+        lender.release(first.id, ReleaseOutcome::Uncertain("broke off".to_owned()));
+        drop(tx);
+        let err = lender
+            .release_held(first.id, HeldRelease::AdministratorConfirmed)
+            .await
+            .unwrap_err();
+        assert!(matches!(err, HeldReleaseError::NotRecorded(_)), "{err}");
+        assert!(err.to_string().contains("stays held"), "{err}");
+        assert_eq!(lender.with_engine(|e| e.phase(first.id)), Some(Phase::Held));
     }
 }

@@ -13,6 +13,7 @@
 //!   [`route_policy`](crate::traits::route_policy).
 
 pub mod completion;
+pub mod conn;
 pub mod forward;
 pub mod lender;
 pub mod live;
@@ -27,9 +28,6 @@ pub mod tracked;
 use std::sync::Arc;
 use std::time::Duration;
 
-use hyper::server::conn::http1;
-use hyper::service::service_fn;
-use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
@@ -39,8 +37,8 @@ use crate::config::{Management, OnBorrowerDisconnect};
 use crate::engine::UpstreamId;
 use crate::traits::Adapter;
 pub use forward::{ProxyBody, Target};
-pub use lender::Lender;
-pub use store::{ReservationStore, StoreError, VolatileStore};
+pub use lender::{Admission, HeldReleaseError, Lender};
+pub use store::{ReservationStore, StoreChange, StoreError, StoreWrite, VolatileStore};
 
 /// Everything the proxy needs to know about one upstream.
 pub struct UpstreamRoute {
@@ -74,47 +72,55 @@ impl std::fmt::Debug for UpstreamRoute {
     }
 }
 
+/// How a listener treats its connections: their time limits and the budget
+/// of open connections it shares with other listeners.
+#[derive(Debug, Clone)]
+pub struct Listening {
+    /// Header, idle and body limits.
+    pub limits: conn::ConnLimits,
+    /// Connections the listeners of this group may hold open at once.
+    pub budget: conn::ConnBudget,
+}
+
+impl Default for Listening {
+    fn default() -> Self {
+        Listening {
+            limits: conn::ConnLimits::default(),
+            budget: conn::ConnBudget::new("borrower", 4096),
+        }
+    }
+}
+
 /// Serve borrowers on `listener` until `shutdown` turns true; then stop
 /// accepting, let open exchanges finish within `grace`, and return.
 pub async fn serve(
     listener: TcpListener,
     lender: Arc<Lender>,
     route: Arc<UpstreamRoute>,
+    listening: Listening,
     mut shutdown: watch::Receiver<bool>,
     grace: Duration,
 ) {
     let mut connections = JoinSet::new();
+    let mut backoff = conn::AcceptBackoff::new(format!("upstream {}", route.name));
     loop {
+        let next = async {
+            let permit = listening.budget.acquire().await;
+            (permit, backoff.accept(&listener).await)
+        };
         tokio::select! {
-            accepted = listener.accept() => {
-                let (stream, peer) = match accepted {
-                    Ok(a) => a,
-                    Err(e) => {
-                        warn!(upstream = %route.name, error = %e, "accept failed");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
-                    }
-                };
+            (permit, (stream, peer)) = next => {
                 let _ = stream.set_nodelay(true);
-                let (lender, route, mut stop) = (Arc::clone(&lender), Arc::clone(&route), shutdown.clone());
+                let (lender, route, stop) = (Arc::clone(&lender), Arc::clone(&route), shutdown.clone());
+                let limits = listening.limits;
                 connections.spawn(async move {
+                    let _permit = permit;
                     let svc_route = Arc::clone(&route);
-                    let service = service_fn(move |req| {
+                    let handler = move |req| {
                         let (lender, route) = (Arc::clone(&lender), Arc::clone(&svc_route));
-                        async move { Ok::<_, std::convert::Infallible>(service::handle(lender, route, req).await) }
-                    });
-                    let conn = http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), service)
-                        .with_upgrades();
-                    tokio::pin!(conn);
-                    let result = tokio::select! {
-                        r = conn.as_mut() => r,
-                        () = stopped(&mut stop) => {
-                            conn.as_mut().graceful_shutdown();
-                            conn.await
-                        }
+                        service::handle(lender, route, req)
                     };
-                    if let Err(e) = result {
+                    if let Err(e) = conn::serve_connection(stream, limits, handler, Some(stop)).await {
                         debug!(upstream = %route.name, %peer, error = %e, "borrower connection ended with an error");
                     }
                 });

@@ -335,7 +335,11 @@ impl Act {
             match outcome {
                 CancelOutcome::Stopped(entry) => {
                     info!(entry = %entry, reclaim = %id, upstream, "held work deleted or stopped at the upstream, which proves its end; released");
-                    if let Err(e) = self.lender.release_held(entry, HeldRelease::TrackingProof) {
+                    if let Err(e) = self
+                        .lender
+                        .release_held(entry, HeldRelease::TrackingProof)
+                        .await
+                    {
                         warn!(entry = %entry, reclaim = %id, error = %e, "could not release the held work");
                     }
                 }

@@ -14,6 +14,7 @@ use tracing::{debug, info, warn};
 use crate::engine::{CompletionMethod, EntryId, Refusal, RefusalCode, ReleaseOutcome, WorkRequest};
 use crate::proxy::UpstreamRoute;
 use crate::proxy::completion::{CompletionGuard, GuardedBody, verify_cut};
+use crate::proxy::conn::{BorrowerBody, is_stalled};
 use crate::proxy::forward::{
     ExchangeError, ProxyBody, exchange, exchange_with_cut, full, is_upgrade, prepare_response_head,
     streaming, upstream_request,
@@ -22,7 +23,10 @@ use crate::proxy::lender::Lender;
 use crate::proxy::live::{CutSignal, cut_happens};
 use crate::proxy::shells::observe_upstream;
 use crate::proxy::tracked::exchange_tracked;
-use crate::traits::{InspectContext, RoutePolicy, WorkRoute, route_policy};
+use crate::traits::{InspectContext, RouteClass, RoutePolicy, WorkRoute, route_policy};
+
+/// The header the OpenAI and Anthropic SDKs read to decide whether to retry.
+const SHOULD_RETRY: http::HeaderName = http::HeaderName::from_static("x-should-retry");
 
 /// How much of an unread request body a refusal drains to keep the connection alive.
 const REFUSAL_DRAIN_BYTES: usize = 256 * 1024;
@@ -31,7 +35,7 @@ const REFUSAL_DRAIN_BYTES: usize = 256 * 1024;
 pub async fn handle(
     lender: Arc<Lender>,
     route: Arc<UpstreamRoute>,
-    req: http::Request<Incoming>,
+    req: http::Request<BorrowerBody>,
 ) -> http::Response<ProxyBody> {
     let path = req
         .uri()
@@ -41,7 +45,7 @@ pub async fn handle(
     let class = route.adapter.classify(req.method(), &path);
     match route_policy(class, req.method(), route.management) {
         RoutePolicy::Refuse(code) => {
-            let refusal = route_refusal(&route, code, req.method(), &path);
+            let refusal = route_refusal(&route, class, code, req.method(), &path);
             lender.metrics().refused(&route.name, code);
             refuse_after_draining(&route, refusal, req.into_body()).await
         }
@@ -50,22 +54,26 @@ pub async fn handle(
     }
 }
 
+/// Why a route is not lent, in words that say which case it is (ROUTE-04).
 fn route_refusal(
     route: &UpstreamRoute,
+    class: RouteClass,
     code: RefusalCode,
     method: &http::Method,
     path: &str,
 ) -> Refusal {
     let path = path.split('?').next().unwrap_or(path);
-    let reason = match code {
-        RefusalCode::RouteForbidden => format!(
-            "{method} {path} manages upstream {} or reads the owner's data, or is not a read the {} adapter lists; it is forwarded only where the owner sets management = \"allow\". If it is a borrower read the adapter should list, report it in vacancy's issue tracker with the upstream's name and version",
-            route.name,
-            route.adapter.name()
+    let adapter = route.adapter.name();
+    let reason = match (code, class) {
+        (RefusalCode::RouteForbidden, RouteClass::Management) => format!(
+            "{method} {path} manages the {adapter} server or reads its owner's data, so it is not lent to borrowers; the machine's owner can forward it by setting management = \"allow\" for upstream {}",
+            route.name
+        ),
+        (RefusalCode::RouteForbidden, _) => format!(
+            "{method} {path} is not a read the {adapter} adapter lists, so it could return the owner's data and is not forwarded; check the path for a typo (docs/adapter-guide.md lists each adapter's routes). If the server really serves it to borrowers, report it in vacancy's issue tracker with the server's name and version"
         ),
         _ => format!(
-            "{method} {path} is not a route the {} adapter recognizes, so vacancyd cannot tell when its work would end and does not forward it; if the upstream serves it, report it in vacancy's issue tracker with the upstream's name and version (docs/adapter-guide.md lists each adapter's routes)",
-            route.adapter.name()
+            "{method} {path} is not a route the {adapter} adapter recognizes, so vacancyd cannot tell when its work would end and does not forward it; check the path for a typo (docs/adapter-guide.md lists each adapter's routes). If the server really serves it, report it in vacancy's issue tracker with the server's name and version"
         ),
     };
     Refusal::new(code, reason)
@@ -81,6 +89,16 @@ pub fn refusal_response(
     let mut resp = http::Response::new(full(rendered.body));
     *resp.status_mut() = rendered.status;
     *resp.headers_mut() = rendered.headers;
+    // Whatever the dialect: SDKs that honour it stop retrying what a retry
+    // within seconds cannot clear (issue 14 item 9).
+    resp.headers_mut().insert(
+        SHOULD_RETRY,
+        http::HeaderValue::from_static(if refusal.code.should_retry() {
+            "true"
+        } else {
+            "false"
+        }),
+    );
     if close {
         resp.headers_mut()
             .insert(header::CONNECTION, http::HeaderValue::from_static("close"));
@@ -93,7 +111,7 @@ pub fn refusal_response(
 async fn refuse_after_draining(
     route: &UpstreamRoute,
     refusal: Refusal,
-    body: Incoming,
+    body: BorrowerBody,
 ) -> http::Response<ProxyBody> {
     let drained = hyper::body::Body::is_end_stream(&body)
         || tokio::time::timeout(
@@ -107,7 +125,7 @@ async fn refuse_after_draining(
 
 async fn forward_unreserved(
     route: &UpstreamRoute,
-    req: http::Request<Incoming>,
+    req: http::Request<BorrowerBody>,
 ) -> http::Response<ProxyBody> {
     let (mut parts, body) = req.into_parts();
     let borrower_upgrade = parts.extensions.remove::<hyper::upgrade::OnUpgrade>();
@@ -201,7 +219,7 @@ async fn tunnel(
 async fn work_request(
     lender: Arc<Lender>,
     route: Arc<UpstreamRoute>,
-    req: http::Request<Incoming>,
+    req: http::Request<BorrowerBody>,
     work: WorkRoute,
     path: &str,
 ) -> http::Response<ProxyBody> {
@@ -222,10 +240,15 @@ async fn work_request(
                 return refusal_response(&route, &refusal, true);
             }
             Err(e) => {
-                let refusal = Refusal::new(
-                    RefusalCode::InvalidRequest,
-                    format!("the request body could not be read: {e}"),
-                );
+                let reason = match is_stalled(e.as_ref()) {
+                    Some(stalled) => {
+                        info!(upstream = %route.name, received = stalled.received, elapsed_s = stalled.elapsed_s, "a request body arrived too slowly; closing the connection");
+                        stalled.to_string()
+                    }
+                    None => format!("the request body could not be read: {e}"),
+                };
+                let refusal = Refusal::new(RefusalCode::InvalidRequest, reason);
+                lender.metrics().refused(&route.name, refusal.code);
                 return refusal_response(&route, &refusal, true);
             }
         }
@@ -265,23 +288,25 @@ async fn work_request(
         }
         outcome = lender.decide(&request).await;
     }
-    lender.count(&route.name, &outcome);
-    let reservation = match outcome {
-        Ok(r) => r,
-        Err(refusal) => return refusal_response(&route, &refusal, false),
+    let admission = match outcome {
+        Ok(a) => a,
+        Err(refusal) => {
+            lender.count(&route.name, &Err(refusal.clone()));
+            return refusal_response(&route, &refusal, false);
+        }
     };
     let mut guard = CompletionGuard::new(Arc::clone(&lender), Arc::clone(&route), entry);
-    if let Err(e) = lender.store().persist(&reservation).await {
-        warn!(entry = %entry, error = %e, "reservation not recorded; not forwarding");
-        drop(guard); // not forwarded: releases
-        let refusal = Refusal::new(
-            RefusalCode::LedgerUnavailable,
-            format!(
-                "vacancyd could not record the reservation, so it did not forward the request: {e}"
-            ),
-        );
-        return refusal_response(&route, &refusal, false);
-    }
+    // REC-01: nothing is forwarded before the record is durable. A request
+    // that is not forwarded is counted by its outcome, the refusal.
+    let recorded = admission.recorded().await;
+    lender.count(&route.name, &recorded);
+    let reservation = match recorded {
+        Ok(r) => r,
+        Err(refusal) => {
+            drop(guard); // not forwarded: releases
+            return refusal_response(&route, &refusal, false);
+        }
+    };
     let body = inspection.rewritten_body.map_or(body, Bytes::from);
     let borrower_upgrade = if is_upgrade(&parts.headers) {
         parts.extensions.remove::<hyper::upgrade::OnUpgrade>()

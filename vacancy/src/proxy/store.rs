@@ -1,6 +1,7 @@
 //! The seam where reservations become durable before they are forwarded (REC-01).
 
-use async_trait::async_trait;
+use std::future::Future;
+use std::pin::Pin;
 
 use crate::engine::{EntryId, Reservation};
 
@@ -14,25 +15,89 @@ pub struct StoreError {
     pub reason: String,
 }
 
+/// One change to the store, for one entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreChange {
+    /// An admitted reservation, before its request is forwarded.
+    Admit(Reservation),
+    /// The entry turned held, with why.
+    Held {
+        /// The entry.
+        entry: EntryId,
+        /// Why its end is uncertain.
+        reason: String,
+    },
+    /// The upstream named its own handle for the entry (REC-04): the record
+    /// is rewritten so that a crash leaves the old handle or the new one.
+    Ref {
+        /// The entry.
+        entry: EntryId,
+        /// The upstream's handle.
+        upstream_ref: String,
+    },
+    /// The entry was released: its record may go.
+    Release(EntryId),
+}
+
+impl StoreChange {
+    /// The entry the change is about.
+    pub fn entry(&self) -> EntryId {
+        match self {
+            StoreChange::Admit(r) => r.id,
+            StoreChange::Held { entry, .. }
+            | StoreChange::Ref { entry, .. }
+            | StoreChange::Release(entry) => *entry,
+        }
+    }
+}
+
+/// A submitted change on its way to disk: resolves once it would survive a
+/// crash, or with why it will not.
+pub type StoreWrite = Pin<Box<dyn Future<Output = Result<(), StoreError>> + Send>>;
+
 /// Where reservations are recorded.
 ///
 /// # Behavior
 ///
-/// `persist` returns only once the reservation would survive a crash; the
-/// proxy forwards nothing before it returns `Ok` (REC-01). `mark_held` and
-/// `forget` follow the entry's life. Records hold job metadata only, never
-/// prompts, responses or credentials (REC-26).
-#[async_trait]
+/// [`submit`](Self::submit) queues a change behind every change submitted
+/// before it, *in the call itself*, before the returned future is polled. The
+/// lender submits under the engine lock, in the order the engine decided, so
+/// the store's order is the engine's order: a release reaches the disk before
+/// any later admission that reuses its resources, and a crash never leaves two
+/// live records on one resource that the engine never had at once.
+///
+/// The proxy forwards nothing before an `Admit`'s future returns `Ok` (REC-01).
+/// Records hold job metadata only, never prompts, responses or credentials
+/// (REC-26).
 pub trait ReservationStore: Send + Sync {
-    /// Record an admitted reservation before its request is forwarded.
-    async fn persist(&self, reservation: &Reservation) -> Result<(), StoreError>;
-    /// The entry turned held, with why.
-    async fn mark_held(&self, entry: EntryId, reason: &str) -> Result<(), StoreError>;
-    /// The entry was released: its record may go.
-    async fn forget(&self, entry: EntryId) -> Result<(), StoreError>;
-    /// The upstream named its own handle for the entry (REC-04): the record
-    /// is rewritten so that a crash leaves the old handle or the new one.
-    async fn rewrite_ref(&self, entry: EntryId, upstream_ref: &str) -> Result<(), StoreError>;
+    /// Queue `change`; the future resolves once it is durable.
+    fn submit(&self, change: StoreChange) -> StoreWrite;
+
+    /// Queue an admitted reservation's record ([`StoreChange::Admit`]).
+    fn persist(&self, reservation: &Reservation) -> StoreWrite {
+        self.submit(StoreChange::Admit(reservation.clone()))
+    }
+
+    /// Queue a hold ([`StoreChange::Held`]).
+    fn mark_held(&self, entry: EntryId, reason: &str) -> StoreWrite {
+        self.submit(StoreChange::Held {
+            entry,
+            reason: reason.to_owned(),
+        })
+    }
+
+    /// Queue a release ([`StoreChange::Release`]).
+    fn forget(&self, entry: EntryId) -> StoreWrite {
+        self.submit(StoreChange::Release(entry))
+    }
+
+    /// Queue a handle rewrite ([`StoreChange::Ref`]).
+    fn rewrite_ref(&self, entry: EntryId, upstream_ref: &str) -> StoreWrite {
+        self.submit(StoreChange::Ref {
+            entry,
+            upstream_ref: upstream_ref.to_owned(),
+        })
+    }
 }
 
 /// A store that records nothing: reservations live only in memory, so a crash
@@ -41,18 +106,8 @@ pub trait ReservationStore: Send + Sync {
 #[derive(Debug, Default, Clone, Copy)]
 pub struct VolatileStore;
 
-#[async_trait]
 impl ReservationStore for VolatileStore {
-    async fn persist(&self, _reservation: &Reservation) -> Result<(), StoreError> {
-        Ok(())
-    }
-    async fn mark_held(&self, _entry: EntryId, _reason: &str) -> Result<(), StoreError> {
-        Ok(())
-    }
-    async fn forget(&self, _entry: EntryId) -> Result<(), StoreError> {
-        Ok(())
-    }
-    async fn rewrite_ref(&self, _entry: EntryId, _upstream_ref: &str) -> Result<(), StoreError> {
-        Ok(())
+    fn submit(&self, _change: StoreChange) -> StoreWrite {
+        Box::pin(std::future::ready(Ok(())))
     }
 }

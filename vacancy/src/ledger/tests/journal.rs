@@ -592,14 +592,16 @@ fn recovered_age_comes_from_the_recorded_start_and_the_clock() {
     assert_eq!(e.age(now), Duration::from_secs(90));
     let restored = e.to_restored(Moment::from_secs(1000), now);
     assert_eq!(restored.admitted_at, Moment::from_secs(910));
-    // A clock that went back reads as age zero; the timeline's origin bounds it.
+    assert_eq!(restored.started_before, Duration::ZERO);
+    // A clock that went back reads as age zero.
     e.started_unix_ms = unix_ms(now) + 5_000;
     assert_eq!(e.age(now), Duration::ZERO);
-    e.started_unix_ms = 0;
-    assert_eq!(
-        e.to_restored(Moment::from_secs(5), now).admitted_at,
-        Moment::ZERO
-    );
+    // An entry older than the daemon's uptime sits at the timeline's origin
+    // and carries the rest of its age: it never restarts at 0.
+    e.started_unix_ms = unix_ms(now) - 3 * 3_600_000;
+    let restored = e.to_restored(Moment::from_secs(5), now);
+    assert_eq!(restored.admitted_at, Moment::ZERO);
+    assert_eq!(restored.started_before, Duration::from_secs(3 * 3600 - 5));
 }
 
 #[tokio::test]
