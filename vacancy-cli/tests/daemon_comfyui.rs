@@ -254,7 +254,8 @@ async fn rejections_bad_bodies_foreign_prompts_and_lost_history() {
     .await
     .unwrap();
     assert_eq!(r.status, 200);
-    d.wait_status("the owner's work to end", |s| {
+    // The interrupt lands at the next node: seconds on a busy machine.
+    d.wait_status_within("the owner's work to end", Duration::from_secs(90), |s| {
         s["upstreams"][0]["vacancy"]["admitting"] == true
     })
     .await;
