@@ -175,8 +175,15 @@ impl Daemon {
         what: &str,
         pred: impl Fn(&serde_json::Value) -> bool,
     ) -> serde_json::Value {
-        self.wait_status_within(what, Duration::from_secs(10), pred)
-            .await
+        let mut last = serde_json::Value::Null;
+        for _ in 0..200 {
+            last = self.status().await;
+            if pred(&last) {
+                return last;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("timed out waiting for {what}; last status: {last:#}");
     }
 
     /// Wait up to `within` until `/status` satisfies `pred`, or panic with
