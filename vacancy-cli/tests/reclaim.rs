@@ -17,7 +17,7 @@ use vacancy_test_support::ollama::modelfile;
 use vacancy_test_support::{
     ComfyEmulator, ComfyEmulatorOptions, ComfyFlavor, ComfyUi, CountingShim, LlamaOptions,
     LlamaServer, OllamaEmulator, OllamaOptions, OllamaRelease, OllamaServer, TinyModel, free_port,
-    http_request, http_stream, prompt_request, simple_workflow, slow_workflow,
+    http_request, http_stream, many_step_workflow, prompt_request, simple_workflow,
 };
 
 /// A configuration whose owner is present while `flag` exists, with one GPU
@@ -281,14 +281,15 @@ async fn comfy_outcome(comfy: &ComfyUi, id: &str) -> Option<String> {
     v[id]["status"]["status_str"].as_str().map(str::to_owned)
 }
 
-/// A borrower's slow prompt (seconds of image blurs) through the proxy, and
-/// its prompt ID once the real ComfyUI runs it.
+/// A borrower's slow prompt (hundreds of short image blurs: a stop lands
+/// within one) through the proxy, and its prompt ID once the real ComfyUI
+/// runs it.
 async fn running_slow_prompt(d: &Daemon, comfy: &ComfyUi, color: u32) -> String {
     let r = http_request(
         "POST",
         &format!("{}/prompt", d.proxy),
         &[JSON],
-        prompt_request(slow_workflow(color), None)
+        prompt_request(many_step_workflow(color, 400), None)
             .to_string()
             .into_bytes(),
     )
@@ -472,15 +473,23 @@ async fn a_real_ollama_unloads_on_owner_return_its_runner_exits_and_the_yield_is
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert_eq!(server.runners(), [], "the runner exited with the unload");
-    let ps = http_request(
-        "GET",
-        &format!("{}/api/ps", server.base_url()),
-        &[],
-        Vec::new(),
-    )
-    .await
-    .unwrap();
-    assert_eq!(ps.json().unwrap()["models"], json!([]), "nothing loaded");
+    let mut models = json!(null);
+    for _ in 0..200 {
+        let ps = http_request(
+            "GET",
+            &format!("{}/api/ps", server.base_url()),
+            &[],
+            Vec::new(),
+        )
+        .await
+        .unwrap();
+        models = ps.json().unwrap()["models"].clone();
+        if models == json!([]) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(models, json!([]), "nothing loaded");
     assert_eq!(
         metric(&d, "vacancyd_yields_total{upstream=\"ollama\"}").await,
         Some(1.0)
