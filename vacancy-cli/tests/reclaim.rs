@@ -17,7 +17,7 @@ use vacancy_test_support::ollama::modelfile;
 use vacancy_test_support::{
     ComfyEmulator, ComfyEmulatorOptions, ComfyFlavor, ComfyUi, CountingShim, LlamaOptions,
     LlamaServer, OllamaEmulator, OllamaOptions, OllamaRelease, OllamaServer, TinyModel, free_port,
-    http_request, http_stream, many_step_workflow, prompt_request, simple_workflow,
+    http_request, http_stream, prompt_request, simple_workflow, slow_workflow,
 };
 
 /// A configuration whose owner is present while `flag` exists, with one GPU
@@ -281,15 +281,14 @@ async fn comfy_outcome(comfy: &ComfyUi, id: &str) -> Option<String> {
     v[id]["status"]["status_str"].as_str().map(str::to_owned)
 }
 
-/// A borrower's slow prompt (hundreds of short image blurs: a stop lands
-/// within one) through the proxy, and its prompt ID once the real ComfyUI
-/// runs it.
+/// A borrower's slow prompt (seconds of image blurs) through the proxy, and
+/// its prompt ID once the real ComfyUI runs it.
 async fn running_slow_prompt(d: &Daemon, comfy: &ComfyUi, color: u32) -> String {
     let r = http_request(
         "POST",
         &format!("{}/prompt", d.proxy),
         &[JSON],
-        prompt_request(many_step_workflow(color, 400), None)
+        prompt_request(slow_workflow(color), None)
             .to_string()
             .into_bytes(),
     )

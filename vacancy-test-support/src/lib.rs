@@ -78,7 +78,7 @@ use std::path::PathBuf;
 
 pub use comfyui::{
     COMFY_LOCK, COMFY_VENV, ComfyFlavor, ComfyInstall, ComfyUi, DownloadPlan, invalid_workflow,
-    many_step_workflow, prompt_request, simple_workflow, slow_workflow,
+    prompt_request, simple_workflow, slow_workflow,
 };
 pub use comfyui_emulator::{
     ComfyEmulator, ComfyEmulatorOptions, ComfyFaults, ComfyRequest, QueuePadding, Silence, Trickle,
