@@ -1,6 +1,7 @@
 //! The real ComfyUI adapter and tracker against the in-process emulator
 //! ([`vacancy_test_support::ComfyEmulator`]): what the real releases the
-//! harness runs cannot show. `/api/jobs/<id>` on 0.6.0+ (COMFY-21..23),
+//! harness runs (0.3.75 and the early-2024 one, in `comfyui_live.rs`) cannot
+//! show. `/api/jobs/<id>` on 0.6.0+ (COMFY-21..23),
 //! owner deletions (COMFY-14), lost submissions (COMFY-17..19), and replies
 //! too big, silent or slow (COMFY-15, COMFY-31..35). Tracking times and read
 //! limits are shrunk so the whole file runs in seconds; no daemon runs.
@@ -148,51 +149,51 @@ async fn on_0_6_0_tracking_reads_the_jobs_api_never_the_queue_and_history_releas
 }
 
 #[tokio::test]
-async fn before_0_6_0_tracking_reads_the_queue_and_never_the_jobs_api() {
-    // COMFY-22: 0.3.75 (recorded) and 0.5.9 (the last release before the jobs API).
-    for version in ["0.3.75", "0.5.9"] {
-        let emu = start(Some(version), Duration::from_millis(300));
-        let (tracker, clock) = tracker(&emu, Duration::from_secs(10));
-        let id = new_id();
-        let reply = submit(&emu, &id, 2).await;
-        let end = track(&tracker, clock, &id, reply).await;
-        assert!(released(&end).contains("succeeded"), "{version}: {end:?}");
-        assert!(emu.count("GET", "/queue") >= 1, "{version}");
-        assert_eq!(emu.count("GET", "/api/jobs"), 0, "{version}");
-    }
+async fn on_0_5_9_tracking_reads_the_queue_and_never_the_jobs_api() {
+    // COMFY-22 on 0.5.9, the last release before the jobs API (0.3.75 runs
+    // for real in comfyui_live.rs).
+    let emu = start(Some("0.5.9"), Duration::from_millis(300));
+    let (tracker, clock) = tracker(&emu, Duration::from_secs(10));
+    let id = new_id();
+    let reply = submit(&emu, &id, 2).await;
+    let end = track(&tracker, clock, &id, reply).await;
+    assert!(released(&end).contains("succeeded"), "{end:?}");
+    assert!(emu.count("GET", "/queue") >= 1);
+    assert_eq!(emu.count("GET", "/api/jobs"), 0);
 }
 
 #[tokio::test]
-async fn an_owner_deleted_pending_prompt_is_released_after_two_absent_checks() {
-    // COMFY-13, COMFY-14: on the queue (0.3.75) and the jobs API (0.6.0).
-    for version in ["0.3.75", "0.6.0"] {
-        let emu = start(Some(version), Duration::from_secs(30));
-        let (tracker, clock) = tracker(&emu, Duration::from_secs(10));
-        let foreign = new_id();
-        let _ = submit(&emu, &foreign, 3).await; // runs for 30 s
-        let id = new_id();
-        let reply = submit(&emu, &id, 4).await;
-        assert_eq!(emu.pending(), std::slice::from_ref(&id));
-        let tracking = {
-            let tracker = Arc::clone(&tracker);
-            let id = id.clone();
-            tokio::spawn(async move { track(&tracker, clock, &id, reply).await })
-        };
-        // Let a check find it pending first.
-        tokio::time::sleep(3 * CHECK).await;
-        assert!(!tracking.is_finished(), "{version}: released while pending");
-        assert_eq!(post(&emu, "/queue", json!({"delete": [id]})).await, 200);
-        let deleted = Instant::now();
-        let end = tracking.await.unwrap();
-        let why = released(&end);
-        assert!(why.contains("two consecutive checks"), "{version}: {why}");
-        let took = deleted.elapsed();
-        assert!(
-            took >= CHECK && took < Duration::from_secs(2),
-            "{version}: {took:?}"
-        );
-        assert_eq!(emu.running(), Some(foreign), "{version}");
+async fn an_owner_deleted_pending_prompt_on_0_6_0_is_released_after_two_absent_job_reads() {
+    // COMFY-13, COMFY-14 on the jobs API (0.6.0; the queue of 0.3.75 runs
+    // for real in comfyui_live.rs).
+    let emu = start(Some("0.6.0"), Duration::from_secs(30));
+    let (tracker, clock) = tracker(&emu, Duration::from_secs(10));
+    let foreign = new_id();
+    let _ = submit(&emu, &foreign, 3).await; // runs for 30 s
+    let id = new_id();
+    let reply = submit(&emu, &id, 4).await;
+    assert_eq!(emu.pending(), std::slice::from_ref(&id));
+    let job = format!("/api/jobs/{id}");
+    let tracking = {
+        let tracker = Arc::clone(&tracker);
+        let id = id.clone();
+        tokio::spawn(async move { track(&tracker, clock, &id, reply).await })
+    };
+    // A check finds it pending first: wait for two reads of its job.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while emu.count("GET", &job) < 2 {
+        assert!(Instant::now() < deadline, "{:?}", emu.requests());
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
+    assert!(!tracking.is_finished(), "released while pending");
+    assert_eq!(post(&emu, "/queue", json!({"delete": [id]})).await, 200);
+    let deleted = Instant::now();
+    let end = tracking.await.unwrap();
+    let why = released(&end);
+    assert!(why.contains("two consecutive checks"), "{why}");
+    let took = deleted.elapsed();
+    assert!(took >= CHECK && took < Duration::from_secs(2), "{took:?}");
+    assert_eq!(emu.running(), Some(foreign));
 }
 
 /// A submission the emulator reads and cuts without replying.
@@ -683,4 +684,97 @@ async fn a_running_prompt_is_stopped_with_the_job_cancel_on_0_26_and_interrupt_b
         assert_eq!(interrupts, usize::from(!job_cancel), "{version}");
         assert_eq!(emu.running(), None, "{version}");
     }
+}
+
+#[tokio::test]
+async fn recl_27_each_cancellation_request_is_bounded() {
+    // RECL-27: a delete may take up to 2 minutes (the default bound); a
+    // ComfyUI that never answers fails the cancellation at the bound, and
+    // the reservation stays (RECL-21). That ComfyUI completes the delete
+    // after vacancyd stops waiting is ComfyUI's own doing.
+    use vacancy_adapters::comfyui::reclaim::ReclaimTimes;
+    assert_eq!(ReclaimTimes::default().request, Duration::from_secs(120));
+    // A server that accepts every connection, reads, and never answers.
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = silent.local_addr().unwrap();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((stream, _)) = silent.accept().await {
+            held.push(stream);
+        }
+    });
+    let bound = Duration::from_millis(300);
+    let reclaimer = ComfyUiAdapter::new(AdapterSettings::new(
+        format!("http://{addr}").parse().unwrap(),
+        MonotonicClock::new(),
+    ))
+    .unwrap()
+    // The queue reads around the delete are bounded by the read limits
+    // (COMFY-32), shrunk here too.
+    .with_read_limits(limits())
+    .with_reclaim_times(ReclaimTimes {
+        request: bound,
+        ..ReclaimTimes::default()
+    })
+    .reclaimer()
+    .unwrap();
+    let item = vacancy::traits::CancelItem {
+        entry: EntryId::from_u128(27),
+        upstream_ref: Some(new_id()),
+        claim: vacancy::traits::CancelClaim::new(),
+    };
+    let started = Instant::now();
+    let out = reclaimer.cancel(&[item], Instant::now()).await;
+    let took = started.elapsed();
+    match &out[..] {
+        [vacancy::traits::CancelOutcome::Failed { entry, reason }] => {
+            assert_eq!(*entry, EntryId::from_u128(27));
+            assert!(reason.contains("deleting borrowed prompts"), "{reason}");
+        }
+        other => panic!("{other:?}"),
+    }
+    // The delete waited its bound, and no longer (the read before it fails
+    // within its own 300 ms first-byte limit).
+    assert!(
+        took >= bound && took < bound + Duration::from_secs(2),
+        "{took:?}"
+    );
+}
+
+#[tokio::test]
+async fn recl_36_the_pre_unload_read_stops_at_the_first_foreign_prompt_within_16_mib() {
+    // RECL-36: a queue of about 18 MB of prompts. All vacancyd's: the read
+    // breaks its 16 MiB bound and cannot tell. The first one foreign: the
+    // read stops there, long before the bound, and finds foreign work.
+    use vacancy::traits::ForeignWork;
+    let items = 18_000;
+    let emu = start(Some("0.3.75"), Duration::from_secs(30));
+    emu.set_faults(ComfyFaults {
+        queue_padding: Some(QueuePadding {
+            items,
+            item_bytes: 1000,
+        }),
+        ..ComfyFaults::default()
+    });
+    let reclaimer = ComfyUiAdapter::new(settings(&emu))
+        .unwrap()
+        .reclaimer()
+        .unwrap();
+    let ours: Vec<String> = (0..items).map(|i| format!("foreign-{i:08}")).collect();
+    match reclaimer.foreign_work(&ours).await {
+        Ok(ForeignWork::CannotTell(why)) => assert!(why.contains("16 MiB"), "{why}"),
+        other => panic!("all ours, past 16 MiB: {other:?}"),
+    }
+    let started = Instant::now();
+    assert_eq!(
+        reclaimer.foreign_work(&ours[..100]).await,
+        Ok(ForeignWork::Present),
+        "the 101st prompt is foreign"
+    );
+    assert_eq!(reclaimer.foreign_work(&[]).await, Ok(ForeignWork::Present));
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
 }

@@ -327,13 +327,8 @@ pub async fn start(
     info!("{}", presence.line);
     let presence_name = presence.shown.clone();
     let manual = presence.manual.clone();
-    let exempt = config.exempt_upstreams();
-    if !exempt.is_empty() {
-        info!(
-            "owner-exempt upstreams (owner_scope = \"resource\"): {}",
-            exempt.join(", ")
-        );
-    }
+    // SCOPE-18: the exempt upstreams were logged once with the
+    // configuration's warnings, in the words check-config prints.
 
     let mut tasks = JoinSet::new();
     for r in &config.resources {

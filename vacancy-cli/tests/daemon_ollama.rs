@@ -1,6 +1,9 @@
-//! vacancyd end to end in front of the Ollama emulator: resident credit by
-//! request kind (RES-03..15, RES-21, RES-22), observation errors (OBS-03) and
-//! the Ollama route table (ROUTE-08, ROUTE-12).
+//! vacancyd end to end in front of the Ollama emulator of a later release:
+//! resident credit by request kind (RES-03..15, RES-21, RES-22), which needs
+//! the `context_length` of `/api/ps` that Ollama added in 0.10.0, and
+//! observation errors (OBS-03). The route table, the refusal dialect and
+//! what the real releases 0.5.4 and 0.9.3 show are tested against them in
+//! `daemon_ollama_real.rs`.
 //!
 //! The oracle of "credited or not" is memory: `gpu0` has 5000 MiB free with a
 //! 1000 MiB reserve, a request charged in full needs 8000 MiB above the reserve
@@ -780,66 +783,6 @@ async fn a_malformed_ps_gives_no_credit_and_shows_the_observation_error() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn management_routes_are_forbidden_and_discovery_is_forwarded() {
-    // ROUTE-08, ROUTE-12
-    let emu = emulator();
-    let d = start(&emu.base_url(), HIGH);
-    let marker = "borrower-probe";
-    for (method, path, body) in [
-        ("POST", "/api/show", json!({"model": marker}).to_string()),
-        ("GET", "/api/ps", String::new()),
-        ("POST", "/api/pull", json!({"model": marker}).to_string()),
-    ] {
-        let r = http_request(
-            method,
-            &format!("{}{path}", d.proxy),
-            &[JSON],
-            body.into_bytes(),
-        )
-        .await
-        .unwrap();
-        assert_eq!(r.status, 403, "{method} {path}: {}", r.text());
-        let error = r.json().unwrap()["error"]
-            .as_str()
-            .unwrap_or_default()
-            .to_owned();
-        assert!(
-            error.starts_with("route_forbidden: "),
-            "{method} {path}: {error}"
-        );
-    }
-    // None of them reached the emulator (its /api/show and /api/ps are
-    // vacancyd's own observations, never with the borrower's body).
-    let reqs = emu.requests();
-    assert!(!reqs.iter().any(|r| r.path == "/api/pull"), "{reqs:?}");
-    assert!(
-        !reqs.iter().any(|r| r.body.to_string().contains(marker)),
-        "{reqs:?}"
-    );
-
-    let tags = http_request("GET", &format!("{}/api/tags", d.proxy), &[], Vec::new())
-        .await
-        .unwrap();
-    assert_eq!(tags.status, 200, "{}", tags.text());
-    let names: Vec<String> = tags.json().unwrap()["models"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|m| m["name"].as_str().unwrap().to_owned())
-        .collect();
-    assert!(names.contains(&MODEL.to_owned()), "{names:?}");
-    assert_eq!(count_path(&emu, "GET", "/api/tags"), 1);
-    let version = http_request("GET", &format!("{}/api/version", d.proxy), &[], Vec::new())
-        .await
-        .unwrap();
-    assert_eq!(version.status, 200, "{}", version.text());
-    // Discovery is not admitted work.
-    let s = d.status().await;
-    assert!(s["work"].as_array().unwrap().is_empty(), "{s:#}");
-    assert!(admissions(&d).is_empty());
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_learned_context_that_differs_from_the_loaded_one_is_charged_in_full() {
     // RES-11: the model was since reloaded differently. RES-05 (b) still
     // credits an explicit num_ctx equal to the new context.
@@ -922,4 +865,76 @@ async fn a_too_old_observation_is_refreshed_once_on_the_refusal_path() {
         .await;
     }
     panic!("the observation loop refreshed first in every round; RES-20 was never exercised");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn learned_contexts_survive_a_model_unload_up_to_eight_kinds_per_model() {
+    // RES-12: kinds learned for a model stay when the model unloads, at most
+    // 8 per model (the oldest goes first); when it loads again under the
+    // same digest they credit its first request.
+    let emu = emulator();
+    let digest = OllamaModel::new("llama3").digest;
+    let (dir, path, control, proxy) = prepare(&emu.base_url(), HIGH);
+    // An earlier run taught 8 /api kinds (num_ctx 1000 to 8000).
+    let admission = dir.path().join("vacancyd.admission");
+    std::fs::create_dir_all(&admission).unwrap();
+    std::fs::set_permissions(
+        &admission,
+        std::os::unix::fs::PermissionsExt::from_mode(0o700),
+    )
+    .unwrap();
+    let kinds: Vec<Value> = (1..=8u64)
+        .map(|n| json!({"num_ctx": n * 1000, "family": "api", "context": n * 1000}))
+        .collect();
+    let cache = json!({"version": 1, "upstreams": {"ollama": {"models": {MODEL: {
+        "digest": digest, "parallel": false, "learned": 1, "kinds": kinds
+    }}}}});
+    std::fs::write(admission.join("learned-contexts.json"), cache.to_string()).unwrap();
+    let d = Daemon::start_with(dir, &path, control, proxy);
+    d.wait_status("the upstream to be observed", |s| {
+        s["upstreams"][0]["reachable"] == true
+    })
+    .await;
+
+    // A ninth kind is taught: the oldest one makes room.
+    let ps = streamed_then_lower(&d, &emu, "/v1/chat/completions", v1_chat()).await;
+    settle(&d, &emu, ps, LOW, "the /v1 kind to be learned", |r| {
+        r.contains(&format!("{MODEL}, num_ctx unset, /v1"))
+    })
+    .await;
+    let kinds = learned_kinds(&read_cache(&d));
+    assert_eq!(kinds.len(), 8, "{kinds:#?}");
+    assert!(!kinds.iter().any(|k| k["num_ctx"] == 1000), "{kinds:#?}");
+    assert!(kinds.iter().any(|k| k["num_ctx"] == 2000), "{kinds:#?}");
+    let v1 = json!({"num_ctx": null, "family": "v1", "context": 4096});
+    assert_eq!(kinds.last(), Some(&v1), "{kinds:#?}");
+
+    // The owner unloads the model: nothing is loaded, nothing is forgotten.
+    let r = http_request(
+        "POST",
+        &format!("{}/api/generate", emu.base_url()),
+        &[JSON],
+        json!({"model": "llama3", "keep_alive": 0})
+            .to_string()
+            .into_bytes(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.json().unwrap()["done_reason"], "unload");
+    wait_residency(&d, "the model unloaded", |r| !r.contains(MODEL)).await;
+    assert_eq!(
+        learned_kinds(&read_cache(&d)),
+        kinds,
+        "kept through the unload"
+    );
+
+    // Loaded again under the same digest: the /v1 kind credits at once.
+    emu.preload("llama3", None).unwrap();
+    wait_residency(&d, "the learned /v1 kind credited again", |r| {
+        r.contains(&format!("resident for {MODEL}, num_ctx unset, /v1"))
+    })
+    .await;
+    let reply = post(&d, "/v1/chat/completions", &v1_chat()).await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    assert_eq!(admissions(&d), [false, true]);
 }

@@ -272,24 +272,36 @@ async fn only_a_request_naming_the_loaded_idle_engine_is_credited() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_null_or_empty_engine_proves_nothing_and_legacy_servers_keep_fixed_models() {
     // VOICE-15, VOICE-16
-    let emu = emulator(VoiceEmulatorOptions::default());
-    emu.set_faults(VoiceFaults {
-        status_engine: Some(StatusEngineFault::Null),
-        ..VoiceFaults::default()
-    });
+    let emu = emulator(VoiceEmulatorOptions::default()); // qwen loaded
+    // 3000 free - 1000 reserve: only resident credit (300) fits.
     let d = start(&emu.base_url(), 3000);
-    observed(&d).await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let r = speak(&d, "qwen").await;
-    assert_eq!(r.status, 503, "{}", r.text());
-    for fault in [StatusEngineFault::Empty, StatusEngineFault::NotAString] {
+    for fault in [
+        StatusEngineFault::Null,
+        StatusEngineFault::Empty,
+        StatusEngineFault::NotAString,
+    ] {
+        // Each fault starts from a proven engine, so the refusal below comes
+        // from an observation of this fault and of no earlier one.
+        emu.set_faults(VoiceFaults::default());
+        residency(&d, "resident for voice engine qwen").await;
         emu.set_faults(VoiceFaults {
             status_engine: Some(fault),
             ..VoiceFaults::default()
         });
-        tokio::time::sleep(Duration::from_millis(2500)).await;
+        d.wait_status(&format!("an observation of the {fault:?} engine"), |s| {
+            s["upstreams"][0]["reachable"] == true
+                && s["upstreams"][0]["residency"]
+                    .as_array()
+                    .is_some_and(|r| r.iter().all(|l| !l.as_str().unwrap_or("").contains("qwen")))
+        })
+        .await;
         let r = speak(&d, "qwen").await;
         assert_eq!(r.status, 503, "{fault:?}: {}", r.text());
+        let msg = r.json().unwrap()["error"]["message"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        assert!(msg.contains("no resident credit"), "{fault:?}: {msg}");
     }
     drop(d);
 
@@ -420,4 +432,35 @@ async fn an_execution_answered_202_early_is_released_at_that_response_end() {
     assert_eq!(r.status, 202, "{}", r.text());
     no_work(&d).await;
     assert!(emu.busy(), "the non-conformant server still synthesizes");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_observation_keeps_the_engine_name_the_server_reports() {
+    // VOICE-11: the engine's name is kept exactly as /status reports it
+    // (case and punctuation included), and only that name gets its credit.
+    let engine = "Qwen3-TTS_v2.1";
+    let emu = emulator(VoiceEmulatorOptions {
+        engines: vec![engine.to_owned(), "breeze".to_owned()],
+        loaded: Some(engine.to_owned()),
+        ..VoiceEmulatorOptions::default()
+    });
+    // 3000 free - 1000 reserve: only resident credit (300) fits.
+    let d = start(&emu.base_url(), 3000);
+    residency(
+        &d,
+        &format!("{engine}: loaded; resident for voice engine {engine}"),
+    )
+    .await;
+    let r = speak(&d, engine).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    settled(&d).await;
+    residency(&d, &format!("resident for voice engine {engine}")).await;
+    let r = speak(&d, &engine.to_lowercase()).await;
+    assert_eq!(
+        r.status,
+        503,
+        "another name is another engine: {}",
+        r.text()
+    );
+    assert_eq!(emu.synthesis_count(engine), 1);
 }

@@ -58,3 +58,30 @@ fn systemd_analyze_verifies_the_unit() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+#[test]
+fn the_unit_never_removes_its_recovery_directory() {
+    // REC-07: systemd keeps a StateDirectory across stop, restart and
+    // package removal unless told otherwise; the unit tells it nothing of the
+    // kind, and the operator guide says to keep the directory.
+    let unit = unit();
+    let exec: Vec<&str> = unit
+        .lines()
+        .filter(|l| l.trim().starts_with("Exec"))
+        .collect();
+    assert_eq!(
+        exec,
+        ["ExecStart=/usr/bin/vacancyd run --config /etc/vacancyd/vacancyd.toml"],
+        "no command before or after the daemon could remove it"
+    );
+    assert!(!unit.contains("RuntimeDirectory=vacancyd"), "{unit}");
+    assert!(unit.contains("StateDirectory=vacancyd"), "{unit}");
+    let guide = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/operator-guide.md"),
+    )
+    .unwrap();
+    assert!(
+        guide.contains("Keep the directory through\nupgrades, rollback and uninstall, and never delete it to clear a busy\nresource."),
+        "the operator guide says to keep it"
+    );
+}

@@ -1,6 +1,9 @@
 //! Reclaim on owner return through a real vacancyd (RECL-01..50, SCOPE-02,
-//! SCOPE-12): the `command` and `manual` presence backends, the real
-//! llama-server, and the Ollama and ComfyUI emulators.
+//! SCOPE-03, SCOPE-12): the `command` and `manual` presence backends, the
+//! real llama-server, real Ollama and ComfyUI where they show what is tested,
+//! and their emulators for pacing and faults (a generation paced token by
+//! token, a reply that comes late, an unload answered wrongly, releases
+//! after 0.3.75).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
 
 mod common;
@@ -10,9 +13,11 @@ use std::time::Duration;
 
 use common::{Daemon, JSON, completion, write_capacity};
 use serde_json::{Value, json};
+use vacancy_test_support::ollama::modelfile;
 use vacancy_test_support::{
-    ComfyEmulator, ComfyEmulatorOptions, LlamaOptions, LlamaServer, OllamaEmulator, OllamaOptions,
-    free_port, http_request, http_stream, prompt_request, simple_workflow,
+    ComfyEmulator, ComfyEmulatorOptions, ComfyFlavor, ComfyUi, CountingShim, LlamaOptions,
+    LlamaServer, OllamaEmulator, OllamaOptions, OllamaRelease, OllamaServer, TinyModel, free_port,
+    http_request, http_stream, prompt_request, simple_workflow, slow_workflow,
 };
 
 /// A configuration whose owner is present while `flag` exists, with one GPU
@@ -179,17 +184,24 @@ fn one_upstream_daemon(name: &str, adapter: &str, target: &str, extra: &str) -> 
     s.start("", &body)
 }
 
+/// A real Ollama of `release` serving `tiny` (the default tiny GGUF,
+/// `PARAMETER num_ctx 2048`).
+fn real_ollama(release: OllamaRelease) -> OllamaServer {
+    let server = OllamaServer::start(release).unwrap();
+    let gguf = TinyModel::default().ensure().unwrap();
+    server
+        .create("tiny", &modelfile(&gguf, Some(2048)))
+        .unwrap();
+    server
+}
+
 fn ollama_daemon(emu: &OllamaEmulator, extra: &str) -> (Daemon, PathBuf) {
     one_upstream_daemon("ollama", "ollama", &emu.base_url(), extra)
 }
 
-/// A ComfyUI emulator whose prompts run for 30 s.
-fn comfy_emulator() -> ComfyEmulator {
-    comfy_emulator_at(ComfyEmulatorOptions::default().version.as_deref())
-}
-
-/// The same, reporting release `version` (`None`: an early-2024 build that
-/// queues prompts under IDs of its own).
+/// A ComfyUI emulator whose prompts run for 30 s, reporting release
+/// `version` (`None`: an early-2024 build that queues prompts under IDs of
+/// its own).
 fn comfy_emulator_at(version: Option<&str>) -> ComfyEmulator {
     ComfyEmulator::start(ComfyEmulatorOptions {
         run_time: Duration::from_secs(30),
@@ -216,19 +228,81 @@ async fn submit(proxy: &str, color: u32) -> vacancy_test_support::HttpReply {
     .unwrap()
 }
 
-/// A borrower's prompt through the proxy, and its prompt ID once ComfyUI
-/// runs it (or after 5 s).
-async fn running_prompt(d: &Daemon, emu: &ComfyEmulator, color: u32) -> String {
-    let r = submit(&d.proxy, color).await;
+/// A real ComfyUI 0.3.75 and a counting shim in front of it: vacancyd talks
+/// to the shim, the owner to ComfyUI directly.
+fn real_comfy() -> (ComfyUi, CountingShim) {
+    let comfy = ComfyUi::start(ComfyFlavor::V0_3_75).unwrap();
+    let shim = CountingShim::start(comfy.addr()).unwrap();
+    (comfy, shim)
+}
+
+/// How many `method path` requests vacancyd sent through the shim.
+fn relayed(shim: &CountingShim, method: &str, path: &str) -> usize {
+    shim.records()
+        .iter()
+        .filter(|r| r.method == method && r.path == path)
+        .count()
+}
+
+/// ComfyUI's queue, straight from the server: (running, pending) prompt IDs.
+async fn comfy_queue(comfy: &ComfyUi) -> (Vec<String>, Vec<String>) {
+    let v = http_request(
+        "GET",
+        &format!("{}/queue", comfy.base_url()),
+        &[],
+        Vec::new(),
+    )
+    .await
+    .unwrap()
+    .json()
+    .unwrap();
+    let ids = |k: &str| -> Vec<String> {
+        v[k].as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|i| i[1].as_str().map(str::to_owned))
+            .collect()
+    };
+    (ids("queue_running"), ids("queue_pending"))
+}
+
+/// The status of prompt `id` in ComfyUI's history (`success`, `error`), if it ended.
+async fn comfy_outcome(comfy: &ComfyUi, id: &str) -> Option<String> {
+    let v = http_request(
+        "GET",
+        &format!("{}/history/{id}", comfy.base_url()),
+        &[],
+        Vec::new(),
+    )
+    .await
+    .unwrap()
+    .json()
+    .unwrap();
+    v[id]["status"]["status_str"].as_str().map(str::to_owned)
+}
+
+/// A borrower's slow prompt (seconds of image blurs) through the proxy, and
+/// its prompt ID once the real ComfyUI runs it.
+async fn running_slow_prompt(d: &Daemon, comfy: &ComfyUi, color: u32) -> String {
+    let r = http_request(
+        "POST",
+        &format!("{}/prompt", d.proxy),
+        &[JSON],
+        prompt_request(slow_workflow(color), None)
+            .to_string()
+            .into_bytes(),
+    )
+    .await
+    .unwrap();
     assert_eq!(r.status, 200, "{}", r.text());
-    let borrowed = r.json().unwrap()["prompt_id"].as_str().unwrap().to_owned();
-    for _ in 0..100 {
-        if emu.running().as_deref() == Some(borrowed.as_str()) {
-            break;
+    let id = r.json().unwrap()["prompt_id"].as_str().unwrap().to_owned();
+    for _ in 0..300 {
+        if comfy_queue(comfy).await.0.contains(&id) {
+            return id;
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    borrowed
+    panic!("the borrowed prompt {id} never ran");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -331,7 +405,9 @@ async fn a_drain_stands_down_when_the_owner_leaves_before_its_deadline() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn finish_lets_work_end_then_unloads_and_counts_the_yield() {
-    // RECL-03, RECL-22, RECL-32, RECL-40, RECL-48, RECL-43
+    // RECL-03, RECL-22, RECL-32, RECL-40, RECL-48, RECL-43 (the emulator
+    // paces the generation so it still runs when the owner returns; the
+    // unload on a real Ollama is the next test)
     let emu = slow_ollama(50);
     let (d, flag) = ollama_daemon(&emu, "on_owner_return = \"finish\"\nyield_on_veto = true");
     let (stream, _) = generating(&d, 40).await;
@@ -351,6 +427,126 @@ async fn finish_lets_work_end_then_unloads_and_counts_the_yield() {
         metric(&d, "vacancyd_yields_total{upstream=\"ollama\"}").await,
         Some(1.0)
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_real_ollama_unloads_on_owner_return_its_runner_exits_and_the_yield_is_counted() {
+    // RECL-22, RECL-40, RECL-48 on real Ollama 0.9.3: the unload is
+    // keep_alive: 0 for each model /api/ps lists, acknowledged with
+    // done_reason "unload", after which the model's runner process is gone.
+    let server = real_ollama(OllamaRelease::V0_9_3);
+    let (d, flag) = one_upstream_daemon(
+        "ollama",
+        "ollama",
+        &server.base_url(),
+        "on_owner_return = \"drain\"\nyield_on_veto = true",
+    );
+    wait_away(&d).await;
+    let body =
+        json!({"model": "tiny", "prompt": "hi", "stream": false, "options": {"num_predict": 4}});
+    let r = http_request(
+        "POST",
+        &format!("{}/api/generate", d.proxy),
+        &[JSON],
+        body.to_string().into_bytes(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    let runners = server.runners();
+    assert_eq!(
+        runners.len(),
+        1,
+        "the borrower's model runs in its runner: {runners:?}"
+    );
+    owner_returns(&flag);
+    wait_log(&d, "model unload acknowledged").await;
+    d.wait_status("the reclaim over", |s| {
+        s["reclaims"].as_array().unwrap().is_empty()
+    })
+    .await;
+    for _ in 0..200 {
+        if server.runners().is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(server.runners(), [], "the runner exited with the unload");
+    let mut models = json!(null);
+    for _ in 0..200 {
+        let ps = http_request(
+            "GET",
+            &format!("{}/api/ps", server.base_url()),
+            &[],
+            Vec::new(),
+        )
+        .await
+        .unwrap();
+        models = ps.json().unwrap()["models"].clone();
+        if models == json!([]) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(models, json!([]), "nothing loaded");
+    assert_eq!(
+        metric(&d, "vacancyd_yields_total{upstream=\"ollama\"}").await,
+        Some(1.0)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unload_the_upstream_rejects_or_garbles_is_logged_as_a_failure() {
+    // RECL-47: Ollama answers the keep_alive: 0 request, but not with its
+    // unload acknowledgement (a fault only the emulator shows on demand).
+    for (reply, why) in [
+        (
+            (500, r#"{"error":"llama runner process no longer running"}"#),
+            "answered 500 Internal Server Error: llama runner process no longer running",
+        ),
+        (
+            (200, r#"{"done":true,"done_reason":"stop"}"#),
+            "unloading \"llama3:latest\" was not acknowledged",
+        ),
+        ((200, "garbage"), "the answer is not JSON"),
+    ] {
+        let emu = OllamaEmulator::start(OllamaOptions::default()).unwrap();
+        emu.preload("llama3", None).unwrap();
+        emu.set_override("/api/generate", Some((reply.0, reply.1.to_owned())));
+        let (d, flag) = ollama_daemon(&emu, "on_owner_return = \"cancel\"\nyield_on_veto = true");
+        wait_away(&d).await;
+        owner_returns(&flag);
+        wait_log(&d, "unload failed (RECL-47)").await;
+        let log = d.process.log();
+        let line = log
+            .lines()
+            .find(|l| l.contains("unload failed (RECL-47)"))
+            .unwrap();
+        assert!(line.contains("reclaim-1"), "{line}");
+        assert!(line.contains("ollama"), "{line}");
+        assert!(line.contains(why), "{line}");
+        assert!(!log.contains("models unloaded (acknowledged"), "{log}");
+        d.wait_status("the reclaim over", |s| {
+            s["reclaims"].as_array().unwrap().is_empty()
+        })
+        .await;
+        // A rejected unload is no yield.
+        assert_eq!(
+            metric(&d, "vacancyd_yields_total{upstream=\"ollama\"}")
+                .await
+                .unwrap_or(0.0),
+            0.0,
+            "{why}"
+        );
+        assert_eq!(
+            emu.requests()
+                .iter()
+                .filter(|r| r.path == "/api/generate" && r.body["keep_alive"] == 0)
+                .count(),
+            1,
+            "{why}: one unload request"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -437,39 +633,63 @@ async fn cancel_closes_a_llama_server_response_at_once_through_manual_presence()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn comfyui_cancel_stops_the_borrowed_prompt_and_skips_the_unload_for_the_owners() {
-    // RECL-16, RECL-18, RECL-19, RECL-26, RECL-34, RECL-37
-    let emu = comfy_emulator();
-    let (d, flag) = comfy_daemon(&emu, "on_owner_return = \"cancel\"\nyield_on_veto = true");
+    // RECL-16, RECL-18, RECL-19, RECL-26, RECL-34, RECL-37 on real ComfyUI 0.3.75
+    let (comfy, shim) = real_comfy();
+    let (d, flag) = one_upstream_daemon(
+        "comfy",
+        "comfyui",
+        &shim.base_url(),
+        "on_owner_return = \"cancel\"\nyield_on_veto = true",
+    );
     wait_away(&d).await;
     // The borrower's prompt runs.
-    running_prompt(&d, &emu, 1).await;
+    let borrowed = running_slow_prompt(&d, &comfy, 0x01_0203).await;
     // The owner queues their own prompt behind it, directly.
     let owners = uuid::Uuid::new_v4().to_string();
     let r = http_request(
         "POST",
-        &format!("{}/prompt", emu.base_url()),
+        &format!("{}/prompt", comfy.base_url()),
         &[JSON],
-        prompt_request(simple_workflow(2), Some(&owners))
+        prompt_request(simple_workflow(0x02_0304), Some(&owners))
             .to_string()
             .into_bytes(),
     )
     .await
     .unwrap();
-    assert_eq!(r.status, 200);
+    assert_eq!(r.status, 200, "{}", r.text());
     owner_returns(&flag);
     wait_log(
         &d,
         "model unload skipped; the upstream holds work vacancyd did not admit",
     )
     .await;
-    d.wait_status("the stopped prompt released", |s| {
-        s["work"].as_array().unwrap().is_empty() && s["reclaims"].as_array().unwrap().is_empty()
-    })
+    d.wait_status_within(
+        "the stopped prompt released",
+        Duration::from_secs(90),
+        |s| {
+            s["work"].as_array().unwrap().is_empty() && s["reclaims"].as_array().unwrap().is_empty()
+        },
+    )
     .await;
-    // RECL-19: only the borrowed prompt was named; the owner's still waits.
-    assert!(emu.pending().contains(&owners) || emu.running().as_deref() == Some(owners.as_str()));
+    // RECL-16/26: the borrowed prompt was stopped (ComfyUI's history says
+    // so), not run to its end.
+    assert!(!comfy_queue(&comfy).await.0.contains(&borrowed), "stopped");
+    // RECL-19: only the borrowed prompt was named; the owner's ran to its end.
+    let mut outcome = None;
+    for _ in 0..200 {
+        outcome = comfy_outcome(&comfy, &owners).await;
+        if outcome.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     assert_eq!(
-        emu.count("POST", "/free"),
+        outcome.as_deref(),
+        Some("success"),
+        "the owner's prompt ran"
+    );
+    assert_eq!(
+        relayed(&shim, "POST", "/free"),
         0,
         "no unload under the owner's prompt"
     );
@@ -591,23 +811,76 @@ async fn an_exempt_upstream_keeps_lending_but_not_on_a_resource_a_yield_holds() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_changed_owner_scope_applies_only_after_a_restart() {
-    // SCOPE-03: until the restart, the running /status is authoritative.
-    let emu = OllamaEmulator::start(OllamaOptions::default()).unwrap();
-    let (d, _flag) = ollama_daemon(&emu, "");
+    // SCOPE-03: an owner_scope change in the file waits for a service
+    // restart; until then the running /status, and what the daemon does, stay
+    // as it started.
+    let server = real_ollama(OllamaRelease::V0_5_4);
+    let (d, flag) = one_upstream_daemon("ollama", "ollama", &server.base_url(), "");
     let path = d.dir.path().join("vacancyd.toml");
     let config = std::fs::read_to_string(&path).unwrap();
-    std::fs::write(
-        &path,
-        config.replace(
-            "default_min_free_mib = 1000",
-            "default_min_free_mib = 1000\nowner_scope = \"resource\"",
-        ),
-    )
-    .unwrap();
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    let s = d.status().await;
-    assert_eq!(s["upstreams"][0]["owner_scope"], "host");
+    let changed = config.replace(
+        "default_min_free_mib = 1000",
+        "default_min_free_mib = 1000\nowner_scope = \"resource\"",
+    );
+    assert_ne!(changed, config, "the edit changed the file");
+    std::fs::write(&path, &changed).unwrap();
+    // The edited file is valid and says the upstream is now exempt (SCOPE-18).
+    let check = std::process::Command::new(env!("CARGO_BIN_EXE_vacancyd"))
+        .arg("check-config")
+        .arg("--config")
+        .arg(&path)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&check.stdout).into_owned();
+    assert!(check.status.success(), "{said}");
+    let exempt_line = said
+        .lines()
+        .find_map(|l| l.split_once(": owner-exempt upstreams: "))
+        .map(|(_, names)| format!("owner-exempt upstreams: {names}"))
+        .unwrap_or_else(|| panic!("check-config names the exempt upstreams: {said}"));
+    assert_eq!(exempt_line, "owner-exempt upstreams: ollama");
+
+    // The running daemon goes on as it started: host scope in /status, and
+    // a borrower is refused while the owner is here.
+    let url = format!("{}/api/generate", d.proxy);
+    let body =
+        json!({"model": "tiny", "prompt": "hi", "stream": false, "options": {"num_predict": 2}})
+            .to_string()
+            .into_bytes();
+    owner_returns(&flag);
+    let s = d
+        .wait_status("the owner back", |s| s["owner"] == "present")
+        .await;
+    assert_eq!(s["upstreams"][0]["owner_scope"], "host", "{s:#}");
     assert_eq!(s["owner_veto"]["exempt_upstreams"], json!([]));
+    let r = http_request("POST", &url, &[JSON], body.clone())
+        .await
+        .unwrap();
+    assert_eq!(r.status, 503, "{}", r.text());
+    assert!(r.text().contains("owner_present"), "{}", r.text());
+
+    // A service restart applies it: the upstream is exempt and lends while
+    // the owner is present.
+    let d = d.restart();
+    let s = d
+        .wait_status("the owner present after the restart", |s| {
+            s["owner"] == "present" && s["upstreams"][0]["vacancy"]["admitting"] == true
+        })
+        .await;
+    assert_eq!(s["upstreams"][0]["owner_scope"], "resource", "{s:#}");
+    assert_eq!(s["owner_veto"]["exempt_upstreams"], json!(["ollama"]));
+    // SCOPE-18: the restarted service logs the exempt upstreams once, in
+    // check-config's words.
+    let log = d.process.log();
+    let lines: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("owner-exempt upstreams"))
+        .collect();
+    assert_eq!(lines.len(), 1, "{lines:#?}");
+    assert!(lines[0].contains(&exempt_line), "{lines:#?}");
+    let r = http_request("POST", &url, &[JSON], body).await.unwrap();
+    assert_eq!(r.status, 200, "the exempt upstream lends: {}", r.text());
+    owner_leaves(&flag);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -672,17 +945,21 @@ async fn late_reply_is_cancelled_once(version: Option<&str>) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_cancellation_keeps_the_reservation_and_the_unload_still_goes_ahead() {
-    // RECL-21, RECL-47
-    let emu = comfy_emulator();
-    let (d, flag) = comfy_daemon(&emu, "on_owner_return = \"cancel\"\nyield_on_veto = true");
+    // RECL-21, RECL-47 on real ComfyUI 0.3.75, stopped under its running prompt
+    let (mut comfy, shim) = real_comfy();
+    let (d, flag) = one_upstream_daemon(
+        "comfy",
+        "comfyui",
+        &shim.base_url(),
+        "on_owner_return = \"cancel\"\nyield_on_veto = true",
+    );
     wait_away(&d).await;
-    let r = submit(&d.proxy, 4).await;
-    assert_eq!(r.status, 200, "{}", r.text());
+    running_slow_prompt(&d, &comfy, 0x04_0506).await;
     let entry = d.status().await["work"][0]["id"]
         .as_str()
         .unwrap()
         .to_owned();
-    drop(emu); // ComfyUI goes away: every cancellation request fails
+    comfy.stop().unwrap(); // ComfyUI goes away: every cancellation request fails
     owner_returns(&flag);
     wait_log(&d, "cancellation failed; the reservation stays (RECL-21)").await;
     wait_log(&d, "unload failed (RECL-47)").await;
@@ -716,12 +993,17 @@ fn crash_and_restart(d: Daemon) -> Daemon {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_prompt_restored_after_a_crash_is_cancelled_at_a_later_owner_return() {
-    // REC-02, REC-03 with RECL-16, RECL-18, RECL-19, RECL-26, RECL-33
-    let emu = comfy_emulator();
-    let (d, flag) = comfy_daemon(&emu, "on_owner_return = \"drain\"\ndrain_timeout_s = 30");
+    // REC-02, REC-03 with RECL-16, RECL-18, RECL-19, RECL-26, RECL-33 on real
+    // ComfyUI 0.3.75
+    let (comfy, shim) = real_comfy();
+    let (d, flag) = one_upstream_daemon(
+        "comfy",
+        "comfyui",
+        &shim.base_url(),
+        "on_owner_return = \"drain\"\ndrain_timeout_s = 30",
+    );
     wait_away(&d).await;
-    let borrowed = running_prompt(&d, &emu, 5).await;
-    assert_eq!(emu.running().as_deref(), Some(borrowed.as_str()));
+    let borrowed = running_slow_prompt(&d, &comfy, 0x05_0607).await;
 
     // A crash: the restarted daemon holds the prompt under its ID (REC-02, REC-03).
     let d = crash_and_restart(d);
@@ -729,18 +1011,31 @@ async fn a_prompt_restored_after_a_crash_is_cancelled_at_a_later_owner_return() 
     assert_eq!(s["work"][0]["phase"], "held", "{s:#}");
     assert_eq!(s["work"][0]["upstream_ref"], borrowed.as_str());
     wait_away(&d).await;
-    let queue_posts = emu.count("POST", "/queue");
+    let queue_posts = relayed(&shim, "POST", "/queue");
 
     // The owner comes back: nothing live to drain, so the held prompt is
     // cancelled at once, not at the 30 s deadline; ComfyUI's history then
     // proves its end, which releases the entry.
     owner_returns(&flag);
-    d.wait_status("the held prompt cancelled and released", |s| {
-        s["work"].as_array().unwrap().is_empty() && s["reclaims"].as_array().unwrap().is_empty()
-    })
+    d.wait_status_within(
+        "the held prompt cancelled and released",
+        Duration::from_secs(90),
+        |s| {
+            s["work"].as_array().unwrap().is_empty() && s["reclaims"].as_array().unwrap().is_empty()
+        },
+    )
     .await;
-    assert_ne!(emu.running().as_deref(), Some(borrowed.as_str()), "stopped");
-    assert_eq!(emu.count("POST", "/queue"), queue_posts + 1, "one delete");
+    assert!(!comfy_queue(&comfy).await.0.contains(&borrowed), "stopped");
+    assert_ne!(
+        comfy_outcome(&comfy, &borrowed).await.as_deref(),
+        Some("success"),
+        "stopped before its end"
+    );
+    assert_eq!(
+        relayed(&shim, "POST", "/queue"),
+        queue_posts + 1,
+        "one delete"
+    );
     wait_log(&d, "held work deleted or stopped at the upstream").await;
     let log = d.process.log();
     let line = log
@@ -748,4 +1043,64 @@ async fn a_prompt_restored_after_a_crash_is_cancelled_at_a_later_owner_return() 
         .find(|l| l.contains("held work deleted or stopped at the upstream"))
         .unwrap();
     assert!(line.contains("reclaim-1"), "{line}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_an_unload_freed_is_judged_from_fresh_samples_never_from_its_acknowledgement() {
+    // OBS-05 on real Ollama 0.5.4: the unload is acknowledged, but while the
+    // capacity samples still say the memory is taken, work stays refused for
+    // memory; a sample that shows it free admits it.
+    let server = real_ollama(OllamaRelease::V0_5_4);
+    let (d, flag) = one_upstream_daemon(
+        "ollama",
+        "ollama",
+        &server.base_url(),
+        "on_owner_return = \"cancel\"\nyield_on_veto = true",
+    );
+    let capacity = d.dir.path().join("gpu0.json");
+    let url = format!("{}/api/generate", d.proxy);
+    let body =
+        json!({"model": "tiny", "prompt": "hi", "stream": false, "options": {"num_predict": 2}})
+            .to_string()
+            .into_bytes();
+    wait_away(&d).await;
+    let r = http_request("POST", &url, &[JSON], body.clone())
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    // The owner's own use takes the memory; the owner comes back.
+    write_capacity(&capacity, 500, 64_000);
+    owner_returns(&flag);
+    wait_log(
+        &d,
+        "models unloaded (acknowledged; fresh samples show what was freed)",
+    )
+    .await;
+    owner_leaves(&flag);
+    let s = d
+        .wait_status("the owner away, a sample after the unload", |s| {
+            s["owner"] == "away"
+                && s["reclaims"].as_array().unwrap().is_empty()
+                && s["resources"][0]["awaiting_fresh_sample"] == false
+        })
+        .await;
+    assert_eq!(s["resources"][0]["free_mib"], 500, "{s:#}");
+    let r = http_request("POST", &url, &[JSON], body.clone())
+        .await
+        .unwrap();
+    assert_eq!(
+        r.status,
+        503,
+        "the acknowledgement freed nothing: {}",
+        r.text()
+    );
+    assert!(r.text().contains("insufficient_memory"), "{}", r.text());
+    // A fresh sample that shows the memory free is what admits work again.
+    write_capacity(&capacity, 40_000, 64_000);
+    d.wait_status("a sample showing the memory free", |s| {
+        s["resources"][0]["free_mib"] == 40_000
+    })
+    .await;
+    let r = http_request("POST", &url, &[JSON], body).await.unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
 }

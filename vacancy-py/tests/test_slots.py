@@ -45,13 +45,13 @@ def test_slot_state_is_a_str_enum() -> None:
     ]  # fmt: skip
 
 
-def test_legal_transitions_table_matches_slot_01() -> None:
+def test_legal_transitions_table_matches_slot_15_to_24() -> None:
     assert {k: set(v) for k, v in slots.LEGAL_TRANSITIONS.items()} == LEGAL
     assert all(isinstance(v, frozenset) for v in slots.LEGAL_TRANSITIONS.values())
 
 
 @pytest.mark.parametrize(("src", "dst"), list(itertools.product(list(S), list(S))))
-def test_slot_01_every_pair(src: SlotState, dst: SlotState) -> None:
+def test_slot_15_to_24_every_pair(src: SlotState, dst: SlotState) -> None:
     if dst in LEGAL[src]:
         slots.check_transition(src, dst)
         slots.check_transition(str(src), str(dst))  # plain strings work too
@@ -77,7 +77,7 @@ def test_dispatchable_states() -> None:
     assert "warming" not in slots.DISPATCHABLE_STATES
 
 
-def test_slot_15_selection_rank_unknown_ranks_with_error() -> None:
+def test_slot_27_28_selection_rank_unknown_ranks_with_error() -> None:
     assert [slots.selection_rank(s) for s in ("ready", "serving", "idle")] == [0, 0, 0]
     assert [slots.selection_rank(s) for s in ("warming", "starting", "pulling")] == [1, 1, 1]
     assert [slots.selection_rank(s) for s in ("offline", "unloading")] == [2, 2]
@@ -367,10 +367,10 @@ def test_slotcfg_activation_and_autoload() -> None:
     assert slots.autoload_for_create() is False
 
 
-# ---- budget (SLOTCFG-19..21) ---------------------------------------------------------------
+# ---- budget (SLOTCFG-20, SLOTCFG-21) --------------------------------------------------------
 
 
-def test_slotcfg_19_lifecycle_budget() -> None:
+def test_slotcfg_20_21_lifecycle_budget() -> None:
     kw = {"health_poll_s": 100.0, "output_sanity_cpu_s": 150.0, "unload_s": 10.0}
     load = (100 + 150 + 3 * 10) * slots.LIFECYCLE_OVERHEAD
     assert slots.slot_lifecycle_budget("load", **kw) == pytest.approx(load)

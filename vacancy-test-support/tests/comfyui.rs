@@ -3,8 +3,9 @@
 //!
 //! Each flavor's server is started once and its checks run in sequence inside
 //! one test; the two flavors run in parallel. The first run installs both into
-//! the cache (`VACANCY_TEST_CACHE`, else `~/.cache/vacancy-test`): about 6 GB and
-//! 3 minutes per flavor; run with `--nocapture` to see the timings.
+//! the cache (`VACANCY_TEST_CACHE`, else `~/.cache/vacancy-test`): one venv of
+//! about 6 GB that both share, and minutes; run with `--nocapture` to see the
+//! timings and what the install downloads.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};

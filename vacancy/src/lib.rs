@@ -11,6 +11,8 @@ pub mod pressure;
 pub mod proxy;
 pub mod sample;
 pub mod slots;
+#[cfg(test)]
+mod test_prereq;
 #[cfg(feature = "testkit")]
 pub mod testkit;
 pub mod time;

@@ -237,6 +237,7 @@ async fn a_reclaim_cut_closes_the_upstream_even_when_the_borrower_stopped_readin
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let up = listener.local_addr().unwrap();
     let (closed_tx, closed_rx) = tokio::sync::oneshot::channel::<()>();
+    let (stalled_tx, stalled_rx) = tokio::sync::oneshot::channel::<()>();
     tokio::spawn(async move {
         let (mut s, _) = listener.accept().await.unwrap();
         let mut head = Vec::new();
@@ -249,8 +250,27 @@ async fn a_reclaim_cut_closes_the_upstream_even_when_the_borrower_stopped_readin
             .await
             .unwrap();
         let chunk = format!("{:x}\r\n{}\r\n", 65_536, "x".repeat(65_536));
-        // Stream until the proxy closes the connection.
-        while s.write_all(chunk.as_bytes()).await.is_ok() {}
+        // Stream until the proxy closes the connection. The first write the
+        // kernel cannot take at once (the socket buffer is full: nobody
+        // reads through the proxy) is the stall, said once.
+        let mut stalled = Some(stalled_tx);
+        'stream: loop {
+            let mut rest = chunk.as_bytes();
+            while !rest.is_empty() {
+                match s.try_write(rest) {
+                    Ok(n) => rest = &rest[n..],
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                        if let Some(tx) = stalled.take() {
+                            let _ = tx.send(());
+                        }
+                        if s.writable().await.is_err() {
+                            break 'stream;
+                        }
+                    }
+                    Err(_) => break 'stream,
+                }
+            }
+        }
         let _ = closed_tx.send(());
     });
     let p = proxy(up).await;
@@ -258,8 +278,11 @@ async fn a_reclaim_cut_closes_the_upstream_even_when_the_borrower_stopped_readin
     s.write_all(b"POST /run HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}")
         .await
         .unwrap();
-    // The borrower reads nothing: the buffers fill and the response stalls.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The borrower reads nothing: wait until the upstream's writes stall.
+    tokio::time::timeout(Duration::from_secs(10), stalled_rx)
+        .await
+        .expect("the response stalls with nobody reading")
+        .unwrap();
     let entry: vacancy::engine::EntryId = p.lender.status().work[0].id.parse().unwrap();
     let reason = vacancy::proxy::live::CutReason {
         code: vacancy::engine::RefusalCode::OwnerPresent,

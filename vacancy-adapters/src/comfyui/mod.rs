@@ -200,6 +200,8 @@ struct Shared {
     version: Mutex<Option<ReportedVersion>>,
     times: TrackingTimes,
     limits: ReadLimits,
+    /// The bounds of delete, stop and unload requests (RECL-27, RECL-28).
+    reclaim: ReclaimTimes,
     jobs_path: String,
     clock: vacancy::MonotonicClock,
 }
@@ -256,6 +258,7 @@ impl ComfyUiAdapter {
                 version: Mutex::new(None),
                 times: TrackingTimes::default(),
                 limits: ReadLimits::default(),
+                reclaim: ReclaimTimes::default(),
                 jobs_path: DEFAULT_JOBS_PATH.to_owned(),
                 clock: settings.clock,
             }),
@@ -272,6 +275,24 @@ impl ComfyUiAdapter {
     pub fn with_tracking_times(mut self, times: TrackingTimes) -> Self {
         if let Some(shared) = Arc::get_mut(&mut self.shared) {
             shared.times = times;
+        }
+        self
+    }
+
+    /// The same adapter with other reclaim bounds: how long one delete, stop
+    /// or unload request may take (RECL-27, 2 minutes) and how long a
+    /// stopped prompt's history is checked (RECL-28, 10 s), e.g. shrunk for
+    /// tests.
+    ///
+    /// # Behavior
+    ///
+    /// Call it before the adapter is shared; afterwards it changes nothing.
+    pub fn with_reclaim_times(mut self, times: ReclaimTimes) -> Self {
+        let control =
+            ObservationClient::new(&self.settings.clone().with_observe_timeout(times.request));
+        if let Some(shared) = Arc::get_mut(&mut self.shared) {
+            shared.reclaim = times;
+            shared.control = control;
         }
         self
     }
@@ -520,7 +541,7 @@ impl Adapter for ComfyUiAdapter {
         Some(Arc::new(ComfyReclaimer::new(
             self.shared.control.clone(),
             self.shared.limits,
-            ReclaimTimes::default(),
+            self.shared.reclaim,
             ComfyTracker(Arc::clone(&self.shared)),
         )) as Arc<dyn Reclaimer>)
     }

@@ -19,7 +19,8 @@
 //! A request is credited as resident only when all of these hold:
 //!
 //! 1. `/api/ps` shows its model (canonically named, [`canonical_model`]) with
-//!    an unload at least 30 s away (RES-03), a digest and a `context_length`;
+//!    an unload at least 30 s away (RES-03), a digest and a `context_length`
+//!    (which Ollama added in 0.10.0);
 //! 2. it sets no runner option other than `options.num_ctx` (RES-04,
 //!    [`RUNNER_OPTIONS`]);
 //! 3. its kind ([`RequestKind`]: canonical model, explicit `num_ctx` or none,
@@ -27,7 +28,14 @@
 //!    ([`LearnedContexts::evidence`], RES-05, RES-10, RES-11).
 //!
 //! The engine checks the rest (observation ready, ≤ 4 s old, after the last
-//! job or yield, RES-02). Kinds are learned from the first `/api/ps` after a
+//! job or yield, RES-02).
+//!
+//! On releases before 0.10.0 (`/api/ps` without `context_length`, e.g. 0.5.4
+//! and 0.9.3) the adapter still observes what is loaded (name, digest,
+//! unload time), reads the Modelfile `num_ctx` once per digest and forgets a
+//! model's learned kinds when its digest changes, but it learns nothing and
+//! credits nothing: every request is charged as a load, and a refusal says
+//! that `/api/ps` reports no `context_length`. Kinds are learned from the first `/api/ps` after a
 //! request of that kind finished with nothing admitted since (RES-07,
 //! [`Adapter::learn`]), kept per digest in `learned-contexts.json`
 //! ([`ContextCache`], RES-12..15). The Modelfile `num_ctx` is read from
@@ -313,10 +321,19 @@ impl OllamaAdapter {
         if m.unloads_in < MIN_UNLOAD_SECS {
             return ResidencyEvidence::NotProven(format!("unloads in {} s", m.unloads_in.max(0)));
         }
-        let (Some(digest), Some(loaded)) = (&m.digest, m.context_length) else {
-            return ResidencyEvidence::NotProven(
-                "/api/ps does not report the model's digest and context_length, so no request is known to reuse the loaded context".to_owned(),
-            );
+        let Some(loaded) = m.context_length else {
+            // Ollama added context_length to /api/ps in 0.10.0: on older
+            // releases (0.5.4, 0.9.3) nothing is ever credited.
+            return ResidencyEvidence::NotProven(format!(
+                "Ollama's /api/ps reports no context_length for {} (releases before 0.10.0 report none), so no request is known to reuse the loaded context",
+                m.name
+            ));
+        };
+        let Some(digest) = &m.digest else {
+            return ResidencyEvidence::NotProven(format!(
+                "Ollama's /api/ps reports no digest for {}, so what was learned of its contexts cannot be matched to this build",
+                m.name
+            ));
         };
         self.cache.read(&self.upstream, |c| {
             c.evidence(&m.name, digest, loaded, modelfile)

@@ -130,6 +130,20 @@ impl Daemon {
         }
     }
 
+    /// A service restart: stop vacancyd (SIGTERM, as systemd does) and start
+    /// it again on the same configuration file, directory and ports.
+    pub fn restart(self) -> Daemon {
+        let port = |url: &str| -> u16 { url.rsplit(':').next().unwrap().parse().unwrap() };
+        let (control, proxy) = (port(&self.control), port(&self.proxy));
+        let Daemon {
+            mut process, dir, ..
+        } = self;
+        process.terminate(Duration::from_secs(20)).unwrap();
+        drop(process);
+        let path = dir.path().join("vacancyd.toml");
+        Self::start_with(dir, &path, control, proxy)
+    }
+
     pub fn capacity_file(&self) -> PathBuf {
         self.dir.path().join("gpu0.json")
     }
@@ -170,6 +184,28 @@ impl Daemon {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         panic!("timed out waiting for {what}; last status: {last:#}");
+    }
+
+    /// Wait up to `within` until `/status` satisfies `pred`, or panic with
+    /// the last status. For what a real upstream takes seconds to show (a
+    /// ComfyUI interrupt lands at the next node).
+    pub async fn wait_status_within(
+        &self,
+        what: &str,
+        within: Duration,
+        pred: impl Fn(&serde_json::Value) -> bool,
+    ) -> serde_json::Value {
+        let deadline = std::time::Instant::now() + within;
+        loop {
+            let last = self.status().await;
+            if pred(&last) {
+                return last;
+            }
+            if std::time::Instant::now() >= deadline {
+                panic!("timed out waiting for {what}; last status: {last:#}");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 }
 

@@ -292,15 +292,20 @@ mod tests {
         assert!(err.to_string().contains("--features nvml"), "{err}");
     }
 
-    /// Without a driver (CI) construction fails naming the library; with one,
-    /// a read gives a load within range.
+    /// Without an NVIDIA device (no `/dev/nvidia*`: CI) construction fails
+    /// naming the library; with one, NVML must work and a read gives a load
+    /// within range.
     #[cfg(feature = "nvml")]
     #[tokio::test(flavor = "current_thread")]
     async fn construction_fails_cleanly_or_reads() {
         match NvmlPressureReader::new("gpu0", "0") {
             Err(err) => {
                 let message = err.to_string();
-                eprintln!("expected on a machine without the driver: {message}");
+                let devices = crate::test_prereq::nvidia_device_nodes();
+                assert!(
+                    devices.is_empty(),
+                    "NVML failed on a machine with NVIDIA devices {devices:?}: {message}"
+                );
                 assert!(matches!(err, PressureError::Unavailable { .. }), "{err:?}");
             }
             Ok(reader) => {

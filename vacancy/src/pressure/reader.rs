@@ -421,10 +421,7 @@ mod tests {
 
     #[test]
     fn an_ipv6_listener_is_found() {
-        let Ok(listener) = std::net::TcpListener::bind("[::1]:0") else {
-            eprintln!("no IPv6 loopback here");
-            return;
-        };
+        let listener = crate::test_prereq::ipv6_loopback_listener();
         let addr = listener.local_addr().unwrap();
         let v4 = SocketAddr::new("127.0.0.1".parse().unwrap(), addr.port());
         assert!(server_pids(&[v4]).contains(&std::process::id()));
@@ -474,16 +471,31 @@ mod tests {
         );
     }
 
+    /// Set for the copy of the account test that runs as `nobody`: the port
+    /// whose server pids it prints.
     const CHILD_ENV: &str = "VACANCY_PRESSURE_TEST_SERVER_PORT";
+    /// Set for the copy of the account test that plays the server under
+    /// another account: it listens on a port, says which, and waits.
     const LISTEN_ENV: &str = "VACANCY_PRESSURE_TEST_LISTEN";
 
-    /// The server half of the account test: run as another account, it
-    /// listens on a port, says which, and waits.
+    /// A server under another account that vacancyd may not inspect: a
+    /// system account's processes all count as the server's, a person's
+    /// account cannot be told (only the warning).
+    ///
+    /// One test, three roles: run plainly (as root) it starts copies of
+    /// itself as the server ([`LISTEN_ENV`]) and as `nobody` ([`CHILD_ENV`]).
     #[test]
-    fn child_listens_when_asked() {
-        if std::env::var_os(LISTEN_ENV).is_none() {
-            return;
+    fn a_server_under_a_system_account_vacancyd_cannot_inspect_is_found_by_its_account() {
+        let port = std::env::var(CHILD_ENV).ok();
+        match (std::env::var_os(LISTEN_ENV), port) {
+            (Some(_), _) => listen_and_wait(),
+            (None, Some(port)) => print_server_pids(&port),
+            (None, None) => server_under_other_accounts(),
         }
+    }
+
+    /// The server role: listens on a port, says which, and waits.
+    fn listen_and_wait() {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         println!(
             "listening on port {}",
@@ -493,36 +505,19 @@ mod tests {
         std::thread::sleep(std::time::Duration::from_secs(60));
     }
 
-    /// The child half of the account test: run as `nobody`, it prints what
-    /// [`server_pids`] finds on the port in [`CHILD_ENV`].
-    #[test]
-    fn unprivileged_child_prints_server_pids() {
-        let Some(port) = std::env::var(CHILD_ENV)
-            .ok()
-            .and_then(|p| p.parse::<u16>().ok())
-        else {
-            return;
-        };
+    /// The `nobody` role: prints what [`server_pids`] finds on `port`.
+    fn print_server_pids(port: &str) {
+        let port: u16 = port.parse().unwrap();
         let addr = SocketAddr::new(Ipv4Addr::LOCALHOST.into(), port);
         println!("server pids: {:?}", server_pids(&[addr]));
     }
 
-    /// A server under another account that vacancyd may not inspect: a
-    /// system account's processes all count as the server's, a person's
-    /// account cannot be told (only the warning).
-    #[test]
-    fn a_server_under_a_system_account_vacancyd_cannot_inspect_is_found_by_its_account() {
+    /// The root role of the account test.
+    fn server_under_other_accounts() {
         use std::os::unix::fs::PermissionsExt;
         use std::process::{Command, Stdio};
-        let root = std::fs::metadata("/proc/self")
-            .is_ok_and(|m| std::os::unix::fs::MetadataExt::uid(&m) == 0);
-        let setpriv = ["/usr/bin/setpriv", "/bin/setpriv"]
-            .into_iter()
-            .find(|p| std::path::Path::new(p).exists());
-        let (true, Some(setpriv)) = (root, setpriv) else {
-            eprintln!("skipped: needs root and setpriv (util-linux) to run as other accounts");
-            return;
-        };
+        crate::test_prereq::require_root("running processes as other accounts");
+        let setpriv = crate::test_prereq::setpriv();
         let as_uid = |uid: u32| {
             let mut c = Command::new(setpriv);
             c.args([
@@ -532,6 +527,7 @@ mod tests {
             ]);
             c
         };
+        const SELF: &str = "pressure::reader::tests::a_server_under_a_system_account_vacancyd_cannot_inspect_is_found_by_its_account";
         // A copy of this test binary that `nobody` may run.
         let tmp = tempfile::tempdir().unwrap();
         std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
@@ -546,7 +542,7 @@ mod tests {
             c
         };
         for (uid, system) in [(2u32, true), (4321u32, false)] {
-            let mut server = run_child(uid, "pressure::reader::tests::child_listens_when_asked")
+            let mut server = run_child(uid, SELF)
                 .env(LISTEN_ENV, "1")
                 .stdout(Stdio::piped())
                 .spawn()
@@ -563,13 +559,10 @@ mod tests {
                             .map(|p| p.trim().to_owned())
                     })
                     .expect("the server says its port");
-            let out = run_child(
-                65534,
-                "pressure::reader::tests::unprivileged_child_prints_server_pids",
-            )
-            .env(CHILD_ENV, &port)
-            .output()
-            .unwrap();
+            let out = run_child(65534, SELF)
+                .env(CHILD_ENV, &port)
+                .output()
+                .unwrap();
             let (server_pid, sibling_pid) = (server.id(), sibling.id());
             for mut p in [server, sibling] {
                 let _ = p.kill();

@@ -210,8 +210,9 @@ mod tests {
         assert!(err.to_string().contains("--features nvml"), "{err}");
     }
 
-    /// Without an NVIDIA driver (CI, this development machine) construction is
-    /// an error naming the library; with one, device 0 gives a valid sample.
+    /// Without an NVIDIA device (no `/dev/nvidia*`: CI, the development
+    /// machines) construction is an error naming the library; with one, NVML
+    /// must work and device 0 gives a valid sample.
     #[cfg(feature = "nvml")]
     #[tokio::test(flavor = "current_thread")]
     async fn construction_fails_cleanly_or_samples() {
@@ -219,7 +220,11 @@ mod tests {
         match NvmlGpu::new("gpu0", "0", clock) {
             Err(err) => {
                 let message = err.to_string();
-                eprintln!("expected on a machine without the driver: {message}");
+                let devices = crate::test_prereq::nvidia_device_nodes();
+                assert!(
+                    devices.is_empty(),
+                    "NVML failed on a machine with NVIDIA devices {devices:?}: {message}"
+                );
                 assert!(message.contains("libnvidia-ml"), "{message}");
                 assert!(message.contains("sampler = \"file\""), "{message}");
             }

@@ -68,9 +68,9 @@ mod tests {
         (a - b).abs() < 1e-9
     }
 
-    // SLOTCFG-19, SLOTCFG-20, SLOTCFG-21
+    // SLOTCFG-20 (a load's budget), SLOTCFG-21 (restart and swap)
     #[test]
-    fn slotcfg_19_to_21_budgets() {
+    fn slotcfg_20_21_budgets() {
         let i = LifecycleBudgetInputs {
             health_poll_s: 120.0,
             output_sanity_cpu_s: 90.0,

@@ -260,6 +260,37 @@ mod tests {
 
     use super::*;
 
+    // SLOTCFG-01: a slot holds placement, its model and its profile; every
+    // tune belongs on the profile, so a slot write carrying one is refused.
+    #[test]
+    fn slotcfg_01_a_slot_holds_placement_its_model_and_its_profile() {
+        let slot = json!({
+            "device": "rocm", "layers": 99, "threads": 8, "runner": "llama-server",
+            "model": {"default": "qwen3-8b"},
+            "profile": "chat-fast",
+        });
+        assert_eq!(guard_slot_write_payload(&slot), Ok(()));
+        assert_eq!(bound_model(&slot), Some("qwen3-8b"));
+        for (key, value) in [
+            ("parallel", json!(4)),
+            ("chat_template", json!("chatml")),
+            ("speculation", json!({"draft": "x"})),
+            ("vision", json!("auto")),
+        ] {
+            let mut tuned = slot.clone();
+            tuned[key] = value;
+            let e = guard_slot_write_payload(&tuned).unwrap_err();
+            assert_eq!(e.code(), "slot.tuning_key_denied", "{key}: {e}");
+            assert_eq!(e.http_status(), 400, "{key}");
+        }
+        let mut tuned = slot.clone();
+        tuned["model"]["context_size"] = json!(8192);
+        assert!(
+            guard_slot_write_payload(&tuned).is_err(),
+            "a model's tune too"
+        );
+    }
+
     // SLOTCFG-04, SERR-08
     #[test]
     fn slotcfg_04_tuning_keys_denied() {

@@ -424,4 +424,147 @@ mod tests {
         assert_eq!(llama_device_arg("cpu"), Some("none"));
         assert_eq!(llama_device_arg("npu"), None);
     }
+
+    /// The provenance of `argv`'s surviving flags, as (flag, layer) pairs.
+    fn provenance(r: &ResolvedLaunch) -> Vec<(String, &'static str)> {
+        r.provenance
+            .iter()
+            .map(|p| (p.flag.clone(), p.layer.as_str()))
+            .collect()
+    }
+
+    // SLOTCFG-23: vacancy composes the layers its caller builds; the base
+    // layer's five flags survive as "base" unless a higher layer sets them.
+    #[test]
+    fn slotcfg_23_the_base_layer_sets_host_port_model_alias_and_ctx_size() {
+        let base = layer(
+            LaunchLayer::Base,
+            &[
+                "--host",
+                "127.0.0.1",
+                "--port",
+                "8081",
+                "--model",
+                "/m.gguf",
+                "--alias",
+                "qwen",
+                "--ctx-size",
+                "4096",
+            ],
+        );
+        let r = compose_launch_argv(None, std::slice::from_ref(&base));
+        let flags: Vec<(String, &str)> = ["--host", "--port", "--model", "--alias", "--ctx-size"]
+            .iter()
+            .map(|f| ((*f).to_owned(), "base"))
+            .collect();
+        assert_eq!(provenance(&r), flags);
+        // A profile's context (under its short spelling) replaces the base one.
+        let r = compose_launch_argv(None, &[base, layer(LaunchLayer::Profile, &["-c", "32768"])]);
+        let prov = provenance(&r);
+        assert!(prov.contains(&("-c".to_owned(), "profile")), "{prov:?}");
+        assert!(!prov.iter().any(|(f, _)| f == "--ctx-size"), "{prov:?}");
+        assert_eq!(prov.iter().filter(|(_, l)| *l == "base").count(), 4);
+    }
+
+    // SLOTCFG-24: the model layer's quirks, template, vision projector and
+    // speculative-decoding flags all reach the command as "model".
+    #[test]
+    fn slotcfg_24_the_model_layer_sets_quirks_templates_mmproj_and_speculation() {
+        let r = compose_launch_argv(
+            Some("llama-server"),
+            &[
+                layer(LaunchLayer::Base, &["--model", "/m.gguf"]),
+                layer(
+                    LaunchLayer::Model,
+                    &[
+                        "--jinja",
+                        "--chat-template-file",
+                        "/t.jinja",
+                        "--mmproj",
+                        "/mmproj.gguf",
+                        "--spec-type",
+                        "draft",
+                        "--spec-draft-model",
+                        "/draft.gguf",
+                    ],
+                ),
+            ],
+        );
+        let prov = provenance(&r);
+        for flag in [
+            "--jinja",
+            "--chat-template-file",
+            "--mmproj",
+            "--spec-type",
+            "--spec-draft-model",
+        ] {
+            assert!(
+                prov.contains(&(flag.to_owned(), "model")),
+                "{flag}: {prov:?}"
+            );
+        }
+        let argv = r.argv.unwrap();
+        let at = argv.iter().position(|a| a == "--spec-draft-model").unwrap();
+        assert_eq!(argv[at + 1], "/draft.gguf");
+        // `-mm` is `--mmproj`: a later layer's projector replaces the model's.
+        let r = compose_launch_argv(
+            None,
+            &[
+                layer(LaunchLayer::Model, &["--mmproj", "/a.gguf"]),
+                layer(LaunchLayer::Slot, &["-mm", "/b.gguf"]),
+            ],
+        );
+        assert_eq!(provenance(&r), [("-mm".to_owned(), "slot")]);
+    }
+
+    // SLOTCFG-25: the profile layer is its kind's draft bundle, then the
+    // profile's own flags; the profile's own setting of a bundle flag wins
+    // and sits where the profile put it.
+    #[test]
+    fn slotcfg_25_the_profile_layer_is_the_draft_bundle_then_the_profiles_flags() {
+        let bundle = ["--spec-draft-n-max", "16", "--spec-draft-n-min", "4"];
+        let own = ["--flash-attn", "on", "--spec-draft-n-max", "8"];
+        let tokens: Vec<&str> = bundle.iter().chain(own.iter()).copied().collect();
+        let r = compose_launch_argv(None, &[layer(LaunchLayer::Profile, &tokens)]);
+        assert_eq!(
+            r.argv.clone().unwrap(),
+            [
+                "--spec-draft-n-min",
+                "4",
+                "--flash-attn",
+                "on",
+                "--spec-draft-n-max",
+                "8"
+            ]
+        );
+        assert!(provenance(&r).iter().all(|(_, l)| *l == "profile"));
+    }
+
+    // SLOTCFG-27: a paired drafter runs on the model's devices: the slot
+    // layer sets the model's --device and, for a drafter file (not embedded
+    // MTP heads), no draft device of its own, so llama-server places the
+    // drafter with the model. (The placement itself is llama-server's.)
+    #[test]
+    fn slotcfg_27_a_paired_drafter_gets_no_device_of_its_own() {
+        let r = compose_launch_argv(
+            None,
+            &[
+                layer(LaunchLayer::Model, &["--spec-draft-model", "/draft.gguf"]),
+                layer(
+                    LaunchLayer::Slot,
+                    &["--device", llama_device_arg("rocm").unwrap(), "-ngl", "99"],
+                ),
+            ],
+        );
+        let argv = r.argv.unwrap();
+        assert_eq!(argv.iter().filter(|a| a.as_str() == "--device").count(), 1);
+        assert!(
+            !argv
+                .iter()
+                .any(|a| a.contains("draft-device") || a == "-devd"),
+            "{argv:?}"
+        );
+        let at = argv.iter().position(|a| a == "--device").unwrap();
+        assert_eq!(argv[at + 1], "ROCm0");
+    }
 }

@@ -20,6 +20,9 @@
 //! - [`budget`]: [`slot_lifecycle_budget`] (SLOTCFG-19 to SLOTCFG-21).
 //! - [`launch`]: launch-argv composition with per-flag provenance (SLOTCFG-22
 //!   to SLOTCFG-29).
+//! - [`lifecycle`]: [`SlotLifecycle`], one slot driven through loads, the
+//!   gate, requests and stops in order (BRK-07, GATE-03, GATE-07, GATE-08,
+//!   SLOT-06 to SLOT-10).
 //! - [`providers`]: [`SELF_MANAGED_PROVIDERS`] (PROV).
 //!
 //! Nothing here reads a clock, spawns a process or talks to systemd: time is an
@@ -48,6 +51,7 @@ pub mod error;
 pub mod eviction;
 mod keys;
 pub mod launch;
+pub mod lifecycle;
 pub mod providers;
 pub mod record;
 pub mod state;
@@ -72,6 +76,7 @@ pub use launch::{
     FlagProvenance, LaunchFlag, LaunchLayer, ResolvedLaunch, canonical_flag, compose_launch_argv,
     llama_device_arg, parse_launch_args,
 };
+pub use lifecycle::{LifecycleError, SlotLifecycle};
 pub use providers::{SELF_MANAGED_PROVIDERS, provider_requires_model};
 pub use record::{
     STATE_FILE_NAME, SlotStateRecord, StateRecordError, read_state_record, state_record_path,

@@ -653,3 +653,32 @@ async fn recovered_entries_restore_as_held_in_the_engine() {
     assert_eq!(after_restart.phase(res.id), Some(Phase::Held));
     assert_eq!(entries[0].upstream_ref.as_deref(), Some("prompt-7"));
 }
+
+#[tokio::test]
+async fn rec_07_vacancyd_never_deletes_the_directory_or_its_journal() {
+    // REC-07: releasing everything, compacting and closing keep the
+    // directory and its journal; only the records change.
+    let s = scratch();
+    {
+        let (ledger, _) = open(&s.rec);
+        ledger.persist(&reservation(1, None)).await.unwrap();
+        ledger.persist(&reservation(2, None)).await.unwrap();
+        ledger.forget(id(1)).await.unwrap();
+        ledger.forget(id(2)).await.unwrap();
+        ledger.compact().await.unwrap();
+    }
+    assert!(s.rec.is_dir(), "the directory stays");
+    assert!(s.rec.join(JOURNAL_FILE).is_file(), "the journal stays");
+    let (_ledger, entries) = open(&s.rec);
+    assert!(entries.is_empty());
+    // A corrupt journal, the one case that stops startup, is left as it is.
+    let journal = s.rec.join(JOURNAL_FILE);
+    drop(_ledger);
+    append(&journal, b"garbage\n");
+    append(&journal, &record::admit_line(&entry(3)));
+    let before = fs::read(&journal).unwrap();
+    let e = open_err(&s.rec);
+    assert!(e.to_string().contains("vacancyd never deletes it"), "{e}");
+    assert_eq!(fs::read(&journal).unwrap(), before);
+    assert!(s.rec.is_dir());
+}

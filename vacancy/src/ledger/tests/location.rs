@@ -340,11 +340,8 @@ fn a_sticky_world_writable_ancestor_must_be_root_owned() {
 
 #[test]
 fn an_ancestor_owned_by_another_account_stops_startup() {
-    // REC-18, REC-19 (needs root to give a directory away)
-    if running_uid() != 0 {
-        eprintln!("skipped: changing a directory's owner needs root");
-        return;
-    }
+    // REC-18, REC-19
+    crate::test_prereq::require_root("giving a directory to another account (chown)");
     let s = scratch();
     let input = with_config(&s);
     let etc = s.tmp.path().join("etc");
@@ -477,19 +474,15 @@ fn the_service_check_applies_only_while_the_setting_is_empty() {
     assert!(!logs.contains("differ"), "{logs}");
 }
 
-/// Set by [`a_directory_owned_by_another_account_is_refused`] for its child.
+/// Set for the copy of [`a_directory_owned_by_another_account_is_refused`]
+/// that runs as `nobody`: the root-owned 0700 directory it must refuse.
 const CHILD_ENV: &str = "VACANCY_LEDGER_TEST_UNPRIVILEGED_DIR";
 
-/// The child half of the ownership test: runs only when re-executed as an
-/// unprivileged account with [`CHILD_ENV`] naming a root-owned 0700 directory.
-#[test]
-fn unprivileged_child_refuses_a_root_owned_directory() {
-    let Some(dir) = std::env::var_os(CHILD_ENV) else {
-        return;
-    };
-    let dir = PathBuf::from(dir);
+/// Every way of opening `dir`, a directory of root's, as this unprivileged
+/// account is refused, naming the directory and the `chown` that fixes it.
+fn refuses_a_root_owned_directory(dir: &Path) {
     let me = running_uid();
-    assert_ne!(me, 0, "the child must not run as root");
+    assert_ne!(me, 0, "the check runs as an unprivileged account");
     let check = |e: LedgerError| {
         let msg = e.to_string();
         assert!(
@@ -502,8 +495,8 @@ fn unprivileged_child_refuses_a_root_owned_directory() {
             "{msg}"
         );
     };
-    check(check_recovery_dir(&dir).unwrap_err());
-    check(Ledger::open(&dir).map(|_| ()).unwrap_err());
+    check(check_recovery_dir(dir).unwrap_err());
+    check(Ledger::open(dir).map(|_| ()).unwrap_err());
     let input = LocationInput {
         setting: dir.display().to_string(),
         service_base: dir.join("absent-service-base"),
@@ -511,28 +504,26 @@ fn unprivileged_child_refuses_a_root_owned_directory() {
         ..LocationInput::default()
     };
     check(resolve_location(&input).unwrap_err());
-    println!("unprivileged child: ok");
 }
 
 #[test]
 fn a_directory_owned_by_another_account_is_refused() {
-    // REC-22
-    if running_uid() != 0 {
-        // Already unprivileged: `/` is another account's directory.
-        assert!(matches!(
-            check_recovery_dir(Path::new("/")),
-            Err(LedgerError::WrongOwner { owner: 0, .. })
-        ));
-        return;
+    // REC-22. One test, two roles: as root it makes a private root-owned
+    // directory and runs its own copy as `nobody` (CHILD_ENV names the
+    // directory) to be refused it; an unprivileged run is refused `/`.
+    match (std::env::var_os(CHILD_ENV), running_uid()) {
+        (Some(dir), _) => {
+            refuses_a_root_owned_directory(Path::new(&dir));
+            println!("unprivileged child: ok");
+        }
+        (None, 0) => refused_to_nobody(),
+        (None, _) => refuses_a_root_owned_directory(Path::new("/")),
     }
-    let Some(setpriv) = ["/usr/bin/setpriv", "/bin/setpriv"]
-        .into_iter()
-        .map(Path::new)
-        .find(|p| p.exists())
-    else {
-        eprintln!("skipped: setpriv (util-linux) is not installed");
-        return;
-    };
+}
+
+/// The root half of [`a_directory_owned_by_another_account_is_refused`].
+fn refused_to_nobody() {
+    let setpriv = crate::test_prereq::setpriv();
     // A folder `nobody` can enter, holding a copy of this test binary and a
     // private directory owned by root.
     let tmp = tempfile::tempdir().unwrap();
@@ -550,7 +541,7 @@ fn a_directory_owned_by_another_account_is_refused() {
         .arg(&bin)
         .args([
             "--exact",
-            "ledger::tests::location::unprivileged_child_refuses_a_root_owned_directory",
+            "ledger::tests::location::a_directory_owned_by_another_account_is_refused",
             "--nocapture",
             "--test-threads=1",
         ])
