@@ -318,12 +318,9 @@ pub async fn start(
     info!("{}", presence.line);
     let presence_name = presence.shown.clone();
     let manual = presence.manual.clone();
-    let exempt = config.exempt_upstreams();
-    if !exempt.is_empty() {
-        info!(
-            "owner-exempt upstreams (owner_scope = \"resource\"): {}",
-            exempt.join(", ")
-        );
+    // SCOPE-18: the line check-config prints too.
+    if let Some(line) = config.exemption_line() {
+        info!("{line}");
     }
 
     let mut tasks = JoinSet::new();

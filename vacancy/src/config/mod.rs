@@ -115,8 +115,9 @@ pub struct LoadedConfig {
     /// The typed configuration.
     pub config: Config,
     /// Valid but noteworthy things, ordered by line: keys with no effect,
-    /// sample ages shorter than the poll interval, the owner-exempt upstreams
-    /// (SCOPE-18) and what nothing watches for them (SCOPE-19).
+    /// sample ages shorter than the poll interval and what nothing watches for
+    /// the owner-exempt upstreams (SCOPE-19). Which upstreams are exempt is
+    /// [`Config::exemption_line`] (SCOPE-18).
     pub warnings: Vec<ConfigWarning>,
 }
 
