@@ -246,9 +246,16 @@ fn a_missing_pressure_calibration_is_a_warning_naming_the_command() {
     }
 
     // With the unattended baseline saved, only the attended one is missing.
+    let calibration = dir.path().join("state/pressure-calibration.json");
     std::fs::write(
-        dir.path().join("state/pressure-calibration.json"),
+        &calibration,
         r#"{"version": 1, "gpus": {"gpu0": {"attended": null, "unattended": {"util_pct": 3, "memory_mib": 200}}}}"#,
+    )
+    .unwrap();
+    // Private, as calibrate-pressure saves it (REC-22, issue 14 item 16).
+    std::fs::set_permissions(
+        &calibration,
+        std::os::unix::fs::PermissionsExt::from_mode(0o600),
     )
     .unwrap();
     let stdout = text(&check_config(&["--config", path.to_str().unwrap()]).stdout);
@@ -256,7 +263,7 @@ fn a_missing_pressure_calibration_is_a_warning_naming_the_command() {
     assert!(!stdout.contains("no unattended baseline"), "{stdout}");
 
     // A damaged file is named; nothing is judged from it.
-    std::fs::write(dir.path().join("state/pressure-calibration.json"), "{oops").unwrap();
+    std::fs::write(&calibration, "{oops").unwrap();
     let stdout = text(&check_config(&["--config", path.to_str().unwrap()]).stdout);
     assert!(
         stdout.contains("pressure-calibration.json") && stdout.contains("uncalibrated"),

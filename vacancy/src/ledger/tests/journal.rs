@@ -3,7 +3,7 @@
 use std::fs;
 use std::time::{Duration, SystemTime};
 
-use super::{append, reservation, scratch, with_logs};
+use super::{append, reservation, scratch, with_logs, write_private};
 use crate::engine::{
     CompletionMethod, Decision, Engine, EngineSpec, EntryId, OwnerPresence, Phase, ResourceSpec,
     UpstreamSpec, WorkRequest,
@@ -295,7 +295,7 @@ fn crash_at_every_byte_of_the_newest_line_never_stops_startup() {
             let mut bytes: Vec<u8> = base.concat();
             let prefix_len = bytes.len();
             bytes.extend_from_slice(&last[..cut]);
-            fs::write(&journal, &bytes).unwrap();
+            write_private(&journal, &bytes);
             let (_l, entries) = Ledger::open(&s.rec).unwrap_or_else(|e| {
                 panic!("cut at {cut} of {:?}: {e}", String::from_utf8_lossy(&last))
             });
@@ -424,7 +424,7 @@ fn complete_compaction_beside_the_journal_is_completed_at_open() {
     rewritten.upstream_ref = Some("theirs".to_owned());
     let mut compacted = record::admit_line(&rewritten);
     compacted.extend_from_slice(&record::end_line(1));
-    fs::write(&new, &compacted).unwrap();
+    write_private(&new, &compacted);
 
     let ((_l, entries), logs) = with_logs(|| open(&s.rec));
     assert_eq!(ids(&entries), vec![id(1)]);
@@ -451,7 +451,7 @@ fn incomplete_compaction_is_removed_and_the_journal_kept() {
     miscounted.extend_from_slice(&record::end_line(5));
     cases.push(miscounted);
     for bytes in cases {
-        fs::write(&new, &bytes).unwrap();
+        write_private(&new, &bytes);
         let ((_l, entries), logs) = with_logs(|| open(&s.rec));
         assert_eq!(ids(&entries), vec![id(1), id(2)]);
         assert!(!new.exists());
