@@ -112,7 +112,7 @@ pub enum LedgerError {
     WrongMode {
         /// The directory.
         path: PathBuf,
-        /// Its permission bits.
+        /// Its mode: the permission bits with the sticky, setuid and setgid bits.
         mode: u32,
     },
     /// A file of the recovery directory is a symbolic link (REC-18).

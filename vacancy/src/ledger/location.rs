@@ -243,11 +243,12 @@ pub fn check_recovery_dir(path: &Path) -> Result<(), LedgerError> {
             expected: euid,
         });
     }
-    let mode = meta.mode() & 0o777;
-    if mode != 0o700 {
+    // The permission bits decide; the mode is reported whole, with the
+    // sticky, setuid and setgid bits, as `ls` and `stat` show it (1777).
+    if meta.mode() & 0o777 != 0o700 {
         return Err(LedgerError::WrongMode {
             path: path.to_path_buf(),
-            mode,
+            mode: meta.mode() & 0o7777,
         });
     }
     Ok(())

@@ -330,6 +330,62 @@ fn corrupt_older_record_stops_startup_naming_file_and_line() {
     assert_eq!(fs::read(&journal).unwrap(), before);
 }
 
+// Issue 14 item 17: a change for an entry that line 1 admits and a later
+// line released says so, instead of "which no record admits".
+#[test]
+fn a_change_after_its_entrys_release_names_the_lines_that_admit_and_release_it() {
+    for (op, change) in [
+        ("release", record::release_line(id(1))),
+        ("held", record::held_line(id(1), "x")),
+        ("ref", record::ref_line(id(1), "x")),
+    ] {
+        let s = scratch();
+        let journal = s.rec.join(JOURNAL_FILE);
+        append(&journal, &record::admit_line(&entry(1)));
+        append(&journal, &record::admit_line(&entry(2)));
+        append(&journal, &record::release_line(id(1)));
+        append(&journal, &change);
+        let e = open_err(&s.rec).to_string();
+        assert!(e.contains("at line 4"), "{e}");
+        assert!(
+            e.contains(&format!(
+                "{op} names entry {}, which line 3 released already (admitted at line 1)",
+                id(1)
+            )),
+            "{e}"
+        );
+        assert!(!e.contains("no record admits"), "{e}");
+    }
+
+    // Never admitted at all: said so, as what comes before this line.
+    let s = scratch();
+    let journal = s.rec.join(JOURNAL_FILE);
+    append(&journal, &record::admit_line(&entry(1)));
+    append(&journal, &record::release_line(id(9)));
+    let e = open_err(&s.rec).to_string();
+    assert!(
+        e.contains(&format!(
+            "release names entry {}, which no earlier line admits",
+            id(9)
+        )),
+        "{e}"
+    );
+
+    // Admitted twice: both lines named.
+    let s = scratch();
+    let journal = s.rec.join(JOURNAL_FILE);
+    append(&journal, &record::admit_line(&entry(1)));
+    append(&journal, &record::admit_line(&entry(1)));
+    let e = open_err(&s.rec).to_string();
+    assert!(
+        e.contains(&format!(
+            "entry {} is admitted twice, at line 1 and here",
+            id(1)
+        )),
+        "{e}"
+    );
+}
+
 #[test]
 fn unknown_op_duplicate_admit_and_changes_for_unknown_entries_stop_startup() {
     // REC-08: also when the bad record is the newest (valid JSON is not cut short)

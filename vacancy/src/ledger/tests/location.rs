@@ -267,6 +267,26 @@ fn an_existing_directory_that_is_not_private_is_refused_and_left_alone() {
     ));
 }
 
+// Issue 14 item 17, REC-22: a directory with the sticky bit is reported with
+// it, as the mode `ls` and `stat` show: "mode 1777", not 0777.
+#[test]
+fn a_sticky_world_writable_directory_is_reported_as_mode_1777() {
+    let s = scratch();
+    let named = s.tmp.path().join("shared");
+    mkdir(&named, 0o1777);
+    let input = LocationInput {
+        setting: named.display().to_string(),
+        ..with_config(&s)
+    };
+    let e = resolve_err(&input);
+    assert!(
+        matches!(e, LedgerError::WrongMode { mode: 0o1777, .. }),
+        "{e:?}"
+    );
+    assert!(e.to_string().contains("has mode 1777;"), "{e}");
+    assert_eq!(mode(&named), 0o1777);
+}
+
 // Issue 14 item 16, REC-18: a link on the way to the default location (an
 // operator's symlink to another disk) is followed when the link and every
 // directory on the path, on both sides of it, are root's or this account's
