@@ -151,6 +151,19 @@ fn engine_kind(engine: &str) -> String {
 /// The longest engine name taken as valid.
 const MAX_ENGINE_LEN: usize = 128;
 
+/// What the adapter reads from `GET /status`, said when an answer is not it
+/// (a server without the route, such as local-tts-studio, answers its web
+/// page there).
+const STATUS_SHAPE: &str = "the chatterbox adapter reads GET /status as JSON {\"loaded\": true|false, \"engine\": \"NAME\", \"busy\": true|false}, so it cannot tell which engine is loaded or whether the server is busy";
+
+/// A `GET /status` answer that is not the status, said with what is expected.
+fn not_the_status(e: ObserveError) -> ObserveError {
+    match e {
+        ObserveError::Malformed(why) => ObserveError::Malformed(format!("{why}; {STATUS_SHAPE}")),
+        other => other,
+    }
+}
+
 /// Whether `/status` names an engine usably: a non-empty string of visible
 /// ASCII without spaces, at most 128 bytes (VOICE-16 calls anything else
 /// invalid).
@@ -279,8 +292,13 @@ impl Adapter for ChatterboxAdapter {
 
     async fn observe(&self) -> Result<ModelObservation, ObserveError> {
         let taken_at = self.settings.clock.now();
-        let status = self.observer.get_json("/status").await?;
-        let malformed = |why: &str| ObserveError::Malformed(format!("GET /status: {why}"));
+        let status = self
+            .observer
+            .get_json("/status")
+            .await
+            .map_err(not_the_status)?;
+        let malformed =
+            |why: &str| ObserveError::Malformed(format!("GET /status: {why}; {STATUS_SHAPE}"));
         let loaded = status
             .get("loaded")
             .and_then(Value::as_bool)

@@ -436,7 +436,13 @@ mod tests {
         );
         assert!(!CalibrationFile::path_in(dir.path()).exists());
 
-        std::fs::write(CalibrationFile::path_in(dir.path()), "garbage").unwrap();
+        let garbage = CalibrationFile::path_in(dir.path());
+        std::fs::write(&garbage, "garbage").unwrap();
+        std::fs::set_permissions(
+            &garbage,
+            std::os::unix::fs::PermissionsExt::from_mode(0o600),
+        )
+        .unwrap();
         reader.push_load(load(1, 1));
         let err = calibrate_into(
             &reader,
@@ -446,7 +452,8 @@ mod tests {
         .await
         .unwrap_err();
         assert!(
-            err.to_string().contains("pressure-calibration.json"),
+            err.to_string().contains("pressure-calibration.json")
+                && err.to_string().contains("not valid"),
             "{err}"
         );
         // It failed before sampling.

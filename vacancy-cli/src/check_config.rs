@@ -49,6 +49,10 @@ pub fn run(path: Option<&Path>, sample: bool) -> ExitCode {
         }
     }
     let c = &loaded.config;
+    // SCOPE-18: the line the daemon logs at startup.
+    if let Some(line) = c.exemption_line() {
+        println!("{line}");
+    }
     println!(
         "ok: {origin}: {} resource{}, {} upstream{}",
         c.resources.len(),

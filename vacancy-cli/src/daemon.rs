@@ -327,8 +327,10 @@ pub async fn start(
     info!("{}", presence.line);
     let presence_name = presence.shown.clone();
     let manual = presence.manual.clone();
-    // SCOPE-18: the exempt upstreams were logged once with the
-    // configuration's warnings, in the words check-config prints.
+    // SCOPE-18: the line check-config prints too.
+    if let Some(line) = config.exemption_line() {
+        info!("{line}");
+    }
 
     let mut tasks = JoinSet::new();
     for r in &config.resources {

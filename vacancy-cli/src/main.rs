@@ -6,6 +6,7 @@ mod check_config;
 mod console;
 mod control;
 mod daemon;
+mod logging;
 mod settings;
 mod status_cmd;
 
@@ -88,16 +89,6 @@ enum TokenCommand {
     },
 }
 
-fn init_logging() {
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("VACANCYD_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .init();
-}
-
 fn runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -116,7 +107,13 @@ fn main() -> ExitCode {
             check_config::run(config.as_deref(), !no_sample)
         }
         Command::Run { config } => {
-            init_logging();
+            match logging::from_env() {
+                Ok(format) => logging::init(format),
+                Err(e) => {
+                    eprintln!("vacancyd: not started: {e}");
+                    return ExitCode::FAILURE;
+                }
+            }
             let rt = match runtime() {
                 Ok(rt) => rt,
                 Err(code) => return code,

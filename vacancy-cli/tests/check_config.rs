@@ -77,6 +77,74 @@ owner_scope = "resource"
     }
 }
 
+// Issue 14 item 11: an unknown key does not hide the semantic problems; one
+// run lists them all, each with its line.
+#[test]
+fn an_unknown_key_does_not_hide_the_semantic_problems() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("vacancyd.toml");
+    std::fs::write(
+        &path,
+        r#"[server]
+lisen = "127.0.0.1:7480"
+
+[[resource]]
+name = "gpu0"
+kind = "gpu"
+sampler = "file"
+path = "/nonexistent.json"
+
+[[upstream]]
+name = "native"
+adapter = "ollama"
+listen = "127.0.0.1:11435"
+target = "http://localhost:11434"
+resource = "gpu0"
+also_requires = ["ram"]
+
+[[upstream]]
+name = "compat"
+adapter = "openai"
+listen = "127.0.0.1:11436"
+target = "127.0.0.1:11434/v1"
+resource = "gpu0"
+colour = "blue"
+"#,
+    )
+    .unwrap();
+    let out = check_config(&["--config", path.to_str().unwrap(), "--no-sample"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    for expected in [
+        "line 2: server.lisen: unknown key (did you mean \"listen\"?)",
+        "line 16: upstream[0] (\"native\").also_requires: unknown resource \"ram\"",
+        "line 22: upstream[1] (\"compat\").target: ",
+        "line 24: upstream[1] (\"compat\").colour: unknown key",
+        "4 problems found",
+    ] {
+        assert!(err.contains(expected), "missing {expected:?} in:\n{err}");
+    }
+}
+
+// Issue 14 item 11: a file that is not UTF-8 is named with the offset of its
+// first byte that is not.
+#[test]
+fn a_file_that_is_not_utf8_names_the_byte_offset() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("vacancyd.toml");
+    std::fs::write(&path, b"# owner: Ren\xe9e\n[server]\n").unwrap();
+    let out = check_config(&["--config", path.to_str().unwrap(), "--no-sample"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains(&format!(
+            "{}: line 1: the configuration file is not UTF-8 text: the byte at offset 12 (0xe9)",
+            path.display()
+        )),
+        "{err}"
+    );
+}
+
 #[test]
 fn a_reserve_above_the_total_is_a_warning_not_an_error() {
     let dir = tempfile::tempdir().unwrap();
@@ -178,9 +246,16 @@ fn a_missing_pressure_calibration_is_a_warning_naming_the_command() {
     }
 
     // With the unattended baseline saved, only the attended one is missing.
+    let calibration = dir.path().join("state/pressure-calibration.json");
     std::fs::write(
-        dir.path().join("state/pressure-calibration.json"),
+        &calibration,
         r#"{"version": 1, "gpus": {"gpu0": {"attended": null, "unattended": {"util_pct": 3, "memory_mib": 200}}}}"#,
+    )
+    .unwrap();
+    // Private, as calibrate-pressure saves it (REC-22, issue 14 item 16).
+    std::fs::set_permissions(
+        &calibration,
+        std::os::unix::fs::PermissionsExt::from_mode(0o600),
     )
     .unwrap();
     let stdout = text(&check_config(&["--config", path.to_str().unwrap()]).stdout);
@@ -188,7 +263,7 @@ fn a_missing_pressure_calibration_is_a_warning_naming_the_command() {
     assert!(!stdout.contains("no unattended baseline"), "{stdout}");
 
     // A damaged file is named; nothing is judged from it.
-    std::fs::write(dir.path().join("state/pressure-calibration.json"), "{oops").unwrap();
+    std::fs::write(&calibration, "{oops").unwrap();
     let stdout = text(&check_config(&["--config", path.to_str().unwrap()]).stdout);
     assert!(
         stdout.contains("pressure-calibration.json") && stdout.contains("uncalibrated"),

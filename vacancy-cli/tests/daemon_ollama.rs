@@ -619,11 +619,10 @@ async fn a_corrupt_cache_file_is_logged_and_never_blocks_startup() {
             .create(&admission)
             .unwrap();
     }
-    std::fs::write(
-        admission.join("learned-contexts.json"),
-        b"{\"version\": 1, garbage",
-    )
-    .unwrap();
+    let cache = admission.join("learned-contexts.json");
+    std::fs::write(&cache, b"{\"version\": 1, garbage").unwrap();
+    // Private, as vacancyd writes it: what is tested is its contents.
+    std::fs::set_permissions(&cache, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
     // Startup proceeds: start_with waits for /health to answer 200.
     let d = Daemon::start_with(dir, &path, control, proxy);
     let log = plain_log(&d);

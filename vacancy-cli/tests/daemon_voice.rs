@@ -464,3 +464,62 @@ async fn the_observation_keeps_the_engine_name_the_server_reports() {
     );
     assert_eq!(emu.synthesis_count(engine), 1);
 }
+
+// Issue 14 item 17: local-tts-studio answers its web page (200 text/html) at
+// GET /status. The chatterbox adapter cannot read that, which is an
+// observation failure: /status says why, and the log says so once (not at
+// every poll, and not only at debug level).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_status_page_that_is_not_the_voice_status_is_logged_once_with_the_reason() {
+    let tts = TtsServer::start().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (control, proxy) = (free_port().unwrap(), free_port().unwrap());
+    write_capacity(&dir.path().join("gpu0.json"), 20_000, 64_000);
+    let path = dir.path().join("vacancyd.toml");
+    std::fs::write(&path, config(dir.path(), control, proxy, &tts.base_url())).unwrap();
+    // Debug lines of the observation loop show each poll.
+    let filter = [("VACANCYD_LOG", "info,vacancy::proxy::shells=debug")];
+    let d = Daemon::start_with_env(dir, &path, control, proxy, &filter);
+    let s = d
+        .wait_status("the observation failure in /status", |s| {
+            s["upstreams"][0]["error"].is_string()
+        })
+        .await;
+    let error = s["upstreams"][0]["error"].as_str().unwrap().to_owned();
+    assert_eq!(s["upstreams"][0]["reachable"], true, "{s:#}");
+    for expected in ["GET /status", "not JSON (text/html", "\"loaded\""] {
+        assert!(error.contains(expected), "{expected:?} not in {error:?}");
+    }
+
+    // Three more polls (one every 2 s) fail the same way ...
+    let polls = |d: &Daemon| {
+        d.process
+            .log()
+            .lines()
+            .filter(|l| l.contains("upstream=voice") && l.contains("GET /status"))
+            .count()
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while polls(&d) < 4 {
+        assert!(
+            Instant::now() < deadline,
+            "no further observations:\n{}",
+            d.process.log_tail(20)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // ... and the failure is a warning once, with its reason.
+    let log = d.process.log();
+    let failures: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("observation failed"))
+        .collect();
+    assert_eq!(failures.len(), 1, "{log}");
+    assert!(failures[0].contains(" WARN "), "{}", failures[0]);
+    assert!(failures[0].contains("upstream=voice"), "{}", failures[0]);
+    assert!(
+        failures[0].contains("not JSON (text/html"),
+        "{}",
+        failures[0]
+    );
+}

@@ -515,3 +515,30 @@ async fn overlapping_unresolved_records_both_come_back_held_and_startup_goes_on(
         .unwrap_or_else(|| panic!("no overlap warning in the log:\n{log}"));
     assert!(line.contains(a) && line.contains(b), "{line}");
 }
+
+// Issue 14 item 16: a journal.jsonl that is a symbolic link to a 0644 file
+// elsewhere stops startup naming the link; the file it points to is left as
+// it was. (No upstream is needed: startup stops before any is asked.)
+#[test]
+fn a_linked_journal_stops_startup_naming_it() {
+    let target = format!("http://127.0.0.1:{}", free_port().unwrap());
+    let mut d = Daemon::start(&target, 1000, 2000, 20_000, "");
+    d.process.terminate(Duration::from_secs(10)).unwrap();
+    let journal = d.dir.path().join("vacancyd.admission/journal.jsonl");
+    let elsewhere = d.dir.path().join("journal-on-another-disk.jsonl");
+    std::fs::rename(&journal, &elsewhere).unwrap();
+    std::fs::set_permissions(&elsewhere, std::fs::Permissions::from_mode(0o644)).unwrap();
+    std::os::unix::fs::symlink(&elsewhere, &journal).unwrap();
+    let before = std::fs::read(&elsewhere).unwrap();
+
+    let config = d.dir.path().join("vacancyd.toml");
+    let mut p = ManagedProcess::spawn("vacancyd", run(&config, &[])).unwrap();
+    let status = p.wait_exit(Duration::from_secs(20));
+    let log = p.log();
+    assert!(status.is_some_and(|s| !s.success()), "{status:?}: {log}");
+    assert!(
+        log.contains(&format!("{} is a symbolic link", journal.display())),
+        "{log}"
+    );
+    assert_eq!(std::fs::read(&elsewhere).unwrap(), before);
+}

@@ -374,6 +374,13 @@ impl ObservationClient {
         if !status.is_success() {
             return Err(status_error(response, what).await);
         }
+        // Named when the answer is not JSON: a web page (text/html) means
+        // another program, or a web UI's catch-all, answers at this path.
+        let content_type = response
+            .headers()
+            .get(http::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
         let body = Limited::new(response.into_body(), Self::BODY_LIMIT)
             .collect()
             .await
@@ -388,8 +395,10 @@ impl ObservationClient {
                 }
             })?
             .to_bytes();
-        serde_json::from_slice(&body)
-            .map_err(|e| FetchError::Malformed(format!("{what}: the answer is not JSON: {e}")))
+        serde_json::from_slice(&body).map_err(|e| {
+            let found = content_type.map_or_else(String::new, |c| format!(" ({c})"));
+            FetchError::Malformed(format!("{what}: the answer is not JSON{found}: {e}"))
+        })
     }
 }
 
@@ -591,7 +600,8 @@ mod tests {
             panic!("not malformed");
         };
         assert!(
-            m.starts_with("GET /html: the answer is not JSON: expected value"),
+            m.starts_with("GET /html: the answer is not JSON (text/plain")
+                && m.contains("): expected value"),
             "{m}"
         );
         let Err(ObserveError::Malformed(m)) = c.get_json("/huge").await else {

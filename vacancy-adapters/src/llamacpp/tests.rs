@@ -418,7 +418,7 @@ async fn garbage_is_malformed_never_an_observation() {
         (
             "/slots",
             "<html>",
-            "GET /slots: the answer is not JSON: expected value at line 1 column 1",
+            "GET /slots: the answer is not JSON (application/json; charset=utf-8): expected value at line 1 column 1",
         ),
         (
             "/v1/models",

@@ -69,11 +69,14 @@ impl ContextCache {
     /// # Behavior
     ///
     /// Never fails: a file it cannot use is logged (with why) and replaced
-    /// by the next write (RES-15).
+    /// by the next write (RES-15). Like the ledger's own files it is read
+    /// only as itself, never through a symbolic link, and only when private
+    /// to the directory's owner (REC-18, REC-22); the next write replaces a
+    /// link with a file and leaves what it pointed to alone.
     pub fn open(dir: &Path) -> Self {
         let path = dir.join(FILE_NAME);
-        let doc = match std::fs::read(&path) {
-            Ok(bytes) => match serde_json::from_slice::<Document>(&bytes) {
+        let doc = match vacancy::ledger::read_private(&path) {
+            Ok(Some(bytes)) => match serde_json::from_slice::<Document>(&bytes) {
                 Ok(doc) if doc.version == VERSION => {
                     let mut doc = doc;
                     for contexts in doc.upstreams.values_mut() {
@@ -92,7 +95,7 @@ impl ContextCache {
                     Document::fresh()
                 }
             },
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            Ok(None) => {
                 info!(path = %path.display(), "no learned-contexts.json yet; starting without learned contexts");
                 Document::fresh()
             }
@@ -229,6 +232,72 @@ mod tests {
                 1
             );
         }
+    }
+
+    // Issue 14 item 16: learned-contexts.json that is a symbolic link is not
+    // read through it, and the next write replaces the link, leaving the
+    // file it pointed to alone.
+    #[test]
+    fn a_linked_cache_file_is_not_followed() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let elsewhere = dir.path().join("elsewhere.json");
+        let learned = ContextCache::open(dir.path());
+        learned
+            .update("o", |c| {
+                c.learn(&kind(), "sha256:d", 4096, Modelfile::Unset);
+                true
+            })
+            .unwrap();
+        std::fs::rename(dir.path().join(FILE_NAME), &elsewhere).unwrap();
+        let before = std::fs::read(&elsewhere).unwrap();
+        let path = dir.path().join(FILE_NAME);
+        std::os::unix::fs::symlink(&elsewhere, &path).unwrap();
+
+        let (cache, log) = logs(|| ContextCache::open(dir.path()));
+        assert_eq!(cache.read("o", |c| c.models.len()), 0);
+        assert!(log.contains("symbolic link"), "{log}");
+        assert!(log.contains(&path.display().to_string()), "{log}");
+        cache
+            .update("p", |c| {
+                c.learn(&kind(), "sha256:e", 2048, Modelfile::Unset);
+                true
+            })
+            .unwrap();
+        assert_eq!(std::fs::read(&elsewhere).unwrap(), before);
+        let meta = std::fs::symlink_metadata(&path).unwrap();
+        assert!(meta.is_file());
+        assert_eq!(meta.permissions().mode() & 0o7777, 0o600);
+
+        // Shared with others: not read either.
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let (cache, log) = logs(|| ContextCache::open(dir.path()));
+        assert_eq!(cache.read("p", |c| c.models.len()), 0);
+        assert!(log.contains("mode 0644"), "{log}");
+    }
+
+    /// What `f` logs, at INFO and above, without colour.
+    fn logs<T>(f: impl FnOnce() -> T) -> (T, String) {
+        #[derive(Clone, Default)]
+        struct Buf(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+        impl std::io::Write for Buf {
+            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(b);
+                Ok(b.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let buf = Buf::default();
+        let writer = buf.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_ansi(false)
+            .with_writer(move || writer.clone())
+            .finish();
+        let out = tracing::subscriber::with_default(subscriber, f);
+        let text = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
+        (out, text)
     }
 
     #[test]

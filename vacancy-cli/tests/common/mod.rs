@@ -112,11 +112,23 @@ impl Daemon {
 
     /// Start vacancyd on a configuration file already written into `dir`.
     pub fn start_with(dir: tempfile::TempDir, config: &Path, control: u16, proxy: u16) -> Daemon {
+        Self::start_with_env(dir, config, control, proxy, &[])
+    }
+
+    /// As [`Daemon::start_with`], with `env` set for the daemon.
+    pub fn start_with_env(
+        dir: tempfile::TempDir,
+        config: &Path,
+        control: u16,
+        proxy: u16,
+        env: &[(&str, &str)],
+    ) -> Daemon {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_vacancyd"));
         cmd.arg("run")
             .arg("--config")
             .arg(config)
-            .env("VACANCYD_LOG", "info");
+            .env("VACANCYD_LOG", "info")
+            .envs(env.iter().copied());
         let mut process = ManagedProcess::spawn("vacancyd", cmd).unwrap();
         let control = format!("http://127.0.0.1:{control}");
         process

@@ -30,8 +30,8 @@ impl fmt::Display for ConfigError {
 
 impl std::error::Error for ConfigError {}
 
-/// Something in a configuration that is valid but probably not what was meant,
-/// or a fact worth printing once (SCOPE-18). Displays like [`ConfigError`].
+/// Something in a configuration that is valid but probably not what was meant
+/// or worth knowing (SCOPE-19). Displays like [`ConfigError`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConfigWarning {
     /// The key path; empty for the configuration as a whole.

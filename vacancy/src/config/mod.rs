@@ -87,6 +87,27 @@ resource = "ram"
 default_min_free_mib = 4096
 "#;
 
+/// The error for a file that is not UTF-8: where its first invalid byte is.
+fn not_utf8(origin: &str, bytes: &[u8], e: std::str::Utf8Error) -> ConfigErrors {
+    let offset = e.valid_up_to();
+    let before = bytes.get(..offset).unwrap_or_default();
+    let line = before.iter().filter(|&&b| b == b'\n').count() + 1;
+    let byte = bytes
+        .get(offset)
+        .map(|b| format!(" (0x{b:02x})"))
+        .unwrap_or_default();
+    ConfigErrors {
+        origin: origin.to_owned(),
+        errors: vec![ConfigError {
+            path: String::new(),
+            line: Some(line),
+            message: format!(
+                "the configuration file is not UTF-8 text: the byte at offset {offset}{byte} is not valid UTF-8; save the file as UTF-8"
+            ),
+        }],
+    }
+}
+
 /// The origin named in errors about [`EMBEDDED_DEFAULT`].
 pub const EMBEDDED_ORIGIN: &str = "<embedded default>";
 
@@ -96,8 +117,9 @@ pub struct LoadedConfig {
     /// The typed configuration.
     pub config: Config,
     /// Valid but noteworthy things, ordered by line: keys with no effect,
-    /// sample ages shorter than the poll interval, the owner-exempt upstreams
-    /// (SCOPE-18) and what nothing watches for them (SCOPE-19).
+    /// sample ages shorter than the poll interval and what nothing watches for
+    /// the owner-exempt upstreams (SCOPE-19). Which upstreams are exempt is
+    /// [`Config::exemption_line`] (SCOPE-18).
     pub warnings: Vec<ConfigWarning>,
 }
 
@@ -107,15 +129,17 @@ impl Config {
     ///
     /// # Errors
     ///
-    /// Every syntax error, or else every unknown key, ill-typed value and bad
-    /// enum value, or else every semantic problem; each with its key path and
-    /// line.
+    /// Every syntax error; or else every ill-typed value and bad enum value,
+    /// with every unknown key; or else every unknown key together with every
+    /// semantic problem. Each has its key path and line.
     pub fn parse(text: &str, origin: &str) -> Result<LoadedConfig, ConfigErrors> {
         let parsed = parse::parse(text).map_err(|errors| ConfigErrors {
             origin: origin.to_owned(),
             errors,
         })?;
-        let (errors, warnings) = validate::validate(&parsed.config, &parsed.index);
+        let (mut errors, warnings) = validate::validate(&parsed.config, &parsed.index);
+        errors.extend(parsed.unknown_keys);
+        parse::sort_by_line(&mut errors);
         if errors.is_empty() {
             Ok(LoadedConfig {
                 config: parsed.config,
@@ -134,17 +158,15 @@ impl Config {
     /// # Errors
     ///
     /// As [`Config::parse`], with the path as origin; a file that cannot be read
-    /// gives one error naming the OS error.
+    /// gives one error naming the OS error, and one that is not UTF-8 one error
+    /// naming the byte offset and line of the first byte that is not.
     pub fn load(path: &Path) -> Result<LoadedConfig, ConfigErrors> {
         let origin = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|e| {
-            let message = if e.kind() == std::io::ErrorKind::InvalidData {
-                format!("cannot read the configuration file: it is not UTF-8 text ({e})")
-            } else {
-                format!("cannot read the configuration file: {e}")
-            };
-            ConfigErrors::whole(&origin, message)
+        let bytes = std::fs::read(path).map_err(|e| {
+            ConfigErrors::whole(&origin, format!("cannot read the configuration file: {e}"))
         })?;
+        let text = String::from_utf8(bytes)
+            .map_err(|e| not_utf8(&origin, e.as_bytes(), e.utf8_error()))?;
         Config::parse(&text, &origin)
     }
 

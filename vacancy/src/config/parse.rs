@@ -4,10 +4,12 @@
 //! into a spanned tree (`toml::de::DeTable`), then each table is checked key by
 //! key: a struct is deserialized from a table holding only that key, which works
 //! because every struct is `#[serde(default)]`. Nested tables are walked
-//! explicitly, so problems in several of them are all reported. Only when every
-//! key passes is the whole document deserialized into a [`Config`].
+//! explicitly, so problems in several of them are all reported. When every
+//! value passes, the unknown keys are taken out of the tree and the rest is
+//! deserialized into a [`Config`], so the semantic checks still run: an unknown
+//! key has no effect, so it hides nothing they would find.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::ops::Range;
 
 use serde::Deserialize as _;
@@ -25,9 +27,13 @@ use super::schema::{
 pub(crate) struct Parsed {
     pub config: Config,
     pub index: KeyIndex,
+    /// Keys the schema does not have, left out of `config`; errors still, to
+    /// be reported with the semantic ones.
+    pub unknown_keys: Vec<ConfigError>,
 }
 
-/// Parse `text` into a [`Config`], or return every syntax and schema error.
+/// Parse `text` into a [`Config`] (leaving out unknown keys, which are
+/// returned as errors beside it), or return every syntax and schema error.
 pub(crate) fn parse(text: &str) -> Result<Parsed, Vec<ConfigError>> {
     let lines = LineMap::new(text);
     let (root, syntax_errors) = DeTable::parse_recoverable(text);
@@ -50,29 +56,71 @@ pub(crate) fn parse(text: &str) -> Result<Parsed, Vec<ConfigError>> {
     }
 
     let span = root.span();
-    let root = Spanned::new(span, DeValue::Table(root.into_inner()));
+    let mut root = Spanned::new(span, DeValue::Table(root.into_inner()));
     let mut walker = Walker {
         lines,
         errors: Vec::new(),
+        unknown: Vec::new(),
         index: KeyIndex::default(),
     };
     check_root(&mut walker, &root, &KeyPath::root());
     if !walker.errors.is_empty() {
-        sort_by_line(&mut walker.errors);
-        return Err(walker.errors);
+        // A value that does not parse leaves nothing sound to check further.
+        let mut errors = walker.errors;
+        errors.extend(walker.unknown.into_iter().map(|(_, e)| e));
+        sort_by_line(&mut errors);
+        return Err(errors);
     }
+    let unknown: HashSet<String> = walker.unknown.iter().map(|(raw, _)| raw.clone()).collect();
+    prune(&mut root, &KeyPath::root(), &unknown);
+    let mut unknown_keys: Vec<ConfigError> = walker.unknown.into_iter().map(|(_, e)| e).collect();
+    sort_by_line(&mut unknown_keys);
     let root_span = root.span();
     match Config::deserialize(ValueDeserializer::from(root)) {
         Ok(config) => Ok(Parsed {
             config,
             index: walker.index,
+            unknown_keys,
         }),
         // Not expected once every key passed; reported rather than lost.
-        Err(e) => Err(vec![ConfigError {
-            path: String::new(),
-            line: Some(walker.lines.line_of(e.span().unwrap_or(root_span).start)),
-            message: describe(e.message()),
-        }]),
+        Err(e) => {
+            unknown_keys.push(ConfigError {
+                path: String::new(),
+                line: Some(walker.lines.line_of(e.span().unwrap_or(root_span).start)),
+                message: describe(e.message()),
+            });
+            sort_by_line(&mut unknown_keys);
+            Err(unknown_keys)
+        }
+    }
+}
+
+/// Take every key whose raw path is in `unknown` out of the tree under `value`.
+fn prune(value: &mut Spanned<DeValue<'_>>, path: &KeyPath, unknown: &HashSet<String>) {
+    if unknown.is_empty() {
+        return;
+    }
+    match value.get_mut() {
+        DeValue::Table(table) => {
+            let mut gone: Vec<String> = Vec::new();
+            for (key, child) in table.iter_mut() {
+                let child_path = path.key(key.get_ref());
+                if unknown.contains(child_path.raw()) {
+                    gone.push(key.get_ref().to_string());
+                } else {
+                    prune(child, &child_path, unknown);
+                }
+            }
+            for key in gone {
+                table.remove(key.as_str());
+            }
+        }
+        DeValue::Array(items) => {
+            for (i, item) in items.iter_mut().enumerate() {
+                prune(item, &path.elem(i, None), unknown);
+            }
+        }
+        _ => {}
     }
 }
 
@@ -223,7 +271,10 @@ impl LineMap {
 
 struct Walker {
     lines: LineMap,
+    /// Values that do not parse.
     errors: Vec<ConfigError>,
+    /// Keys the schema does not have, by raw path.
+    unknown: Vec<(String, ConfigError)>,
     index: KeyIndex,
 }
 
@@ -340,8 +391,12 @@ fn check_struct<T: DeserializeOwned>(
         let line = w.lines.line_of(key.span().start);
         w.index.insert(&key_path, line);
         if !fields.contains(&name) {
-            let message = unknown_key_message(name, fields);
-            w.error_at(&key_path, key.span(), message);
+            let error = ConfigError {
+                path: key_path.shown().to_owned(),
+                line: Some(line),
+                message: unknown_key_message(name, fields),
+            };
+            w.unknown.push((key_path.raw().to_owned(), error));
             continue;
         }
         let how = nested.iter().find(|(n, _)| *n == name).map(|(_, how)| how);

@@ -47,6 +47,19 @@ impl Config {
             .map(|u| u.name.as_str())
             .collect()
     }
+
+    /// The one line naming the owner-exempt upstreams (SCOPE-18), which the
+    /// daemon logs at startup and `vacancyd check-config` prints; `None` when
+    /// every upstream is host-scoped.
+    pub fn exemption_line(&self) -> Option<String> {
+        let exempt = self.exempt_upstreams();
+        (!exempt.is_empty()).then(|| {
+            format!(
+                "owner-exempt upstreams (owner_scope = \"resource\"): {}",
+                exempt.join(", ")
+            )
+        })
+    }
 }
 
 /// `[server]`: the control plane (console, `/status`, `/metrics`, `/admin`).

@@ -328,20 +328,97 @@ ram = { x6 = 1 }
 [upstream.credential]
 x7 = 1
 "#;
-    let errs = errors(text);
-    let mut lines: Vec<usize> = errs.iter().filter_map(|e| e.line).collect();
-    lines.sort_unstable();
+    let all = errors(text);
+    // The semantic problems of the rest (missing names, ...) come with them.
+    let errs: Vec<ConfigError> = all
+        .iter()
+        .filter(|e| e.message.starts_with("unknown key"))
+        .cloned()
+        .collect();
+    let lines: Vec<usize> = errs.iter().filter_map(|e| e.line).collect();
     let want: Vec<usize> = ["bogus", "x1", "x2", "x3", "x4", "x5", "x6", "x7"]
         .iter()
         .map(|k| line_of(text, k))
         .collect();
-    assert_eq!(lines, want, "{}", list(&errs));
-    assert!(errs.iter().all(|e| e.message.starts_with("unknown key")));
+    assert_eq!(lines, want, "{}", list(&all));
+    find(&all, "upstream[0].name", &["missing"]);
     find(&errs, "bogus", &["server, owner, resource, upstream"]);
     find(&errs, "server.token[0].x2", &["name, scopes, sha256"]);
     find(&errs, "owner.gpu_pressure.x4", &["enabled, poll_ms"]);
     find(&errs, "upstream[0].requirements.ram.x6", &["min_free_mib"]);
     find(&errs, "upstream[0].credential.x7", &["header, value_file"]);
+}
+
+// Issue 14 item 11: an unknown key has no effect, so it must not hide the
+// semantic problems of the rest of the file.
+#[test]
+fn unknown_keys_and_semantic_problems_are_reported_in_one_run() {
+    let text = format!(
+        "[server]\nlisen = \"127.0.0.1:7480\"\n{RESOURCES}{}{}{}",
+        upstream(
+            "a",
+            9000,
+            "http://127.0.0.1:11434",
+            "gpu0",
+            &["gpu7"],
+            "colour = 1"
+        ),
+        upstream("b", 9001, "http://localhost:11434", "gpu1", &[], ""),
+        upstream("c", 9002, "127.0.0.1:8080", "ram", &[], ""),
+    );
+    let errs = errors(&text);
+    let paths: Vec<&str> = errs.iter().map(|e| e.path.as_str()).collect();
+    assert_eq!(
+        paths,
+        [
+            "server.lisen",                      // unknown key
+            "upstream[0] (\"a\").also_requires", // undefined resource
+            "upstream[0] (\"a\").colour",        // unknown key
+            "upstream[1] (\"b\").resource",      // CFG-01
+            "upstream[2] (\"c\").target",        // no scheme
+        ],
+        "{}",
+        list(&errs)
+    );
+    find(
+        &errs,
+        "server.lisen",
+        &["unknown key", "did you mean \"listen\""],
+    );
+    find(&errs, "upstream[1] (\"b\").resource", &["CFG-01"]);
+    assert!(errs.iter().all(|e| e.line.is_some()), "{}", list(&errs));
+    assert!(errs.windows(2).all(|w| w[0].line <= w[1].line));
+}
+
+// Issue 14 item 11: a value that does not parse still stops the semantic
+// checks (nothing sound is left to check), and still names its key and line.
+#[test]
+fn a_bad_value_is_reported_with_the_unknown_keys_and_stops_the_semantic_checks() {
+    let text = format!(
+        "[server]\nlisen = 1\n{RESOURCES}{}",
+        upstream(
+            "a",
+            9000,
+            "http://127.0.0.1:11434",
+            "gpu0",
+            &["gpu7"],
+            "adapter = \"olama\""
+        ),
+    );
+    let errs = errors(&text);
+    let paths: Vec<&str> = errs.iter().map(|e| e.path.as_str()).collect();
+    assert_eq!(
+        paths,
+        ["server.lisen", "upstream[0] (\"a\").adapter"],
+        "{}",
+        list(&errs)
+    );
+    let e = find(
+        &errs,
+        "upstream[0] (\"a\").adapter",
+        &["unknown value \"olama\""],
+    );
+    assert_eq!(e.line, Some(line_of(&text, "olama")));
 }
 
 #[test]
@@ -1039,12 +1116,17 @@ fn scope_10_exempt_upstream_alone_accepted() {
             "owner_scope = \"resource\"",
         ),
     ]));
-    // SCOPE-18: the line check-config prints.
+    // SCOPE-18: one line, which check-config prints and the daemon logs; it
+    // is a fact, not a warning.
+    assert_eq!(
+        loaded.config.exemption_line().as_deref(),
+        Some("owner-exempt upstreams (owner_scope = \"resource\"): lane, lane2")
+    );
     assert!(
-        loaded
+        !loaded
             .warnings
             .iter()
-            .any(|w| w.message == "owner-exempt upstreams: lane, lane2" && w.path.is_empty()),
+            .any(|w| w.message.contains("owner-exempt upstreams")),
         "{}",
         list(&loaded.warnings)
     );
@@ -1264,6 +1346,32 @@ fn load_reads_a_file_and_names_it() {
     std::fs::write(&path, [0xff, 0xfe, b'\n']).unwrap();
     let err = Config::load(&path).unwrap_err();
     assert!(err.to_string().contains("not UTF-8"), "{err}");
+}
+
+// Issue 14 item 11: a file that is not UTF-8 names where: the byte offset and
+// the line of the first byte that is not.
+#[test]
+fn a_file_that_is_not_utf8_names_the_byte_offset() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("vacancyd.toml");
+    let mut bytes = b"[server]\nlisten = \"127.0.0.1:7480\" # caf".to_vec();
+    let offset = bytes.len();
+    bytes.extend_from_slice(&[0xe9, b'\n']); // Latin-1 "é"
+    std::fs::write(&path, &bytes).unwrap();
+    let err = Config::load(&path).unwrap_err();
+    assert_eq!(err.errors.len(), 1);
+    assert_eq!(err.errors[0].line, Some(2));
+    let text = err.to_string();
+    assert!(
+        text.starts_with(&format!("{}: line 2: ", path.display())),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!(
+            "not UTF-8 text: the byte at offset {offset} (0xe9)"
+        )),
+        "{text}"
+    );
 }
 
 #[test]

@@ -624,19 +624,10 @@ impl Checker<'_> {
         }
     }
 
-    /// SCOPE-18 and SCOPE-19: say which upstreams are exempt and what nothing watches.
+    /// SCOPE-19: dependencies of an exempt upstream that no pressure
+    /// measurement watches. (Which upstreams are exempt is a fact, not a
+    /// warning: [`Config::exemption_line`], SCOPE-18.)
     fn exemptions(&mut self, config: &Config, root: &KeyPath) {
-        let exempt = config.exempt_upstreams();
-        if exempt.is_empty() {
-            return;
-        }
-        // SCOPE-18: the same line the daemon logs at startup.
-        self.warnings.push(ConfigWarning {
-            path: String::new(),
-            line: None,
-            message: format!("owner-exempt upstreams: {}", exempt.join(", ")),
-        });
-        // SCOPE-19: dependencies of an exempt upstream that no pressure measurement watches.
         let pressure = config.owner.gpu_pressure.enabled;
         for (i, u) in config.upstreams.iter().enumerate() {
             if u.owner_scope != OwnerScope::Resource {

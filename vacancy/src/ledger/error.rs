@@ -112,6 +112,52 @@ pub enum LedgerError {
     WrongMode {
         /// The directory.
         path: PathBuf,
+        /// Its mode: the permission bits with the sticky, setuid and setgid bits.
+        mode: u32,
+    },
+    /// A file of the recovery directory is a symbolic link (REC-18).
+    #[error(
+        "{path} is a symbolic link; vacancyd opens the files of its recovery directory only as \
+         themselves, never through a link, which could send its records to any file: put the \
+         file itself there (mv the file it points to over the link), private to the account \
+         vacancyd runs as (chmod 600)"
+    )]
+    LinkedFile {
+        /// The link.
+        path: PathBuf,
+    },
+    /// A file of the recovery directory is not a regular file.
+    #[error(
+        "{path} is not a regular file; the recovery directory holds only vacancyd's own files: \
+         move it aside"
+    )]
+    NotAFile {
+        /// The path.
+        path: PathBuf,
+    },
+    /// A file of the recovery directory is owned by another account than the directory (REC-22).
+    #[error(
+        "{path} is owned by uid {owner}, but its recovery directory by uid {expected}; every file \
+         in it must be owned by the account vacancyd runs as (vacancyd never changes an existing \
+         file's owner): chown {expected} {path}"
+    )]
+    FileWrongOwner {
+        /// The file.
+        path: PathBuf,
+        /// Its owner.
+        owner: u32,
+        /// The directory's owner.
+        expected: u32,
+    },
+    /// A file of the recovery directory is not private (REC-22).
+    #[error(
+        "{path} has mode {mode:04o}; the files of the recovery directory must be private to the \
+         account vacancyd runs as, mode 0600 (vacancyd never changes an existing file's \
+         permissions): chmod 600 {path}"
+    )]
+    FileWrongMode {
+        /// The file.
+        path: PathBuf,
         /// Its permission bits.
         mode: u32,
     },

@@ -103,11 +103,16 @@ pub struct Location {
 ///   or unreadable, it logs a warning that the two locations differ (REC-15);
 ///   absent, nothing is said (REC-16).
 /// - The default location (also when the setting names it) is checked first:
-///   no symbolic link on the path, every existing ancestor owned by root or
-///   the running account, none writable by group or others unless it is a
-///   root-owned sticky directory like `/tmp`; a failure stops startup
-///   (REC-18, REC-19). Only then is it created if missing, with missing
-///   parents, mode 0700 from creation (REC-18, REC-21).
+///   every existing directory on the path owned by root or the running
+///   account, none writable by group or others unless it is a root-owned
+///   sticky directory like `/tmp`; a symbolic link on the way (an operator's
+///   link to another disk) is followed only when it is owned by root or the
+///   running account, and the directories its target passes through are
+///   checked the same way. A failure stops startup (REC-18, REC-19). Only
+///   then is it created if missing, with missing parents, mode 0700 from
+///   creation (REC-18, REC-21).
+/// - A directory the setting names is held to the same path check when its
+///   path passes through a symbolic link (issue 14 item 16).
 /// - Any other directory must exist already, else [`LedgerError::Missing`]
 ///   names it (REC-20).
 /// - The directory must be owned by the running account with mode 0700
@@ -129,12 +134,12 @@ pub fn resolve_location(input: &LocationInput) -> Result<Location, LedgerError> 
 
     let euid = running_uid();
     let mut created = false;
+    check_path_safety(&path, euid, is_default)?;
     if is_default {
-        check_path_safety(&path, euid)?;
         created = create_private(&path)?;
         if created {
             // Look again: nothing may have been swapped in while creating.
-            check_path_safety(&path, euid)?;
+            check_path_safety(&path, euid, is_default)?;
             info!(path = %path.display(), "created the recovery directory");
         }
     }
@@ -238,11 +243,12 @@ pub fn check_recovery_dir(path: &Path) -> Result<(), LedgerError> {
             expected: euid,
         });
     }
-    let mode = meta.mode() & 0o777;
-    if mode != 0o700 {
+    // The permission bits decide; the mode is reported whole, with the
+    // sticky, setuid and setgid bits, as `ls` and `stat` show it (1777).
+    if meta.mode() & 0o777 != 0o700 {
         return Err(LedgerError::WrongMode {
             path: path.to_path_buf(),
-            mode,
+            mode: meta.mode() & 0o7777,
         });
     }
     Ok(())
@@ -409,61 +415,169 @@ fn check_service_dir(
     }
 }
 
-/// REC-18/REC-19: no symbolic link on the path; every existing ancestor owned
-/// by root or `euid` and not writable by group or others unless it is a
-/// root-owned sticky directory. The directory itself, if it exists, must
-/// not be a symbolic link (its owner and mode are [`check_recovery_dir`]'s).
-fn check_path_safety(path: &Path, euid: u32) -> Result<(), LedgerError> {
+/// How many symbolic links a path may pass through before it counts as a
+/// loop, as the kernel's own limit (`ELOOP`).
+const MAX_LINKS: usize = 40;
+
+/// What walking a recovery directory's path found.
+#[derive(Debug, Default)]
+struct PathWalk {
+    /// The symbolic links followed on the way, in order.
+    links: Vec<PathBuf>,
+    /// The first directory on the way that another account could change:
+    /// the directory and why.
+    untrusted: Option<(PathBuf, String)>,
+}
+
+/// REC-18/REC-19 and issue 14 item 16: whether another account could replace
+/// or redirect `path`.
+///
+/// Walks `path` from the root, following each symbolic link on the way (an
+/// operator's link to another disk) and going on along its target. A link
+/// owned by an account other than root or `euid` could be pointed anywhere
+/// by that account, so it stops the walk with [`LedgerError::UnsafePath`];
+/// so does a loop, or a file where a directory must be. Every directory
+/// before the last component must be owned by root or `euid` and not
+/// writable by group or others, unless it is a root-owned sticky directory
+/// like `/tmp`; the first that is not is reported in
+/// [`PathWalk::untrusted`], for the caller to judge. The walk ends at the
+/// first component that does not exist. The last component's own owner and
+/// mode are [`check_recovery_dir`]'s.
+fn walk_path(path: &Path, euid: u32) -> Result<PathWalk, LedgerError> {
     let unsafe_at = |component: &Path, why: String| LedgerError::UnsafePath {
         path: path.to_path_buf(),
         component: component.to_path_buf(),
         why,
     };
-    let mut prefix = PathBuf::new();
-    let components: Vec<Component<'_>> = path.components().collect();
-    for (i, c) in components.iter().enumerate() {
-        prefix.push(c.as_os_str());
-        let is_leaf = i + 1 == components.len();
-        let meta = match fs::symlink_metadata(&prefix) {
+    let mut walk = PathWalk::default();
+    // The root, a directory on the way of every path.
+    let root = Path::new("/");
+    let meta = fs::symlink_metadata(root).map_err(|e| LedgerError::io("inspect", root, e))?;
+    walk.untrusted = untrusted_dir(&meta, euid).map(|why| (root.to_path_buf(), why));
+    // The components still to walk, and the directory reached so far (with
+    // every link before it resolved, so `..` can be taken lexically).
+    let mut pending: Vec<OsString> = Vec::new();
+    let mut reached = PathBuf::new();
+    push_components(&mut pending, &mut reached, path);
+    while let Some(name) = pending.pop() {
+        if name == ".." {
+            reached.pop();
+            continue;
+        }
+        if name == "." {
+            continue;
+        }
+        let next = reached.join(&name);
+        let meta = match fs::symlink_metadata(&next) {
             Ok(m) => m,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
-            Err(e) => return Err(LedgerError::io("inspect", &prefix, e)),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(walk),
+            Err(e) => return Err(LedgerError::io("inspect", &next, e)),
         };
         if meta.file_type().is_symlink() {
-            return Err(unsafe_at(
-                &prefix,
-                "is a symbolic link (the path must not be redirected)".to_owned(),
-            ));
+            let uid = meta.uid();
+            if uid != 0 && uid != euid {
+                return Err(unsafe_at(
+                    &next,
+                    format!(
+                        "is a symbolic link owned by uid {uid}, neither root nor the account \
+                         vacancyd runs as (uid {euid}), which could point it anywhere"
+                    ),
+                ));
+            }
+            if walk.links.len() == MAX_LINKS {
+                return Err(unsafe_at(
+                    &next,
+                    format!("leads through more than {MAX_LINKS} symbolic links (a loop?)"),
+                ));
+            }
+            let target =
+                fs::read_link(&next).map_err(|e| LedgerError::io("read the link", &next, e))?;
+            walk.links.push(next);
+            push_components(&mut pending, &mut reached, &target);
+            continue;
         }
-        if is_leaf {
-            return Ok(());
+        if pending.is_empty() {
+            // The recovery directory itself: check_recovery_dir's.
+            return Ok(walk);
         }
         if !meta.is_dir() {
-            return Err(unsafe_at(&prefix, "is not a directory".to_owned()));
+            return Err(unsafe_at(&next, "is not a directory".to_owned()));
         }
-        let uid = meta.uid();
-        if uid != 0 && uid != euid {
-            return Err(unsafe_at(
-                &prefix,
-                format!(
-                    "is owned by uid {uid}, neither root nor the account vacancyd runs as (uid \
-                     {euid})"
-                ),
-            ));
+        if walk.untrusted.is_none()
+            && let Some(why) = untrusted_dir(&meta, euid)
+        {
+            walk.untrusted = Some((next.clone(), why));
         }
-        let mode = meta.mode() & 0o7777;
-        let sticky_root = mode & 0o1000 != 0 && uid == 0;
-        if mode & 0o022 != 0 && !sticky_root {
-            return Err(unsafe_at(
-                &prefix,
-                format!(
-                    "is writable by group or others (mode {mode:04o}) and is not a root-owned \
-                     sticky directory like /tmp"
-                ),
-            ));
+        reached = next;
+    }
+    Ok(walk)
+}
+
+/// Put `path`'s components on `pending` (a stack: the first on top), in
+/// front of what is there; an absolute `path` starts again from the root.
+fn push_components(pending: &mut Vec<OsString>, reached: &mut PathBuf, path: &Path) {
+    let mut names: Vec<OsString> = Vec::new();
+    for c in path.components() {
+        match c {
+            Component::RootDir | Component::Prefix(_) => {
+                reached.clear();
+                reached.push("/");
+                names.clear();
+            }
+            Component::CurDir => {}
+            Component::ParentDir => names.push(OsString::from("..")),
+            Component::Normal(n) => names.push(n.to_os_string()),
         }
     }
-    Ok(())
+    pending.extend(names.into_iter().rev());
+}
+
+/// Why another account could change entries in this directory, if it could.
+fn untrusted_dir(meta: &fs::Metadata, euid: u32) -> Option<String> {
+    let uid = meta.uid();
+    if uid != 0 && uid != euid {
+        return Some(format!(
+            "is owned by uid {uid}, neither root nor the account vacancyd runs as (uid {euid})"
+        ));
+    }
+    let mode = meta.mode() & 0o7777;
+    let sticky_root = mode & 0o1000 != 0 && uid == 0;
+    if mode & 0o022 != 0 && !sticky_root {
+        return Some(format!(
+            "is writable by group or others (mode {mode:04o}) and is not a root-owned sticky \
+             directory like /tmp"
+        ));
+    }
+    None
+}
+
+/// REC-18/REC-19 for the default location, which vacancyd may create: no
+/// directory on the path, on either side of any link, that another account
+/// could change. Issue 14 item 16 for any other: a path that passes through
+/// a symbolic link is held to the same rule, since the link redirects it;
+/// without links, a named directory is only [`check_recovery_dir`]'s (REC-22).
+fn check_path_safety(path: &Path, euid: u32, is_default: bool) -> Result<(), LedgerError> {
+    let walk = walk_path(path, euid)?;
+    if !is_default && walk.links.is_empty() {
+        return Ok(());
+    }
+    let Some((component, why)) = walk.untrusted else {
+        return Ok(());
+    };
+    let why = match walk.links.first() {
+        Some(link) if !is_default => {
+            format!(
+                "{why}, on a path that follows the symbolic link {}",
+                link.display()
+            )
+        }
+        _ => why,
+    };
+    Err(LedgerError::UnsafePath {
+        path: path.to_path_buf(),
+        component,
+        why,
+    })
 }
 
 /// Create `path` and its missing parents, private from creation (mode 0700),

@@ -7,6 +7,7 @@ use std::path::Path;
 use std::time::SystemTime;
 
 use crate::ledger::error::LedgerError;
+use crate::ledger::files::{PRIVATE_FILE_MODE, open_private};
 use crate::ledger::record::unix_ms;
 
 /// The lock file's name inside the recovery directory.
@@ -16,14 +17,15 @@ pub(crate) const LOCK_FILE: &str = "lock";
 /// The returned file holds the lock until it is dropped.
 pub(crate) fn acquire(dir: &Path) -> Result<File, LedgerError> {
     let path = dir.join(LOCK_FILE);
-    let mut file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o600)
-        .open(&path)
-        .map_err(|e| LedgerError::io("open the lock file", &path, e))?;
+    let mut file = open_private(
+        &path,
+        OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(PRIVATE_FILE_MODE),
+    )?;
     // A lock this very process recorded can outlive its release for a moment:
     // a child forked by another thread shares the locked file until it execs.
     // Such a holder is waited for briefly; any other holder is reported at once.

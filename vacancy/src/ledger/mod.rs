@@ -31,6 +31,12 @@
 //! - `lock`: locked exclusively for the ledger's life; it names the holder's
 //!   pid and since when (REC-25).
 //!
+//! Each file is opened as itself, never through a symbolic link, and must be
+//! a regular file owned by the directory's owner with mode 0600, as vacancyd
+//! creates it ([`open_private`]); otherwise opening stops with its path and
+//! the fix. The learned Ollama contexts and the GPU pressure calibration
+//! beside them are read the same way.
+//!
 //! # Behavior
 //!
 //! - [`Ledger::persist`](crate::proxy::ReservationStore::persist) appends the
@@ -59,6 +65,7 @@
 //!   directory or its journal (REC-07).
 
 mod error;
+mod files;
 mod location;
 mod lock;
 mod record;
@@ -82,6 +89,7 @@ use crate::engine::EntryId;
 use crate::proxy::{ReservationStore, StoreChange, StoreError, StoreWrite};
 
 pub use error::LedgerError;
+pub use files::{PRIVATE_FILE_MODE, check_private, open_private, read_private};
 pub use location::{
     Location, LocationInput, LocationSource, SERVICE_BASE, SERVICE_BASE_ENV, check_recovery_dir,
     recovery_path, resolve_location,
@@ -166,13 +174,14 @@ impl Ledger {
         finish_compaction(dir, &journal_path)?;
 
         let created = !exists(&journal_path)?;
-        let mut file = OpenOptions::new()
-            .read(true)
-            .append(true)
-            .create(true)
-            .mode(0o600)
-            .open(&journal_path)
-            .map_err(|e| LedgerError::io("open the journal", &journal_path, e))?;
+        let mut file = open_private(
+            &journal_path,
+            OpenOptions::new()
+                .read(true)
+                .append(true)
+                .create(true)
+                .mode(files::PRIVATE_FILE_MODE),
+        )?;
         if created {
             file.sync_all()
                 .map_err(|e| LedgerError::io("sync the new journal", &journal_path, e))?;
@@ -435,10 +444,8 @@ fn live_lines(live: &LiveSet) -> u64 {
 /// an incomplete one.
 fn finish_compaction(dir: &Path, journal_path: &Path) -> Result<(), LedgerError> {
     let new_path = dir.join(COMPACT_FILE);
-    let bytes = match fs::read(&new_path) {
-        Ok(b) => b,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(LedgerError::io("read", &new_path, e)),
+    let Some(bytes) = read_private(&new_path)? else {
+        return Ok(());
     };
     let complete = match record::replay(&bytes, &new_path) {
         Ok(r) => r.discarded.is_none() && r.ends_with_marker,

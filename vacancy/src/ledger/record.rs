@@ -13,7 +13,7 @@
 //!
 //! `end` closes a compacted file; its count is the number of entries before it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -343,6 +343,7 @@ pub(crate) struct Replay {
 /// is an error naming `path` and the line.
 pub(crate) fn replay(bytes: &[u8], path: &Path) -> Result<Replay, LedgerError> {
     let mut out = Replay::default();
+    let mut seen = Seen::default();
     let mut pos = 0usize;
     let mut line_no = 0u64;
     while pos < bytes.len() {
@@ -374,7 +375,7 @@ pub(crate) fn replay(bytes: &[u8], path: &Path) -> Result<Replay, LedgerError> {
                 return Err(corrupt(path, line_no, format!("not a JSON record ({e})")));
             }
         };
-        let is_end = apply(&mut out.live, parsed, path, line_no)?;
+        let is_end = apply(&mut out.live, &mut seen, parsed, path, line_no)?;
         out.ends_with_marker = is_end;
         out.lines += 1;
         out.good_len = next as u64;
@@ -391,8 +392,36 @@ fn corrupt(path: &Path, line: u64, detail: String) -> LedgerError {
     }
 }
 
+/// The lines that admitted and released each entry so far, so that a bad
+/// change can say what is really wrong with it.
+#[derive(Debug, Default)]
+struct Seen {
+    /// By entry: the line of its admission, and of its release once released.
+    lines: HashMap<EntryId, (u64, Option<u64>)>,
+}
+
+impl Seen {
+    /// Why `op` cannot apply to `id`, which is not live.
+    fn not_live(&self, op: &str, id: EntryId) -> String {
+        match self.lines.get(&id) {
+            Some((admitted, Some(released))) => format!(
+                "{op} names entry {id}, which line {released} released already (admitted at line \
+                 {admitted}); vacancyd writes nothing for an entry after its release, so this \
+                 line was copied or added by something else"
+            ),
+            _ => format!("{op} names entry {id}, which no earlier line admits"),
+        }
+    }
+}
+
 /// Apply one parsed line; returns whether it was an `end` marker.
-fn apply(live: &mut LiveSet, l: LineIn, path: &Path, line: u64) -> Result<bool, LedgerError> {
+fn apply(
+    live: &mut LiveSet,
+    seen: &mut Seen,
+    l: LineIn,
+    path: &Path,
+    line: u64,
+) -> Result<bool, LedgerError> {
     let bad = |detail: String| corrupt(path, line, detail);
     let version =
         l.v.ok_or_else(|| bad("the record has no format version \"v\"".to_owned()))?;
@@ -429,7 +458,10 @@ fn apply(live: &mut LiveSet, l: LineIn, path: &Path, line: u64) -> Result<bool, 
     match op.as_str() {
         "admit" => {
             if live.contains(id) {
-                return Err(bad(format!("entry {id} is admitted twice")));
+                let first = seen.lines.get(&id).map_or(0, |(admitted, _)| *admitted);
+                return Err(bad(format!(
+                    "entry {id} is admitted twice, at line {first} and here"
+                )));
             }
             let upstream = l
                 .upstream
@@ -458,6 +490,7 @@ fn apply(live: &mut LiveSet, l: LineIn, path: &Path, line: u64) -> Result<bool, 
                 upstream_ref: l.upstream_ref,
                 held_reason: None,
             });
+            seen.lines.insert(id, (line, None));
         }
         "held" => {
             let reason = l
@@ -465,7 +498,7 @@ fn apply(live: &mut LiveSet, l: LineIn, path: &Path, line: u64) -> Result<bool, 
                 .ok_or_else(|| bad(format!("held of {id} has no \"reason\"")))?;
             let e = live
                 .get_mut(id)
-                .ok_or_else(|| bad(format!("held names entry {id}, which no record admits")))?;
+                .ok_or_else(|| bad(seen.not_live("held", id)))?;
             e.held_reason = Some(reason);
         }
         "ref" => {
@@ -474,14 +507,15 @@ fn apply(live: &mut LiveSet, l: LineIn, path: &Path, line: u64) -> Result<bool, 
                 .ok_or_else(|| bad(format!("ref of {id} has no \"upstream_ref\"")))?;
             let e = live
                 .get_mut(id)
-                .ok_or_else(|| bad(format!("ref names entry {id}, which no record admits")))?;
+                .ok_or_else(|| bad(seen.not_live("ref", id)))?;
             e.upstream_ref = Some(r);
         }
         "release" => {
             if live.remove(id).is_none() {
-                return Err(bad(format!(
-                    "release names entry {id}, which no record admits"
-                )));
+                return Err(bad(seen.not_live("release", id)));
+            }
+            if let Some((_, released)) = seen.lines.get_mut(&id) {
+                *released = Some(line);
             }
         }
         other => return Err(bad(format!("unknown record op {other:?}"))),

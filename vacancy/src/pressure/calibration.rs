@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -29,6 +30,10 @@ pub enum CalibrationError {
         /// The error.
         source: std::io::Error,
     },
+    /// The file is a link, or not private to the recovery directory's owner
+    /// (REC-18, REC-22): the error names it and the fix.
+    #[error("GPU pressure calibration: {0}")]
+    Unsafe(#[source] crate::ledger::LedgerError),
     /// The file is not a calibration file this build understands.
     #[error(
         "GPU pressure calibration {path} is not valid: {reason}; fix or delete it and calibrate again with `vacancyd calibrate-pressure`"
@@ -67,20 +72,23 @@ impl CalibrationFile {
     /// # Errors
     ///
     /// [`CalibrationError::Io`] when it exists but cannot be read,
-    /// [`CalibrationError::Invalid`] when it is not a version 1 calibration file.
+    /// [`CalibrationError::Unsafe`] when it is a symbolic link or not private
+    /// to the directory's owner (mode 0600, as [`CalibrationFile::save`]
+    /// writes it), [`CalibrationError::Invalid`] when it is not a version 1
+    /// calibration file.
     pub fn load(path: &Path) -> Result<Self, CalibrationError> {
-        let bytes = match fs::read(path) {
-            Ok(bytes) => bytes,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Ok(CalibrationFile::default());
-            }
-            Err(source) => {
+        // As the ledger's own files: never through a link, only when private.
+        let bytes = match crate::ledger::read_private(path) {
+            Ok(Some(bytes)) => bytes,
+            Ok(None) => return Ok(CalibrationFile::default()),
+            Err(crate::ledger::LedgerError::Io { source, .. }) => {
                 return Err(CalibrationError::Io {
                     action: "read",
                     path: path.to_owned(),
                     source,
                 });
             }
+            Err(e) => return Err(CalibrationError::Unsafe(e)),
         };
         let invalid = |reason: String| CalibrationError::Invalid {
             path: path.to_owned(),
@@ -134,10 +142,17 @@ impl CalibrationFile {
         text.push('\n');
         let tmp = dir.join(format!(".{CALIBRATION_FILE}.{}.tmp", std::process::id()));
         let written = (|| {
+            // Private from creation, and never through a link left at the name.
+            match fs::remove_file(&tmp) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    return Err(io("remove the stale", &tmp)(e));
+                }
+                _ => {}
+            }
             let mut file = OpenOptions::new()
                 .write(true)
-                .create(true)
-                .truncate(true)
+                .create_new(true)
+                .mode(crate::ledger::PRIVATE_FILE_MODE)
                 .open(&tmp)
                 .map_err(io("create", &tmp))?;
             file.write_all(text.as_bytes()).map_err(io("write", &tmp))?;
@@ -261,15 +276,23 @@ mod tests {
             ),
         ] {
             fs::write(&path, text).unwrap();
+            fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+                .unwrap();
             let err = CalibrationFile::load(&path).unwrap_err();
             let message = err.to_string();
             assert!(matches!(err, CalibrationError::Invalid { .. }), "{err:?}");
             assert!(message.contains(CALIBRATION_FILE), "{message}");
             assert!(message.contains(why), "{text}: {message}");
         }
-        // A directory where the file should be: unreadable, named.
+        // A directory where the file should be: not a file, named.
         let err = CalibrationFile::load(dir.path()).unwrap_err();
-        assert!(matches!(err, CalibrationError::Io { .. }), "{err:?}");
+        assert!(
+            matches!(
+                err,
+                CalibrationError::Unsafe(crate::ledger::LedgerError::NotAFile { .. })
+            ),
+            "{err:?}"
+        );
     }
 
     #[test]

@@ -270,6 +270,9 @@ pub async fn observe_loop(
     mut shutdown: watch::Receiver<bool>,
 ) {
     let mut was_reachable: Option<bool> = None;
+    // The observation failure last logged while the upstream answers: each
+    // new one is logged once, not every poll, and so is the recovery.
+    let mut failing: Option<String> = None;
     let trigger = lender.observe_trigger(route.id);
     loop {
         let next = match observe_upstream(&lender, &route).await {
@@ -311,10 +314,22 @@ pub async fn observe_loop(
             }
             was_reachable = next.reachable;
         }
-        if let Some(error) = &next.error
-            && next.reachable == Some(true)
-        {
-            debug!(upstream = %route.name, error = %error, "observation failed");
+        let answering_error = next.error.as_ref().filter(|_| next.reachable == Some(true));
+        match (answering_error, &failing) {
+            (Some(error), Some(last)) if error == last => {
+                debug!(upstream = %route.name, error = %error, "observation still fails");
+            }
+            (Some(error), _) => {
+                warn!(upstream = %route.name, error = %error, "observation failed: the upstream answers, but vacancyd cannot read its models or work from the answer (logged again only when the error changes)");
+                failing = Some(error.clone());
+            }
+            (None, Some(_)) => {
+                if next.reachable == Some(true) {
+                    info!(upstream = %route.name, "observation works again");
+                }
+                failing = None;
+            }
+            (None, None) => {}
         }
         lender.metrics().observed(&route.name, next.error.is_some());
         health.set(next);

@@ -3,7 +3,7 @@
 use std::fs;
 use std::time::{Duration, SystemTime};
 
-use super::{append, reservation, scratch, with_logs};
+use super::{append, reservation, scratch, with_logs, write_private};
 use crate::engine::{
     CompletionMethod, Decision, Engine, EngineSpec, EntryId, OwnerPresence, Phase, ResourceSpec,
     UpstreamSpec, WorkRequest,
@@ -295,7 +295,7 @@ fn crash_at_every_byte_of_the_newest_line_never_stops_startup() {
             let mut bytes: Vec<u8> = base.concat();
             let prefix_len = bytes.len();
             bytes.extend_from_slice(&last[..cut]);
-            fs::write(&journal, &bytes).unwrap();
+            write_private(&journal, &bytes);
             let (_l, entries) = Ledger::open(&s.rec).unwrap_or_else(|e| {
                 panic!("cut at {cut} of {:?}: {e}", String::from_utf8_lossy(&last))
             });
@@ -328,6 +328,62 @@ fn corrupt_older_record_stops_startup_naming_file_and_line() {
     assert!(msg.contains("never deletes it"), "{msg}");
     // Nothing was changed or deleted.
     assert_eq!(fs::read(&journal).unwrap(), before);
+}
+
+// Issue 14 item 17: a change for an entry that line 1 admits and a later
+// line released says so, instead of "which no record admits".
+#[test]
+fn a_change_after_its_entrys_release_names_the_lines_that_admit_and_release_it() {
+    for (op, change) in [
+        ("release", record::release_line(id(1))),
+        ("held", record::held_line(id(1), "x")),
+        ("ref", record::ref_line(id(1), "x")),
+    ] {
+        let s = scratch();
+        let journal = s.rec.join(JOURNAL_FILE);
+        append(&journal, &record::admit_line(&entry(1)));
+        append(&journal, &record::admit_line(&entry(2)));
+        append(&journal, &record::release_line(id(1)));
+        append(&journal, &change);
+        let e = open_err(&s.rec).to_string();
+        assert!(e.contains("at line 4"), "{e}");
+        assert!(
+            e.contains(&format!(
+                "{op} names entry {}, which line 3 released already (admitted at line 1)",
+                id(1)
+            )),
+            "{e}"
+        );
+        assert!(!e.contains("no record admits"), "{e}");
+    }
+
+    // Never admitted at all: said so, as what comes before this line.
+    let s = scratch();
+    let journal = s.rec.join(JOURNAL_FILE);
+    append(&journal, &record::admit_line(&entry(1)));
+    append(&journal, &record::release_line(id(9)));
+    let e = open_err(&s.rec).to_string();
+    assert!(
+        e.contains(&format!(
+            "release names entry {}, which no earlier line admits",
+            id(9)
+        )),
+        "{e}"
+    );
+
+    // Admitted twice: both lines named.
+    let s = scratch();
+    let journal = s.rec.join(JOURNAL_FILE);
+    append(&journal, &record::admit_line(&entry(1)));
+    append(&journal, &record::admit_line(&entry(1)));
+    let e = open_err(&s.rec).to_string();
+    assert!(
+        e.contains(&format!(
+            "entry {} is admitted twice, at line 1 and here",
+            id(1)
+        )),
+        "{e}"
+    );
 }
 
 #[test]
@@ -424,7 +480,7 @@ fn complete_compaction_beside_the_journal_is_completed_at_open() {
     rewritten.upstream_ref = Some("theirs".to_owned());
     let mut compacted = record::admit_line(&rewritten);
     compacted.extend_from_slice(&record::end_line(1));
-    fs::write(&new, &compacted).unwrap();
+    write_private(&new, &compacted);
 
     let ((_l, entries), logs) = with_logs(|| open(&s.rec));
     assert_eq!(ids(&entries), vec![id(1)]);
@@ -451,7 +507,7 @@ fn incomplete_compaction_is_removed_and_the_journal_kept() {
     miscounted.extend_from_slice(&record::end_line(5));
     cases.push(miscounted);
     for bytes in cases {
-        fs::write(&new, &bytes).unwrap();
+        write_private(&new, &bytes);
         let ((_l, entries), logs) = with_logs(|| open(&s.rec));
         assert_eq!(ids(&entries), vec![id(1), id(2)]);
         assert!(!new.exists());

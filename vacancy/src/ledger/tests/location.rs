@@ -3,10 +3,10 @@
 //! the home directory and the service base `/var/lib/vacancyd`.
 
 use std::fs;
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt, symlink};
 use std::path::{Path, PathBuf};
 
-use super::{Scratch, scratch, with_logs};
+use super::{Scratch, scratch, with_logs, write_private};
 use crate::ledger::location::running_uid;
 use crate::ledger::record;
 use crate::ledger::{
@@ -53,7 +53,7 @@ fn service_dir(s: &Scratch, lines: &[Vec<u8>]) -> PathBuf {
     let dir = s.tmp.path().join("svc/admission");
     mkdir(&dir, 0o700);
     if !lines.is_empty() {
-        fs::write(dir.join(JOURNAL_FILE), lines.concat()).unwrap();
+        write_private(&dir.join(JOURNAL_FILE), &lines.concat());
     }
     dir
 }
@@ -267,14 +267,78 @@ fn an_existing_directory_that_is_not_private_is_refused_and_left_alone() {
     ));
 }
 
+// Issue 14 item 17, REC-22: a directory with the sticky bit is reported with
+// it, as the mode `ls` and `stat` show: "mode 1777", not 0777.
 #[test]
-fn a_symbolic_link_on_the_default_path_stops_startup() {
-    // REC-18, REC-19
+fn a_sticky_world_writable_directory_is_reported_as_mode_1777() {
     let s = scratch();
-    let real = s.tmp.path().join("real");
+    let named = s.tmp.path().join("shared");
+    mkdir(&named, 0o1777);
+    let input = LocationInput {
+        setting: named.display().to_string(),
+        ..with_config(&s)
+    };
+    let e = resolve_err(&input);
+    assert!(
+        matches!(e, LedgerError::WrongMode { mode: 0o1777, .. }),
+        "{e:?}"
+    );
+    assert!(e.to_string().contains("has mode 1777;"), "{e}");
+    assert_eq!(mode(&named), 0o1777);
+}
+
+// Issue 14 item 16, REC-18: a link on the way to the default location (an
+// operator's symlink to another disk) is followed when the link and every
+// directory on the path, on both sides of it, are root's or this account's
+// and writable by no one else.
+#[test]
+fn a_trusted_link_on_the_default_path_is_followed() {
+    let s = scratch();
+    let real = s.tmp.path().join("disk2/etc");
     mkdir(&real, 0o755);
-    let link = s.tmp.path().join("link");
-    std::os::unix::fs::symlink(&real, &link).unwrap();
+    mkdir(&s.tmp.path().join("disk2"), 0o755);
+    let link = s.tmp.path().join("etc");
+    symlink(&real, &link).unwrap();
+    let config = link.join("vacancyd.toml");
+    fs::write(&config, "").unwrap();
+    let input = LocationInput {
+        config_path: Some(config),
+        service_base: s.tmp.path().join("svc"),
+        ..LocationInput::default()
+    };
+    let location = resolve(&input);
+    assert!(location.created);
+    assert_eq!(location.path, link.join("vacancyd.admission"));
+    let made = real.join("vacancyd.admission");
+    assert_eq!(mode(&made), 0o700);
+    assert!(Ledger::open(&location.path).is_ok());
+    assert!(made.join(JOURNAL_FILE).exists());
+
+    // The directory itself a link to a private directory: followed too.
+    let s = scratch();
+    let input = with_config(&s);
+    let elsewhere = s.tmp.path().join("elsewhere");
+    mkdir(&elsewhere, 0o700);
+    symlink(&elsewhere, s.tmp.path().join("etc/vacancyd.admission")).unwrap();
+    let location = resolve(&input);
+    assert!(!location.created);
+    assert!(Ledger::open(&location.path).is_ok());
+    assert!(elsewhere.join(JOURNAL_FILE).exists());
+}
+
+// Issue 14 item 16, REC-18: a link another account could change, or one that
+// leads through a directory another account could change, is not followed,
+// for the default location and for a named one alike.
+#[test]
+fn a_link_another_account_could_change_is_not_followed() {
+    // The link leads into a directory writable by others.
+    let s = scratch();
+    let open = s.tmp.path().join("open");
+    mkdir(&open, 0o777);
+    let real = open.join("etc");
+    mkdir(&real, 0o755);
+    let link = s.tmp.path().join("etc");
+    symlink(&real, &link).unwrap();
     let config = link.join("vacancyd.toml");
     fs::write(&config, "").unwrap();
     let input = LocationInput {
@@ -284,22 +348,76 @@ fn a_symbolic_link_on_the_default_path_stops_startup() {
     };
     let e = resolve_err(&input);
     assert!(
-        matches!(&e, LedgerError::UnsafePath { component, .. } if *component == link),
+        matches!(&e, LedgerError::UnsafePath { component, .. } if *component == open),
+        "{e}"
+    );
+    assert!(e.to_string().contains("writable by group or others"), "{e}");
+    assert!(!real.join("vacancyd.admission").exists());
+
+    // A named directory reached through such a link: refused too ...
+    let named = open.join("rec");
+    mkdir(&named, 0o700);
+    let named_link = s.tmp.path().join("named");
+    symlink(&named, &named_link).unwrap();
+    let e = resolve_err(&LocationInput {
+        setting: named_link.display().to_string(),
+        ..input.clone()
+    });
+    assert!(
+        matches!(&e, LedgerError::UnsafePath { component, .. } if *component == open),
         "{e}"
     );
     assert!(e.to_string().contains("symbolic link"), "{e}");
-    assert!(!real.join("vacancyd.admission").exists());
+    // ... while the same directory named directly is what REC-22 checks.
+    let location = resolve(&LocationInput {
+        setting: named.display().to_string(),
+        ..input.clone()
+    });
+    assert_eq!(location.path, named);
 
-    // The directory itself a link to a private directory: refused too.
+    // A loop of links is named, not followed forever.
+    let a = s.tmp.path().join("loop-a");
+    let b = s.tmp.path().join("loop-b");
+    symlink(&b, &a).unwrap();
+    symlink(&a, &b).unwrap();
+    let e = resolve_err(&LocationInput {
+        setting: a.join("rec").display().to_string(),
+        ..input.clone()
+    });
+    assert!(e.to_string().contains("links"), "{e}");
+}
+
+// Issue 14 item 16, REC-18: a link owned by another account is not followed,
+// even to a safe directory (needs root to give the link away).
+#[test]
+fn a_link_owned_by_another_account_is_not_followed() {
+    if running_uid() != 0 {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "giving a link away needs root"
+        );
+        eprintln!("skipped: giving a link away needs root");
+        return;
+    }
     let s = scratch();
     let input = with_config(&s);
     let elsewhere = s.tmp.path().join("elsewhere");
     mkdir(&elsewhere, 0o700);
-    std::os::unix::fs::symlink(&elsewhere, s.tmp.path().join("etc/vacancyd.admission")).unwrap();
-    assert!(matches!(
-        resolve_err(&input),
-        LedgerError::UnsafePath { .. }
-    ));
+    let link = s.tmp.path().join("etc/vacancyd.admission");
+    symlink(&elsewhere, &link).unwrap();
+    std::os::unix::fs::lchown(&link, Some(12345), Some(12345)).unwrap();
+    let e = resolve_err(&input);
+    assert!(
+        matches!(&e, LedgerError::UnsafePath { component, .. } if *component == link),
+        "{e}"
+    );
+    assert!(e.to_string().contains("owned by uid 12345"), "{e}");
+    // A named directory through it too.
+    let e = resolve_err(&LocationInput {
+        setting: link.display().to_string(),
+        ..input
+    });
+    assert!(e.to_string().contains("owned by uid 12345"), "{e}");
 }
 
 #[test]

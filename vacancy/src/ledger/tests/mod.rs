@@ -2,6 +2,7 @@
 //! under its own temporary directory.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod files;
 mod journal;
 mod location;
 
@@ -53,14 +54,24 @@ pub(super) fn reservation(n: u128, upstream_ref: Option<&str>) -> Reservation {
     }
 }
 
-/// Append raw bytes to a file.
+/// Append raw bytes to a file, created private (mode 0600) as vacancyd
+/// creates the files of a recovery directory.
 pub(super) fn append(path: &Path, bytes: &[u8]) {
+    use std::os::unix::fs::OpenOptionsExt;
     let mut f = fs::OpenOptions::new()
         .append(true)
         .create(true)
+        .mode(0o600)
         .open(path)
         .unwrap();
     f.write_all(bytes).unwrap();
+}
+
+/// Write a file of a recovery directory, private (mode 0600) as vacancyd
+/// writes it.
+pub(super) fn write_private(path: &Path, bytes: &[u8]) {
+    fs::write(path, bytes).unwrap();
+    fs::set_permissions(path, fs::Permissions::from_mode(0o600)).unwrap();
 }
 
 /// Captured log output of a closure run with a thread-local subscriber.
