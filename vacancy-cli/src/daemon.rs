@@ -402,6 +402,7 @@ pub async fn start(
             completion_timeout: Duration::from_secs(u.completion_timeout_s),
             max_body_bytes,
             connect_timeout: Duration::from_secs(10),
+            reads: vacancy::proxy::pool::ReadPool::new(Duration::from_secs(10)),
         });
         let listener = bind(&format!("upstream {:?}", u.name), &u.listen).await?;
         let health = Arc::new(HealthCell::default());

@@ -19,6 +19,7 @@ pub mod history;
 pub mod lender;
 pub mod live;
 pub mod metrics;
+pub mod pool;
 pub mod pressure;
 pub mod reclaim;
 pub mod service;
@@ -61,6 +62,9 @@ pub struct UpstreamRoute {
     pub max_body_bytes: usize,
     /// How long connecting to the upstream may take.
     pub connect_timeout: Duration,
+    /// Keep-alive connections for what reserves nothing (discovery, reads,
+    /// allowed management): [`pool::ReadPool`].
+    pub reads: pool::ReadPool,
 }
 
 impl std::fmt::Debug for UpstreamRoute {

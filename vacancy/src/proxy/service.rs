@@ -17,7 +17,7 @@ use crate::proxy::UpstreamRoute;
 use crate::proxy::completion::{CompletionGuard, GuardedBody, verify_cut};
 use crate::proxy::conn::{BorrowerBody, is_stalled};
 use crate::proxy::forward::{
-    ExchangeError, ProxyBody, exchange, exchange_with_cut, full, is_upgrade, prepare_response_head,
+    ExchangeError, ProxyBody, exchange_with_cut, full, is_upgrade, prepare_response_head,
     streaming, upstream_request,
 };
 use crate::proxy::lender::Lender;
@@ -164,7 +164,8 @@ async fn forward_unreserved(
         }
     };
     let _ = forwarded.set(Instant::now());
-    match exchange(&route.target, upstream_req, route.connect_timeout).await {
+    // Nothing is reserved: a pooled keep-alive connection (proxy::pool).
+    match route.reads.send(&route.target, upstream_req).await {
         Ok(resp) => relay(resp, borrower_upgrade, None, None),
         Err(e) => exchange_failed(route, &e),
     }

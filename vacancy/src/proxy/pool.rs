@@ -1,0 +1,111 @@
+//! Pooled upstream connections for requests that reserve nothing:
+//! discovery, borrower reads and `management = "allow"` routes.
+//!
+//! # Behavior
+//!
+//! - A bounded keep-alive pool per upstream (hyper-util's pooled client):
+//!   at most [`MAX_IDLE`] idle connections, each closed after [`IDLE`].
+//!   A fresh connection per read was most of the gap to nginx on reads.
+//! - Work never goes through the pool. DONE-02 releases a reservation when
+//!   nothing reached the upstream, which a fresh connection proves (the
+//!   connect failed); on a pooled connection a failure after the request was
+//!   written could not be told from one before it, so work keeps its own
+//!   connection (see [`forward`](crate::proxy::forward)).
+//! - A request on a pooled connection that the upstream closed while idle is
+//!   retried once on a new one when hyper says it was never sent; an
+//!   unreserved request holds nothing, so this can lend nothing twice.
+
+use std::time::Duration;
+
+use hyper::body::Incoming;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+
+use crate::proxy::forward::{ExchangeError, ProxyBody, Target};
+
+/// Idle connections kept per upstream.
+pub const MAX_IDLE: usize = 32;
+/// How long an idle pooled connection is kept (below the usual 60-75 s
+/// keep-alive of upstream servers, so the pool closes first).
+pub const IDLE: Duration = Duration::from_secs(30);
+
+/// The keep-alive pool of one upstream.
+#[derive(Clone)]
+pub struct ReadPool {
+    client: Client<HttpConnector, ProxyBody>,
+}
+
+impl std::fmt::Debug for ReadPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReadPool").finish_non_exhaustive()
+    }
+}
+
+impl ReadPool {
+    /// A pool whose new connections must be made within `connect_timeout`.
+    pub fn new(connect_timeout: Duration) -> Self {
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        connector.set_connect_timeout(Some(connect_timeout));
+        connector.enforce_http(true);
+        let client = Client::builder(TokioExecutor::new())
+            .pool_max_idle_per_host(MAX_IDLE)
+            .pool_idle_timeout(IDLE)
+            .pool_timer(TokioTimer::new())
+            .retry_canceled_requests(true)
+            .build(connector);
+        ReadPool { client }
+    }
+
+    /// Send `request` (whose URI is the path, as [`upstream_request`]
+    /// builds it) to `target` on a pooled connection.
+    ///
+    /// [`upstream_request`]: crate::proxy::forward::upstream_request
+    pub async fn send(
+        &self,
+        target: &Target,
+        mut request: http::Request<ProxyBody>,
+    ) -> Result<http::Response<Incoming>, ExchangeError> {
+        let path = request
+            .uri()
+            .path_and_query()
+            .map_or("/", |p| p.as_str())
+            .to_owned();
+        let address = format!("{}:{}", target.host, target.port);
+        let host = if target.host.contains(':') {
+            format!("[{}]:{}", target.host, target.port)
+        } else {
+            address.clone()
+        };
+        *request.uri_mut() =
+            format!("http://{host}{path}")
+                .parse()
+                .map_err(|e| ExchangeError::Connect {
+                    address: address.clone(),
+                    reason: format!("cannot form the upstream URL: {e}"),
+                })?;
+        self.client.request(request).await.map_err(|e| {
+            if e.is_connect() {
+                ExchangeError::Connect {
+                    address,
+                    reason: error_chain(&e),
+                }
+            } else {
+                ExchangeError::AfterConnect(error_chain(&e))
+            }
+        })
+    }
+}
+
+/// An error and its sources, as one line.
+fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = e.to_string();
+    let mut cur = e.source();
+    while let Some(s) = cur {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        cur = s.source();
+    }
+    out
+}

@@ -1,0 +1,165 @@
+//! Pooled upstream connections (issue 16 item 3): reads reuse keep-alive
+//! connections to the upstream; work never does (DONE-02 needs a fresh
+//! connection to prove that nothing reached the upstream); a pooled
+//! connection the upstream closed while idle costs a read nothing.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpListener;
+use vacancy::engine::CompletionMethod;
+use vacancy::testkit::ProxyUnderTest;
+use vacancy::traits::{
+    Adapter, InspectContext, InspectError, Inspection, RouteClass, RouteMethod, RouteSpec,
+    RouteTable, WorkRoute,
+};
+use vacancy_test_support::http_request;
+
+struct Reads(RouteTable);
+
+impl Adapter for Reads {
+    fn name(&self) -> &str {
+        "reads"
+    }
+    fn routes(&self) -> &RouteTable {
+        &self.0
+    }
+    fn inspect(
+        &self,
+        _r: &WorkRoute,
+        _c: InspectContext<'_>,
+        _b: &[u8],
+    ) -> Result<Inspection, InspectError> {
+        Ok(Inspection::default())
+    }
+}
+
+fn adapter() -> Arc<dyn Adapter> {
+    Arc::new(Reads(
+        RouteTable::new(vec![
+            RouteSpec::new(RouteMethod::Get, "/v1/models", RouteClass::Discovery),
+            RouteSpec::new(
+                RouteMethod::Post,
+                "/run",
+                RouteClass::Work(WorkRoute {
+                    completion: CompletionMethod::ResponseEnd,
+                    inspect_body: false,
+                    websocket: false,
+                }),
+            ),
+        ])
+        .unwrap(),
+    ))
+}
+
+/// An upstream that counts the connections it accepts; with `close_idle`,
+/// it closes each connection 50 ms after its response, without saying so.
+async fn upstream(close_idle: bool) -> (SocketAddr, Arc<AtomicUsize>, Arc<AtomicUsize>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let closed = Arc::new(AtomicUsize::new(0));
+    let (count, gone) = (Arc::clone(&accepted), Arc::clone(&closed));
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            count.fetch_add(1, Ordering::SeqCst);
+            let gone = Arc::clone(&gone);
+            tokio::spawn(async move {
+                let svc = service_fn(|_req| async {
+                    Ok::<_, Infallible>(http::Response::new(Full::new(Bytes::from_static(
+                        b"{\"data\":[]}",
+                    ))))
+                });
+                let conn = http1::Builder::new().serve_connection(TokioIo::new(stream), svc);
+                if close_idle {
+                    let _ = tokio::time::timeout(Duration::from_millis(50), conn).await;
+                } else {
+                    let _ = conn.await;
+                }
+                gone.fetch_add(1, Ordering::SeqCst);
+            });
+        }
+    });
+    (addr, accepted, closed)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_reuse_a_pooled_connection_and_work_never_does() {
+    let (up, accepted, _) = upstream(false).await;
+    let proxy = ProxyUnderTest::start(adapter(), up).await.unwrap();
+    for _ in 0..20 {
+        let r = http_request(
+            "GET",
+            &format!("http://{}/v1/models", proxy.addr),
+            &[],
+            Vec::new(),
+        )
+        .await
+        .unwrap();
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+    assert_eq!(
+        accepted.load(Ordering::SeqCst),
+        1,
+        "20 reads, one after another, share one upstream connection"
+    );
+    for i in 0..3 {
+        let r = http_request(
+            "POST",
+            &format!("http://{}/run", proxy.addr),
+            &[],
+            Vec::new(),
+        )
+        .await
+        .unwrap();
+        assert_eq!(r.status, 200, "{}", r.text());
+        proxy.settle(|w| w.is_empty()).await;
+        // The post-job sample (ADM-04) the harness has no sampler for.
+        let now = proxy.lender.clock().now();
+        proxy.lender.record_sample(
+            "testkit",
+            Ok(vacancy::CapacitySample::memory(1 << 20, 1 << 20, now)),
+            now,
+        );
+        assert_eq!(
+            accepted.load(Ordering::SeqCst),
+            2 + i,
+            "each job gets a fresh upstream connection"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pooled_connection_the_upstream_closed_while_idle_costs_a_read_nothing() {
+    let (up, accepted, closed) = upstream(true).await;
+    let proxy = ProxyUnderTest::start(adapter(), up).await.unwrap();
+    for i in 0..5 {
+        let r = http_request(
+            "GET",
+            &format!("http://{}/v1/models", proxy.addr),
+            &[],
+            Vec::new(),
+        )
+        .await
+        .unwrap();
+        assert_eq!(r.status, 200, "{}", r.text());
+        // Wait until the upstream has dropped the idle pooled connection.
+        tokio::time::timeout(Duration::from_secs(5), async {
+            while closed.load(Ordering::SeqCst) <= i {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await
+        .expect("the upstream closes the idle connection");
+    }
+    assert_eq!(accepted.load(Ordering::SeqCst), 5);
+}
