@@ -277,8 +277,10 @@ owner_scope = "resource"
     )
     .await;
     b.click("nav a[data-page='workloads']").unwrap();
-    let log = wait(&mut b, "#reclaims", "stood down");
-    for part in ["owner return", "drain", "acted", &format!("closed: {cut}")] {
+    // The page refreshes on its own schedule: wait for the drain's own line
+    // (its closed stream), not for the earlier stand-down that was there first.
+    let log = wait(&mut b, "#reclaims", &format!("closed: {cut}"));
+    for part in ["owner return", "drain", "acted", "stood down"] {
         assert!(
             log.contains(part),
             "{part} missing from the recent reclaims:\n{log}"
