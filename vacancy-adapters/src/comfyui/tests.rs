@@ -325,3 +325,74 @@ async fn the_trackers_history_read_records_a_borrowed_prompts_output_files() {
     );
     server.abort();
 }
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_replaced_prompt_id_is_answered_with_the_id_to_use() {
+    // COMFY-05 with issue 14 item 7: the ID a borrower set is remembered with
+    // its prompt, and a read under it names the ID the prompt is queued as.
+    let a = adapter();
+    let queued = EntryId::from_u128(9).to_string();
+    inspect(&a, 9, r#"{"prompt": {}, "prompt_id": "my own id"}"#).unwrap();
+    for path in [
+        "/history/my%20own%20id",
+        "/api/history/my%20own%20id",
+        "/api/jobs/my%20own%20id",
+        "/api/jobs/my%20own%20id/cancel",
+    ] {
+        let Reconsidered::Refuse(refusal) = a.reconsider_refusal(&Method::GET, path).await else {
+            panic!("{path} is not refused with the ID to use");
+        };
+        assert_eq!(refusal.code, RefusalCode::RouteForbidden, "{path}");
+        assert!(
+            refusal.reason.contains("\"my own id\""),
+            "{}",
+            refusal.reason
+        );
+        assert!(
+            refusal.reason.contains(&format!("GET /history/{queued}")),
+            "{}",
+            refusal.reason
+        );
+    }
+    // Any other refused read stands as it was.
+    assert_eq!(
+        a.reconsider_refusal(&Method::GET, "/history/another-id")
+            .await,
+        Reconsidered::Stands
+    );
+    assert_eq!(
+        a.reconsider_refusal(&Method::GET, "/queue").await,
+        Reconsidered::Stands
+    );
+    // An early release's own ID (REC-04) becomes the one to use.
+    {
+        let mut borrowed = lock(&a.shared.borrowed);
+        borrowed.remember("their-own");
+        borrowed.moved(&queued, "their-own");
+    }
+    let Reconsidered::Refuse(refusal) = a
+        .reconsider_refusal(&Method::GET, "/history/my%20own%20id")
+        .await
+    else {
+        panic!("not refused");
+    };
+    assert!(
+        refusal.reason.contains("GET /history/their-own"),
+        "{}",
+        refusal.reason
+    );
+}
+
+#[test]
+fn a_requested_id_is_forgotten_with_its_prompt() {
+    // Issue 14 item 7: bounded like the prompts it belongs to.
+    let mut b = Borrowed::default();
+    b.remember("first");
+    b.remember_requested("asked-first", "first");
+    b.remember_requested("unknown-prompt", "never-admitted");
+    assert_eq!(b.requested.len(), 1);
+    for n in 0..REMEMBERED_PROMPTS {
+        b.remember(&format!("p{n}"));
+    }
+    assert!(b.requested.is_empty(), "{:?}", b.requested);
+}
