@@ -346,6 +346,9 @@ impl Act {
                 CancelOutcome::Failed { entry, reason } => {
                     warn!(entry = %entry, reclaim = %id, upstream, reason = %reason, "cancelling held work failed; it stays held (RECL-21)");
                 }
+                CancelOutcome::LeftRunning { entry, reason } => {
+                    warn!(entry = %entry, reclaim = %id, upstream, reason = %reason, "held work left running at the upstream; it stays held: release it as an administrator once the upstream has finished it");
+                }
                 CancelOutcome::Requested(entry)
                 | CancelOutcome::ClaimedElsewhere(entry)
                 | CancelOutcome::ByClosingResponse(entry) => {
@@ -432,6 +435,9 @@ fn settle(lender: &Lender, by: &str, upstream: &str, outcomes: Vec<CancelOutcome
             }
             CancelOutcome::Failed { entry, reason } => {
                 warn!(entry = %entry, by, upstream, reason = %reason, "cancellation failed; the reservation stays (RECL-21)");
+            }
+            CancelOutcome::LeftRunning { entry, reason } => {
+                warn!(entry = %entry, by, upstream, reason = %reason, "borrowed work left running at the upstream; the reservation stays until completion tracking proves its end (RECL-26)");
             }
         }
     }
