@@ -807,6 +807,10 @@ impl PromptReads for ComfyTracker {
     async fn version(&self) -> Result<ReportedVersion, String> {
         self.0.read_version().await
     }
+
+    fn known_version(&self) -> Option<ReportedVersion> {
+        *lock(&self.0.version)
+    }
 }
 
 /// What a history lookup proves (COMFY-16): an entry whose `status` names

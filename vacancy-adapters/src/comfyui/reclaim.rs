@@ -131,7 +131,12 @@ impl<R: PromptReads> ComfyReclaimer<R> {
             Err(e) => return Err(e.to_string()),
         }
         let first = ComfyVersion::TARGETS_INTERRUPT;
-        match self.reads.version().await {
+        // The release observation last read (every poll), else read it now.
+        let version = match self.reads.known_version() {
+            Some(v) => Ok(v),
+            None => self.reads.version().await,
+        };
+        match version {
             Ok(v) if v.targets_interrupt() => {}
             Ok(v) => {
                 return Ok(Stop::Unsafe(format!(
