@@ -192,6 +192,11 @@ impl Borrowed {
 /// seen listed may read the history of (the most recently followed first).
 pub const VIEW_HISTORY_READS: usize = 16;
 
+/// How long such a `/view` waits for those reads (its turn included) before
+/// its refusal stands: a hung ComfyUI never holds a borrower's request for
+/// the reads' own limits.
+pub const VIEW_REFRESH_WITHIN: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// The adapter for ComfyUI (name `comfyui`).
 ///
 /// # Behavior
@@ -463,8 +468,22 @@ impl ComfyUiAdapter {
     /// moment it finished, before its tracker's next read (every 5 s). Read
     /// the history of the prompts being tracked that have listed no outputs
     /// yet (at most [`VIEW_HISTORY_READS`], each within the tracker's read
-    /// limits), one refresh at a time, then decide again.
+    /// limits, all within [`VIEW_REFRESH_WITHIN`]), one refresh at a time,
+    /// then decide again.
     async fn view_after_refresh(&self, path: &str) -> bool {
+        match tokio::time::timeout(VIEW_REFRESH_WITHIN, self.refresh_for_view(path)).await {
+            Ok(found) => found,
+            Err(_) => {
+                tracing::debug!(
+                    "the history reads for a borrower's /view did not end within {} s; refused",
+                    VIEW_REFRESH_WITHIN.as_secs()
+                );
+                self.view_allowed(path)
+            }
+        }
+    }
+
+    async fn refresh_for_view(&self, path: &str) -> bool {
         let _turn = self.shared.view_refresh.lock().await;
         if self.view_allowed(path) {
             // Another request's refresh found it meanwhile.

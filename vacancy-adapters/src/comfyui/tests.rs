@@ -396,3 +396,36 @@ fn a_requested_id_is_forgotten_with_its_prompt() {
     }
     assert!(b.requested.is_empty(), "{:?}", b.requested);
 }
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_view_refresh_against_a_silent_comfyui_gives_up_within_its_bound() {
+    // Issue 14 item 6: the history reads a refused /view makes are bounded
+    // as a whole, so a hung ComfyUI never holds the borrower's request for
+    // the reads' own limits (60 s to the first byte each).
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let mut open = Vec::new();
+        while let Ok((socket, _)) = listener.accept().await {
+            open.push(socket); // accepted, never answered
+        }
+    });
+    let a = ComfyUiAdapter::new(AdapterSettings::new(
+        format!("http://{addr}").parse().unwrap(),
+        MonotonicClock::new(),
+    ))
+    .unwrap();
+    inspect(&a, 11, r#"{"prompt": {}}"#).unwrap();
+    lock(&a.shared.following).push(EntryId::from_u128(11).to_string());
+    let started = tokio::time::Instant::now();
+    let answer = a
+        .reconsider_refusal(&Method::GET, "/view?filename=x.png&type=output")
+        .await;
+    assert_eq!(answer, Reconsidered::Stands);
+    let waited = started.elapsed();
+    assert!(
+        waited >= VIEW_REFRESH_WITHIN
+            && waited < VIEW_REFRESH_WITHIN + std::time::Duration::from_secs(1),
+        "{waited:?}"
+    );
+}
