@@ -653,8 +653,9 @@ async fn the_emulator_jobs_api_and_per_job_cancel_follow_the_release() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_running_prompt_is_stopped_with_the_job_cancel_on_0_26_and_interrupt_before() {
-    // RECL-26: the job cancel first; /interrupt by ID only where it answers 404/405.
-    for (version, job_cancel) in [("0.26.0", true), ("0.6.0", false)] {
+    // RECL-26: the job cancel first; /interrupt by ID only where it answers
+    // 404/405, from 0.3.57 on (the first release whose /interrupt honours it).
+    for (version, job_cancel) in [("0.26.0", true), ("0.6.0", false), ("0.3.57", false)] {
         let emu = start(Some(version), Duration::from_secs(30));
         let id = new_id();
         submit(&emu, &id, 0x0a0b0c).await;
@@ -777,4 +778,38 @@ async fn recl_36_the_pre_unload_read_stops_at_the_first_foreign_prompt_within_16
         "{:?}",
         started.elapsed()
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_prompt_is_never_interrupted_before_0_3_57() {
+    // RECL-26 (issue 14 item 10): before 0.3.57 /interrupt ignores the prompt
+    // ID and stops whatever runs; the prompt is left running, with the reason.
+    for version in ["0.3.56", "0.3.45"] {
+        let emu = start(Some(version), Duration::from_secs(30));
+        let id = new_id();
+        submit(&emu, &id, 0x0a0b0d).await;
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while emu.running().as_deref() != Some(id.as_str()) {
+            assert!(Instant::now() < deadline, "{version}: never ran");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let adapter = ComfyUiAdapter::new(settings(&emu)).unwrap();
+        let reclaimer = adapter.reclaimer().expect("ComfyUI reclaims");
+        let item = vacancy::traits::CancelItem {
+            entry: EntryId::from_u128(1),
+            upstream_ref: Some(id.clone()),
+            claim: vacancy::traits::CancelClaim::new(),
+        };
+        let out = reclaimer.cancel(&[item], std::time::Instant::now()).await;
+        let [vacancy::traits::CancelOutcome::LeftRunning { entry, reason }] = out.as_slice() else {
+            panic!("{version}: not left running: {out:?}");
+        };
+        assert_eq!(*entry, EntryId::from_u128(1));
+        assert!(
+            reason.contains(&format!("ComfyUI {version}")) && reason.contains("0.3.57"),
+            "{reason}"
+        );
+        assert_eq!(emu.count("POST", "/interrupt"), 0, "{version}");
+        assert_eq!(emu.running().as_deref(), Some(id.as_str()), "{version}");
+    }
 }

@@ -271,8 +271,10 @@ async fn a_pending_prompt_is_deleted_and_a_running_one_stopped_on_0_3_75() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_running_prompt_is_stopped_by_interrupt_on_the_early_release() {
-    // RECL-26: no job cancel route (404/405), so /interrupt; RECL-28 history check.
+async fn a_running_prompt_is_left_running_on_the_early_release() {
+    // RECL-26 (issue 14 item 10): no job cancel route, and this release's
+    // /interrupt stops whatever runs, so nothing is sent: the prompt is left
+    // running with the reason, and runs to its end.
     let comfy = ComfyUi::start(ComfyFlavor::Hordelib2_8_1).unwrap();
     let a = adapter(&comfy);
     let reclaimer = a.reclaimer().unwrap();
@@ -281,10 +283,26 @@ async fn a_running_prompt_is_stopped_by_interrupt_on_the_early_release() {
     let out = reclaimer
         .cancel(&[item(1, &id)], std::time::Instant::now())
         .await;
-    assert_eq!(out, [CancelOutcome::Stopped(EntryId::from_u128(1))]);
-    assert_eq!(queue(&comfy).await, (vec![], vec![]));
-    let h = history(&comfy, &id).await;
-    assert_eq!(h[&id]["status"]["status_str"], "error", "{h}");
+    let [CancelOutcome::LeftRunning { entry, reason }] = out.as_slice() else {
+        panic!("not left running: {out:?}");
+    };
+    assert_eq!(*entry, EntryId::from_u128(1));
+    assert!(reason.contains("reports no version"), "{reason}");
+    assert_eq!(
+        queue(&comfy).await.0,
+        std::slice::from_ref(&id),
+        "still running"
+    );
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let h = history(&comfy, &id).await;
+        if let Some(status) = h[&id]["status"]["status_str"].as_str() {
+            assert_eq!(status, "success", "{h}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "never finished: {h}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -496,3 +496,188 @@ async fn a_borrower_views_its_prompts_output_files_and_nothing_else() {
         );
     }
 }
+
+/// The SHA-256 of a file, hex, as the client script reports a body's.
+fn sha256_hex(path: &Path) -> String {
+    use sha2::Digest;
+    let digest = sha2::Sha256::digest(std::fs::read(path).unwrap());
+    digest.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn comfyuis_own_websocket_client_runs_end_to_end_through_vacancyd() {
+    // Issue 14 item 5 (with items 6 and 7) on ComfyUI 0.3.75: the flow of
+    // ComfyUI's script_examples/websockets_api_example.py with websocket-client,
+    // which sends Origin: http://<vacancyd's listener>. vacancyd rewrites it to
+    // the target's as it does Host; ComfyUI answered 403 to the /ws handshake
+    // before. A foreign origin is forwarded as it came (ComfyUI still refuses it).
+    let comfy = ComfyUi::start(ComfyFlavor::V0_3_75).unwrap();
+    let d = start(&comfy);
+    observed(&d).await;
+    let server = d.proxy.trim_start_matches("http://").to_owned();
+    let asked = uuid::Uuid::new_v4().to_string();
+    let workflow = slow_workflow(0x80_90a0);
+    let report = {
+        let (server, asked) = (server.clone(), asked.clone());
+        tokio::task::spawn_blocking(move || {
+            vacancy_test_support::comfy_ws_client(&server, &workflow, &asked)
+        })
+        .await
+        .unwrap()
+        .unwrap()
+    };
+    assert!(report.get("error").is_none(), "{report:#}");
+    assert_eq!(report["ws_opened"], true, "{report:#}");
+    let id = report["prompt_id"].as_str().unwrap().to_owned();
+    assert_ne!(
+        id, asked,
+        "COMFY-05: the client's own prompt_id is replaced"
+    );
+    let events: Vec<&str> = report["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    for want in ["execution_start", "executing", "executed"] {
+        assert!(events.contains(&want), "no {want} for {id}: {events:?}");
+    }
+    assert_eq!(report["status_str"], "success", "{report:#}");
+    let images = report["images"].as_array().unwrap();
+    assert!(!images.is_empty(), "{report:#}");
+    for image in images {
+        assert_eq!(image["status"], 200, "GET /view: {image}");
+        let file = comfy
+            .output_dir()
+            .join(image["subfolder"].as_str().unwrap())
+            .join(image["filename"].as_str().unwrap());
+        assert_eq!(image["sha256"], sha256_hex(&file).as_str(), "{image}");
+    }
+    // Item 7: the client's own ID is answered with the one to use.
+    assert_eq!(report["asked_history"]["status"], 403, "{report:#}");
+    let body: Value =
+        serde_json::from_str(report["asked_history"]["body"].as_str().unwrap()).unwrap();
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains(&asked) && message.contains(&format!("GET /history/{id}")),
+        "{message}"
+    );
+    assert_eq!(
+        report["foreign_origin_ws"], 403,
+        "another site's Origin is not rewritten: {report:#}"
+    );
+    released(&d, Duration::from_secs(30)).await;
+    let log = comfy.process().log();
+    assert!(
+        !log.contains(&format!("http://{server} != ")) && !log.contains(&format!("!= {server}")),
+        "ComfyUI refused vacancyd's own origin: {log}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_borrowers_output_is_viewable_the_moment_its_history_lists_it() {
+    // Issue 14 item 6 on ComfyUI 0.3.75: GET /view of a file that the
+    // borrowed prompt's history already lists, before the tracker's next
+    // history read (every 5 s), reads that history instead of refusing.
+    let comfy = ComfyUi::start(ComfyFlavor::V0_3_75).unwrap();
+    let d = start(&comfy);
+    observed(&d).await;
+    for attempt in 0..3u32 {
+        let (status, reply, text) = post_json(
+            &format!("{}/prompt", d.proxy),
+            &prompt_request(slow_workflow(0x90_a0b0 + attempt), None),
+        )
+        .await;
+        assert_eq!(status, 200, "{text}");
+        let id = reply["prompt_id"].as_str().unwrap().to_owned();
+        // Watch ComfyUI itself for the history entry.
+        let deadline = Instant::now() + Duration::from_secs(90);
+        let entry = loop {
+            let (_, h) = get_json(&format!("{}/history/{id}", comfy.base_url())).await;
+            if h[&id]["status"]["completed"] == true {
+                break h[&id].clone();
+            }
+            assert!(Instant::now() < deadline, "the prompt never finished: {h}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        let (filename, subfolder, kind) = first_output(&entry);
+        let tracked_still = d.status().await["work"]
+            .as_array()
+            .is_some_and(|w| !w.is_empty());
+        let url = format!("{}{}", d.proxy, view_path(&filename, &subfolder, &kind));
+        let r = http_request("GET", &url, &[], Vec::new()).await.unwrap();
+        if !tracked_still {
+            // The tracker read the history first; that proves nothing here.
+            assert_eq!(r.status, 200, "{url}: {}", r.text());
+            released(&d, Duration::from_secs(10)).await;
+            continue;
+        }
+        assert_eq!(r.status, 200, "{url}: {}", r.text());
+        let on_disk = std::fs::read(comfy.output_dir().join(&subfolder).join(&filename)).unwrap();
+        assert_eq!(r.body.as_ref(), on_disk.as_slice());
+        // The owner's files stay refused after such a read.
+        let r = http_request(
+            "GET",
+            &format!("{}{}", d.proxy, view_path("not-listed.png", "", "output")),
+            &[],
+            Vec::new(),
+        )
+        .await
+        .unwrap();
+        assert_eq!(r.status, 403, "{}", r.text());
+        released(&d, Duration::from_secs(10)).await;
+        return;
+    }
+    panic!("the tracker read the history before the borrower three times running");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_borrower_asking_under_its_replaced_prompt_id_is_told_the_id_to_use() {
+    // Issue 14 item 7 (COMFY-05 kept) on ComfyUI 0.3.75: GET /history/<the
+    // ID the borrower set> names the ID vacancyd queued the prompt under.
+    let comfy = ComfyUi::start(ComfyFlavor::V0_3_75).unwrap();
+    let d = start(&comfy);
+    observed(&d).await;
+    let asked = "my-own-prompt-id";
+    let (status, reply, text) = post_json(
+        &format!("{}/prompt", d.proxy),
+        &prompt_request(simple_workflow(0xa0_b0c0), Some(asked)),
+    )
+    .await;
+    assert_eq!(status, 200, "{text}");
+    let id = reply["prompt_id"].as_str().unwrap().to_owned();
+    assert_ne!(id, asked);
+    for path in [
+        format!("/history/{asked}"),
+        format!("/api/history/{asked}"),
+        format!("/api/jobs/{asked}"),
+    ] {
+        let r = http_request("GET", &format!("{}{path}", d.proxy), &[], Vec::new())
+            .await
+            .unwrap();
+        assert_eq!(r.status, 403, "{path}: {}", r.text());
+        let body = r.json().unwrap();
+        assert_eq!(body["error"]["type"], "route_forbidden", "{path}");
+        let message = body["error"]["message"].as_str().unwrap();
+        assert!(message.contains(asked), "{path}: {message}");
+        assert!(
+            message.contains(&format!("GET /history/{id}")),
+            "{path}: {message}"
+        );
+    }
+    released(&d, Duration::from_secs(30)).await;
+    let (status, history) = get_json(&format!("{}/history/{id}", d.proxy)).await;
+    assert_eq!(status, 200);
+    assert!(history.get(&id).is_some(), "{history}");
+    // Another ID nobody set is refused as before.
+    let r = http_request(
+        "GET",
+        &format!("{}/history/nobody-set-this", d.proxy),
+        &[],
+        Vec::new(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status, 403);
+    assert!(!r.text().contains(&id), "{}", r.text());
+}

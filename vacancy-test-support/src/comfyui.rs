@@ -569,6 +569,57 @@ pub fn invalid_workflow() -> Value {
     })
 }
 
+/// The venv of [`comfy_ws_client`]: `websocket-client`, the library ComfyUI's
+/// own `script_examples/websockets_api_example.py` uses.
+pub const COMFY_CLIENT_VENV: &str = "comfyui-ws-client";
+
+/// What [`COMFY_CLIENT_VENV`] holds (about 60 kB, seconds to install).
+pub const COMFY_CLIENT_PACKAGES: &[&str] = &["websocket-client==1.8.0"];
+
+/// The client script, by path relative to the crate root.
+const WS_CLIENT: &str = "scripts/comfy_ws_client.py";
+
+/// Runs ComfyUI's own client flow against `server` (`host:port`, a ComfyUI
+/// or a proxy in front of one), as `websockets_api_example.py` does it with
+/// `websocket-client`: open `/ws?clientId=...` (sending `Origin:
+/// http://<server>`, as that library and browsers do), `POST /prompt` of
+/// `workflow` with the client's own `prompt_id` `asked`, wait for the
+/// `executing` message with `node: null` under the ID the reply reports, then
+/// `GET /history/{id}` and `GET /view` of each output image. Blocks; installs
+/// [`COMFY_CLIENT_VENV`] on first use.
+///
+/// Returns the script's JSON report: `prompt_id`, `events` (message types for
+/// the prompt), `status_str`, `images` (each `filename`, `subfolder`, `type`,
+/// `status`, `sha256` of the body), `asked_history` (`status` and `body` of
+/// `GET /history/<asked>`) and `foreign_origin_ws` (the handshake status with
+/// `Origin: http://elsewhere.example`); on a failed step, `error` says which.
+pub fn comfy_ws_client(server: &str, workflow: &Value, asked: &str) -> Result<Value, SupportError> {
+    let venv = PythonVenv::ensure(COMFY_CLIENT_VENV, COMFY_CLIENT_PACKAGES)?;
+    let dir =
+        tempfile::tempdir().map_err(|e| SupportError::io("create a temporary directory", e))?;
+    let request = dir.path().join("request.json");
+    std::fs::write(
+        &request,
+        json!({"workflow": workflow, "asked": asked}).to_string(),
+    )
+    .map_err(|e| SupportError::io(format!("write {}", request.display()), e))?;
+    let mut cmd = Command::new(PythonVenv::python(&venv));
+    cmd.arg(script(WS_CLIENT)).arg(server).arg(&request);
+    let out = cmd
+        .output()
+        .map_err(|e| SupportError::io(format!("run {}", WS_CLIENT), e))?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let report = stdout
+        .lines()
+        .rev()
+        .find_map(|l| serde_json::from_str::<Value>(l).ok());
+    report.ok_or_else(|| SupportError::Command {
+        what: format!("{WS_CLIENT} {server}"),
+        status: out.status.to_string(),
+        tail: format!("{stdout}{}", String::from_utf8_lossy(&out.stderr)),
+    })
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {

@@ -23,7 +23,9 @@
 //!   `meta`, `extra_data.create_time`, message timestamps and an
 //!   `execution_success` message), `POST /queue`, `/history`, `/free` and
 //!   `/interrupt` (200 with an empty body; with `prompt_id`, 0.3.75 only
-//!   interrupts that prompt if it runs, the early build always interrupts),
+//!   interrupts that prompt if it runs, the early build always interrupts;
+//!   ComfyUI's history puts the change in 0.3.57, commit 464ba1d6, so
+//!   releases before 0.3.57 interrupt whatever runs here too),
 //!   the `/api/*` mirror routes (0.3.75 only), and 404 with an empty body for
 //!   `/api/jobs/<id>` on both. Copies of the replies used live in
 //!   `vacancy-adapters/tests/fixtures/comfyui/`.
@@ -1089,7 +1091,9 @@ fn post_control(shared: &Shared, path: &str, body: &[u8]) -> Response<RespBody> 
                 .and_then(|v| v.get("prompt_id"))
                 .and_then(Value::as_str)
                 .map(str::to_owned);
-            let targeted = st.recorded_style();
+            // ComfyUI 0.3.57 is the first whose /interrupt honours a prompt_id
+            // (commit 464ba1d6, PR #9607); before it, it stops whatever runs.
+            let targeted = st.at_least((0, 3, 57));
             if let Some(run) = st.running.as_mut() {
                 match target {
                     Some(id) if targeted => {

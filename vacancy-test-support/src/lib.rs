@@ -21,6 +21,8 @@
 //!   that vendor it), with workflows that need no model weights (see [`comfyui`]).
 //!   Its first install is big: both flavors share one venv of about 6 GB
 //!   (3.3 GB downloaded, printed before it starts; minutes).
+//!   [`comfy_ws_client`] runs ComfyUI's own WebSocket client flow
+//!   (`websocket-client`, as its `script_examples` do) against one.
 //! - [`ComfyEmulator`]: an in-process emulated ComfyUI of a chosen release
 //!   (see [`comfyui_emulator`]), for `/api/jobs/<id>` (0.6.0+), the per-job
 //!   cancel (0.26.0+) and faults: huge queues, slow, silent or cut replies.
@@ -81,8 +83,9 @@ use std::path::PathBuf;
 
 pub use browser::{BROWSER_DEBIAN_PACKAGES, BROWSER_PACKAGES, BROWSER_VENV, Browser};
 pub use comfyui::{
-    COMFY_LOCK, COMFY_VENV, ComfyFlavor, ComfyInstall, ComfyUi, DownloadPlan, invalid_workflow,
-    prompt_request, simple_workflow, slow_workflow,
+    COMFY_CLIENT_PACKAGES, COMFY_CLIENT_VENV, COMFY_LOCK, COMFY_VENV, ComfyFlavor, ComfyInstall,
+    ComfyUi, DownloadPlan, comfy_ws_client, invalid_workflow, prompt_request, simple_workflow,
+    slow_workflow,
 };
 pub use comfyui_emulator::{
     ComfyEmulator, ComfyEmulatorOptions, ComfyFaults, ComfyRequest, QueuePadding, Silence, Trickle,

@@ -20,6 +20,11 @@ pub trait PromptReads: Send + Sync {
     async fn history(&self, prompt_id: &str) -> Result<History, String>;
     /// The release `/system_stats` reports (COMFY-37).
     async fn version(&self) -> Result<ReportedVersion, String>;
+    /// The release last read (by observation or [`version`](Self::version)),
+    /// without asking again; `None` if none was read yet.
+    fn known_version(&self) -> Option<ReportedVersion> {
+        None
+    }
 }
 
 /// What a submission decides: released at once, or followed under an ID.

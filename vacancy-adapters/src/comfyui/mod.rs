@@ -28,9 +28,9 @@ use serde_json::{Value, json};
 use vacancy::engine::{ModelObservation, Refusal, RequestReuse, VisibleWork};
 use vacancy::traits::routes::RouteOverlap;
 use vacancy::traits::{
-    Adapter, InspectContext, InspectError, Inspection, ObserveError, Reclaimer, RenderedRefusal,
-    RouteClass, RouteMethod, RouteSpec, RouteTable, Submission, TrackedEnd, TrackedWork, Tracker,
-    TrackingEvents, WorkRoute,
+    Adapter, InspectContext, InspectError, Inspection, ObserveError, Reclaimer, Reconsidered,
+    RenderedRefusal, RouteClass, RouteMethod, RouteSpec, RouteTable, Submission, TrackedEnd,
+    TrackedWork, Tracker, TrackingEvents, WorkRoute,
 };
 
 use crate::common::{AdapterSettings, ObservationClient, request_path};
@@ -57,7 +57,11 @@ const SUBMIT: RouteClass = RouteClass::Work(WorkRoute {
 ///   `GET /history/{id}` and `/api/history/{id}` for a prompt admitted
 ///   through vacancy; `GET /view` and `/api/view` only for a file listed in
 ///   the outputs of such a prompt. Anything else on these paths is the
-///   owner's: 403 unless `management = "allow"`.
+///   owner's: 403 unless `management = "allow"`. Before that 403,
+///   `reconsider_refusal` reads the history of tracked prompts that list no
+///   outputs yet for a `/view` (their output may be a moment old), and
+///   answers a request under a `prompt_id` a borrower set, which vacancy
+///   replaced, with a refusal naming the ID to use.
 /// - Discovery, also while lending is refused (ROUTE-12): `GET /object_info`
 ///   (and `/object_info/{class}`), `/system_stats`, `/embeddings`,
 ///   `/extensions`, `/features`, each also under `/api`, and the progress
@@ -140,11 +144,15 @@ pub struct OutputFile {
     pub kind: String,
 }
 
-/// Prompts admitted through vacancy: whose history and files borrowers may read.
+/// Prompts admitted through vacancy: whose history and files borrowers may
+/// read, and the `prompt_id`s their borrowers asked for.
 #[derive(Debug, Default)]
 struct Borrowed {
     order: VecDeque<String>,
     outputs: HashMap<String, Vec<OutputFile>>,
+    /// A `prompt_id` a borrower set, which vacancy replaced (COMFY-05) → the
+    /// ID its prompt is queued under. Forgotten with that prompt.
+    requested: HashMap<String, String>,
 }
 
 impl Borrowed {
@@ -156,11 +164,38 @@ impl Borrowed {
             && let Some(old) = self.order.pop_front()
         {
             self.outputs.remove(&old);
+            self.requested.retain(|_, queued| *queued != old);
         }
         self.order.push_back(prompt_id.to_owned());
         self.outputs.insert(prompt_id.to_owned(), Vec::new());
     }
+
+    /// Remember that the borrower of `prompt_id` asked for `asked`.
+    fn remember_requested(&mut self, asked: &str, prompt_id: &str) {
+        if asked != prompt_id && self.outputs.contains_key(prompt_id) {
+            self.requested
+                .insert(asked.to_owned(), prompt_id.to_owned());
+        }
+    }
+
+    /// The prompt once known as `from` is queued as `to` (REC-04).
+    fn moved(&mut self, from: &str, to: &str) {
+        for queued in self.requested.values_mut() {
+            if queued == from {
+                *queued = to.to_owned();
+            }
+        }
+    }
 }
+
+/// How many tracked prompts a borrower's `/view` of a file vacancy has not
+/// seen listed may read the history of (the most recently followed first).
+pub const VIEW_HISTORY_READS: usize = 16;
+
+/// How long such a `/view` waits for those reads (its turn included) before
+/// its refusal stands: a hung ComfyUI never holds a borrower's request for
+/// the reads' own limits.
+pub const VIEW_REFRESH_WITHIN: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// The adapter for ComfyUI (name `comfyui`).
 ///
@@ -197,6 +232,10 @@ struct Shared {
     /// For delete, stop and unload requests, which may take 2 minutes (RECL-27).
     control: ObservationClient,
     borrowed: Mutex<Borrowed>,
+    /// The IDs the trackings under way follow, oldest first.
+    following: Mutex<Vec<String>>,
+    /// One history refresh for a borrower's `/view` at a time.
+    view_refresh: tokio::sync::Mutex<()>,
     version: Mutex<Option<ReportedVersion>>,
     times: TrackingTimes,
     limits: ReadLimits,
@@ -209,6 +248,39 @@ struct Shared {
 impl Shared {
     fn remember(&self, prompt_id: &str) {
         lock(&self.borrowed).remember(prompt_id);
+    }
+
+    /// Read `prompt_id`'s history within the read limits (COMFY-31..34),
+    /// recording its output files for borrowers' `/view`.
+    async fn read_history(&self, prompt_id: &str) -> Result<History, String> {
+        let path = format!("/history/{}", path_segment(prompt_id));
+        let lookup = stream::get_scanned(
+            &self.observer,
+            &path,
+            &self.limits,
+            stream::HistoryScan::new(prompt_id),
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+        if let stream::HistoryLookup::Found {
+            outputs,
+            outputs_dropped,
+            ..
+        } = &lookup
+        {
+            if *outputs_dropped > 0 {
+                tracing::warn!(
+                    prompt_id,
+                    kept = outputs.len(),
+                    dropped = outputs_dropped,
+                    "ComfyUI's history lists more output files, or longer names, than vacancy keeps: borrowers cannot view the rest"
+                );
+            }
+            // The borrower may now `GET /view` these files (only for a
+            // prompt vacancy admitted: `record_outputs` ignores others).
+            self.record_outputs(prompt_id, outputs.clone());
+        }
+        Ok(history_of(&lookup))
     }
 
     /// Replaces the output files of `prompt_id` if it was admitted through
@@ -255,6 +327,8 @@ impl ComfyUiAdapter {
                         .with_observe_timeout(ReclaimTimes::default().request),
                 ),
                 borrowed: Mutex::new(Borrowed::default()),
+                following: Mutex::new(Vec::new()),
+                view_refresh: tokio::sync::Mutex::new(()),
                 version: Mutex::new(None),
                 times: TrackingTimes::default(),
                 limits: ReadLimits::default(),
@@ -378,6 +452,7 @@ impl ComfyUiAdapter {
         self.shared.read_version().await
     }
 
+    /// Whether `path` is a `/view` of a file a borrowed prompt's history lists.
     fn view_allowed(&self, path: &str) -> bool {
         let Some(query) = path.split_once('?').map(|(_, q)| q) else {
             return false;
@@ -407,6 +482,73 @@ impl ComfyUiAdapter {
                 .outputs
                 .values()
                 .any(|files| files.contains(&file))
+    }
+
+    /// A `/view` refused because no history vacancy read lists the file:
+    /// the borrower may be asking for an output of its own prompt the
+    /// moment it finished, before its tracker's next read (every 5 s). Read
+    /// the history of the prompts being tracked that have listed no outputs
+    /// yet (at most [`VIEW_HISTORY_READS`], each within the tracker's read
+    /// limits, all within [`VIEW_REFRESH_WITHIN`]), one refresh at a time,
+    /// then decide again.
+    async fn view_after_refresh(&self, path: &str) -> bool {
+        match tokio::time::timeout(VIEW_REFRESH_WITHIN, self.refresh_for_view(path)).await {
+            Ok(found) => found,
+            Err(_) => {
+                tracing::debug!(
+                    "the history reads for a borrower's /view did not end within {} s; refused",
+                    VIEW_REFRESH_WITHIN.as_secs()
+                );
+                self.view_allowed(path)
+            }
+        }
+    }
+
+    async fn refresh_for_view(&self, path: &str) -> bool {
+        let _turn = self.shared.view_refresh.lock().await;
+        if self.view_allowed(path) {
+            // Another request's refresh found it meanwhile.
+            return true;
+        }
+        let unlisted: Vec<String> = {
+            let following = lock(&self.shared.following);
+            let borrowed = lock(&self.shared.borrowed);
+            following
+                .iter()
+                .rev()
+                .filter(|id| borrowed.outputs.get(*id).is_some_and(Vec::is_empty))
+                .take(VIEW_HISTORY_READS)
+                .cloned()
+                .collect()
+        };
+        for id in &unlisted {
+            if let Err(e) = self.shared.read_history(id).await {
+                tracing::debug!(prompt_id = %id, error = %e, "history read for a borrower's /view failed");
+            }
+            if self.view_allowed(path) {
+                return true;
+            }
+        }
+        false
+    }
+
+    /// The refusal for a request naming a `prompt_id` a borrower set, which
+    /// vacancy replaced (COMFY-05): `/history/<id>` and `/jobs/<id>...`
+    /// (also under `/api`). It names the ID the prompt is queued under.
+    fn replaced_id_refusal(&self, path: &str) -> Option<Refusal> {
+        let plain = request_path(path);
+        let plain = plain.strip_prefix("/api").unwrap_or(plain);
+        let rest = plain
+            .strip_prefix("/history/")
+            .or_else(|| plain.strip_prefix("/jobs/"))?;
+        let asked = percent_decode(rest.split('/').next().unwrap_or(rest))?;
+        let queued = lock(&self.shared.borrowed).requested.get(&asked).cloned()?;
+        Some(Refusal::new(
+            vacancy::RefusalCode::RouteForbidden,
+            format!(
+                "no prompt is queued as {asked:?}: vacancyd replaces the prompt_id a borrower sets in POST /prompt with an ID of its own, which the reply reports as prompt_id; the prompt you submitted as {asked:?} is queued as {queued:?}: ask GET /history/{queued} and follow the /ws messages for {queued:?}"
+            ),
+        ))
     }
 }
 
@@ -453,6 +595,18 @@ impl Adapter for ComfyUiAdapter {
         &self.routes
     }
 
+    async fn reconsider_refusal(&self, method: &http::Method, path: &str) -> Reconsidered {
+        if let Some(refusal) = self.replaced_id_refusal(path) {
+            return Reconsidered::Refuse(refusal);
+        }
+        let read = method == http::Method::GET || method == http::Method::HEAD;
+        let plain = request_path(path);
+        if read && matches!(plain, "/view" | "/api/view") && self.view_after_refresh(path).await {
+            return Reconsidered::Forward;
+        }
+        Reconsidered::Stands
+    }
+
     fn classify(&self, method: &http::Method, path: &str) -> RouteClass {
         let class = self.routes.classify(method, path);
         if class != RouteClass::BorrowerRead {
@@ -485,12 +639,18 @@ impl Adapter for ComfyUiAdapter {
                 "{why}; POST a JSON object such as {{\"prompt\": {{...}}}} (ComfyUI could never queue this)"
             ),
         })?;
-        self.remember(&assigned);
+        {
+            let mut borrowed = lock(&self.shared.borrowed);
+            borrowed.remember(&assigned);
+            if let Some(asked) = &rewritten.requested {
+                borrowed.remember_requested(asked, &assigned);
+            }
+        }
         Ok(Inspection {
             model: None,
             canonical_model: None,
             reuse: RequestReuse::Cannot("ComfyUI work is charged as a load (RES-18)".to_owned()),
-            rewritten_body: Some(rewritten),
+            rewritten_body: Some(rewritten.body),
             upstream_ref: Some(assigned),
         })
     }
@@ -564,20 +724,40 @@ pub const DEFAULT_JOBS_PATH: &str = "/api/jobs/{id}";
 #[derive(Debug)]
 struct ComfyTracker(Arc<Shared>);
 
-/// Events that also remember ComfyUI's own ID for borrower reads (REC-04).
+/// Events that also remember ComfyUI's own ID for borrower reads (REC-04),
+/// and which ID the tracking follows (for a borrower's `/view`) until it ends.
 struct Remembering<'a> {
     inner: &'a dyn TrackingEvents,
     shared: &'a Shared,
+    assigned: &'a str,
+    followed: Mutex<Option<String>>,
 }
 
 #[async_trait]
 impl TrackingEvents for Remembering<'_> {
     async fn upstream_ref(&self, upstream_ref: &str) {
-        self.shared.remember(upstream_ref);
+        {
+            let mut borrowed = lock(&self.shared.borrowed);
+            borrowed.remember(upstream_ref);
+            borrowed.moved(self.assigned, upstream_ref);
+        }
         self.inner.upstream_ref(upstream_ref).await;
     }
     async fn following(&self, upstream_ref: &str) {
+        lock(&self.shared.following).push(upstream_ref.to_owned());
+        *lock(&self.followed) = Some(upstream_ref.to_owned());
         self.inner.following(upstream_ref).await;
+    }
+}
+
+impl Drop for Remembering<'_> {
+    fn drop(&mut self) {
+        if let Some(id) = lock(&self.followed).take() {
+            let mut following = lock(&self.shared.following);
+            if let Some(at) = following.iter().position(|f| *f == id) {
+                following.remove(at);
+            }
+        }
     }
 }
 
@@ -593,6 +773,8 @@ impl Tracker for ComfyTracker {
         let events = Remembering {
             inner: events,
             shared,
+            assigned: &work.assigned_ref,
+            followed: Mutex::new(None),
         };
         follow::track(
             &work.assigned_ref,
@@ -659,39 +841,15 @@ impl PromptReads for ComfyTracker {
     }
 
     async fn history(&self, prompt_id: &str) -> Result<History, String> {
-        let shared = &*self.0;
-        let path = format!("/history/{}", path_segment(prompt_id));
-        let lookup = stream::get_scanned(
-            &shared.observer,
-            &path,
-            &shared.limits,
-            stream::HistoryScan::new(prompt_id),
-        )
-        .await
-        .map_err(|e| e.to_string())?;
-        if let stream::HistoryLookup::Found {
-            outputs,
-            outputs_dropped,
-            ..
-        } = &lookup
-        {
-            if *outputs_dropped > 0 {
-                tracing::warn!(
-                    prompt_id,
-                    kept = outputs.len(),
-                    dropped = outputs_dropped,
-                    "ComfyUI's history lists more output files, or longer names, than vacancy keeps: borrowers cannot view the rest"
-                );
-            }
-            // The borrower may now `GET /view` these files (only for a
-            // prompt vacancy admitted: `record_outputs` ignores others).
-            shared.record_outputs(prompt_id, outputs.clone());
-        }
-        Ok(history_of(&lookup))
+        self.0.read_history(prompt_id).await
     }
 
     async fn version(&self) -> Result<ReportedVersion, String> {
         self.0.read_version().await
+    }
+
+    fn known_version(&self) -> Option<ReportedVersion> {
+        *lock(&self.0.version)
     }
 }
 

@@ -13,6 +13,7 @@ use vacancy::traits::{CancelItem, CancelOutcome, ForeignWork, ReclaimError, Recl
 use super::follow::PromptReads;
 use super::stream::{self, ListPrompts, QueueScan, ReadLimits};
 use super::tracker::History;
+use super::version::ComfyVersion;
 use crate::common::{FetchError, ObservationClient};
 
 /// The clocks and bounds of a reclaim at ComfyUI.
@@ -41,7 +42,8 @@ impl Default for ReclaimTimes {
 
 /// Where ComfyUI 0.26.0 and later cancel one job (RECL-26); `{id}` is the
 /// prompt ID. An older release answers 404 or 405 there, and the stop falls
-/// back to `POST /interrupt {"prompt_id"}`.
+/// back to `POST /interrupt {"prompt_id"}` from 0.3.57 on; before 0.3.57
+/// `/interrupt` ignores its body, so nothing is sent.
 pub const DEFAULT_JOB_CANCEL_PATH: &str = "/api/jobs/{id}/cancel";
 
 /// ComfyUI's [`Reclaimer`].
@@ -53,8 +55,12 @@ pub const DEFAULT_JOB_CANCEL_PATH: &str = "/api/jobs/{id}/cancel";
 ///   naming only borrowed IDs (RECL-19); reads the queue again and stops a
 ///   prompt only if it is running there: the job cancel first, then
 ///   `POST /interrupt {"prompt_id"}` only when the job cancel route answers
-///   404 or 405 (RECL-26); then checks the stopped prompt's history for up
-///   to 10 s (RECL-28). A prompt the first queue read showed and the
+///   404 or 405 and `/system_stats` reports 0.3.57 or later (RECL-26); then
+///   checks the stopped prompt's history for up to 10 s (RECL-28). On an
+///   older release, one reporting no version, or one whose version cannot
+///   be read, `/interrupt` would stop whatever runs, in the moment after the
+///   borrowed prompt ends the owner's next one: the prompt is
+///   `LeftRunning`, its reservation stays and its tracker releases it. A prompt the first queue read showed and the
 ///   delete removed, or whose history shows its end, is `Stopped` (RECL-17,
 ///   RECL-18, RECL-25); a prompt that is neither is `Requested` and its
 ///   tracker releases it (RECL-29); a failed request is `Failed` and the
@@ -109,13 +115,14 @@ impl<R: PromptReads> ComfyReclaimer<R> {
         .map_err(|e| e.to_string())
     }
 
-    /// Stop one running prompt: job cancel, else interrupt (RECL-26).
-    async fn stop(&self, id: &str) -> Result<(), String> {
+    /// Stop one running prompt: job cancel, else a targeted interrupt where
+    /// the release honours it (RECL-26).
+    async fn stop(&self, id: &str) -> Result<Stop, String> {
         let path = self
             .job_cancel_path
             .replace("{id}", &super::path_segment(id));
         match self.client.post_for_status(&path, &json!({})).await {
-            Ok(_) => return Ok(()),
+            Ok(_) => return Ok(Stop::Requested),
             Err(e)
                 if matches!(
                     e.status(),
@@ -123,10 +130,29 @@ impl<R: PromptReads> ComfyReclaimer<R> {
                 ) => {}
             Err(e) => return Err(e.to_string()),
         }
+        let first = ComfyVersion::TARGETS_INTERRUPT;
+        // The release observation last read (every poll), else read it now.
+        let version = match self.reads.known_version() {
+            Some(v) => Ok(v),
+            None => self.reads.version().await,
+        };
+        match version {
+            Ok(v) if v.targets_interrupt() => {}
+            Ok(v) => {
+                return Ok(Stop::Unsafe(format!(
+                    "{v} has no job cancel and its /interrupt ignores the prompt ID (honoured from {first} on): it would stop whatever runs, the owner's next prompt once this one ends; the prompt runs to its end"
+                )));
+            }
+            Err(e) => {
+                return Ok(Stop::Unsafe(format!(
+                    "the ComfyUI release could not be read ({e}), so an /interrupt might stop the owner's prompt instead (it honours the prompt ID from {first} on); the prompt runs to its end"
+                )));
+            }
+        }
         self.client
             .post_for_status("/interrupt", &json!({ "prompt_id": id }))
             .await
-            .map(|_| ())
+            .map(|_| Stop::Requested)
             .map_err(|e| e.to_string())
     }
 
@@ -143,6 +169,15 @@ impl<R: PromptReads> ComfyReclaimer<R> {
             tokio::time::sleep(self.times.history_every).await;
         }
     }
+}
+
+/// What [`ComfyReclaimer::stop`] did.
+#[derive(Debug)]
+enum Stop {
+    /// A stop naming only this prompt was sent.
+    Requested,
+    /// None could be sent without risking the owner's work; why.
+    Unsafe(String),
 }
 
 fn fetch_reason(e: &FetchError) -> String {
@@ -213,7 +248,12 @@ impl<R: PromptReads + std::fmt::Debug> Reclaimer for ComfyReclaimer<R> {
         for (item, id) in ours {
             let outcome = if running.contains(id.as_str()) {
                 match self.stop(&id).await {
-                    Ok(()) => {
+                    // The caller logs it with the reason (RECL-26).
+                    Ok(Stop::Unsafe(reason)) => CancelOutcome::LeftRunning {
+                        entry: item.entry,
+                        reason,
+                    },
+                    Ok(Stop::Requested) => {
                         info!(entry = %item.entry, "stop requested for a running borrowed prompt");
                         if self.ended_within_window(&id).await {
                             CancelOutcome::Stopped(item.entry)

@@ -4,7 +4,18 @@
 
 use serde_json::{Map, Value};
 
-/// The submission body with `prompt_id` set to `assigned`.
+/// A submission as vacancy forwards it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rewritten {
+    /// The body with vacancy's `prompt_id`.
+    pub body: Vec<u8>,
+    /// The `prompt_id` the borrower set, as ComfyUI would have read it (the
+    /// last one, a string or a number's text), now replaced; `None` if it set none.
+    pub requested: Option<String>,
+}
+
+/// The submission body with `prompt_id` set to `assigned`, and the one the
+/// borrower asked for.
 ///
 /// # Behavior
 ///
@@ -15,16 +26,21 @@ use serde_json::{Map, Value};
 /// it came: the original bytes are kept, and `prompt_id` is removed from
 /// them by byte range and appended at the end (COMFY-04), so numbers,
 /// escapes, key order and whitespace of the workflow are untouched.
-pub fn with_prompt_id(body: &[u8], assigned: &str) -> Result<Vec<u8>, String> {
+pub fn with_prompt_id(body: &[u8], assigned: &str) -> Result<Rewritten, String> {
     let text =
         std::str::from_utf8(body).map_err(|e| format!("the submission is not UTF-8 text: {e}"))?;
     let parsed: Value =
         serde_json::from_str(text).map_err(|e| format!("the submission is not JSON: {e}"))?;
-    let Value::Object(_) = &parsed else {
+    let Value::Object(members) = &parsed else {
         return Err(format!(
             "the submission must be a JSON object with a \"prompt\" workflow, not {}",
             kind(&parsed)
         ));
+    };
+    let requested = match members.get("prompt_id") {
+        Some(Value::String(s)) => Some(s.clone()),
+        Some(Value::Number(n)) => Some(n.to_string()),
+        _ => None,
     };
     let id = Value::String(assigned.to_owned()).to_string();
     let members = top_level_members(text)?;
@@ -54,7 +70,10 @@ pub fn with_prompt_id(body: &[u8], assigned: &str) -> Result<Vec<u8>, String> {
     out.push_str("\"prompt_id\":");
     out.push_str(&id);
     out.push_str(&text[last_end..]);
-    Ok(out.into_bytes())
+    Ok(Rewritten {
+        body: out.into_bytes(),
+        requested,
+    })
 }
 
 /// One top-level member of the submission object, by byte offsets.
@@ -278,14 +297,14 @@ mod tests {
     const ID: &str = "0b9f3c1e-5d7a-4c1b-9f00-000000000001";
 
     fn forwarded(body: &str) -> Value {
-        serde_json::from_slice(&with_prompt_id(body.as_bytes(), ID).unwrap()).unwrap()
+        serde_json::from_slice(&with_prompt_id(body.as_bytes(), ID).unwrap().body).unwrap()
     }
 
     #[test]
     fn the_assigned_id_is_appended_and_the_rest_kept_byte_for_byte() {
         // COMFY-03, COMFY-04
         let body = r#"{"prompt": {"1": {"class_type": "EmptyImage", "inputs": {"color": 1.50, "s": "a\u00e9\"}"}}}, "client_id": "c"}"#;
-        let out = String::from_utf8(with_prompt_id(body.as_bytes(), ID).unwrap()).unwrap();
+        let out = String::from_utf8(with_prompt_id(body.as_bytes(), ID).unwrap().body).unwrap();
         assert_eq!(
             out,
             format!(
@@ -309,7 +328,8 @@ mod tests {
         ] {
             let v = forwarded(body);
             assert_eq!(v["prompt_id"], ID, "{body}");
-            let text = String::from_utf8(with_prompt_id(body.as_bytes(), ID).unwrap()).unwrap();
+            let text =
+                String::from_utf8(with_prompt_id(body.as_bytes(), ID).unwrap().body).unwrap();
             assert_eq!(text.matches(ID).count(), 1, "{text}");
             assert!(!text.contains("theirs"), "{text}");
         }
@@ -318,6 +338,27 @@ mod tests {
                 ["prompt_id"],
             "inner stays"
         );
+    }
+
+    #[test]
+    fn the_replaced_prompt_id_is_the_one_comfyui_would_have_used() {
+        // Issue 14 item 7: the borrower's own ID is remembered to point it to vacancy's.
+        let requested = |body: &str| with_prompt_id(body.as_bytes(), ID).unwrap().requested;
+        assert_eq!(
+            requested(r#"{"prompt": {}, "prompt_id": "theirs"}"#).as_deref(),
+            Some("theirs")
+        );
+        assert_eq!(
+            requested(r#"{"prompt_id": 12345}"#).as_deref(),
+            Some("12345")
+        );
+        assert_eq!(
+            requested(r#"{"prompt_id": "a", "prompt_id": "b"}"#).as_deref(),
+            Some("b"),
+            "the last one, as Python's json reads it"
+        );
+        assert_eq!(requested(r#"{"prompt": {"prompt_id": "inner"}}"#), None);
+        assert_eq!(requested(r#"{"prompt_id": null}"#), None);
     }
 
     #[test]

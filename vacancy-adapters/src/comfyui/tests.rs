@@ -325,3 +325,107 @@ async fn the_trackers_history_read_records_a_borrowed_prompts_output_files() {
     );
     server.abort();
 }
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_replaced_prompt_id_is_answered_with_the_id_to_use() {
+    // COMFY-05 with issue 14 item 7: the ID a borrower set is remembered with
+    // its prompt, and a read under it names the ID the prompt is queued as.
+    let a = adapter();
+    let queued = EntryId::from_u128(9).to_string();
+    inspect(&a, 9, r#"{"prompt": {}, "prompt_id": "my own id"}"#).unwrap();
+    for path in [
+        "/history/my%20own%20id",
+        "/api/history/my%20own%20id",
+        "/api/jobs/my%20own%20id",
+        "/api/jobs/my%20own%20id/cancel",
+    ] {
+        let Reconsidered::Refuse(refusal) = a.reconsider_refusal(&Method::GET, path).await else {
+            panic!("{path} is not refused with the ID to use");
+        };
+        assert_eq!(refusal.code, RefusalCode::RouteForbidden, "{path}");
+        assert!(
+            refusal.reason.contains("\"my own id\""),
+            "{}",
+            refusal.reason
+        );
+        assert!(
+            refusal.reason.contains(&format!("GET /history/{queued}")),
+            "{}",
+            refusal.reason
+        );
+    }
+    // Any other refused read stands as it was.
+    assert_eq!(
+        a.reconsider_refusal(&Method::GET, "/history/another-id")
+            .await,
+        Reconsidered::Stands
+    );
+    assert_eq!(
+        a.reconsider_refusal(&Method::GET, "/queue").await,
+        Reconsidered::Stands
+    );
+    // An early release's own ID (REC-04) becomes the one to use.
+    {
+        let mut borrowed = lock(&a.shared.borrowed);
+        borrowed.remember("their-own");
+        borrowed.moved(&queued, "their-own");
+    }
+    let Reconsidered::Refuse(refusal) = a
+        .reconsider_refusal(&Method::GET, "/history/my%20own%20id")
+        .await
+    else {
+        panic!("not refused");
+    };
+    assert!(
+        refusal.reason.contains("GET /history/their-own"),
+        "{}",
+        refusal.reason
+    );
+}
+
+#[test]
+fn a_requested_id_is_forgotten_with_its_prompt() {
+    // Issue 14 item 7: bounded like the prompts it belongs to.
+    let mut b = Borrowed::default();
+    b.remember("first");
+    b.remember_requested("asked-first", "first");
+    b.remember_requested("unknown-prompt", "never-admitted");
+    assert_eq!(b.requested.len(), 1);
+    for n in 0..REMEMBERED_PROMPTS {
+        b.remember(&format!("p{n}"));
+    }
+    assert!(b.requested.is_empty(), "{:?}", b.requested);
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_view_refresh_against_a_silent_comfyui_gives_up_within_its_bound() {
+    // Issue 14 item 6: the history reads a refused /view makes are bounded
+    // as a whole, so a hung ComfyUI never holds the borrower's request for
+    // the reads' own limits (60 s to the first byte each).
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let mut open = Vec::new();
+        while let Ok((socket, _)) = listener.accept().await {
+            open.push(socket); // accepted, never answered
+        }
+    });
+    let a = ComfyUiAdapter::new(AdapterSettings::new(
+        format!("http://{addr}").parse().unwrap(),
+        MonotonicClock::new(),
+    ))
+    .unwrap();
+    inspect(&a, 11, r#"{"prompt": {}}"#).unwrap();
+    lock(&a.shared.following).push(EntryId::from_u128(11).to_string());
+    let started = tokio::time::Instant::now();
+    let answer = a
+        .reconsider_refusal(&Method::GET, "/view?filename=x.png&type=output")
+        .await;
+    assert_eq!(answer, Reconsidered::Stands);
+    let waited = started.elapsed();
+    assert!(
+        waited >= VIEW_REFRESH_WITHIN
+            && waited < VIEW_REFRESH_WITHIN + std::time::Duration::from_secs(1),
+        "{waited:?}"
+    );
+}

@@ -21,6 +21,11 @@ impl ComfyVersion {
     /// The first release that queues a prompt under the client's `prompt_id`
     /// (COMFY-06); earlier ones report an ID of their own.
     pub const KEEPS_CLIENT_ID: ComfyVersion = ComfyVersion::new(0, 3, 45);
+    /// The first release whose `POST /interrupt` honours a `prompt_id`
+    /// (RECL-26): ComfyUI commit 464ba1d6 ("Accept prompt_id in interrupt
+    /// handler", PR #9607, 2025-09-02), first released in 0.3.57; before it
+    /// the handler ignores its body and interrupts whatever runs.
+    pub const TARGETS_INTERRUPT: ComfyVersion = ComfyVersion::new(0, 3, 57);
     /// The first release with `GET /api/jobs/<prompt_id>` (COMFY-21).
     pub const HAS_JOBS_API: ComfyVersion = ComfyVersion::new(0, 6, 0);
     /// The first release that cancels one job by ID (RECL-26).
@@ -100,6 +105,22 @@ impl ReportedVersion {
     pub fn has_job_cancel(self) -> bool {
         matches!(self, ReportedVersion::Known(v) if v >= ComfyVersion::HAS_JOB_CANCEL)
     }
+
+    /// Whether `POST /interrupt {"prompt_id"}` stops only that prompt (RECL-26).
+    pub fn targets_interrupt(self) -> bool {
+        matches!(self, ReportedVersion::Known(v) if v >= ComfyVersion::TARGETS_INTERRUPT)
+    }
+}
+
+impl fmt::Display for ReportedVersion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ReportedVersion::Known(v) => write!(f, "ComfyUI {v}"),
+            ReportedVersion::NotReported => {
+                f.write_str("a ComfyUI release that reports no version")
+            }
+        }
+    }
 }
 
 /// The release in a `/system_stats` answer.
@@ -158,6 +179,11 @@ mod tests {
         assert!(!known("0.3.75").has_jobs_api());
         assert!(known("0.6.0").has_jobs_api());
         assert!(!known("0.6.0").has_job_cancel());
+        // Issue 14 item 10: 0.3.57 is the first whose /interrupt honours prompt_id.
+        assert!(!known("0.3.56").targets_interrupt());
+        assert!(known("0.3.57").targets_interrupt());
+        assert!(known("0.26.0").targets_interrupt());
+        assert!(!ReportedVersion::NotReported.targets_interrupt());
         assert!(known("0.26.0").has_job_cancel());
         assert!(!ReportedVersion::NotReported.keeps_client_id());
         assert!(!ReportedVersion::NotReported.has_jobs_api());

@@ -13,6 +13,7 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
 use crate::proxy::live::{CutSignal, cut_happens};
+use crate::proxy::origin::rewrite_own_origin;
 
 /// Errors a body may carry through the proxy.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -136,7 +137,9 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
 }
 
 /// Build the upstream request from the borrower's: the target's prefix is
-/// prepended, hop-by-hop headers dropped, `Host` set to the target.
+/// prepended, hop-by-hop headers dropped, `Host` set to the target, and an
+/// `Origin` or `Referer` that names the proxy itself set to the target too
+/// ([`rewrite_own_origin`]).
 pub fn upstream_request(
     target: &Target,
     parts: &http::request::Parts,
@@ -149,6 +152,12 @@ pub fn upstream_request(
     let mut headers = parts.headers.clone();
     strip_hop_by_hop(&mut headers);
     headers.remove(header::CONTENT_LENGTH);
+    let borrower_host = parts
+        .headers
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .or_else(|| parts.uri.authority().map(|a| a.as_str()));
+    rewrite_own_origin(&mut headers, borrower_host, target);
     let host = HeaderValue::from_str(&target.authority)
         .map_err(|e| format!("target authority is not a header value: {e}"))?;
     headers.insert(header::HOST, host);
@@ -329,5 +338,20 @@ mod tests {
         assert_eq!(req.uri(), "/p/v1/chat/completions?x=1");
         assert_eq!(req.headers()[header::HOST], "127.0.0.1:8080");
         assert!(!req.headers().contains_key(header::CONTENT_LENGTH));
+    }
+
+    #[test]
+    fn upstream_request_gives_the_proxys_own_origin_the_targets() {
+        // Issue 14 item 5: Origin follows Host where it named the proxy.
+        let t = Target::parse("http://127.0.0.1:8188").unwrap();
+        let (parts, ()) = http::Request::get("/ws?clientId=c")
+            .header(header::HOST, "127.0.0.1:8189")
+            .header(header::ORIGIN, "http://127.0.0.1:8189")
+            .body(())
+            .unwrap()
+            .into_parts();
+        let req = upstream_request(&t, &parts, full("")).unwrap();
+        assert_eq!(req.headers()[header::HOST], "127.0.0.1:8188");
+        assert_eq!(req.headers()[header::ORIGIN], "http://127.0.0.1:8188");
     }
 }

@@ -233,7 +233,7 @@ impl Default for Metrics {
         );
         r.register(
             "vacancyd_cancellations",
-            "Borrowed work cancelled by reclaims, by outcome (closed, stopped, requested, failed)",
+            "Borrowed work cancelled by reclaims, by outcome (closed, stopped, requested, failed, left_running)",
             cancellations.clone(),
         );
         r.register(

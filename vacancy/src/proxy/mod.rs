@@ -19,6 +19,7 @@ pub mod history;
 pub mod lender;
 pub mod live;
 pub mod metrics;
+pub mod origin;
 pub mod pool;
 pub mod pressure;
 pub mod reclaim;

@@ -376,6 +376,9 @@ impl Act {
                 CancelOutcome::Failed { entry, reason } => {
                     warn!(entry = %entry, reclaim = %id, upstream, reason = %reason, "cancelling held work failed; it stays held (RECL-21)");
                 }
+                CancelOutcome::LeftRunning { entry, reason } => {
+                    warn!(entry = %entry, reclaim = %id, upstream, reason = %reason, "held work left running at the upstream; it stays held: release it as an administrator once the upstream has finished it");
+                }
                 CancelOutcome::Requested(entry)
                 | CancelOutcome::ClaimedElsewhere(entry)
                 | CancelOutcome::ByClosingResponse(entry) => {
@@ -481,6 +484,9 @@ fn settle(
             CancelOutcome::Failed { entry, reason } => {
                 warn!(entry = %entry, by, upstream, reason = %reason, "cancellation failed; the reservation stays (RECL-21)");
             }
+            CancelOutcome::LeftRunning { entry, reason } => {
+                warn!(entry = %entry, by, upstream, reason = %reason, "borrowed work left running at the upstream; the reservation stays until completion tracking proves its end (RECL-26)");
+            }
         }
     }
 }
@@ -496,6 +502,8 @@ fn record_cancel(
         CancelOutcome::Stopped(e) => (*e, "stopped", false),
         CancelOutcome::Requested(e) => (*e, "requested", false),
         CancelOutcome::Failed { entry, .. } => (*entry, "failed", true),
+        // RECL-26: not cancelled; it stays held until its end is proven.
+        CancelOutcome::LeftRunning { entry, .. } => (*entry, "left_running", true),
         CancelOutcome::ClaimedElsewhere(_) | CancelOutcome::ByClosingResponse(_) => return,
     };
     lender.metrics().cancelled(upstream, label);

@@ -24,7 +24,9 @@ use crate::proxy::lender::Lender;
 use crate::proxy::live::{CutSignal, cut_happens};
 use crate::proxy::shells::observe_upstream;
 use crate::proxy::tracked::exchange_tracked;
-use crate::traits::{InspectContext, RouteClass, RoutePolicy, WorkRoute, route_policy};
+use crate::traits::{
+    InspectContext, Reconsidered, RouteClass, RoutePolicy, WorkRoute, route_policy,
+};
 
 /// The header the OpenAI and Anthropic SDKs read to decide whether to retry.
 const SHOULD_RETRY: http::HeaderName = http::HeaderName::from_static("x-should-retry");
@@ -72,8 +74,12 @@ async fn answer_request(
     let (lender, route) = (Arc::clone(lender), Arc::clone(route));
     match route_policy(class, req.method(), route.management) {
         RoutePolicy::Refuse(code) => {
-            let refusal = route_refusal(&route, class, code, req.method(), &path);
-            lender.metrics().refused(&route.name, code);
+            let refusal = match route.adapter.reconsider_refusal(req.method(), &path).await {
+                Reconsidered::Stands => route_refusal(&route, class, code, req.method(), &path),
+                Reconsidered::Forward => return forward_unreserved(&route, req, forwarded).await,
+                Reconsidered::Refuse(precise) => precise,
+            };
+            lender.metrics().refused(&route.name, refusal.code);
             refuse_after_draining(&route, refusal, req.into_body()).await
         }
         RoutePolicy::Forward => forward_unreserved(&route, req, forwarded).await,

@@ -129,6 +129,20 @@ pub fn render_ollama(refusal: &Refusal) -> RenderedRefusal {
     rendered(refusal, serde_json::json!({"error": refusal.to_string()}))
 }
 
+/// An adapter's second look at a request the route policy refuses
+/// ([`Adapter::reconsider_refusal`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reconsidered {
+    /// The route policy's refusal stands.
+    Stands,
+    /// Forward it after all, without a reservation: e.g. a borrower's own
+    /// output file the upstream listed since the adapter last looked.
+    Forward,
+    /// Refuse it with this more precise refusal instead, e.g. one naming the
+    /// ID the borrower should ask for.
+    Refuse(Refusal),
+}
+
 /// One upstream dialect: its routes, inspection, completion, observation,
 /// refusal rendering and reclaimer. The daemon holds adapters as `Arc<dyn Adapter>`.
 ///
@@ -153,6 +167,15 @@ pub trait Adapter: Send + Sync {
     /// Classify a request by method and path.
     fn classify(&self, method: &http::Method, path: &str) -> RouteClass {
         self.routes().classify(method, path)
+    }
+
+    /// A second look at a request the route policy refuses (a management,
+    /// owner-data or unlisted route, 403 or 501): an adapter whose answer
+    /// depends on what its upstream says now, or on what it remembers about
+    /// borrowed work, decides here. The default lets the refusal stand.
+    async fn reconsider_refusal(&self, method: &http::Method, path: &str) -> Reconsidered {
+        let _ = (method, path);
+        Reconsidered::Stands
     }
 
     /// Inspect a work request's head and body.
@@ -291,6 +314,10 @@ mod tests {
         );
         assert_eq!(a.observe().await, Err(ObserveError::Unsupported));
         assert_eq!(a.verify_stopped().await, Ok(false));
+        assert_eq!(
+            a.reconsider_refusal(&http::Method::GET, "/other").await,
+            Reconsidered::Stands
+        );
         assert!(a.reclaimer().is_none());
         assert_eq!(
             a.render_refusal(&Refusal::new(RefusalCode::Pressure, "x"))

@@ -9,7 +9,7 @@ pub mod routes;
 pub mod tracker;
 
 pub use adapter::{
-    Adapter, InspectContext, InspectError, Inspection, ObserveError, RenderedRefusal,
+    Adapter, InspectContext, InspectError, Inspection, ObserveError, Reconsidered, RenderedRefusal,
     render_ollama, render_openai,
 };
 pub use admission::Admission;

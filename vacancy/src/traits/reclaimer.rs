@@ -57,6 +57,16 @@ pub enum CancelOutcome {
     ClaimedElsewhere(EntryId),
     /// Closing the proxied response is this adapter's cancellation (RECL-15).
     ByClosingResponse(EntryId),
+    /// Left running: the upstream cannot stop this item without risking work
+    /// vacancy did not admit (RECL-26: a ComfyUI whose `/interrupt` stops
+    /// whatever runs). The reservation stays; completion tracking releases it
+    /// when the upstream proves the end.
+    LeftRunning {
+        /// The entry.
+        entry: EntryId,
+        /// Why it was not stopped.
+        reason: String,
+    },
     /// The cancellation failed: the reservation stays, and the reason is logged (RECL-21).
     Failed {
         /// The entry.
