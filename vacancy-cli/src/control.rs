@@ -450,21 +450,36 @@ struct UpstreamHealth<'a> {
 
 /// For load balancers: 200 while the upstream's default budget would be
 /// admitted (the decision `/status` shows as `vacancy.admitting`), else 503
-/// with the refusal code and its `Retry-After`. Answered from the engine's
-/// state alone — no disk, no request to the upstream — so a balancer may ask
-/// several times a second.
+/// with the refusal code and its `Retry-After`. Also 503
+/// `upstream_unreachable` while the observation loop's last check could not
+/// reach the server: a balancer should not send borrowers to a lender that
+/// can only answer 502. Answered from state in memory alone — no disk, no
+/// request to the upstream — so a balancer may ask several times a second.
 fn upstream_health(state: &ControlState, name: &str) -> Reply {
     let now = state.lender.clock().now();
-    let Some(vacancy) = state
+    let found = state
         .lender
-        .with_engine(|e| e.upstream_id(name).map(|id| e.vacancy(id, now)))
-    else {
+        .with_engine(|e| e.upstream_id(name).map(|id| (id, e.vacancy(id, now))));
+    let Some((id, mut vacancy)) = found else {
         return error(
             404,
             "not_found",
             format!("no upstream {name:?}; /status lists the upstreams by name"),
         );
     };
+    let health = state.upstreams.get(id.index()).map(|u| u.health.get());
+    if vacancy.admitting
+        && let Some(h) = health.filter(|h| h.reachable == Some(false))
+    {
+        vacancy = Vacancy {
+            admitting: false,
+            code: Some(RefusalCode::UpstreamUnreachable),
+            reason: Some(format!(
+                "vacancyd's last check could not reach the {name} server: {}",
+                h.error.as_deref().unwrap_or("no answer")
+            )),
+        };
+    }
     let body = UpstreamHealth {
         upstream: name,
         admitting: vacancy.admitting,
