@@ -21,7 +21,7 @@ use crate::proxy::forward::{
     streaming, upstream_request,
 };
 use crate::proxy::lender::Lender;
-use crate::proxy::live::{CutSignal, cut_happens};
+use crate::proxy::live::{CutSignal, cut_happens, cut_reason};
 use crate::proxy::shells::observe_upstream;
 use crate::proxy::tracked::exchange_tracked;
 use crate::traits::{InspectContext, RouteClass, RoutePolicy, WorkRoute, route_policy};
@@ -415,6 +415,12 @@ async fn work_request(
         let exchanged = tokio::select! {
             r = exchange_with_cut(&task_route.target, upstream_req, task_route.connect_timeout, Some(cut.clone())) => Ok(r),
             reason = cut_happens(cut.clone()) => Err(reason),
+        };
+        // A cut closes the upstream connection, which fails the exchange too;
+        // whichever the select saw first, the cause is the cut.
+        let exchanged = match (exchanged, cut_reason(&cut)) {
+            (Ok(Err(ExchangeError::AfterConnect(_))), Some(reason)) => Err(reason),
+            (other, _) => other,
         };
         let response = match exchanged {
             Ok(Ok(resp)) => relay(resp, borrower_upgrade, Some(guard), Some(cut)),
