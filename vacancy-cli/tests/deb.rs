@@ -280,3 +280,20 @@ fn the_debian_package_installs_runs_as_its_account_and_keeps_the_recovery_direct
     assert!(Path::new(&format!("{STATE}/admission")).is_dir());
     assert!(!installed());
 }
+
+#[test]
+fn the_packaged_configuration_is_valid() {
+    // What the package installs as /etc/vacancyd/vacancyd.toml.
+    let config = Path::new(env!("CARGO_MANIFEST_DIR")).join("../packaging/vacancyd.toml");
+    let out = Command::new(env!("CARGO_BIN_EXE_vacancyd"))
+        .args(["check-config", "--no-sample", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
