@@ -89,6 +89,7 @@ async fn answer(
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
     use super::*;
     use crate::http_request;
 
