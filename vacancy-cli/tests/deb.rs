@@ -232,7 +232,11 @@ fn the_debian_package_installs_runs_as_its_account_and_keeps_the_recovery_direct
     let gid: u32 = fields[3].parse().unwrap();
     for (path, mode) in [("/etc/vacancyd", 0o770), (CONFIG, 0o660)] {
         let m = std::fs::metadata(path).unwrap();
-        assert_eq!((m.uid(), m.gid(), m.mode() & 0o777), (0, gid, mode), "{path}");
+        assert_eq!(
+            (m.uid(), m.gid(), m.mode() & 0o777),
+            (0, gid, mode),
+            "{path}"
+        );
     }
 
     // The installed unit, and the shipped configuration as the account reads it.
