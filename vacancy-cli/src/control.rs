@@ -1,6 +1,6 @@
-//! The control listener (DESIGN §4): `/health`, `/status`, `/metrics`,
-//! `/history`, the owner console at `/` with its live `/events` stream, and
-//! the `/admin` calls.
+//! The control listener (DESIGN §4): `/health`, `/health/upstreams/<name>`
+//! (for load balancers), `/status`, `/metrics`, `/history`, the owner console
+//! at `/` with its live `/events` stream, and the `/admin` calls.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -17,8 +17,8 @@ use tracing::{debug, info, warn};
 use vacancy::auth::{AuthError, Tokens};
 use vacancy::config::Scope;
 use vacancy::engine::{
-    EngineError, EntryId, HeldRelease, OwnerVetoStatus, ReclaimStatus, ResourceStatus, Vacancy,
-    WorkStatus,
+    EngineError, EntryId, HeldRelease, OwnerVetoStatus, ReclaimStatus, RefusalCode, ResourceStatus,
+    Vacancy, WorkStatus,
 };
 use vacancy::presence::ManualPresence;
 use vacancy::proxy::conn::{AcceptBackoff, BorrowerBody, serve_connection};
@@ -350,6 +350,12 @@ async fn handle(
                 Err(e) => error(500, "internal", format!("cannot render status: {e}")),
             },
         },
+        (&http::Method::GET | &http::Method::HEAD, p) if p.starts_with(UPSTREAM_HEALTH) => {
+            match read_allowed() {
+                Err(e) => e.reply(),
+                Ok(()) => upstream_health(state, &p[UPSTREAM_HEALTH.len()..]),
+            }
+        }
         (&http::Method::GET, "/metrics") => match read_allowed() {
             Err(e) => e.reply(),
             Ok(()) => respond(200, vacancy::proxy::metrics::CONTENT_TYPE, state.metrics()),
@@ -422,10 +428,75 @@ async fn handle(
             404,
             "not_found",
             format!(
-                "no control route {method} {path}; see / (the console), /status, /events, /history, /settings, /metrics, /health and /admin/*"
+                "no control route {method} {path}; see / (the console), /status, /events, /history, /settings, /metrics, /health, /health/upstreams/<name> and /admin/*"
             ),
         ),
     }
+}
+
+/// The prefix of the load balancers' per-upstream health route.
+const UPSTREAM_HEALTH: &str = "/health/upstreams/";
+
+/// `GET /health/upstreams/<name>`'s body: the upstream's vacancy sign.
+#[derive(Serialize)]
+struct UpstreamHealth<'a> {
+    upstream: &'a str,
+    admitting: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    code: Option<RefusalCode>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reason: Option<String>,
+}
+
+/// For load balancers: 200 while the upstream's default budget would be
+/// admitted (the decision `/status` shows as `vacancy.admitting`), else 503
+/// with the refusal code and its `Retry-After`. Also 503
+/// `upstream_unreachable` while the observation loop's last check could not
+/// reach the server: a balancer should not send borrowers to a lender that
+/// can only answer 502. Answered from state in memory alone — no disk, no
+/// request to the upstream — so a balancer may ask several times a second.
+fn upstream_health(state: &ControlState, name: &str) -> Reply {
+    let now = state.lender.clock().now();
+    let found = state
+        .lender
+        .with_engine(|e| e.upstream_id(name).map(|id| (id, e.vacancy(id, now))));
+    let Some((id, mut vacancy)) = found else {
+        return error(
+            404,
+            "not_found",
+            format!("no upstream {name:?}; /status lists the upstreams by name"),
+        );
+    };
+    let health = state.upstreams.get(id.index()).map(|u| u.health.get());
+    if vacancy.admitting
+        && let Some(h) = health.filter(|h| h.reachable == Some(false))
+    {
+        vacancy = Vacancy {
+            admitting: false,
+            code: Some(RefusalCode::UpstreamUnreachable),
+            reason: Some(format!(
+                "vacancyd's last check could not reach the {name} server: {}",
+                h.error.as_deref().unwrap_or("no answer")
+            )),
+        };
+    }
+    let body = UpstreamHealth {
+        upstream: name,
+        admitting: vacancy.admitting,
+        code: vacancy.code,
+        reason: vacancy.reason,
+    };
+    let json = serde_json::to_vec(&body).unwrap_or_default();
+    if vacancy.admitting {
+        return respond(200, "application/json", json);
+    }
+    let mut resp = respond(503, "application/json", json);
+    if let Some(after) = vacancy.code.and_then(RefusalCode::retry_after)
+        && let Ok(v) = http::HeaderValue::from_str(&after.as_secs().to_string())
+    {
+        resp.headers_mut().insert(http::header::RETRY_AFTER, v);
+    }
+    resp
 }
 
 async fn lending(

@@ -33,6 +33,10 @@
 //!   the project's compatible-voice-server contract (see [`voice_emulator`]),
 //!   for the `chatterbox` adapter: engine switches, durable executions,
 //!   `/status` shapes and faults.
+//! - [`FleetDemo`]: `scripts/fleet-demo` running, HAProxy in front of up to
+//!   three vacancyd on loopback (see [`fleet`]).
+//! - [`FixedTimeUpstream`]: an OpenAI-compatible upstream whose every job takes
+//!   the same wall time and no CPU, for benchmarks (see [`fixed_time`]).
 //! - [`Login1Bus`]: a private D-Bus system bus with a fake systemd-logind
 //!   ([`FakeSession`]s the test sets) for the real `loginctl` (see [`login1`]).
 //! - [`Browser`]: a real headless Chromium (the Debian `chromium` and
@@ -68,6 +72,8 @@ mod browser;
 pub mod comfyui;
 pub mod comfyui_emulator;
 mod error;
+pub mod fixed_time;
+pub mod fleet;
 mod http;
 mod llama;
 pub mod login1;
@@ -91,6 +97,8 @@ pub use comfyui_emulator::{
     ComfyEmulator, ComfyEmulatorOptions, ComfyFaults, ComfyRequest, QueuePadding, Silence, Trickle,
 };
 pub use error::SupportError;
+pub use fixed_time::FixedTimeUpstream;
+pub use fleet::FleetDemo;
 pub use http::{Chunk, HttpReply, HttpStream, http_request, http_stream};
 pub use llama::{LLAMA_PACKAGES, LLAMA_VENV, LlamaOptions, LlamaServer, TinyModel};
 pub use login1::{FakeSession, LOGIN1_PACKAGES, LOGIN1_VENV, Login1Bus};

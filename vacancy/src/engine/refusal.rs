@@ -133,6 +133,35 @@ impl RefusalCode {
     pub fn should_retry(self) -> bool {
         self.retry_after().is_some()
     }
+
+    /// Whether the refusal comes from this lender's own state — a job holds
+    /// the resource, the owner is present, lending or a resource is switched
+    /// off, pressure, memory, capacity, the ledger — so the same request may be
+    /// admitted by another lender: exactly the 503 codes. The borrower's own
+    /// faults (400, 403, 413, 501) would be refused anywhere, and
+    /// `upstream_unreachable` may come after the upstream received the work.
+    ///
+    /// Sent as `vacancy-retry-elsewhere: true` only when, in addition, nothing
+    /// of the request reached the upstream (docs/fleet.md).
+    pub fn retry_elsewhere(self) -> bool {
+        match self {
+            RefusalCode::ResourceBusy
+            | RefusalCode::OwnerPresent
+            | RefusalCode::Pressure
+            | RefusalCode::InsufficientMemory
+            | RefusalCode::LendingPaused
+            | RefusalCode::ResourceDisabled
+            | RefusalCode::CapacityUnknown
+            | RefusalCode::LedgerUnavailable => true,
+            RefusalCode::InvalidRequest
+            | RefusalCode::InvalidSubmission
+            | RefusalCode::UnsupportedRequest
+            | RefusalCode::BodyTooLarge
+            | RefusalCode::RouteForbidden
+            | RefusalCode::RouteNotSupported
+            | RefusalCode::UpstreamUnreachable => false,
+        }
+    }
 }
 
 impl fmt::Display for RefusalCode {
@@ -208,6 +237,25 @@ mod tests {
         assert!(!RefusalCode::LendingPaused.should_retry());
         assert!(!RefusalCode::RouteNotSupported.should_retry());
         assert!(!RefusalCode::OwnerPresent.should_retry());
+    }
+
+    #[test]
+    fn only_the_lenders_own_refusals_may_be_retried_elsewhere() {
+        // Issue 21: a balancer retries exactly vacancyd's own 503s on another
+        // lender; a 502 may follow a forwarded request and is never retried.
+        for code in RefusalCode::ALL {
+            assert_eq!(code.retry_elsewhere(), code.http_status() == 503, "{code}");
+        }
+        for code in [
+            RefusalCode::ResourceBusy,
+            RefusalCode::OwnerPresent,
+            RefusalCode::LendingPaused,
+            RefusalCode::Pressure,
+            RefusalCode::InsufficientMemory,
+        ] {
+            assert!(code.retry_elsewhere(), "{code}");
+        }
+        assert!(!RefusalCode::UpstreamUnreachable.retry_elsewhere());
     }
 
     #[test]

@@ -41,6 +41,14 @@ impl FromStr for EntryId {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct UpstreamId(pub(crate) usize);
 
+impl UpstreamId {
+    /// Its place in configuration order, e.g. to find the upstream in a
+    /// table the shell keeps beside the engine's.
+    pub fn index(self) -> usize {
+        self.0
+    }
+}
+
 /// How the end of a job is proven, which decides what may release it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
 #[serde(rename_all = "snake_case")]

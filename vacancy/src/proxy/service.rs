@@ -21,7 +21,7 @@ use crate::proxy::forward::{
     streaming, upstream_request,
 };
 use crate::proxy::lender::Lender;
-use crate::proxy::live::{CutSignal, cut_happens};
+use crate::proxy::live::{CutSignal, cut_happens, cut_reason};
 use crate::proxy::shells::observe_upstream;
 use crate::proxy::tracked::exchange_tracked;
 use crate::traits::{
@@ -30,6 +30,13 @@ use crate::traits::{
 
 /// The header the OpenAI and Anthropic SDKs read to decide whether to retry.
 const SHOULD_RETRY: http::HeaderName = http::HeaderName::from_static("x-should-retry");
+
+/// The header a load balancer matches to retry a refusal on another lender:
+/// `true` only where this lender's own state refused
+/// ([`RefusalCode::retry_elsewhere`]) and nothing of the request reached the
+/// upstream (docs/fleet.md).
+pub const RETRY_ELSEWHERE: http::HeaderName =
+    http::HeaderName::from_static("vacancy-retry-elsewhere");
 
 /// How much of an unread request body a refusal drains to keep the connection alive.
 const REFUSAL_DRAIN_BYTES: usize = 256 * 1024;
@@ -112,11 +119,32 @@ fn route_refusal(
     Refusal::new(code, reason)
 }
 
-/// A refusal rendered in the adapter's dialect.
+/// A refusal rendered in the adapter's dialect, for a request of which
+/// nothing reached the upstream.
 pub fn refusal_response(
     route: &UpstreamRoute,
     refusal: &Refusal,
     close: bool,
+) -> http::Response<ProxyBody> {
+    render(route, refusal, close, refusal.code.retry_elsewhere())
+}
+
+/// A refusal for a request the upstream may already have received (a reclaim
+/// cut it before its reply): never marked safe to send to another lender,
+/// whatever its code.
+fn refusal_after_forwarding(
+    route: &UpstreamRoute,
+    refusal: &Refusal,
+    close: bool,
+) -> http::Response<ProxyBody> {
+    render(route, refusal, close, false)
+}
+
+fn render(
+    route: &UpstreamRoute,
+    refusal: &Refusal,
+    close: bool,
+    retry_elsewhere: bool,
 ) -> http::Response<ProxyBody> {
     let rendered = route.adapter.render_refusal(refusal);
     let mut resp = http::Response::new(full(rendered.body));
@@ -131,6 +159,10 @@ pub fn refusal_response(
         } else {
             "false"
         }),
+    );
+    resp.headers_mut().insert(
+        RETRY_ELSEWHERE,
+        http::HeaderValue::from_static(if retry_elsewhere { "true" } else { "false" }),
     );
     if close {
         resp.headers_mut()
@@ -391,6 +423,12 @@ async fn work_request(
             r = exchange_with_cut(&task_route.target, upstream_req, task_route.connect_timeout, Some(cut.clone())) => Ok(r),
             reason = cut_happens(cut.clone()) => Err(reason),
         };
+        // A cut closes the upstream connection, which fails the exchange too;
+        // whichever the select saw first, the cause is the cut.
+        let exchanged = match (exchanged, cut_reason(&cut)) {
+            (Ok(Err(ExchangeError::AfterConnect(_))), Some(reason)) => Err(reason),
+            (other, _) => other,
+        };
         let response = match exchanged {
             Ok(Ok(resp)) => relay(resp, borrower_upgrade, Some(guard), Some(cut)),
             Ok(Err(e @ ExchangeError::Connect { .. })) => {
@@ -406,7 +444,7 @@ async fn work_request(
                 info!(entry = %entry, upstream = %task_route.name, reason = %reason, "request cut by a reclaim before its reply");
                 let refusal = Refusal::new(reason.code, reason.reason.clone());
                 tokio::spawn(verify_cut(guard, reason.reason));
-                refusal_response(&task_route, &refusal, true)
+                refusal_after_forwarding(&task_route, &refusal, true)
             }
         };
         // A borrower who left gets nothing; dropping the response applies the
