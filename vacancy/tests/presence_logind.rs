@@ -132,5 +132,7 @@ fn garbage_and_silence_are_unknown() {
         started.elapsed()
     );
     bus.set_sessions(&[FakeSession::local("2", "x11")]).unwrap();
-    assert_eq!(ask(&quick), OwnerPresence::Present, "answers again");
+    // With the default bound: a loaded machine can take over 500 ms to run
+    // loginctl, and this only checks that the silence did not stick.
+    assert_eq!(ask(&b), OwnerPresence::Present, "answers again");
 }
