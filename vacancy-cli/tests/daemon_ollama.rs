@@ -888,7 +888,10 @@ async fn learned_contexts_survive_a_model_unload_up_to_eight_kinds_per_model() {
     let cache = json!({"version": 1, "upstreams": {"ollama": {"models": {MODEL: {
         "digest": digest, "parallel": false, "learned": 1, "kinds": kinds
     }}}}});
-    std::fs::write(admission.join("learned-contexts.json"), cache.to_string()).unwrap();
+    let file = admission.join("learned-contexts.json");
+    std::fs::write(&file, cache.to_string()).unwrap();
+    // The recovery directory's files are private to vacancyd's account.
+    std::fs::set_permissions(&file, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
     let d = Daemon::start_with(dir, &path, control, proxy);
     d.wait_status("the upstream to be observed", |s| {
         s["upstreams"][0]["reachable"] == true

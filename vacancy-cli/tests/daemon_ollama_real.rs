@@ -482,6 +482,8 @@ async fn a_re_created_models_new_digest_forgets_its_learned_contexts() {
     });
     let cache = admission.join("learned-contexts.json");
     std::fs::write(&cache, learned.to_string()).unwrap();
+    // The recovery directory's files are private to vacancyd's account.
+    std::fs::set_permissions(&cache, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
     let d = Daemon::start_with(dir, &path, control, proxy);
     let seen = wait_residency(&d, "the model observed", |r| r.contains(MODEL)).await;
     // Same digest: kept.
