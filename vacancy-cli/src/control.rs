@@ -456,10 +456,10 @@ struct UpstreamHealth<'a> {
 /// can only answer 502. Answered from state in memory alone — no disk, no
 /// request to the upstream — so a balancer may ask several times a second.
 fn upstream_health(state: &ControlState, name: &str) -> Reply {
-    let now = state.lender.clock().now();
     let found = state
         .lender
-        .with_engine(|e| e.upstream_id(name).map(|id| (id, e.vacancy(id, now))));
+        .upstream_id(name)
+        .map(|id| (id, state.lender.vacancy(id)));
     let Some((id, mut vacancy)) = found else {
         return error(
             404,
@@ -506,7 +506,7 @@ async fn lending(
 ) -> Result<Reply, ApiError> {
     let who = admit_call(state, head, Scope::Owner, "lending")?;
     let enabled = bool_field(&json_body(body).await?, "enabled")?;
-    state.lender.with_engine(|e| e.set_lending(enabled));
+    state.lender.set_lending(enabled);
     info!(token = who, enabled, "admin: lending switched");
     Ok(ok(serde_json::json!({"lending": enabled})))
 }
@@ -521,7 +521,7 @@ async fn resource(
     let enabled = bool_field(&json_body(body).await?, "enabled")?;
     state
         .lender
-        .with_engine(|e| e.set_resource_enabled(name, enabled))
+        .set_resource_enabled(name, enabled)
         .map_err(|e| fail(404, "not_found", e.to_string()))?;
     info!(
         token = who,
@@ -558,8 +558,7 @@ async fn presence(
     } else {
         vacancy::engine::OwnerPresence::Away
     };
-    state.lender.with_engine(|e| e.set_owner(presence));
-    state.lender.wake_reclaims();
+    state.lender.set_owner(presence);
     info!(token = who, present, "admin: owner presence set");
     Ok(ok(serde_json::json!({"owner": presence.as_str()})))
 }

@@ -388,7 +388,7 @@ pub async fn start(
     for u in &config.upstreams {
         let adapter = build_adapter(u, clock, &contexts)?;
         let id = lender
-            .with_engine(|e| e.upstream_id(&u.name))
+            .upstream_id(&u.name)
             .ok_or_else(|| setup(format!("upstream {:?} is missing from the engine", u.name)))?;
         let target =
             Target::parse(&u.target).map_err(|e| setup(format!("upstream {:?}: {e}", u.name)))?;

@@ -643,6 +643,7 @@ impl Engine {
             match decision {
                 Decision::Admitted(r) => return Ok(Reservation::new(r, slf.clone().unbind())),
                 Decision::Refused(r) => return Err(Error::Refused(r).into_py(py)),
+                Decision::Reobserve(r) => return Err(Error::Reobserve(r).into_py(py)),
                 Decision::Wait { until, resources } => {
                     if now.is_some() {
                         return Err(Error::Wait {

@@ -14,6 +14,9 @@ use vacancy::engine::{EngineError, Refusal, RefusalCode, SpecError};
 pub enum Error {
     /// The engine refused the work.
     Refused(Refusal),
+    /// The engine refused the work only because the model observation was
+    /// too old (RES-20): `details["observe_again"]` is true.
+    Reobserve(Refusal),
     /// Only with an explicit `now=`: the post-job sample is awaited (ADM-06).
     Wait {
         until: f64,
@@ -68,7 +71,7 @@ fn raise(py: Python<'_>, name: &str, message: String, kwargs: Option<&Bound<'_, 
     }
 }
 
-fn refused(py: Python<'_>, r: &Refusal) -> PyResult<PyErr> {
+fn refused(py: Python<'_>, r: &Refusal, observe_again: bool) -> PyResult<PyErr> {
     let kwargs = PyDict::new(py);
     kwargs.set_item("code", r.code.as_str())?;
     kwargs.set_item("http_status", r.code.http_status())?;
@@ -76,7 +79,7 @@ fn refused(py: Python<'_>, r: &Refusal) -> PyResult<PyErr> {
     kwargs.set_item("reason", &r.reason)?;
     let details = PyDict::new(py);
     details.set_item("resource", r.resource.as_deref())?;
-    details.set_item("observe_again", r.observe_again)?;
+    details.set_item("observe_again", observe_again)?;
     kwargs.set_item("details", details)?;
     let name = if r.code == RefusalCode::ResourceBusy {
         "ResourceBusy"
@@ -106,7 +109,8 @@ impl Error {
     /// The Python exception for this error.
     pub fn into_py(self, py: Python<'_>) -> PyErr {
         let made = match &self {
-            Error::Refused(r) => refused(py, r),
+            Error::Refused(r) => refused(py, r, false),
+            Error::Reobserve(r) => refused(py, r, true),
             Error::Wait {
                 until,
                 arrived_at,

@@ -244,9 +244,7 @@ pub fn lone_upstream(
         Ok(CapacitySample::memory(1 << 20, 1 << 21, clock.now())),
         clock.now(),
     );
-    let id = lender
-        .with_engine(|e| e.upstream_id(name))
-        .ok_or("no upstream")?;
+    let id = lender.upstream_id(name).ok_or("no upstream")?;
     let route = Arc::new(UpstreamRoute {
         name: name.to_owned(),
         id,

@@ -208,6 +208,8 @@ enum Blocked {
         resources: Vec<String>,
     },
     Refused(Refusal),
+    /// Refused only because the model observation was too old (RES-20).
+    Reobserve(Refusal),
 }
 
 impl From<Blocked> for Decision {
@@ -215,6 +217,7 @@ impl From<Blocked> for Decision {
         match b {
             Blocked::Wait { until, resources } => Decision::Wait { until, resources },
             Blocked::Refused(r) => Decision::Refused(r),
+            Blocked::Reobserve(r) => Decision::Reobserve(r),
         }
     }
 }
@@ -711,7 +714,7 @@ impl Engine {
                     resources.join(", ")
                 )),
             },
-            Err(Blocked::Refused(r)) => Vacancy {
+            Err(Blocked::Refused(r) | Blocked::Reobserve(r)) => Vacancy {
                 admitting: false,
                 code: Some(r.code),
                 reason: Some(r.reason),
@@ -981,7 +984,10 @@ impl Engine {
                     refusal
                         .reason
                         .push_str(&format!("; no resident credit: {why}"));
-                    refusal.observe_again = *stale;
+                    if *stale {
+                        // RES-20: only the observation's age stood in the way.
+                        return Err(Blocked::Reobserve(refusal));
+                    }
                 }
                 return refuse(refusal);
             }

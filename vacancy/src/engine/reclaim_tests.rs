@@ -62,7 +62,7 @@ fn admit(e: &mut Engine, upstream: &str, at: u64) -> Result<EntryId, Refusal> {
     let req = WorkRequest::new(e.upstream_id(upstream).unwrap(), None, t(at));
     match e.admit(&req, t(at)) {
         Decision::Admitted(r) => Ok(r.id),
-        Decision::Refused(r) => Err(r),
+        Decision::Refused(r) | Decision::Reobserve(r) => Err(r),
         Decision::Wait { resources, .. } => Err(Refusal::new(
             RefusalCode::ResourceBusy,
             format!("waiting for {resources:?}"),

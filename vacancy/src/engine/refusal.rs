@@ -179,9 +179,6 @@ pub struct Refusal {
     pub reason: String,
     /// The resource the refusal is about, when it is about one.
     pub resource: Option<String>,
-    /// Set when resident credit was withheld only because the model observation
-    /// was too old: the shell observes the upstream once more and asks again (RES-20).
-    pub observe_again: bool,
 }
 
 impl Refusal {
@@ -191,7 +188,6 @@ impl Refusal {
             code,
             reason: reason.into(),
             resource: None,
-            observe_again: false,
         }
     }
 

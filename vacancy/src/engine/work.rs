@@ -185,6 +185,10 @@ pub enum Decision {
     },
     /// Refused: answer at once with the code and reason.
     Refused(Refusal),
+    /// Refused only because the upstream's model observation was too old to
+    /// credit a resident model (RES-20): observe the upstream once more and
+    /// ask again; if it cannot be observed, answer with this refusal.
+    Reobserve(Refusal),
 }
 
 /// Where a work entry is in its life.

@@ -1,4 +1,5 @@
-//! The reservation guard that travels with a response body (DESIGN §8).
+//! The response body of synchronous work, which carries its [`Exchange`]
+//! (DESIGN §8).
 //!
 //! The clean end of the upstream response releases the reservation, recorded
 //! before the borrower's last byte is handed over. A broken-off response holds
@@ -19,75 +20,10 @@ use hyper::body::{Body, Frame, Incoming, SizeHint};
 use tracing::{info, warn};
 
 use crate::config::OnBorrowerDisconnect;
-use crate::engine::{EntryId, ReleaseOutcome};
-use crate::proxy::UpstreamRoute;
+use crate::proxy::exchange::{Exchange, Observed};
 use crate::proxy::forward::BoxError;
-use crate::proxy::lender::Lender;
 use crate::proxy::live::{CutReason, CutSignal, cut_or_end, cut_reason};
-
-/// Owns one reservation until its end is proven.
-pub struct CompletionGuard {
-    lender: Arc<Lender>,
-    route: Arc<UpstreamRoute>,
-    entry: EntryId,
-    forwarded: bool,
-    finished: bool,
-}
-
-impl CompletionGuard {
-    /// A guard for an admitted entry that has not been forwarded yet: dropped
-    /// now, it releases, because nothing reached the upstream.
-    pub fn new(lender: Arc<Lender>, route: Arc<UpstreamRoute>, entry: EntryId) -> Self {
-        CompletionGuard {
-            lender,
-            route,
-            entry,
-            forwarded: false,
-            finished: false,
-        }
-    }
-
-    /// The request is about to leave for the upstream: from now on only a
-    /// proven end releases it.
-    pub fn forwarding(&mut self) {
-        self.forwarded = true;
-    }
-
-    /// The entry it guards.
-    pub fn entry(&self) -> EntryId {
-        self.entry
-    }
-
-    /// The reply came and the adapter's tracker follows the job now (the
-    /// engine's phase turns `tracking`); the guard still holds the entry if
-    /// the tracking task ends without a verdict.
-    pub fn tracking(&mut self) {
-        if let Err(e) = self.lender.with_engine(|e| e.start_tracking(self.entry)) {
-            warn!(entry = %self.entry, error = %e, "could not mark the entry as tracked");
-        }
-    }
-
-    /// End the entry with `outcome`; later calls do nothing.
-    pub fn finish(&mut self, outcome: ReleaseOutcome) {
-        if !self.finished {
-            self.finished = true;
-            self.lender.release(self.entry, outcome);
-        }
-    }
-}
-
-impl Drop for CompletionGuard {
-    fn drop(&mut self) {
-        if self.forwarded {
-            // Nothing proved the end: never release here.
-            self.finish(ReleaseOutcome::Uncertain(
-                "the proxy lost track of the exchange before its end".to_owned(),
-            ));
-        } else {
-            self.finish(ReleaseOutcome::NotForwarded);
-        }
-    }
-}
+use crate::proxy::route::UpstreamRoute;
 
 /// A response body that releases its reservation on a proven clean end.
 ///
@@ -105,9 +41,9 @@ pub struct GuardedBody {
     cut: Option<CutSignal>,
 }
 
-type SharedGuard = Arc<Mutex<Option<CompletionGuard>>>;
+type SharedGuard = Arc<Mutex<Option<Exchange>>>;
 
-fn take(guard: &SharedGuard) -> Option<CompletionGuard> {
+fn take(guard: &SharedGuard) -> Option<Exchange> {
     match guard.lock() {
         Ok(mut g) => g.take(),
         Err(p) => p.into_inner().take(),
@@ -115,8 +51,8 @@ fn take(guard: &SharedGuard) -> Option<CompletionGuard> {
 }
 
 impl GuardedBody {
-    /// Guard `inner` with `guard`; `cut` is the response's cut signal.
-    pub fn new(inner: Incoming, guard: CompletionGuard, cut: Option<CutSignal>) -> Self {
+    /// Guard `inner` with its exchange; `cut` is the response's cut signal.
+    pub fn new(inner: Incoming, guard: Exchange, cut: Option<CutSignal>) -> Self {
         let shared: SharedGuard = Arc::new(Mutex::new(Some(guard)));
         if let Some(signal) = cut.clone() {
             let watched = Arc::clone(&shared);
@@ -125,7 +61,7 @@ impl GuardedBody {
                 if let Some(reason) = cut_or_end(signal).await
                     && let Some(guard) = take(&watched)
                 {
-                    info!(entry = %guard.entry(), upstream = %guard.route.name, reason = %reason, "proxied response cut by a reclaim");
+                    info!(entry = %guard.entry(), upstream = %guard.route().name, reason = %reason, "proxied response cut by a reclaim");
                     verify_cut(guard, reason.to_string()).await;
                 }
             });
@@ -137,9 +73,9 @@ impl GuardedBody {
         }
     }
 
-    fn finish(&mut self, outcome: ReleaseOutcome) {
-        if let Some(mut g) = take(&self.guard) {
-            g.finish(outcome);
+    fn finish(&mut self, observed: Observed) {
+        if let Some(g) = take(&self.guard) {
+            g.finish(observed);
         }
     }
 
@@ -176,7 +112,7 @@ impl Body for GuardedBody {
             (Some(Ok(frame)), None) => {
                 if inner.is_end_stream() {
                     // The upstream's last byte is read: release before handing it on.
-                    this.finish(ReleaseOutcome::Completed);
+                    this.finish(Observed::Ended);
                 }
                 Poll::Ready(Some(Ok(frame)))
             }
@@ -184,14 +120,12 @@ impl Body for GuardedBody {
             (Some(Ok(frame)), Some(_)) if !inner.is_end_stream() => Poll::Ready(Some(Ok(frame))),
             (_, Some(reason)) => this.cut_end(&reason),
             (Some(Err(e)), None) => {
-                this.finish(ReleaseOutcome::Uncertain(format!(
-                    "the upstream response broke off: {e}"
-                )));
+                this.finish(Observed::BrokeOff(e.to_string()));
                 this.inner = None;
                 Poll::Ready(Some(Err(Box::new(e))))
             }
             (None, None) => {
-                this.finish(ReleaseOutcome::Completed);
+                this.finish(Observed::Ended);
                 this.inner = None;
                 Poll::Ready(None)
             }
@@ -226,15 +160,16 @@ impl Drop for GuardedBody {
             return; // the guard's own drop holds the entry
         };
         let entry = guard.entry();
-        match guard.route.on_borrower_disconnect {
+        let route = Arc::clone(guard.route());
+        match route.on_borrower_disconnect {
             OnBorrowerDisconnect::Drain => {
-                info!(entry = %entry, upstream = %guard.route.name, "borrower disconnected; reading the upstream reply to its end");
-                let timeout = guard.route.completion_timeout;
+                info!(entry = %entry, upstream = %route.name, "borrower disconnected; reading the upstream reply to its end");
+                let timeout = route.completion_timeout;
                 handle.spawn(drain(inner, guard, timeout, self.cut.take()));
             }
             OnBorrowerDisconnect::Cut => {
                 drop(inner); // closes the upstream connection
-                info!(entry = %entry, upstream = %guard.route.name, "borrower disconnected; upstream cut");
+                info!(entry = %entry, upstream = %route.name, "borrower disconnected; upstream cut");
                 handle.spawn(verify_cut(
                     guard,
                     "the borrower disconnected and the upstream was cut".to_owned(),
@@ -247,12 +182,7 @@ impl Drop for GuardedBody {
 /// Read the upstream reply of a borrower who left to its end, then release.
 /// A reclaim's cut closes the upstream connection meanwhile; the end that
 /// follows is no completion (RECL-15).
-async fn drain(
-    mut body: Incoming,
-    mut guard: CompletionGuard,
-    timeout: Duration,
-    cut: Option<CutSignal>,
-) {
+async fn drain(mut body: Incoming, exchange: Exchange, timeout: Duration, cut: Option<CutSignal>) {
     let read = async {
         while let Some(frame) = body.frame().await {
             frame?;
@@ -261,41 +191,37 @@ async fn drain(
     };
     let outcome = tokio::time::timeout(timeout, read).await;
     if let Some(reason) = cut.as_ref().and_then(cut_reason) {
-        info!(entry = %guard.entry(), upstream = %guard.route.name, reason = %reason, "draining response cut by a reclaim");
-        return verify_cut(guard, reason.to_string()).await;
+        info!(entry = %exchange.entry(), upstream = %exchange.route().name, reason = %reason, "draining response cut by a reclaim");
+        return verify_cut(exchange, reason.to_string()).await;
     }
-    let outcome = match outcome {
-        Ok(Ok(())) => ReleaseOutcome::Completed,
-        Ok(Err(e)) => {
-            ReleaseOutcome::Uncertain(format!("the upstream reply broke off while draining: {e}"))
-        }
-        Err(_) => ReleaseOutcome::Uncertain(format!(
-            "the upstream reply did not end within completion_timeout_s = {}",
-            timeout.as_secs()
-        )),
-    };
-    guard.finish(outcome);
+    exchange.finish(match outcome {
+        Ok(Ok(())) => Observed::Ended,
+        Ok(Err(e)) => Observed::BrokeOff(format!("{e} (while draining)")),
+        Err(_) => Observed::DrainTimedOut {
+            bound_s: timeout.as_secs(),
+        },
+    });
 }
 
 /// After a cut, ask the adapter for proof of the stop a few times: the
 /// upstream notices a closed connection only at its next write. Without
 /// proof the entry is held (DONE-04).
-pub(crate) async fn verify_cut(mut guard: CompletionGuard, why: String) {
+pub(crate) async fn verify_cut(exchange: Exchange, why: String) {
+    let stop_proven = stop_proven(exchange.route(), exchange.entry()).await;
+    exchange.finish(Observed::Cut { why, stop_proven });
+}
+
+async fn stop_proven(route: &UpstreamRoute, entry: crate::engine::EntryId) -> bool {
     for attempt in 0..10u32 {
         tokio::time::sleep(Duration::from_millis(100 * u64::from(attempt + 1).min(5))).await;
-        match guard.route.adapter.verify_stopped().await {
-            Ok(true) => {
-                guard.finish(ReleaseOutcome::Completed);
-                return;
-            }
+        match route.adapter.verify_stopped().await {
+            Ok(true) => return true,
             Ok(false) => {}
             Err(e) => {
-                warn!(entry = %guard.entry(), error = %e, "cannot verify the upstream stopped");
-                break;
+                warn!(entry = %entry, error = %e, "cannot verify the upstream stopped");
+                return false;
             }
         }
     }
-    guard.finish(ReleaseOutcome::Uncertain(format!(
-        "{why}, and the adapter could not prove the upstream stopped"
-    )));
+    false
 }

@@ -9,8 +9,8 @@ use tracing::{debug, info, warn};
 
 use crate::engine::{
     Decision, Engine, EngineError, EngineStatus, EntryId, HeldRelease, Lesson, ModelObservation,
-    Phase, Refusal, RefusalCode, ReleaseEffect, ReleaseOutcome, Reservation, UpstreamId,
-    WorkRequest,
+    OwnerPresence, Phase, Refusal, RefusalCode, ReleaseEffect, ReleaseOutcome, Reservation,
+    UpstreamId, Vacancy, WorkRequest,
 };
 use crate::proxy::history::History;
 use crate::proxy::live::LiveWork;
@@ -71,8 +71,57 @@ impl Lender {
     }
 
     /// Run `f` with the engine locked. Keep `f` short and free of I/O.
-    pub fn with_engine<R>(&self, f: impl FnOnce(&mut Engine) -> R) -> R {
+    /// Inside the crate only: what the control plane may change goes through
+    /// the typed methods below, which also wake what a change concerns.
+    pub(crate) fn with_engine<R>(&self, f: impl FnOnce(&mut Engine) -> R) -> R {
         f(&mut self.lock())
+    }
+
+    /// The engine's handle of the upstream called `name`.
+    pub fn upstream_id(&self, name: &str) -> Option<UpstreamId> {
+        self.lock().upstream_id(name)
+    }
+
+    /// The upstream's vacancy sign now: whether its default budget would be
+    /// admitted, else the refusal (what `/status` shows).
+    pub fn vacancy(&self, upstream: UpstreamId) -> Vacancy {
+        let now = self.clock.now();
+        self.lock().vacancy(upstream, now)
+    }
+
+    /// Switch lending on or off (the owner's switch).
+    pub fn set_lending(&self, enabled: bool) {
+        self.lock().set_lending(enabled);
+    }
+
+    /// Switch one resource's lending on or off.
+    ///
+    /// # Errors
+    ///
+    /// [`EngineError`] when no resource has that name.
+    pub fn set_resource_enabled(&self, resource: &str, enabled: bool) -> Result<(), EngineError> {
+        self.lock().set_resource_enabled(resource, enabled)
+    }
+
+    /// The owner's presence now.
+    pub fn owner(&self) -> OwnerPresence {
+        self.lock().owner()
+    }
+
+    /// Record the owner's presence; a change wakes the reclaim loop, since
+    /// an owner coming back may start reclaims (OWN-01). Returns whether it
+    /// changed.
+    pub fn set_owner(&self, presence: OwnerPresence) -> bool {
+        let changed = {
+            let mut engine = self.lock();
+            let before = engine.owner();
+            engine.set_owner(presence);
+            before != presence
+        };
+        if changed {
+            self.wake_reclaims();
+        }
+        changed
     }
 
     fn lock(&self) -> MutexGuard<'_, Engine> {
@@ -180,8 +229,8 @@ impl Lender {
         upstream: &str,
     ) -> Result<Reservation, Refusal> {
         let outcome = match self.decide(request).await {
-            Ok(admission) => admission.recorded().await,
-            Err(refusal) => Err(refusal),
+            Decided::Admitted(admission) => admission.recorded().await,
+            Decided::Refused(refusal) | Decided::Reobserve(refusal) => Err(refusal),
         };
         self.count(upstream, &outcome);
         outcome
@@ -194,7 +243,7 @@ impl Lender {
     /// An admission's record is queued in the store under the engine lock, so
     /// the store's order is the engine's; the caller awaits
     /// [`Admission::recorded`] before forwarding (REC-01).
-    pub async fn decide(&self, request: &WorkRequest) -> Result<Admission, Refusal> {
+    pub async fn decide(&self, request: &WorkRequest) -> Decided {
         loop {
             let landed = self.sample_landed.notified();
             tokio::pin!(landed);
@@ -205,12 +254,13 @@ impl Lender {
                     write: self.store.persist(&reservation),
                     reservation,
                 }),
-                Decision::Refused(refusal) => Step::Refused(refusal),
+                Decision::Refused(refusal) => Step::Decided(Decided::Refused(refusal)),
+                Decision::Reobserve(refusal) => Step::Decided(Decided::Reobserve(refusal)),
                 Decision::Wait { until, resources } => Step::Wait(until, resources),
             });
             let (until, resources) = match step {
-                Step::Admitted(admission) => return Ok(admission),
-                Step::Refused(refusal) => return Err(refusal),
+                Step::Admitted(admission) => return Decided::Admitted(admission),
+                Step::Decided(decided) => return decided,
                 Step::Wait(until, resources) => (until, resources),
             };
             for r in &resources {
@@ -238,6 +288,14 @@ impl Lender {
                 self.metrics.refused(upstream, refusal.code);
                 debug!(upstream, code = %refusal.code, reason = %refusal.reason, "refused");
             }
+        }
+    }
+
+    /// Tracked work's reply came and its tracker follows the job now (the
+    /// engine's phase turns `tracking`).
+    pub fn start_tracking(&self, entry: EntryId) {
+        if let Err(e) = self.with_engine(|e| e.start_tracking(entry)) {
+            warn!(entry = %entry, error = %e, "could not mark the entry as tracked");
         }
     }
 
@@ -422,8 +480,20 @@ pub enum HeldReleaseError {
 /// record already queued.
 enum Step {
     Admitted(Admission),
-    Refused(Refusal),
+    Decided(Decided),
     Wait(crate::Moment, Vec<String>),
+}
+
+/// What the lender decided for a request, and what the proxy does next.
+pub enum Decided {
+    /// Admitted: await [`Admission::recorded`], then forward.
+    Admitted(Admission),
+    /// Refused: answer with it.
+    Refused(Refusal),
+    /// Refused only because the model observation was too old (RES-20):
+    /// observe the upstream once more and decide again; answer with this
+    /// refusal if that cannot be done.
+    Reobserve(Refusal),
 }
 
 #[cfg(test)]

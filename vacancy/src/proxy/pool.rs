@@ -22,7 +22,8 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 
-use crate::proxy::forward::{ExchangeError, ProxyBody, Target};
+use crate::proxy::forward::{ExchangeError, ProxyBody};
+use crate::proxy::target::Target;
 
 /// Idle connections kept per upstream.
 pub const MAX_IDLE: usize = 32;

@@ -14,7 +14,7 @@ use crate::pressure::{
     Attendance, Miss, Observation, PressureReader, PressureReading, PressureTracker, server_pids,
 };
 use crate::proxy::lender::Lender;
-use crate::proxy::stopped;
+use crate::proxy::shutdown::stopped;
 
 /// One pressure-gated GPU: its tracker and where its owner load comes from.
 pub struct PressureGpu {
@@ -55,7 +55,7 @@ pub async fn pressure_loop(
 ) {
     let mut last: Vec<Option<PressureReading>> = vec![None; gpus.len()];
     loop {
-        let owner = lender.with_engine(|e| e.owner());
+        let owner = lender.owner();
         let scan = servers.clone();
         let exclude = tokio::task::spawn_blocking(move || server_pids(&scan))
             .await

@@ -5,38 +5,29 @@ use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use bytes::Bytes;
-use http::header;
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use tokio::sync::oneshot;
 use tracing::{debug, info, warn};
 
-use crate::engine::{CompletionMethod, EntryId, Refusal, RefusalCode, ReleaseOutcome, WorkRequest};
-use crate::proxy::UpstreamRoute;
-use crate::proxy::completion::{CompletionGuard, GuardedBody, verify_cut};
+use crate::engine::{CompletionMethod, EntryId, Refusal, RefusalCode, WorkRequest};
+use crate::proxy::answer::{refusal_after_forwarding, refusal_response};
+use crate::proxy::completion::{GuardedBody, verify_cut};
 use crate::proxy::conn::{BorrowerBody, is_stalled};
+use crate::proxy::exchange::{Exchange, Observed};
 use crate::proxy::forward::{
     ExchangeError, ProxyBody, exchange_with_cut, full, is_upgrade, prepare_response_head,
     streaming, upstream_request,
 };
-use crate::proxy::lender::Lender;
+use crate::proxy::lender::{Decided, Lender};
 use crate::proxy::live::{CutSignal, cut_happens, cut_reason};
+use crate::proxy::route::UpstreamRoute;
 use crate::proxy::shells::observe_upstream;
 use crate::proxy::tracked::exchange_tracked;
 use crate::traits::{
     InspectContext, Reconsidered, RouteClass, RoutePolicy, WorkRoute, route_policy,
 };
-
-/// The header the OpenAI and Anthropic SDKs read to decide whether to retry.
-const SHOULD_RETRY: http::HeaderName = http::HeaderName::from_static("x-should-retry");
-
-/// The header a load balancer matches to retry a refusal on another lender:
-/// `true` only where this lender's own state refused
-/// ([`RefusalCode::retry_elsewhere`]) and nothing of the request reached the
-/// upstream (docs/fleet.md).
-pub const RETRY_ELSEWHERE: http::HeaderName =
-    http::HeaderName::from_static("vacancy-retry-elsewhere");
 
 /// How much of an unread request body a refusal drains to keep the connection alive.
 const REFUSAL_DRAIN_BYTES: usize = 256 * 1024;
@@ -119,58 +110,6 @@ fn route_refusal(
     Refusal::new(code, reason)
 }
 
-/// A refusal rendered in the adapter's dialect, for a request of which
-/// nothing reached the upstream.
-pub fn refusal_response(
-    route: &UpstreamRoute,
-    refusal: &Refusal,
-    close: bool,
-) -> http::Response<ProxyBody> {
-    render(route, refusal, close, refusal.code.retry_elsewhere())
-}
-
-/// A refusal for a request the upstream may already have received (a reclaim
-/// cut it before its reply): never marked safe to send to another lender,
-/// whatever its code.
-fn refusal_after_forwarding(
-    route: &UpstreamRoute,
-    refusal: &Refusal,
-    close: bool,
-) -> http::Response<ProxyBody> {
-    render(route, refusal, close, false)
-}
-
-fn render(
-    route: &UpstreamRoute,
-    refusal: &Refusal,
-    close: bool,
-    retry_elsewhere: bool,
-) -> http::Response<ProxyBody> {
-    let rendered = route.adapter.render_refusal(refusal);
-    let mut resp = http::Response::new(full(rendered.body));
-    *resp.status_mut() = rendered.status;
-    *resp.headers_mut() = rendered.headers;
-    // Whatever the dialect: SDKs that honour it stop retrying what a retry
-    // within seconds cannot clear (issue 14 item 9).
-    resp.headers_mut().insert(
-        SHOULD_RETRY,
-        http::HeaderValue::from_static(if refusal.code.should_retry() {
-            "true"
-        } else {
-            "false"
-        }),
-    );
-    resp.headers_mut().insert(
-        RETRY_ELSEWHERE,
-        http::HeaderValue::from_static(if retry_elsewhere { "true" } else { "false" }),
-    );
-    if close {
-        resp.headers_mut()
-            .insert(header::CONNECTION, http::HeaderValue::from_static("close"));
-    }
-    resp
-}
-
 /// Refuse, draining a small unread body first so the connection stays usable
 /// (DESIGN §4); a larger body closes the connection instead.
 async fn refuse_after_draining(
@@ -223,20 +162,20 @@ fn exchange_failed(route: &UpstreamRoute, e: &ExchangeError) -> http::Response<P
 fn relay(
     mut resp: http::Response<Incoming>,
     borrower_upgrade: Option<hyper::upgrade::OnUpgrade>,
-    guard: Option<CompletionGuard>,
+    exchange: Option<Exchange>,
     cut: Option<CutSignal>,
 ) -> http::Response<ProxyBody> {
     if resp.status() == http::StatusCode::SWITCHING_PROTOCOLS {
         let upstream_upgrade = hyper::upgrade::on(&mut resp);
         let (mut parts, _) = resp.into_parts();
         prepare_response_head(&mut parts);
-        tokio::spawn(tunnel(borrower_upgrade, upstream_upgrade, guard, cut));
+        tokio::spawn(tunnel(borrower_upgrade, upstream_upgrade, exchange, cut));
         return http::Response::from_parts(parts, full(Bytes::new()));
     }
     let (mut parts, body) = resp.into_parts();
     prepare_response_head(&mut parts);
-    let body = match guard {
-        Some(g) => GuardedBody::new(body, g, cut).boxed_unsync(),
+    let body = match exchange {
+        Some(x) => GuardedBody::new(body, x, cut).boxed_unsync(),
         None => streaming(body),
     };
     http::Response::from_parts(parts, body)
@@ -248,7 +187,7 @@ fn relay(
 async fn tunnel(
     borrower: Option<hyper::upgrade::OnUpgrade>,
     upstream: hyper::upgrade::OnUpgrade,
-    guard: Option<CompletionGuard>,
+    exchange: Option<Exchange>,
     cut: Option<CutSignal>,
 ) {
     let copy = async {
@@ -277,10 +216,8 @@ async fn tunnel(
     if let Err(e) = &result {
         debug!(error = %e, "upgraded connection ended");
     }
-    if let Some(mut g) = guard {
-        g.finish(ReleaseOutcome::Uncertain(
-            "a gated WebSocket closed; WebSockets carry no completion guarantee".to_owned(),
-        ));
+    if let Some(x) = exchange {
+        x.finish(Observed::TunnelClosed);
     }
 }
 
@@ -348,23 +285,28 @@ async fn work_request(
         reuse: inspection.reuse,
         upstream_ref: inspection.upstream_ref,
     };
-    let mut outcome = lender.decide(&request).await;
-    if matches!(&outcome, Err(refusal) if refusal.observe_again) {
-        // RES-20: the observation was only too old; observe once more.
-        info!(entry = %entry, upstream = %route.name, "the resident observation was too old; observing once more before deciding (RES-20)");
-        if let Err(e) = observe_upstream(&lender, &route).await {
-            debug!(upstream = %route.name, error = %e, "RES-20 re-observation failed");
+    let decided = match lender.decide(&request).await {
+        Decided::Reobserve(refusal) => {
+            // RES-20: the observation was only too old; observe once more.
+            info!(entry = %entry, upstream = %route.name, "the resident observation was too old; observing once more before deciding (RES-20)");
+            match observe_upstream(&lender, &route).await {
+                Ok(_) => lender.decide(&request).await,
+                Err(e) => {
+                    debug!(upstream = %route.name, error = %e, "RES-20 re-observation failed");
+                    Decided::Refused(refusal)
+                }
+            }
         }
-        outcome = lender.decide(&request).await;
-    }
-    let admission = match outcome {
-        Ok(a) => a,
-        Err(refusal) => {
+        decided => decided,
+    };
+    let admission = match decided {
+        Decided::Admitted(a) => a,
+        Decided::Refused(refusal) | Decided::Reobserve(refusal) => {
             lender.count(&route.name, &Err(refusal.clone()));
             return refusal_response(&route, &refusal, false);
         }
     };
-    let mut guard = CompletionGuard::new(Arc::clone(&lender), Arc::clone(&route), entry);
+    let mut exchange = Exchange::admitted(Arc::clone(&lender), Arc::clone(&route), entry);
     // REC-01: nothing is forwarded before the record is durable. A request
     // that is not forwarded is counted by its outcome, the refusal.
     let persisting = Instant::now();
@@ -374,7 +316,7 @@ async fn work_request(
     let reservation = match recorded {
         Ok(r) => r,
         Err(refusal) => {
-            drop(guard); // not forwarded: releases
+            exchange.finish(Observed::NotForwarded);
             return refusal_response(&route, &refusal, false);
         }
     };
@@ -387,6 +329,7 @@ async fn work_request(
     let upstream_req = match upstream_request(&route.target, &parts, full(body)) {
         Ok(r) => r,
         Err(e) => {
+            exchange.finish(Observed::NotForwarded);
             return refusal_response(&route, &Refusal::new(RefusalCode::InvalidRequest, e), false);
         }
     };
@@ -402,23 +345,15 @@ async fn work_request(
             .unwrap_or_else(|| entry.to_string());
         let admitted_at = reservation.admitted_at;
         tokio::spawn(async move {
-            guard.forwarding();
-            let response = exchange_tracked(
-                lender,
-                task_route,
-                guard,
-                upstream_req,
-                assigned,
-                admitted_at,
-            )
-            .await;
+            exchange.forwarding();
+            let response = exchange_tracked(exchange, upstream_req, assigned, admitted_at).await;
             drop(tx.send(response));
         });
         return answer(&route, rx).await;
     }
-    let cut = lender.live().register_response(entry, route.id);
+    let cut = exchange.cut_signal();
     tokio::spawn(async move {
-        guard.forwarding();
+        exchange.forwarding();
         let exchanged = tokio::select! {
             r = exchange_with_cut(&task_route.target, upstream_req, task_route.connect_timeout, Some(cut.clone())) => Ok(r),
             reason = cut_happens(cut.clone()) => Err(reason),
@@ -430,20 +365,20 @@ async fn work_request(
             (other, _) => other,
         };
         let response = match exchanged {
-            Ok(Ok(resp)) => relay(resp, borrower_upgrade, Some(guard), Some(cut)),
+            Ok(Ok(resp)) => relay(resp, borrower_upgrade, Some(exchange), Some(cut)),
             Ok(Err(e @ ExchangeError::Connect { .. })) => {
-                guard.finish(ReleaseOutcome::NotForwarded);
+                exchange.finish(Observed::ConnectFailed(e.to_string()));
                 exchange_failed(&task_route, &e)
             }
             Ok(Err(e @ ExchangeError::AfterConnect(_))) => {
-                guard.finish(ReleaseOutcome::Uncertain(e.to_string()));
+                exchange.finish(Observed::FailedAfterConnect(e.to_string()));
                 exchange_failed(&task_route, &e)
             }
             Err(reason) => {
                 // RECL-15: cut before the reply began; dropping the exchange closed it.
                 info!(entry = %entry, upstream = %task_route.name, reason = %reason, "request cut by a reclaim before its reply");
                 let refusal = Refusal::new(reason.code, reason.reason.clone());
-                tokio::spawn(verify_cut(guard, reason.reason));
+                tokio::spawn(verify_cut(exchange, reason.reason));
                 refusal_after_forwarding(&task_route, &refusal, true)
             }
         };

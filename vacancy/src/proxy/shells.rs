@@ -10,7 +10,8 @@ use tracing::{debug, info, warn};
 use crate::engine::{ModelObservation, ObservedModel, OwnerPresence, ResidencyEvidence};
 use crate::presence::PresenceBackend;
 use crate::proxy::lender::Lender;
-use crate::proxy::{UpstreamRoute, stopped};
+use crate::proxy::route::UpstreamRoute;
+use crate::proxy::shutdown::stopped;
 use crate::traits::resource::{CapacitySample, Resource, ResourceKind, SampleError};
 use crate::traits::{ForeignWork, ObserveError, ReclaimError, UnloadAck};
 
@@ -360,7 +361,7 @@ pub async fn presence_loop(
     let mut last: Option<OwnerPresence> = None;
     loop {
         let presence = backend.presence().await;
-        lender.with_engine(|e| e.set_owner(presence));
+        lender.set_owner(presence); // a change wakes the reclaim loop (OWN-01)
         if last != Some(presence) {
             info!(
                 backend = backend.name(),
@@ -368,7 +369,6 @@ pub async fn presence_loop(
                 "owner presence"
             );
             last = Some(presence);
-            lender.wake_reclaims(); // an edge may start reclaims (OWN-01)
         }
         tokio::select! {
             () = tokio::time::sleep(every) => {}

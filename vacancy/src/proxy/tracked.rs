@@ -10,13 +10,13 @@ use hyper::body::Incoming;
 use std::sync::Arc;
 use tracing::{info, warn};
 
-use crate::engine::{EntryId, Refusal, RefusalCode, ReleaseOutcome};
-use crate::proxy::UpstreamRoute;
-use crate::proxy::completion::CompletionGuard;
-use crate::proxy::forward::{ExchangeError, ProxyBody, exchange, full, prepare_response_head};
+use crate::engine::{EntryId, Refusal, RefusalCode};
+use crate::proxy::answer::refusal_response;
+use crate::proxy::exchange::{Exchange, Observed};
+use crate::proxy::forward::{self, ExchangeError, ProxyBody, full, prepare_response_head};
 use crate::proxy::lender::Lender;
 use crate::proxy::reclaim::cancel_late_reply;
-use crate::proxy::service::refusal_response;
+use crate::proxy::route::UpstreamRoute;
 use crate::time::Moment;
 use crate::traits::{CancelClaim, Submission, TrackedEnd, TrackedWork, TrackingEvents};
 
@@ -82,25 +82,24 @@ pub(crate) async fn read_reply(
     }
 }
 
-/// Follow tracked work to its end on a task of its own; the guard releases
+/// Follow tracked work to its end on a task of its own; its exchange releases
 /// or holds it with the tracker's verdict.
 fn follow(
-    lender: Arc<Lender>,
-    route: Arc<UpstreamRoute>,
-    mut guard: CompletionGuard,
+    mut exchange: Exchange,
     assigned: String,
     admitted_at: Moment,
     submission: Submission,
     claim: CancelClaim,
 ) {
-    let entry = guard.entry();
-    guard.tracking();
+    let (lender, route) = (Arc::clone(exchange.lender()), Arc::clone(exchange.route()));
+    let entry = exchange.entry();
+    exchange.tracking();
     tokio::spawn(async move {
         let Some(tracker) = route.adapter.tracker() else {
-            guard.finish(ReleaseOutcome::Uncertain(format!(
+            exchange.finish(Observed::Tracked(TrackedEnd::Held(format!(
                 "the {} adapter cannot track work after its reply",
                 route.adapter.name()
-            )));
+            ))));
             return;
         };
         let events = Events {
@@ -115,13 +114,11 @@ fn follow(
             assigned_ref: assigned,
             admitted_at,
         };
-        match tracker.track(work, submission, &events).await {
-            TrackedEnd::Released(why) => {
-                info!(entry = %entry, upstream = %route.name, reason = %why, "tracked work ended");
-                guard.finish(ReleaseOutcome::Completed);
-            }
-            TrackedEnd::Held(why) => guard.finish(ReleaseOutcome::Uncertain(why)),
+        let end = tracker.track(work, submission, &events).await;
+        if let TrackedEnd::Released(why) = &end {
+            info!(entry = %entry, upstream = %route.name, reason = %why, "tracked work ended");
         }
+        exchange.finish(Observed::Tracked(end));
     });
 }
 
@@ -129,18 +126,17 @@ fn follow(
 /// `completion_timeout_s` (else hold, COMFY-11), hand the job to the tracker,
 /// and answer the borrower.
 pub(crate) async fn exchange_tracked(
-    lender: Arc<Lender>,
-    route: Arc<UpstreamRoute>,
-    mut guard: CompletionGuard,
+    exchange: Exchange,
     request: http::Request<ProxyBody>,
     assigned: String,
     admitted_at: Moment,
 ) -> http::Response<ProxyBody> {
+    let (lender, route) = (Arc::clone(exchange.lender()), Arc::clone(exchange.route()));
     let bound = route.completion_timeout;
-    let entry = guard.entry();
+    let entry = exchange.entry();
     let claim = lender.live().register_submission(entry, route.id);
     let exchanged = tokio::time::timeout(bound, async {
-        match exchange(&route.target, request, route.connect_timeout).await {
+        match forward::exchange(&route.target, request, route.connect_timeout).await {
             Err(e @ ExchangeError::Connect { .. }) => Err(e),
             other => Ok(read_reply(&route, &assigned, other).await),
         }
@@ -148,20 +144,12 @@ pub(crate) async fn exchange_tracked(
     .await;
     match exchanged {
         Ok(Ok(ex)) => {
-            follow(
-                lender,
-                Arc::clone(&route),
-                guard,
-                assigned,
-                admitted_at,
-                ex.submission,
-                claim,
-            );
+            follow(exchange, assigned, admitted_at, ex.submission, claim);
             ex.response
         }
         Ok(Err(e)) => {
             // DONE-02: nothing reached the upstream.
-            guard.finish(ReleaseOutcome::NotForwarded);
+            exchange.finish(Observed::ConnectFailed(e.to_string()));
             warn!(upstream = %route.name, error = %e, "upstream exchange failed");
             refusal_response(
                 &route,
@@ -177,7 +165,7 @@ pub(crate) async fn exchange_tracked(
                 "no submission reply within completion_timeout_s ({} s); the work may still run as {assigned}",
                 bound.as_secs()
             );
-            guard.finish(ReleaseOutcome::Uncertain(why.clone()));
+            exchange.finish(Observed::ReplyTimedOut(why.clone()));
             refusal_response(
                 &route,
                 &Refusal::new(

@@ -1,0 +1,86 @@
+//! One upstream's borrower listener: accept within the connection budget,
+//! serve each connection under its limits, and shut down with a grace period.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+use tracing::{debug, info, warn};
+
+use crate::proxy::conn;
+use crate::proxy::lender::Lender;
+use crate::proxy::route::UpstreamRoute;
+use crate::proxy::service;
+use crate::proxy::shutdown::stopped;
+
+/// How a listener treats its connections: their time limits and the budget
+/// of open connections it shares with other listeners.
+#[derive(Debug, Clone)]
+pub struct Listening {
+    /// Header, idle and body limits.
+    pub limits: conn::ConnLimits,
+    /// Connections the listeners of this group may hold open at once.
+    pub budget: conn::ConnBudget,
+}
+
+impl Default for Listening {
+    fn default() -> Self {
+        Listening {
+            limits: conn::ConnLimits::default(),
+            budget: conn::ConnBudget::new("borrower", 4096),
+        }
+    }
+}
+
+/// Serve borrowers on `listener` until `shutdown` turns true; then stop
+/// accepting, let open exchanges finish within `grace`, and return.
+pub async fn serve(
+    listener: TcpListener,
+    lender: Arc<Lender>,
+    route: Arc<UpstreamRoute>,
+    listening: Listening,
+    mut shutdown: watch::Receiver<bool>,
+    grace: Duration,
+) {
+    let mut connections = JoinSet::new();
+    let mut backoff = conn::AcceptBackoff::new(format!("upstream {}", route.name));
+    loop {
+        let next = async {
+            let permit = listening.budget.acquire().await;
+            (permit, backoff.accept(&listener).await)
+        };
+        tokio::select! {
+            (permit, (stream, peer)) = next => {
+                let _ = stream.set_nodelay(true);
+                let (lender, route, stop) = (Arc::clone(&lender), Arc::clone(&route), shutdown.clone());
+                let limits = listening.limits;
+                connections.spawn(async move {
+                    let _permit = permit;
+                    let svc_route = Arc::clone(&route);
+                    let handler = move |req| {
+                        let (lender, route) = (Arc::clone(&lender), Arc::clone(&svc_route));
+                        service::handle(lender, route, req)
+                    };
+                    if let Err(e) = conn::serve_connection(stream, limits, handler, Some(stop)).await {
+                        debug!(upstream = %route.name, %peer, error = %e, "borrower connection ended with an error");
+                    }
+                });
+            }
+            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+            () = stopped(&mut shutdown) => break,
+        }
+    }
+    drop(listener);
+    info!(upstream = %route.name, open = connections.len(), "listener closed; letting open exchanges finish");
+    if tokio::time::timeout(grace, async {
+        while connections.join_next().await.is_some() {}
+    })
+    .await
+    .is_err()
+    {
+        warn!(upstream = %route.name, open = connections.len(), "exchanges still open after the shutdown grace period; closing them (their work stays held)");
+        connections.abort_all();
+    }
+}

@@ -1,0 +1,45 @@
+//! Everything the proxy needs to know about one lent upstream.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::config::{Management, OnBorrowerDisconnect};
+use crate::engine::UpstreamId;
+use crate::proxy::pool;
+use crate::proxy::target::Target;
+use crate::traits::Adapter;
+
+/// Everything the proxy needs to know about one upstream.
+pub struct UpstreamRoute {
+    /// The upstream's name.
+    pub name: String,
+    /// Its handle in the engine.
+    pub id: UpstreamId,
+    /// Its dialect.
+    pub adapter: Arc<dyn Adapter>,
+    /// The real server.
+    pub target: Target,
+    /// Whether management routes are forwarded.
+    pub management: Management,
+    /// What happens when a borrower leaves mid-response.
+    pub on_borrower_disconnect: OnBorrowerDisconnect,
+    /// How long a drained or tracked job may take before it is held.
+    pub completion_timeout: Duration,
+    /// The largest work body inspected; larger ones get 413.
+    pub max_body_bytes: usize,
+    /// How long connecting to the upstream may take.
+    pub connect_timeout: Duration,
+    /// Keep-alive connections for what reserves nothing (discovery, reads,
+    /// allowed management): [`pool::ReadPool`].
+    pub reads: pool::ReadPool,
+}
+
+impl std::fmt::Debug for UpstreamRoute {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UpstreamRoute")
+            .field("name", &self.name)
+            .field("adapter", &self.adapter.name())
+            .field("target", &self.target)
+            .finish_non_exhaustive()
+    }
+}
