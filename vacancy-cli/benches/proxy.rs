@@ -414,6 +414,41 @@ fn rss_kib(pid: u32) -> u64 {
         .unwrap_or(0)
 }
 
+/// vacancyd's own account of where an admitted request's time went: the
+/// mean of each phase of `vacancyd_request_phase_seconds` so far (µs), in
+/// the order a request passes them.
+fn phase_means(control: u16) -> Vec<(&'static str, f64, f64)> {
+    use std::io::Read;
+    let mut s = std::net::TcpStream::connect(addr(control)).unwrap();
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    let value = |series: &str, phase: &str| -> f64 {
+        let key = format!("vacancyd_request_phase_seconds_{series}{{phase=\"{phase}\"}} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(key.as_str()))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0.0)
+    };
+    [
+        "inspect",
+        "admit",
+        "post_job_sample",
+        "persist",
+        "connect",
+        "upstream",
+        "relay",
+    ]
+    .into_iter()
+    .map(|phase| {
+        let (sum, count) = (value("sum", phase), value("count", phase));
+        let mean = if count > 0.0 { sum / count * 1e6 } else { 0.0 };
+        (phase, mean, count)
+    })
+    .collect()
+}
+
 fn addr(port: u16) -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], port))
 }
@@ -498,6 +533,8 @@ fn main() {
         .iter()
         .map(|(_, port)| rt.block_on(sequential(addr(*port), requests)))
         .collect();
+    // Read before the streams add their own requests.
+    let phases = phase_means(ctl);
     // Streams.
     let st: Vec<(Vec<f64>, Vec<f64>)> = paths
         .iter()
@@ -607,6 +644,13 @@ fn main() {
         "{:<46} {:>10.0}µs",
         "one 64-byte append + fdatasync (same disk)", fsync_us
     );
+    println!();
+    println!(
+        "where vacancyd's admitted POST time goes (its own phases, mean over the sequential run):"
+    );
+    for (phase, mean_us, count) in &phases {
+        println!("  {phase:<20} {mean_us:>10.0}µs  ({count:.0} requests)");
+    }
     println!(
         "{:<46} {:>10.1}MiB",
         "vacancyd idle RSS",

@@ -9,10 +9,12 @@
 //! exchange is [`Observed::Abandoned`]: held once forwarded, released before.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use crate::engine::{EntryId, ReleaseOutcome};
 use crate::proxy::lender::Lender;
 use crate::proxy::live::CutSignal;
+use crate::proxy::metrics::Phase;
 use crate::proxy::route::UpstreamRoute;
 use crate::traits::TrackedEnd;
 
@@ -109,6 +111,8 @@ pub struct Exchange {
     route: Arc<UpstreamRoute>,
     entry: EntryId,
     forwarded: bool,
+    /// When the upstream's response head came (the relay phase's start).
+    head_at: Option<Instant>,
     finished: bool,
 }
 
@@ -120,6 +124,7 @@ impl Exchange {
             route,
             entry,
             forwarded: false,
+            head_at: None,
             finished: false,
         }
     }
@@ -153,6 +158,11 @@ impl Exchange {
         self.forwarded = true;
     }
 
+    /// The upstream's response head came: the relay begins.
+    pub fn response_head(&mut self) {
+        self.head_at = Some(Instant::now());
+    }
+
     /// The reply came and the adapter's tracker follows the job now (the
     /// engine's phase turns `tracking`).
     pub fn tracking(&mut self) {
@@ -168,6 +178,9 @@ impl Exchange {
         if !self.finished {
             self.finished = true;
             self.lender.release(self.entry, outcome(observed));
+            if let (Observed::Ended, Some(head)) = (observed, self.head_at) {
+                self.lender.metrics().phase(Phase::Relay, head.elapsed());
+            }
         }
     }
 }

@@ -2,7 +2,8 @@
 //! response. Knows nothing of admission; says precisely how an exchange failed,
 //! because that decides release or hold (DONE-02, DONE-03).
 
-use std::time::Duration;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
@@ -120,18 +121,21 @@ pub async fn exchange(
     request: http::Request<ProxyBody>,
     connect_timeout: Duration,
 ) -> Result<http::Response<Incoming>, ExchangeError> {
-    exchange_with_cut(target, request, connect_timeout, None).await
+    exchange_with_cut(target, request, connect_timeout, None, None).await
 }
 
 /// [`exchange`], whose upstream connection is closed the moment `cut` is
 /// (RECL-15): the upstream sees its client go away at once, whether or not
 /// the borrower is still reading. The response body then ends early; its
-/// reader must check `cut` before counting that end as clean.
+/// reader must check `cut` before counting that end as clean. `connected`,
+/// when given, is set the moment the connection is made (the request's
+/// phases, `vacancyd_request_phase_seconds`).
 pub async fn exchange_with_cut(
     target: &Target,
     request: http::Request<ProxyBody>,
     connect_timeout: Duration,
     cut: Option<CutSignal>,
+    connected: Option<&OnceLock<Instant>>,
 ) -> Result<http::Response<Incoming>, ExchangeError> {
     let address = format!("{}:{}", target.host, target.port);
     let stream = match tokio::time::timeout(
@@ -154,6 +158,9 @@ pub async fn exchange_with_cut(
             });
         }
     };
+    if let Some(at) = connected {
+        let _ = at.set(Instant::now());
+    }
     let _ = stream.set_nodelay(true);
     let (mut sender, conn) = hyper::client::conn::http1::Builder::new()
         .handshake(TokioIo::new(stream))

@@ -14,7 +14,7 @@ use crate::engine::{
 };
 use crate::proxy::history::History;
 use crate::proxy::live::LiveWork;
-use crate::proxy::metrics::Metrics;
+use crate::proxy::metrics::{self, Metrics};
 use crate::proxy::store::{ReservationStore, StoreError, StoreWrite};
 use crate::time::MonotonicClock;
 use crate::traits::resource::{CapacitySample, SampleError};
@@ -244,6 +244,8 @@ impl Lender {
     /// the store's order is the engine's; the caller awaits
     /// [`Admission::recorded`] before forwarding (REC-01).
     pub async fn decide(&self, request: &WorkRequest) -> Decided {
+        let deciding = std::time::Instant::now();
+        let mut waited = std::time::Duration::ZERO;
         loop {
             let landed = self.sample_landed.notified();
             tokio::pin!(landed);
@@ -259,7 +261,16 @@ impl Lender {
                 Decision::Wait { until, resources } => Step::Wait(until, resources),
             });
             let (until, resources) = match step {
-                Step::Admitted(admission) => return Decided::Admitted(admission),
+                Step::Admitted(admission) => {
+                    self.metrics.phase(
+                        metrics::Phase::Admit,
+                        deciding.elapsed().saturating_sub(waited),
+                    );
+                    if !waited.is_zero() {
+                        self.metrics.phase(metrics::Phase::PostJobSample, waited);
+                    }
+                    return Decided::Admitted(admission);
+                }
                 Step::Decided(decided) => return decided,
                 Step::Wait(until, resources) => (until, resources),
             };
@@ -269,10 +280,12 @@ impl Lender {
                 }
             }
             let deadline = tokio::time::Instant::from_std(self.clock.instant(until));
+            let waiting = std::time::Instant::now();
             tokio::select! {
                 () = &mut landed => {}
                 () = tokio::time::sleep_until(deadline) => {}
             }
+            waited += waiting.elapsed();
         }
     }
 

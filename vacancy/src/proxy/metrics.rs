@@ -27,6 +27,11 @@ use crate::engine::{EngineStatus, RefusalCode};
 pub const CONTENT_TYPE: &str = prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PhaseLabel {
+    phase: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct UpstreamLabel {
     upstream: String,
 }
@@ -133,6 +138,7 @@ pub struct Metrics {
     request_duration: Family<RouteLabels, Histogram, Buckets>,
     added: Family<RouteLabels, Histogram, Buckets>,
     persist: Histogram,
+    phases: Family<PhaseLabel, Histogram, Buckets>,
     sample_duration: Family<ResourceLabel, Histogram, Buckets>,
     sample_failures: Family<ResourceLabel, Counter>,
     observation_failures: Family<UpstreamLabel, Counter>,
@@ -166,6 +172,7 @@ impl Default for Metrics {
         let request_duration = Family::new_with_constructor(Buckets(REQUEST_BUCKETS));
         let added = Family::new_with_constructor(Buckets(ADDED_BUCKETS));
         let persist = Histogram::new(PERSIST_BUCKETS.iter().copied());
+        let phases = Family::new_with_constructor(Buckets(ADDED_BUCKETS));
         let sample_duration = Family::new_with_constructor(Buckets(SAMPLE_BUCKETS));
         let sample_failures = Family::default();
         let observation_failures = Family::default();
@@ -210,6 +217,11 @@ impl Default for Metrics {
             "vacancyd_ledger_persist_duration_seconds",
             "Durable reservation writes before forwarding (REC-01)",
             persist.clone(),
+        );
+        r.register(
+            "vacancyd_request_phase_seconds",
+            "Where an admitted request's time goes, by phase: inspect (reading and inspecting the body), admit (the engine's decision), post_job_sample (waiting for the sample after the last job, ADM-06), persist (the durable record, REC-01), connect, upstream (to the response head) and relay (the head to the upstream's last byte)",
+            phases.clone(),
         );
         r.register(
             "vacancyd_sample_duration_seconds",
@@ -290,6 +302,7 @@ impl Default for Metrics {
             request_duration,
             added,
             persist,
+            phases,
             sample_duration,
             sample_failures,
             observation_failures,
@@ -418,6 +431,16 @@ impl Metrics {
     /// One durable reservation write.
     pub fn persisted(&self, took: Duration) {
         self.persist.observe(took.as_secs_f64());
+        self.phase(Phase::Persist, took);
+    }
+
+    /// Time an admitted request spent in one phase.
+    pub fn phase(&self, phase: Phase, took: Duration) {
+        self.phases
+            .get_or_create(&PhaseLabel {
+                phase: phase.label(),
+            })
+            .observe(took.as_secs_f64());
     }
 
     /// One capacity sample of `resource`, successful or not.
@@ -567,6 +590,40 @@ impl Metrics {
                     self.reachable.remove(&labels);
                 }
             }
+        }
+    }
+}
+
+/// The phases of an admitted request, in order (`vacancyd_request_phase_seconds`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// Reading and inspecting the body.
+    Inspect,
+    /// The engine's decision, without the post-job sample wait.
+    Admit,
+    /// Waiting for the capacity sample after the last job (ADM-06).
+    PostJobSample,
+    /// The durable record (REC-01).
+    Persist,
+    /// Connecting to the upstream.
+    Connect,
+    /// From the request sent to the upstream's response head.
+    Upstream,
+    /// From the response head to the upstream's last byte.
+    Relay,
+}
+
+impl Phase {
+    /// The metric label.
+    pub fn label(self) -> &'static str {
+        match self {
+            Phase::Inspect => "inspect",
+            Phase::Admit => "admit",
+            Phase::PostJobSample => "post_job_sample",
+            Phase::Persist => "persist",
+            Phase::Connect => "connect",
+            Phase::Upstream => "upstream",
+            Phase::Relay => "relay",
         }
     }
 }

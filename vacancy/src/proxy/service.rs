@@ -22,6 +22,7 @@ use crate::proxy::forward::{
 };
 use crate::proxy::lender::{Decided, Lender};
 use crate::proxy::live::{CutSignal, cut_happens, cut_reason};
+use crate::proxy::metrics::Phase;
 use crate::proxy::route::UpstreamRoute;
 use crate::proxy::shells::observe_upstream;
 use crate::proxy::tracked::exchange_tracked;
@@ -230,6 +231,7 @@ async fn work_request(
     forwarded: &Forwarded,
 ) -> http::Response<ProxyBody> {
     let arrived_at = lender.clock().now();
+    let inspecting = Instant::now();
     let (mut parts, body) = req.into_parts();
     let body = if work.inspect_body {
         match Limited::new(body, route.max_body_bytes).collect().await {
@@ -275,6 +277,7 @@ async fn work_request(
             return refusal_response(&route, &e.to_refusal(), false);
         }
     };
+    lender.metrics().phase(Phase::Inspect, inspecting.elapsed());
     let request = WorkRequest {
         id: entry,
         upstream: route.id,
@@ -354,8 +357,9 @@ async fn work_request(
     let cut = exchange.cut_signal();
     tokio::spawn(async move {
         exchange.forwarding();
+        let (sent, connected) = (Instant::now(), OnceLock::new());
         let exchanged = tokio::select! {
-            r = exchange_with_cut(&task_route.target, upstream_req, task_route.connect_timeout, Some(cut.clone())) => Ok(r),
+            r = exchange_with_cut(&task_route.target, upstream_req, task_route.connect_timeout, Some(cut.clone()), Some(&connected)) => Ok(r),
             reason = cut_happens(cut.clone()) => Err(reason),
         };
         // A cut closes the upstream connection, which fails the exchange too;
@@ -365,7 +369,15 @@ async fn work_request(
             (other, _) => other,
         };
         let response = match exchanged {
-            Ok(Ok(resp)) => relay(resp, borrower_upgrade, Some(exchange), Some(cut)),
+            Ok(Ok(resp)) => {
+                if let Some(at) = connected.get() {
+                    let metrics = exchange.lender().metrics();
+                    metrics.phase(Phase::Connect, at.saturating_duration_since(sent));
+                    metrics.phase(Phase::Upstream, at.elapsed());
+                }
+                exchange.response_head();
+                relay(resp, borrower_upgrade, Some(exchange), Some(cut))
+            }
             Ok(Err(e @ ExchangeError::Connect { .. })) => {
                 exchange.finish(Observed::ConnectFailed(e.to_string()));
                 exchange_failed(&task_route, &e)
