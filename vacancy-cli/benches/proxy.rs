@@ -152,9 +152,12 @@ error_log {dir}/nginx-error.log warn;
 events {{ worker_connections 4096; }}
 http {{
   access_log off;
+  # nginx closes a keep-alive connection after 1,000 requests by default;
+  # the sequential run sends more on one.
+  keepalive_requests 1000000;
   client_body_temp_path {dir}/nginx-tmp;
   proxy_temp_path {dir}/nginx-tmp;
-  upstream fixed {{ server {upstream}; keepalive 64; }}
+  upstream fixed {{ server {upstream}; keepalive 64; keepalive_requests 1000000; }}
   server {{
     listen 127.0.0.1:{port};
     location / {{
@@ -340,10 +343,15 @@ fn post(body: &'static str) -> http::Request<Full<Bytes>> {
 async fn sequential(addr: SocketAddr, n: usize) -> Vec<f64> {
     let mut sender = connect(addr).await;
     let mut out = Vec::with_capacity(n);
-    for _ in 0..n {
-        sender.ready().await.unwrap();
+    for i in 0..n {
+        if let Err(e) = sender.ready().await {
+            panic!("{addr}: the connection closed before request {i}: {e}");
+        }
         let started = Instant::now();
-        let resp = sender.send_request(post(REQUEST)).await.unwrap();
+        let resp = match sender.send_request(post(REQUEST)).await {
+            Ok(r) => r,
+            Err(e) => panic!("{addr}: request {i} failed: {e}"),
+        };
         let status = resp.status();
         resp.into_body().collect().await.unwrap();
         assert!(status.is_success(), "sequential request answered {status}");
