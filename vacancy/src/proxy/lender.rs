@@ -514,7 +514,6 @@ mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
     use std::sync::Mutex;
-    use std::time::Duration;
 
     use tokio::sync::oneshot;
 
@@ -627,7 +626,7 @@ mod tests {
         );
     }
 
-    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    #[tokio::test(flavor = "current_thread")]
     async fn an_administrator_release_is_answered_only_once_it_is_durable() {
         // HELD-04 (issue 14 item 3): until the release is on disk the entry
         // stays held and keeps its resources; then it is released.
@@ -645,7 +644,18 @@ mod tests {
                     .await
             })
         };
-        tokio::time::sleep(Duration::from_secs(5)).await;
+        // The release is submitted to the store, and its write is pending.
+        let submitted = format!("release {}", first.id);
+        for _ in 0..1000 {
+            if store.order().contains(&submitted) {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        assert!(store.order().contains(&submitted), "{:?}", store.order());
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
         assert!(!releasing.is_finished(), "answered before the write");
         let phase = lender.with_engine(|e| e.phase(first.id));
         assert_eq!(phase, Some(Phase::Held));
