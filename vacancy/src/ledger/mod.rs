@@ -229,6 +229,8 @@ impl Ledger {
             live_lines,
             unavailable: None,
             compact_min_lines: writer::COMPACT_MIN_LINES,
+            deferred_sync: writer::DEFERRED_SYNC,
+            syncs: 0,
         };
         let (tx, worker) = writer::spawn(writer, lock)?;
         let ledger = Ledger {
@@ -335,6 +337,16 @@ impl Ledger {
     #[cfg(test)]
     fn set_compact_min_lines(&self, n: u64) {
         self.inspect(move |w| w.compact_min_lines = n);
+    }
+
+    #[cfg(test)]
+    fn set_deferred_sync(&self, window: std::time::Duration) {
+        self.inspect(move |w| w.deferred_sync = window);
+    }
+
+    #[cfg(test)]
+    fn syncs(&self) -> u64 {
+        self.inspect(|w| w.syncs)
     }
 
     #[cfg(test)]

@@ -596,6 +596,78 @@ async fn concurrent_appends_never_interleave() {
     );
 }
 
+#[tokio::test]
+async fn a_release_shares_its_sync_with_the_next_admission() {
+    // REC-01: the admission is synced before it answers; the release before
+    // it waits for that same sync instead of paying one of its own.
+    let s = scratch();
+    let (ledger, _) = open(&s.rec);
+    ledger.set_deferred_sync(Duration::from_secs(600));
+    ledger.persist(&reservation(1, None)).await.unwrap();
+    let before = ledger.syncs();
+    let journal = s.rec.join(JOURNAL_FILE);
+    let len = fs::metadata(&journal).unwrap().len();
+    let release = ledger.forget(id(1));
+    // Wait until the writer has appended the release (unsynced), so the
+    // admission comes after it rather than in the same batch.
+    let appended = std::time::Instant::now();
+    while fs::metadata(&journal).unwrap().len() == len {
+        assert!(
+            appended.elapsed() < Duration::from_secs(10),
+            "the release is appended"
+        );
+        std::thread::yield_now();
+    }
+    let admit = ledger.persist(&reservation(2, None));
+    let (released, admitted) = tokio::join!(release, admit);
+    released.unwrap();
+    admitted.unwrap();
+    assert_eq!(
+        ledger.syncs() - before,
+        1,
+        "one sync for the release and the admission"
+    );
+    drop(ledger);
+    let (_l, entries) = open(&s.rec);
+    assert_eq!(ids(&entries), vec![id(2)]);
+}
+
+#[tokio::test]
+async fn a_release_alone_is_synced_within_the_deferral() {
+    // REC-02: a release nobody follows is still made durable, and its
+    // future resolves only then.
+    let s = scratch();
+    let (ledger, _) = open(&s.rec);
+    ledger.persist(&reservation(1, None)).await.unwrap();
+    let before = ledger.syncs();
+    tokio::time::timeout(Duration::from_secs(10), ledger.forget(id(1)))
+        .await
+        .expect("the deferred sync comes")
+        .unwrap();
+    // The writer answered after syncing: the count is up without an
+    // inspection forcing it.
+    assert_eq!(ledger.syncs() - before, 1);
+    drop(ledger);
+    let (_l, entries) = open(&s.rec);
+    assert!(entries.is_empty());
+}
+
+#[tokio::test]
+async fn an_admission_is_never_answered_before_its_sync() {
+    // REC-01: however long releases may wait, an admission does not.
+    let s = scratch();
+    let (ledger, _) = open(&s.rec);
+    ledger.set_deferred_sync(Duration::from_secs(600));
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        ledger.persist(&reservation(1, None)),
+    )
+    .await
+    .expect("an admission syncs at once")
+    .unwrap();
+    assert_eq!(ledger.syncs(), 1);
+}
+
 #[test]
 fn only_one_ledger_may_open_a_directory() {
     // REC-25
