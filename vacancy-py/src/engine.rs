@@ -356,7 +356,13 @@ fn observed_model(item: &Bound<'_, PyAny>) -> PyResult<ObservedModel> {
 
 impl Engine {
     fn lock(&self) -> MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+        let mut g = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        // Python keeps no ledger and runs no reclaim loop of its own: what
+        // the engine asks of a shell is returned by each call instead (the
+        // resources to sample after a release), so its queue is emptied
+        // here rather than left to grow.
+        while g.engine.poll_effect().is_some() {}
+        g
     }
 
     /// Run `f` on the engine with the lock held; map its error after the lock is dropped.

@@ -15,6 +15,7 @@
 //!   learned priors (MEM-07..11), replaced by resident credit on proof (RES-01/02).
 //! - Uncertain work is held, never released without an explicit release.
 
+mod effect;
 mod inputs;
 mod priors;
 mod reclaim;
@@ -27,6 +28,7 @@ mod work;
 use std::collections::HashMap;
 use std::time::Duration;
 
+pub use effect::Effect;
 pub use inputs::{
     Lesson, ModelObservation, ObservedModel, OwnerPresence, PressureVerdict, ResidencyEvidence,
     VisibleWork,
@@ -48,6 +50,7 @@ pub use work::{
 use crate::config::OwnerScope;
 use crate::time::Moment;
 use crate::traits::resource::{CapacitySample, ResourceKind};
+use effect::Effects;
 use priors::{PendingFootprint, Priors};
 use reclaim::ActiveReclaim;
 use state::{Capacity, ResourceState};
@@ -262,6 +265,8 @@ pub struct Engine {
     /// owner edge that starts reclaims (OWN-01). Recorded here, not derived
     /// at the step, so an away moment between two steps is never missed.
     owner_edge: bool,
+    /// What the shell must do, in decision order ([`poll_effect`](Self::poll_effect)).
+    effects: Effects,
 }
 
 impl Engine {
@@ -308,6 +313,7 @@ impl Engine {
             reclaims: Vec::new(),
             next_reclaim: 1,
             owner_edge: false,
+            effects: Effects::default(),
         })
     }
 
@@ -393,6 +399,15 @@ impl Engine {
         self.entries.get(&id).map(|e| &e.reservation)
     }
 
+    // ---- effects -------------------------------------------------------
+
+    /// The next thing the shell must do, in the order the engine decided it
+    /// (see [`Effect`]). Drain it after every call that changes the engine:
+    /// ledger effects go to the store in this order.
+    pub fn poll_effect(&mut self) -> Option<Effect> {
+        self.effects.pop()
+    }
+
     // ---- inputs --------------------------------------------------------
 
     /// The lending switch.
@@ -412,6 +427,9 @@ impl Engine {
     pub fn set_owner(&mut self, presence: OwnerPresence) {
         if self.owner == OwnerPresence::Away && presence != OwnerPresence::Away {
             self.owner_edge = true;
+        }
+        if self.owner != presence {
+            self.effects.push(Effect::WakeReclaims);
         }
         self.owner = presence;
     }
@@ -457,6 +475,7 @@ impl Engine {
         let r = self.resource_mut(resource)?;
         r.pressure = verdict;
         r.pressure_cleared = cleared;
+        self.effects.push(Effect::WakeReclaims);
         Ok(())
     }
 
@@ -465,6 +484,7 @@ impl Engine {
     /// reclaims the work that depends on it (PRES-01..03).
     pub fn pressure_trigger(&mut self, resource: &str, why: &str) -> Result<(), EngineError> {
         self.resource_mut(resource)?.pressure_trigger = Some(why.to_owned());
+        self.effects.push(Effect::WakeReclaims);
         Ok(())
     }
 
@@ -674,6 +694,7 @@ impl Engine {
                 started_before: Duration::ZERO,
             },
         );
+        self.effects.push(Effect::Persist(reservation.clone()));
         Decision::Admitted(reservation)
     }
 
@@ -1042,6 +1063,10 @@ impl Engine {
             .get_mut(&id)
             .ok_or(EngineError::UnknownEntry(id))?;
         e.reservation.upstream_ref = Some(upstream_ref.to_owned());
+        self.effects.push(Effect::RewriteRef {
+            entry: id,
+            upstream_ref: upstream_ref.to_owned(),
+        });
         Ok(())
     }
 
@@ -1083,7 +1108,9 @@ impl Engine {
             ReleaseOutcome::NotForwarded => Ok(self.free(id, now)),
             ReleaseOutcome::Uncertain(reason) => {
                 e.phase = Phase::Held;
-                e.held_reason = Some(reason);
+                e.held_reason = Some(reason.clone());
+                self.effects.push(Effect::MarkHeld { entry: id, reason });
+                self.effects.push(Effect::WakeReclaims);
                 Ok(ReleaseEffect::Held)
             }
         }
@@ -1131,6 +1158,12 @@ impl Engine {
             r.disturbed(now);
             sample_now.push(r.spec.name.clone());
         }
+        self.effects.push(Effect::Forget(id));
+        for name in &sample_now {
+            self.effects.push(Effect::Sample(name.clone()));
+        }
+        self.effects.push(Effect::Observe(UpstreamId(e.upstream)));
+        self.effects.push(Effect::WakeReclaims);
         ReleaseEffect::Released {
             sample_now,
             observe_now: Some(UpstreamId(e.upstream)),

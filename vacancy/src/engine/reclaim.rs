@@ -217,7 +217,7 @@ impl ActiveReclaim {
 use crate::config::OwnerScope;
 use crate::engine::inputs::{OwnerPresence, PressureVerdict};
 use crate::engine::work::Phase;
-use crate::engine::{Engine, EngineError};
+use crate::engine::{Effect, Engine, EngineError};
 
 impl Engine {
     /// Whether owner policy refuses a host-scoped upstream now (OWN-01/02):
@@ -492,6 +492,7 @@ impl Engine {
             .position(|rc| rc.id == id)
             .ok_or_else(|| EngineError::UnknownReclaim(id.to_string()))?;
         self.end_reclaim(i, now);
+        self.effects.push(Effect::WakeReclaims);
         Ok(())
     }
 

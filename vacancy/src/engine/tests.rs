@@ -1382,3 +1382,99 @@ fn example_configuration_builds_an_engine() {
     let default = crate::config::Config::embedded_default().unwrap();
     Engine::new(EngineSpec::from(&default.config)).unwrap();
 }
+
+fn drain(e: &mut Engine) -> Vec<Effect> {
+    std::iter::from_fn(|| e.poll_effect()).collect()
+}
+
+#[test]
+fn an_admission_queues_its_record_before_anything_is_forwarded() {
+    // REC-01: the shell learns from the engine what to persist.
+    let mut e = ready(gpu_and_ram(), 0);
+    drain(&mut e);
+    let r = admitted(admit(&mut e, "llm", None, 10));
+    assert_eq!(drain(&mut e), vec![Effect::Persist(r)]);
+    // A refusal changes nothing on disk.
+    refused(admit(&mut e, "llm", None, 10));
+    assert_eq!(drain(&mut e), vec![]);
+}
+
+#[test]
+fn a_release_queues_forget_then_post_job_samples_then_wake_ups_in_order() {
+    // ADM-05, RES-02: the record goes first, then each freed resource is
+    // sampled and the upstream observed; the reclaim loop is woken once.
+    let mut e = ready(gpu_and_ram(), 0);
+    let r = admitted(admit(&mut e, "llm", None, 10));
+    drain(&mut e);
+    e.release(r.id, ReleaseOutcome::Completed, t(20)).unwrap();
+    let up = e.upstream_id("llm").unwrap();
+    assert_eq!(
+        drain(&mut e),
+        vec![
+            Effect::Forget(r.id),
+            Effect::Sample(GPU.to_owned()),
+            Effect::Sample(RAM.to_owned()),
+            Effect::Observe(up),
+            Effect::WakeReclaims,
+        ]
+    );
+}
+
+#[test]
+fn an_uncertain_end_queues_the_hold_and_a_held_release_queues_forget() {
+    // DONE-03, HELD-04: a hold is recorded with its reason; releasing it
+    // forgets the record and samples the resources it held (HELD-07).
+    let mut e = ready(gpu_and_ram(), 0);
+    let r = admitted(admit(&mut e, "cpu-lane", None, 10));
+    drain(&mut e);
+    e.release(
+        r.id,
+        ReleaseOutcome::Uncertain("broke off".to_owned()),
+        t(20),
+    )
+    .unwrap();
+    assert_eq!(
+        drain(&mut e),
+        vec![
+            Effect::MarkHeld {
+                entry: r.id,
+                reason: "broke off".to_owned()
+            },
+            Effect::WakeReclaims,
+        ]
+    );
+    e.release_held(r.id, HeldRelease::AdministratorConfirmed, t(30))
+        .unwrap();
+    let effects = drain(&mut e);
+    assert_eq!(effects.first(), Some(&Effect::Forget(r.id)));
+    assert!(effects.contains(&Effect::Sample(RAM.to_owned())));
+}
+
+#[test]
+fn a_rewritten_handle_is_queued_for_the_record() {
+    // REC-04
+    let mut e = ready(gpu_and_ram(), 0);
+    let r = admitted(admit(&mut e, "cpu-lane", None, 10));
+    drain(&mut e);
+    e.set_upstream_ref(r.id, "prompt-9").unwrap();
+    assert_eq!(
+        drain(&mut e),
+        vec![Effect::RewriteRef {
+            entry: r.id,
+            upstream_ref: "prompt-9".to_owned()
+        }]
+    );
+}
+
+#[test]
+fn presence_and_pressure_changes_wake_the_reclaims_once() {
+    // OWN-01, PRES-01: a change the reclaim step acts on wakes it; the
+    // same presence twice does not, and wake-ups are not queued twice.
+    let mut e = ready(gpu_and_ram(), 0);
+    drain(&mut e);
+    e.set_owner(OwnerPresence::Away);
+    assert_eq!(drain(&mut e), vec![]);
+    e.set_owner(OwnerPresence::Present);
+    e.pressure_trigger(GPU, "engaged").unwrap();
+    assert_eq!(drain(&mut e), vec![Effect::WakeReclaims]);
+}

@@ -8,9 +8,9 @@ use tokio::sync::Notify;
 use tracing::{debug, info, warn};
 
 use crate::engine::{
-    Decision, Engine, EngineError, EngineStatus, EntryId, HeldRelease, Lesson, ModelObservation,
-    OwnerPresence, Phase, Refusal, RefusalCode, ReleaseEffect, ReleaseOutcome, Reservation,
-    UpstreamId, Vacancy, WorkRequest,
+    Decision, Effect, Engine, EngineError, EngineStatus, EntryId, HeldRelease, Lesson,
+    ModelObservation, OwnerPresence, Phase, Refusal, RefusalCode, ReleaseEffect, ReleaseOutcome,
+    Reservation, UpstreamId, Vacancy, WorkRequest,
 };
 use crate::proxy::history::History;
 use crate::proxy::live::LiveWork;
@@ -24,8 +24,12 @@ use crate::traits::resource::{CapacitySample, SampleError};
 /// # Behavior
 ///
 /// The engine lock is held only for the engine's pure calls, never across I/O.
-/// A release asks each freed resource for an immediate sample (ADM-05); every
-/// recorded sample wakes requests waiting for one (ADM-06).
+/// Every call drains the engine's [`Effect`]s in one place
+/// ([`engine_call`](Self::engine_call)): ledger effects are submitted to the
+/// store under the lock, so the store's order is the engine's, and awaited
+/// outside it; wake-ups fire after the lock. A release asks each freed
+/// resource for an immediate sample (ADM-05); every recorded sample wakes
+/// requests waiting for one (ADM-06).
 pub struct Lender {
     engine: Mutex<Engine>,
     clock: MonotonicClock,
@@ -53,6 +57,15 @@ impl Lender {
         clock: MonotonicClock,
         store: Arc<dyn ReservationStore>,
     ) -> Self {
+        let mut engine = engine;
+        // What the engine decided before it had a lender: ledger changes are
+        // queued in the store now (it queues on submission, so the futures
+        // may go); wake-ups have nobody to wake yet.
+        while let Some(effect) = engine.poll_effect() {
+            if let Some((_, write)) = submit(store.as_ref(), effect) {
+                drop(write);
+            }
+        }
         Lender {
             engine: Mutex::new(engine),
             clock,
@@ -70,11 +83,68 @@ impl Lender {
         }
     }
 
-    /// Run `f` with the engine locked. Keep `f` short and free of I/O.
-    /// Inside the crate only: what the control plane may change goes through
-    /// the typed methods below, which also wake what a change concerns.
+    /// Run `f` with the engine locked and apply what it decided. Keep `f`
+    /// short and free of I/O. Inside the crate only: what the control plane
+    /// may change goes through the typed methods below.
     pub(crate) fn with_engine<R>(&self, f: impl FnOnce(&mut Engine) -> R) -> R {
-        f(&mut self.lock())
+        let (out, writes) = self.engine_call(f);
+        for write in writes {
+            write.in_background();
+        }
+        out
+    }
+
+    /// The one place the engine's effects are applied: run `f` under the
+    /// lock, submit each ledger effect to the store in the engine's order
+    /// before the lock is let go, then fire the wake-ups. Returns the
+    /// submitted writes, for the caller to await outside the lock.
+    fn engine_call<R>(&self, f: impl FnOnce(&mut Engine) -> R) -> (R, Vec<LedgerWrite>) {
+        self.engine_call_recorded(f, None)
+    }
+
+    /// [`engine_call`](Self::engine_call), where the caller has recorded
+    /// `recorded` itself already (an acknowledged release, which must be on
+    /// disk before the engine frees anything): that effect is not submitted
+    /// twice.
+    fn engine_call_recorded<R>(
+        &self,
+        f: impl FnOnce(&mut Engine) -> R,
+        recorded: Option<&Effect>,
+    ) -> (R, Vec<LedgerWrite>) {
+        let mut writes = Vec::new();
+        let mut wakes = Wakes::default();
+        let out = {
+            let mut engine = self.lock();
+            let out = f(&mut engine);
+            while let Some(effect) = engine.poll_effect() {
+                if recorded == Some(&effect) {
+                    continue;
+                }
+                match effect {
+                    Effect::Sample(resource) => wakes.sample.push(resource),
+                    Effect::Observe(upstream) => wakes.observe.push(upstream),
+                    Effect::WakeReclaims => wakes.reclaims = true,
+                    ledger => {
+                        if let Some((record, write)) = submit(self.store.as_ref(), ledger) {
+                            writes.push(LedgerWrite { record, write });
+                        }
+                    }
+                }
+            }
+            out
+        };
+        for resource in &wakes.sample {
+            if let Some(t) = self.sample_now.get(resource) {
+                t.notify_one();
+            }
+        }
+        for upstream in wakes.observe {
+            self.observe_trigger(upstream).notify_one();
+        }
+        if wakes.reclaims {
+            self.wake_reclaims();
+        }
+        (out, writes)
     }
 
     /// The engine's handle of the upstream called `name`.
@@ -91,7 +161,7 @@ impl Lender {
 
     /// Switch lending on or off (the owner's switch).
     pub fn set_lending(&self, enabled: bool) {
-        self.lock().set_lending(enabled);
+        self.with_engine(|e| e.set_lending(enabled));
     }
 
     /// Switch one resource's lending on or off.
@@ -100,7 +170,7 @@ impl Lender {
     ///
     /// [`EngineError`] when no resource has that name.
     pub fn set_resource_enabled(&self, resource: &str, enabled: bool) -> Result<(), EngineError> {
-        self.lock().set_resource_enabled(resource, enabled)
+        self.with_engine(|e| e.set_resource_enabled(resource, enabled))
     }
 
     /// The owner's presence now.
@@ -112,16 +182,11 @@ impl Lender {
     /// an owner coming back may start reclaims (OWN-01). Returns whether it
     /// changed.
     pub fn set_owner(&self, presence: OwnerPresence) -> bool {
-        let changed = {
-            let mut engine = self.lock();
+        self.with_engine(|engine| {
             let before = engine.owner();
             engine.set_owner(presence);
             before != presence
-        };
-        if changed {
-            self.wake_reclaims();
-        }
-        changed
+        })
     }
 
     fn lock(&self) -> MutexGuard<'_, Engine> {
@@ -251,15 +316,16 @@ impl Lender {
             tokio::pin!(landed);
             landed.as_mut().enable();
             let now = self.clock.now();
-            let step = self.with_engine(|e| match e.admit(request, now) {
+            let (decision, writes) = self.engine_call(|e| e.admit(request, now));
+            let step = match decision {
                 Decision::Admitted(reservation) => Step::Admitted(Admission {
-                    write: self.store.persist(&reservation),
+                    write: persisted(&reservation, writes),
                     reservation,
                 }),
                 Decision::Refused(refusal) => Step::Decided(Decided::Refused(refusal)),
                 Decision::Reobserve(refusal) => Step::Decided(Decided::Reobserve(refusal)),
                 Decision::Wait { until, resources } => Step::Wait(until, resources),
-            });
+            };
             let (until, resources) = match step {
                 Step::Admitted(admission) => {
                     self.metrics.phase(
@@ -325,28 +391,12 @@ impl Lender {
             _ => None,
         };
         let now = self.clock.now();
-        let (effect, write) = self.with_engine(|e| {
-            let effect = e.release(entry, outcome, now);
-            let write = match &effect {
-                Ok(ReleaseEffect::Released { .. }) => Some(self.store.forget(entry)),
-                Ok(ReleaseEffect::Held) => Some(
-                    self.store
-                        .mark_held(entry, held_reason.as_deref().unwrap_or_default()),
-                ),
-                Err(_) => None,
-            };
-            (effect, write)
-        });
+        let effect = self.with_engine(|e| e.release(entry, outcome, now));
         self.live.forget(entry);
-        self.wake_reclaims();
         match effect {
-            Ok(ReleaseEffect::Released {
-                sample_now,
-                observe_now,
-            }) => {
+            Ok(ReleaseEffect::Released { .. }) => {
                 info!(entry = %entry, "released");
                 self.history.job_ended(entry, now);
-                self.after_release(&sample_now, observe_now);
             }
             Ok(ReleaseEffect::Held) => {
                 let reason = held_reason.unwrap_or_default();
@@ -357,13 +407,6 @@ impl Lender {
                 debug!(entry = %entry, "already released");
             }
             Err(e) => warn!(entry = %entry, error = %e, "release refused"),
-        }
-        if let Some(write) = write {
-            spawn_store_update(async move {
-                if let Err(e) = write.await {
-                    warn!(entry = %entry, error = %e, "could not record the end of the work; a restart returns it as held");
-                }
-            });
         }
     }
 
@@ -376,7 +419,8 @@ impl Lender {
     /// entry, so an acknowledged release survives a crash; if it cannot be
     /// written the entry stays held and the error says so. Meanwhile the
     /// entry keeps its resources, so no admission can reuse them before the
-    /// record is on disk.
+    /// record is on disk; the engine's own `Forget` that follows is not
+    /// submitted again.
     pub async fn release_held(
         &self,
         entry: EntryId,
@@ -392,15 +436,17 @@ impl Lender {
         })?;
         write.await.map_err(HeldReleaseError::NotRecorded)?;
         let now = self.clock.now();
-        match self.with_engine(|e| e.release_held(entry, by, now)) {
-            Ok(ReleaseEffect::Released {
-                sample_now,
-                observe_now,
-            }) => {
+        let (released, writes) = self.engine_call_recorded(
+            |e| e.release_held(entry, by, now),
+            Some(&Effect::Forget(entry)),
+        );
+        for write in writes {
+            write.in_background();
+        }
+        match released {
+            Ok(ReleaseEffect::Released { .. }) => {
                 info!(entry = %entry, by = ?by, "held work released");
                 self.history.job_ended(entry, now);
-                self.after_release(&sample_now, observe_now);
-                self.wake_reclaims();
                 Ok(())
             }
             Ok(ReleaseEffect::Held) => Ok(()),
@@ -410,15 +456,21 @@ impl Lender {
         }
     }
 
-    fn after_release(&self, resources: &[String], observe: Option<UpstreamId>) {
-        for r in resources {
-            if let Some(t) = self.sample_now.get(r) {
-                t.notify_one();
-            }
+    /// The upstream named its own handle for an entry's work (REC-04): the
+    /// engine carries it from now on and the record is rewritten; resolves
+    /// once the rewrite is durable, or with why it is not (REC-06: tracking
+    /// goes on with the upstream's handle either way).
+    pub async fn set_upstream_ref(
+        &self,
+        entry: EntryId,
+        upstream_ref: &str,
+    ) -> Result<(), RecordError> {
+        let (set, writes) = self.engine_call(|e| e.set_upstream_ref(entry, upstream_ref));
+        set?;
+        for write in writes {
+            write.write.await.map_err(RecordError::NotRecorded)?;
         }
-        if let Some(upstream) = observe {
-            self.observe_trigger(upstream).notify_one();
-        }
+        Ok(())
     }
 
     /// A snapshot of the engine.
@@ -428,16 +480,87 @@ impl Lender {
     }
 }
 
-/// Wait for a store write on the current runtime, to log its failure. The
-/// change is queued already; outside a runtime (a shutdown) only the log line
-/// is lost.
-fn spawn_store_update(update: impl std::future::Future<Output = ()> + Send + 'static) {
-    match tokio::runtime::Handle::try_current() {
-        Ok(handle) => {
-            handle.spawn(update);
+/// Submit a ledger effect to the store (queued in the call); `None` for an
+/// effect that is not the store's.
+fn submit(store: &dyn ReservationStore, effect: Effect) -> Option<(Record, StoreWrite)> {
+    Some(match effect {
+        Effect::Persist(r) => (Record::Admission(r.id), store.persist(&r)),
+        Effect::MarkHeld { entry, reason } => {
+            (Record::Hold(entry), store.mark_held(entry, &reason))
         }
-        Err(_) => warn!("no runtime to update the reservation store; the record stays"),
+        Effect::RewriteRef {
+            entry,
+            upstream_ref,
+        } => (
+            Record::Handle(entry),
+            store.rewrite_ref(entry, &upstream_ref),
+        ),
+        Effect::Forget(entry) => (Record::End(entry), store.forget(entry)),
+        _ => return None,
+    })
+}
+
+/// Which record a ledger write carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Record {
+    Admission(EntryId),
+    Hold(EntryId),
+    Handle(EntryId),
+    End(EntryId),
+}
+
+/// A ledger effect submitted to the store, on its way to disk.
+struct LedgerWrite {
+    record: Record,
+    write: StoreWrite,
+}
+
+impl LedgerWrite {
+    /// Nobody waits for this write: log its failure from a task of its own.
+    /// The change is queued already; outside a runtime (a shutdown) only the
+    /// log line is lost.
+    fn in_background(self) {
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            warn!(record = ?self.record, "no runtime to watch the reservation store's write; the record is queued");
+            return;
+        };
+        handle.spawn(async move {
+            if let Err(e) = self.write.await {
+                match self.record {
+                    Record::End(entry) | Record::Hold(entry) => warn!(entry = %entry, error = %e.reason, "could not record the end of the work; a restart returns it as held"),
+                    Record::Admission(entry) | Record::Handle(entry) => warn!(entry = %entry, error = %e.reason, "could not record the work"),
+                }
+            }
+        });
     }
+}
+
+/// The wake-ups gathered under the engine lock, fired after it.
+#[derive(Default)]
+struct Wakes {
+    sample: Vec<String>,
+    observe: Vec<UpstreamId>,
+    reclaims: bool,
+}
+
+/// The admission's own record among the writes an admission queued; the
+/// rest (none today) go to the background.
+fn persisted(reservation: &Reservation, writes: Vec<LedgerWrite>) -> StoreWrite {
+    let mut own = None;
+    for w in writes {
+        if own.is_none() && w.record == Record::Admission(reservation.id) {
+            own = Some(w.write);
+        } else {
+            w.in_background();
+        }
+    }
+    let entry = reservation.id;
+    own.unwrap_or_else(|| {
+        Box::pin(std::future::ready(Err(StoreError {
+            entry,
+            reason: "the engine queued no record for the admission".to_owned(),
+        })))
+    })
 }
 
 /// An admitted request whose record is queued in the store.
@@ -486,6 +609,17 @@ pub enum HeldReleaseError {
     Engine(#[from] EngineError),
     /// The release could not be recorded; the entry stays held.
     #[error("the release could not be recorded, so the entry stays held: {0}")]
+    NotRecorded(StoreError),
+}
+
+/// A change the engine made could not be recorded.
+#[derive(Debug, thiserror::Error)]
+pub enum RecordError {
+    /// The engine refused: unknown entry.
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+    /// The store could not write it.
+    #[error("the change could not be recorded: {0}")]
     NotRecorded(StoreError),
 }
 
@@ -682,5 +816,143 @@ mod tests {
         assert!(matches!(err, HeldReleaseError::NotRecorded(_)), "{err}");
         assert!(err.to_string().contains("stays held"), "{err}");
         assert_eq!(lender.with_engine(|e| e.phase(first.id)), Some(Phase::Held));
+    }
+
+    /// A store that notes every change in submission order and yields the
+    /// thread while it does, to widen any window between the engine's
+    /// decision and the store's queue.
+    #[derive(Default)]
+    struct Journal {
+        changes: Mutex<Vec<StoreChange>>,
+    }
+
+    impl ReservationStore for Journal {
+        fn submit(&self, change: StoreChange) -> StoreWrite {
+            std::thread::yield_now();
+            self.changes.lock().unwrap().push(change);
+            Box::pin(std::future::ready(Ok(())))
+        }
+    }
+
+    /// Replay a journal: each entry's changes come admit first and end
+    /// last, and no two live records ever hold one resource.
+    fn replay(changes: &[StoreChange]) -> Result<usize, String> {
+        use std::collections::HashSet;
+        let mut live: HashMap<EntryId, Vec<String>> = HashMap::new();
+        let mut ended: HashSet<EntryId> = HashSet::new();
+        for (line, change) in changes.iter().enumerate() {
+            let entry = change.entry();
+            if ended.contains(&entry) {
+                return Err(format!("line {line}: {change:?} after the entry's end"));
+            }
+            match change {
+                StoreChange::Admit(r) => {
+                    for c in &r.charges {
+                        if let Some(other) = live.iter().find(|(_, res)| res.contains(&c.resource))
+                        {
+                            return Err(format!(
+                                "line {line}: {entry} admitted on {} while {} still holds it",
+                                c.resource, other.0
+                            ));
+                        }
+                    }
+                    live.insert(
+                        entry,
+                        r.charges.iter().map(|c| c.resource.clone()).collect(),
+                    );
+                }
+                StoreChange::Held { .. } | StoreChange::Ref { .. } => {
+                    if !live.contains_key(&entry) {
+                        return Err(format!("line {line}: {change:?} before its admission"));
+                    }
+                }
+                StoreChange::Release(_) => {
+                    if live.remove(&entry).is_none() {
+                        return Err(format!(
+                            "line {line}: release of {entry} before its admission"
+                        ));
+                    }
+                    ended.insert(entry);
+                }
+            }
+        }
+        Ok(changes.len())
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn releases_holds_and_admissions_reach_the_journal_in_the_engines_order() {
+        // REC-01, REC-02 (issue 16 item 2): borrowers on four threads race
+        // a release against the next admission and a hold against an
+        // administrator's release. The engine lends gpu0 to one job at a
+        // time; the journal, replayed, must never show two live records on
+        // it, nor a change after its entry's end.
+        let store = Arc::new(Journal::default());
+        let (lender, up) = {
+            let mut engine = Engine::new(EngineSpec {
+                lending: true,
+                resources: vec![ResourceSpec::new("gpu0", ResourceKind::Gpu, 1000)],
+                upstreams: vec![UpstreamSpec::new("llm", "gpu0", 1000)],
+            })
+            .unwrap();
+            engine.set_owner(OwnerPresence::Away);
+            let lender = Arc::new(Lender::new(
+                engine,
+                ["gpu0".to_owned()],
+                MonotonicClock::new(),
+                Arc::clone(&store) as Arc<dyn ReservationStore>,
+            ));
+            let up = lender.upstream_id("llm").unwrap();
+            (lender, up)
+        };
+        // The post-job sampler (ADM-04/05).
+        let sampler = {
+            let lender = Arc::clone(&lender);
+            let trigger = lender.sample_trigger("gpu0").unwrap();
+            tokio::spawn(async move {
+                loop {
+                    sample(&lender);
+                    trigger.notified().await;
+                }
+            })
+        };
+        let mut borrowers = Vec::new();
+        for b in 0..8u32 {
+            let lender = Arc::clone(&lender);
+            borrowers.push(tokio::spawn(async move {
+                let mut done = 0;
+                let mut n = 0u32;
+                while done < 25 {
+                    n += 1;
+                    let req = WorkRequest::new(up, None, lender.clock().now());
+                    let Ok(r) = lender.admit(&req, "llm").await else {
+                        tokio::task::yield_now().await;
+                        continue;
+                    };
+                    done += 1;
+                    if (n + b).is_multiple_of(3) {
+                        lender.release(r.id, ReleaseOutcome::Uncertain("broke off".to_owned()));
+                        lender
+                            .release_held(r.id, HeldRelease::AdministratorConfirmed)
+                            .await
+                            .unwrap();
+                    } else {
+                        lender.release(r.id, ReleaseOutcome::Completed);
+                    }
+                }
+            }));
+        }
+        for b in borrowers {
+            b.await.unwrap();
+        }
+        sampler.abort();
+        let changes = store.changes.lock().unwrap().clone();
+        let admitted = changes
+            .iter()
+            .filter(|c| matches!(c, StoreChange::Admit(_)))
+            .count();
+        assert_eq!(admitted, 200, "every job recorded");
+        if let Err(e) = replay(&changes) {
+            panic!("the journal is out of the engine's order: {e}");
+        }
     }
 }

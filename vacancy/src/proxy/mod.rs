@@ -39,7 +39,7 @@ pub mod target;
 pub mod tracked;
 
 pub use forward::ProxyBody;
-pub use lender::{Admission, Decided, HeldReleaseError, Lender};
+pub use lender::{Admission, Decided, HeldReleaseError, Lender, RecordError};
 pub use listen::{Listening, serve};
 pub use route::UpstreamRoute;
 pub use shutdown::stopped;

@@ -63,7 +63,6 @@ pub async fn pressure_loop(
         for (gpu, last) in gpus.iter_mut().zip(&mut last) {
             round(&lender, gpu, owner, &exclude, poll, last).await;
         }
-        lender.wake_reclaims();
         tokio::select! {
             () = tokio::time::sleep(poll) => {}
             () = stopped(&mut shutdown) => return,

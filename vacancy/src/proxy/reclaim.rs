@@ -281,7 +281,6 @@ impl Act {
         }
         ended(&self.lender, id, self.route.id, "acted");
         info!(reclaim = %id, upstream, "reclaim complete; new work waits for a fresh capacity sample");
-        self.lender.wake_reclaims();
     }
 
     /// Cancel tracked work through the adapter (RECL-16..29).

@@ -190,16 +190,9 @@ struct Events {
 impl TrackingEvents for Events {
     async fn upstream_ref(&self, upstream_ref: &str) {
         let entry = self.entry;
-        // The record first: what /status shows is then already durable.
-        if let Err(e) = self.lender.store().rewrite_ref(entry, upstream_ref).await {
+        if let Err(e) = self.lender.set_upstream_ref(entry, upstream_ref).await {
             // REC-06: tracking goes on with the upstream's handle.
             warn!(entry = %entry, upstream = %self.route.name, assigned_ref = %self.assigned, upstream_ref, error = %e, "could not rewrite the record with the upstream's handle; tracking it anyway");
-        }
-        if let Err(e) = self
-            .lender
-            .with_engine(|e| e.set_upstream_ref(entry, upstream_ref))
-        {
-            warn!(entry = %entry, error = %e, "could not record the upstream's handle in the engine");
         }
     }
 
