@@ -19,8 +19,9 @@ use toml::de::{DeString, DeTable, DeValue, ValueDeserializer};
 
 use super::error::ConfigError;
 use super::schema::{
-    Config, CredentialConfig, GpuPressureConfig, ModelRequirement, OwnerConfig, ResourceConfig,
-    ResourceRequirement, ServerConfig, TokenConfig, UpstreamConfig, VoiceRoutesConfig,
+    Config, CredentialConfig, GpuPressureConfig, ModelRequirement, OwnerConfig, QueueConfig,
+    ResourceConfig, ResourceRequirement, ServerConfig, TokenConfig, UpstreamConfig,
+    VoiceRoutesConfig,
 };
 
 /// A configuration that parsed, with the line of every key that was written.
@@ -362,6 +363,7 @@ fn check_upstream(w: &mut Walker, v: &Spanned<DeValue<'_>>, p: &KeyPath) {
                 "voice_routes",
                 Nested::Table(check_struct_leaf::<VoiceRoutesConfig>),
             ),
+            ("queue", Nested::Table(check_struct_leaf::<QueueConfig>)),
         ],
     );
 }
@@ -475,6 +477,7 @@ pub(crate) fn all_tables() -> Vec<(&'static str, &'static [&'static str])> {
         ),
         ("upstream.credential", field_names::<CredentialConfig>()),
         ("upstream.voice_routes", field_names::<VoiceRoutesConfig>()),
+        ("upstream.queue", field_names::<QueueConfig>()),
     ]
 }
 
