@@ -153,6 +153,18 @@ impl Engine {
             (Err(Blocked::Refused(r)), _) if r.code == RefusalCode::ResourceBusy => r,
             (Err(Blocked::Wait { until, resources }), _) => {
                 let until = match seat {
+                    Some(i) if now >= self.line[i].until => {
+                        // Its deadline came while the post-job sample was
+                        // still awaited: answered, as every waiter is.
+                        let waited = now.since(self.line[i].joined).as_secs_f64();
+                        self.leave_at(i);
+                        return Err(Decision::Refused(Refusal::new(
+                            RefusalCode::ResourceBusy,
+                            format!(
+                                "the resource's capacity after the last job is not measured yet (waited {waited:.1} s in line, its limit); retry in 2 s"
+                            ),
+                        )));
+                    }
                     Some(i) => {
                         let w = &mut self.line[i];
                         if behind.is_none() {
