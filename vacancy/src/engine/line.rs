@@ -121,7 +121,9 @@ impl Engine {
 
     /// Settle a request's place in the line after its admission check:
     /// `Ok` with the charges when it may take its resources now, else the
-    /// decision to answer.
+    /// decision to answer (never `Admitted`; boxing it would allocate on
+    /// every refusal of the hot path).
+    #[allow(clippy::result_large_err)]
     pub(super) fn line_turn(
         &mut self,
         req: &WorkRequest,
