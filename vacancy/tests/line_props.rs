@@ -18,8 +18,8 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use vacancy::engine::{
-    Decision, Engine, EngineSpec, EntryId, OwnerPresence, QueueSpec, ReleaseOutcome, ResourceSpec,
-    UpstreamSpec, WorkRequest,
+    Decision, Engine, EngineSpec, EntryId, LINE_EXPIRY_GRACE, OwnerPresence, QueueSpec,
+    ReleaseOutcome, ResourceSpec, UpstreamSpec, WorkRequest,
 };
 use vacancy::{CapacitySample, Moment, ResourceKind};
 
@@ -163,6 +163,14 @@ fn run(events: Vec<Event>) -> Result<(), TestCaseError> {
         };
         let Some(i) = ask else { continue };
         let t = Moment::from_millis(now);
+        // A waiter that did not ask again within the grace after its
+        // deadline is dropped from the line: it asks as a new request.
+        for p in &mut pending {
+            if p.until.is_some_and(|u| t >= u.after(LINE_EXPIRY_GRACE)) {
+                p.joined = None;
+                p.until = None;
+            }
+        }
         let decision = e.admit(&pending[i].req, t);
         let p = &pending[i];
         match decision {

@@ -42,6 +42,11 @@ pub struct QueueSpec {
     pub max_wait: Duration,
 }
 
+/// How long past its deadline a waiter that never asked again stays in line:
+/// a shell asks at the deadline, so one that has not by then is gone (a
+/// shell that never said it left) and must not block those behind it.
+pub const LINE_EXPIRY_GRACE: Duration = Duration::from_secs(60);
+
 /// Requests that may wait without an upstream line (a per-request wait).
 const PER_REQUEST_MAX_WAITING: u32 = 1024;
 
@@ -87,6 +92,15 @@ impl Engine {
     /// Whether request `id` waits in line.
     pub fn in_line(&self, id: EntryId) -> bool {
         self.seat(id).is_some()
+    }
+
+    /// Drop waiters gone past their deadline by [`LINE_EXPIRY_GRACE`].
+    pub(super) fn expire_line(&mut self, now: Moment) {
+        let before = self.line.len();
+        self.line.retain(|w| now < w.until.after(LINE_EXPIRY_GRACE));
+        if self.line.len() != before {
+            self.wake_waiters();
+        }
     }
 
     /// Where request `id` waits, if it does.

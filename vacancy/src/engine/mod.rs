@@ -34,7 +34,7 @@ pub use inputs::{
     Lesson, ModelObservation, ObservedModel, OwnerPresence, PressureVerdict, ResidencyEvidence,
     VisibleWork,
 };
-pub use line::{LineStatus, QueueSpec};
+pub use line::{LINE_EXPIRY_GRACE, LineStatus, QueueSpec};
 pub use priors::MAX_PRIOR_IDENTITIES;
 pub use reclaim::{
     RESPONSE_CUT_GRACE, ReclaimCommand, ReclaimId, ReclaimPolicy, ReclaimStatus, ReclaimTrigger,
@@ -650,6 +650,9 @@ impl Engine {
         };
         let names = ModelNames::of(req);
         let residency = self.residency(u, names.identity, &req.reuse, now);
+        if !self.line.is_empty() {
+            self.expire_line(now);
+        }
         let seat = self.seat(req.id);
         let arrived = self.line_arrival(req, seat, now);
         let evaluated = self.evaluate(req.upstream.0, names, &residency, arrived, now);

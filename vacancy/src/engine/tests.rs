@@ -1711,3 +1711,22 @@ fn line_a_request_may_bring_its_own_wait() {
         Some(Duration::from_secs(1))
     );
 }
+
+#[test]
+fn line_a_waiter_that_never_asks_again_does_not_block_the_line_for_good() {
+    // A shell that lost a waiter without saying so: past its deadline and
+    // the grace, it no longer holds back those behind it.
+    let mut e = lined(4, 1_000);
+    let job = admitted(admit(&mut e, "llm", None, 10));
+    let ghost = req(&e, "llm", None, 20);
+    waits(e.admit(&ghost, t(20)));
+    end_job(&mut e, &job, 100);
+    let late = 20 + 1_000 + LINE_EXPIRY_GRACE.as_millis() as u64;
+    for name in [GPU, RAM] {
+        e.record_sample(name, CapacitySample::memory(64_000, 80_000, t(late)))
+            .unwrap();
+    }
+    let next = req(&e, "llm", None, late);
+    admitted(e.admit(&next, t(late)));
+    assert!(!e.in_line(ghost.id));
+}
