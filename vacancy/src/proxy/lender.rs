@@ -24,8 +24,8 @@ use crate::traits::resource::{CapacitySample, SampleError};
 /// # Behavior
 ///
 /// The engine lock is held only for the engine's pure calls, never across I/O.
-/// Every call drains the engine's [`Effect`]s in one place
-/// ([`engine_call`](Self::engine_call)): ledger effects are submitted to the
+/// Every call drains the engine's [`Effect`]s in one place (the private
+/// `engine_call`): ledger effects are submitted to the
 /// store under the lock, so the store's order is the engine's, and awaited
 /// outside it; wake-ups fire after the lock. A release asks each freed
 /// resource for an immediate sample (ADM-05); every recorded sample wakes
