@@ -319,6 +319,26 @@ impl Writer {
         }
     }
 
+    /// Remove the file of a compaction that will not be renamed, and make
+    /// the removal durable before anything more is appended: a removal lost
+    /// in a crash would bring the stale file back whole, and the next open
+    /// would complete it over the records appended since (REC-05). Found by
+    /// the simulation (seed 29); when the removal cannot be made certain,
+    /// stop writing.
+    fn discard_compaction(&mut self, new_path: &std::path::Path) {
+        let removed = match self.disk.remove(new_path) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return,
+            Err(e) => Err(LedgerError::io("remove", new_path, e)),
+            Ok(()) => sync_dir_on(self.disk.as_ref(), &self.dir),
+        };
+        if let Err(e) = removed {
+            let reason =
+                format!("a failed compaction's file could not be removed for certain ({e})");
+            warn!(path = %new_path.display(), reason = %reason, "journal unavailable");
+            self.unavailable = Some(reason);
+        }
+    }
+
     /// Rewrite the journal with only the live entries (REC-04).
     pub(crate) fn compact(&mut self) -> Result<(), LedgerError> {
         let new_path = self.dir.join(COMPACT_FILE);
@@ -337,12 +357,12 @@ impl Writer {
         let file = match written {
             Ok(f) => f,
             Err(e) => {
-                let _ = self.disk.remove(&new_path);
+                self.discard_compaction(&new_path);
                 return Err(LedgerError::io("write the compacted journal", &new_path, e));
             }
         };
         if let Err(e) = self.disk.rename(&new_path, &self.journal_path) {
-            let _ = self.disk.remove(&new_path);
+            self.discard_compaction(&new_path);
             return Err(LedgerError::io(
                 "rename the compacted journal over",
                 &self.journal_path,

@@ -71,6 +71,8 @@ struct State {
     next: u64,
     fault: Option<Fault>,
     log: Vec<DiskOp>,
+    /// Whether `log` is kept (a long simulation does without).
+    logging: bool,
 }
 
 impl State {
@@ -83,6 +85,9 @@ impl State {
             Some(Fault::From { at, errno }) if index >= at => Some((errno, false)),
             _ => None,
         };
+        if !self.logging {
+            return failed;
+        }
         self.log.push(DiskOp {
             index,
             kind,
@@ -104,6 +109,14 @@ pub struct FaultDisk {
 impl FaultDisk {
     /// Around `inner`, failing nothing yet.
     pub fn new(inner: Arc<dyn Disk>) -> Self {
+        let disk = Self::unlogged(inner);
+        disk.lock().logging = true;
+        disk
+    }
+
+    /// As [`new`](Self::new), keeping no [`log`](Self::log): for runs with
+    /// millions of writes.
+    pub fn unlogged(inner: Arc<dyn Disk>) -> Self {
         FaultDisk {
             inner,
             state: Arc::default(),
