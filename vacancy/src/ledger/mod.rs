@@ -361,9 +361,12 @@ impl Ledger {
         let _ = self.send(Job::CompactMinLines(n));
     }
 
-    #[cfg(test)]
-    fn set_deferred_sync(&self, window: std::time::Duration) {
-        self.inspect(move |w| w.deferred_sync = window);
+    /// Let a release or hold wait up to `window` for the next sync instead
+    /// of 5 ms: zero syncs each at once, for a simulation that waits for
+    /// every write.
+    #[cfg(any(test, feature = "testkit"))]
+    pub fn set_deferred_sync(&self, window: std::time::Duration) {
+        let _ = self.send(Job::DeferredSync(window));
     }
 
     #[cfg(test)]

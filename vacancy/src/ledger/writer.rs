@@ -21,9 +21,9 @@ use tokio::sync::oneshot;
 use tracing::{debug, info, warn};
 
 use crate::engine::EntryId;
+use crate::ledger::disk::{Disk, DiskFile};
 use crate::ledger::error::LedgerError;
 use crate::ledger::record::{self, LiveSet, RecoveredEntry};
-use crate::ledger::disk::{Disk, DiskFile};
 use crate::ledger::{COMPACT_FILE, sync_dir_on};
 
 /// Compact once the journal has more lines than this…
@@ -80,6 +80,8 @@ pub(crate) enum Job {
     Compact(oneshot::Sender<Result<(), LedgerError>>),
     #[cfg(any(test, feature = "testkit"))]
     CompactMinLines(u64),
+    #[cfg(any(test, feature = "testkit"))]
+    DeferredSync(Duration),
     #[cfg(test)]
     Inspect(Box<dyn FnOnce(&mut Writer) + Send>),
 }
@@ -174,6 +176,8 @@ fn run(rx: mpsc::Receiver<Job>, mut w: Writer, lock: Option<File>) {
                 }
                 #[cfg(any(test, feature = "testkit"))]
                 Job::CompactMinLines(n) => w.compact_min_lines = n,
+                #[cfg(any(test, feature = "testkit"))]
+                Job::DeferredSync(window) => w.deferred_sync = window,
                 #[cfg(test)]
                 Job::Inspect(f) => {
                     w.sync(&mut waiting);

@@ -49,7 +49,7 @@ pub use rng::Rng;
 
 use crate::config::{OnOwnerReturn, OwnerScope};
 use crate::engine::{
-    CompletionMethod, Decision, Engine, EngineSpec, EntryId, HeldRelease, ModelObservation,
+    CompletionMethod, Decision, Effect, Engine, EngineSpec, EntryId, HeldRelease, ModelObservation,
     ObservedModel, OwnerPresence, Phase, PressureVerdict, ReclaimCommand, ReleaseEffect,
     ReleaseOutcome, RequestReuse, ResidencyEvidence, ResourceSpec, UpstreamSpec, VisibleWork,
     WorkRequest,
@@ -517,8 +517,33 @@ impl Simulation {
         Ok(ok)
     }
 
+    /// Do what the engine asked, in its order, as the lender does: ledger
+    /// effects go to the store, one at a time here, each waited for; the
+    /// wake-ups are the scheduler's own steps. `Ok(false)` when a write
+    /// failed; `skip`: an entry whose Forget is on disk already.
+    fn apply_effects(&mut self, skip: Option<EntryId>) -> Result<bool, Crashed> {
+        let mut ok = true;
+        while let Some(effect) = self.engine.poll_effect() {
+            let write = match effect {
+                Effect::Persist(r) => self.ledger.persist(&r),
+                Effect::MarkHeld { entry, reason } => self.ledger.mark_held(entry, &reason),
+                Effect::RewriteRef {
+                    entry,
+                    upstream_ref,
+                } => ReservationStore::rewrite_ref(&self.ledger, entry, &upstream_ref),
+                Effect::Forget(entry) if Some(entry) != skip => self.ledger.forget(entry),
+                _ => continue,
+            };
+            ok &= self.wait(write)?;
+        }
+        Ok(ok)
+    }
+
     fn one_step(&mut self) -> Result<(), String> {
-        match self.act() {
+        match self
+            .act()
+            .and_then(|()| self.apply_effects(None).map(|_| ()))
+        {
             Ok(()) => Ok(()),
             Err(Crashed) => self.restart(),
         }
@@ -712,6 +737,7 @@ impl Simulation {
             completion: completion(upstream),
             reuse: RequestReuse::Reuses,
             upstream_ref: (upstream == 0).then(|| format!("prompt-{n}")),
+            wait: None,
         };
         let reservation = match self.engine.admit(&request, self.moment()) {
             Decision::Admitted(r) => r,
@@ -745,8 +771,8 @@ impl Simulation {
                 replied: false,
             },
         );
-        let write = self.ledger.persist(&reservation);
-        let recorded = self.wait(write)?;
+        // The engine asks for the record (Effect::Persist).
+        let recorded = self.apply_effects(None)?;
         if recorded {
             self.recorded.insert(id);
         } else {
@@ -881,10 +907,9 @@ impl Simulation {
                     self.ended(k.upstream);
                 }
                 // From here a crash may keep the release or lose it: the
-                // work is over either way.
+                // work is over either way (Effect::Forget).
                 self.recorded.remove(&id);
-                let write = self.ledger.forget(id);
-                if self.wait(write)? {
+                if self.apply_effects(None)? {
                     self.released.insert(id);
                 }
             }
@@ -893,10 +918,8 @@ impl Simulation {
                 if let Some(k) = self.known.get_mut(&id) {
                     k.phase = Phase::Held;
                 }
-                let write = self
-                    .ledger
-                    .mark_held(id, reason.as_deref().unwrap_or_default());
-                self.wait(write)?;
+                let _ = reason;
+                self.apply_effects(None)?; // Effect::MarkHeld
             }
         }
         Ok(())
@@ -953,8 +976,7 @@ impl Simulation {
                     if self.rng.one_in(3) {
                         let handle = format!("own-{n}");
                         let _ = self.engine.set_upstream_ref(id, &handle);
-                        let write = ReservationStore::rewrite_ref(&self.ledger, id, &handle);
-                        self.wait(write)?;
+                        self.apply_effects(None)?; // Effect::RewriteRef
                     }
                     // The history shows it done a little later.
                     let done = now + 1 + self.rng.below(3000);
@@ -1079,7 +1101,10 @@ impl Simulation {
             return Ok(false);
         }
         self.released.insert(id);
-        if self.engine.release_held(id, by, self.moment()).is_ok() {
+        let released = self.engine.release_held(id, by, self.moment());
+        // Its Forget is on disk already, as the lender does it.
+        self.apply_effects(Some(id))?;
+        if released.is_ok() {
             self.summary.held_released += 1;
             if let Some(k) = self.known.remove(&id) {
                 self.ended(k.upstream);
@@ -1264,5 +1289,7 @@ fn open_ledger(
         Ledger::open_on(&PathBuf::from(RECOVERY_DIR), Arc::new(faults.clone()))
             .map_err(|e| format!("the ledger did not open after a crash: {e}"))?;
     ledger.set_compact_min_lines(16);
+    // Every write is waited for, so a deferred sync would only cost time.
+    ledger.set_deferred_sync(Duration::ZERO);
     Ok((ledger, faults, recovered))
 }
