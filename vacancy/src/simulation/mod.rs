@@ -16,7 +16,7 @@
 //!
 //! # Behavior
 //!
-//! After every step [`Simulation::check`] asks:
+//! After every step the scheduler checks:
 //! - never two jobs on one resource, counted at the simulated upstreams
 //!   (ADM-01, ADM-03);
 //! - every job an upstream still runs has its entry in the engine: no
