@@ -10,6 +10,8 @@ pub mod presence;
 pub mod pressure;
 pub mod proxy;
 pub mod sample;
+#[cfg(feature = "testkit")]
+pub mod simulation;
 pub mod slots;
 #[cfg(test)]
 mod test_prereq;
