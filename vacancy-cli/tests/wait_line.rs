@@ -11,7 +11,7 @@ use common::{Daemon, JSON, Setup, completion};
 use serde_json::json;
 use tokio::io::AsyncWriteExt;
 use vacancy_test_support::{
-    CountingShim, LlamaOptions, LlamaServer, Record, TinyModel, http_request, http_stream,
+    Browser, CountingShim, LlamaOptions, LlamaServer, Record, TinyModel, http_request, http_stream,
 };
 
 const TOKEN: &str = "owner-token-for-the-line";
@@ -149,6 +149,18 @@ async fn the_owner_returning_answers_every_waiter_owner_present_at_once() {
         .collect();
     d.wait_status("three waiters in line", |s| waiting(s) == 3)
         .await;
+    // Item 5: the owner's console shows the line.
+    {
+        let mut b =
+            Browser::start().expect("a headless Chromium (Debian chromium + chromium-driver)");
+        b.get(&format!("{}/", d.control)).unwrap();
+        b.wait_for(
+            "[data-line='llama']",
+            Some("3 waiting in line"),
+            Duration::from_secs(20),
+        )
+        .unwrap_or_else(|e| panic!("the console shows the line: {e}"));
+    }
     let returned = Instant::now();
     presence(&d, true).await;
     for w in waiters {
