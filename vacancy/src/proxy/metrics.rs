@@ -660,3 +660,62 @@ impl Phase {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use std::time::Duration;
+
+    use super::*;
+    use crate::engine::{
+        Decision, Engine, EngineSpec, OwnerPresence, QueueSpec, ResourceSpec, UpstreamSpec,
+        WorkRequest,
+    };
+    use crate::time::Moment;
+    use crate::traits::resource::{CapacitySample, ResourceKind};
+
+    #[test]
+    fn the_wait_line_is_in_the_metrics() {
+        // Issue 22 item 5: the line's length per upstream, and each wait by outcome.
+        let mut llm = UpstreamSpec::new("llm", "gpu0", 1000);
+        llm.queue = Some(QueueSpec {
+            max_waiting: 4,
+            max_wait: Duration::from_secs(30),
+        });
+        let mut e = Engine::new(EngineSpec {
+            lending: true,
+            resources: vec![ResourceSpec::new("gpu0", ResourceKind::Gpu, 1000)],
+            upstreams: vec![llm],
+        })
+        .unwrap();
+        e.set_owner(OwnerPresence::Away);
+        let t = Moment::from_millis(10);
+        e.record_sample("gpu0", CapacitySample::memory(9000, 9000, t))
+            .unwrap();
+        let up = e.upstream_id("llm").unwrap();
+        assert!(matches!(
+            e.admit(&WorkRequest::new(up, None, t), t),
+            Decision::Admitted(_)
+        ));
+        for _ in 0..2 {
+            assert!(matches!(
+                e.admit(&WorkRequest::new(up, None, t), t),
+                Decision::Wait { .. }
+            ));
+        }
+        let m = Metrics::default();
+        m.line_wait("llm", Duration::from_millis(1500), "admitted");
+        let text = m.render(&e.status(t));
+        assert!(
+            text.contains("vacancyd_line_waiting{upstream=\"llm\"} 2"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "vacancyd_line_wait_seconds_count{upstream=\"llm\",outcome=\"admitted\"} 1"
+            ),
+            "{text}"
+        );
+    }
+}
