@@ -1,7 +1,8 @@
 //! The file system under the ledger, as a seam: the daemon writes through
 //! [`RealDisk`]; tests and the simulation put a disk that fails a chosen
-//! write ([`FaultDisk`]) or one that lives in memory and can crash between
-//! any two writes ([`MemDisk`]) in its place.
+//! write (`FaultDisk`) or one that lives in memory and can crash between
+//! any two writes (`MemDisk`) in its place (both under the `testkit`
+//! feature).
 //!
 //! Every write the recovery directory sees goes through these two traits:
 //! the journal's appends, cut-backs and syncs, the compaction's file,
