@@ -9,6 +9,7 @@ pub mod ledger;
 pub mod presence;
 pub mod pressure;
 pub mod proxy;
+pub mod registry;
 pub mod sample;
 pub mod slots;
 #[cfg(test)]
