@@ -1,16 +1,30 @@
-//! Conformance checks every adapter must pass (DESIGN §8), public so adapter
-//! authors outside this repository run the same checks (feature `testkit`).
+//! Conformance checks of what the daemon relies on from an adapter, public so
+//! adapter authors outside this repository run the same checks as the
+//! built-in adapters (feature `testkit`). Each returns every problem found,
+//! each naming the rule it breaks.
 //!
 //! - [`check_route_table`]: each entry classifies as itself; unknown routes are unknown.
+//! - [`check_route_classes`]: the table is exactly the class list you expect.
 //! - [`check_refusal_dialect`]: every refusal code renders with its one status,
 //!   its name in the body, and its `Retry-After`.
-//! - [`check_completion`]: through the real proxy, a clean upstream end
-//!   releases (DONE-01), a refused connection releases (DONE-02), and a stream
-//!   cut after the connection is established holds (DONE-03).
+//! - [`check_inspection`]: unreadable bodies refused, exact model names, the
+//!   Responses background rule, the empty body of a route that does not read it.
+//! - [`check_observation`]: stamped by the daemon's clock; malformed, hung-up
+//!   and stale answers never prove residency; all visible work reported.
+//! - [`check_completion`]: through the real proxy, with the daemon's clock, a
+//!   clean upstream end releases (DONE-01), a refused connection releases
+//!   (DONE-02), and a stream cut after the connection is established holds (DONE-03).
 //!
-//! The completion checks run the proxy against tiny in-process upstreams that
-//! answer cleanly, refuse, or break off, because they test the proxy's
-//! contract with the adapter, not any real server.
+//! The checks that need an upstream run against tiny in-process ones that
+//! answer as told, refuse, or break off, because they test the daemon's
+//! contract with the adapter, not any real server. The adapter is built by
+//! its [`AdapterFactory`] as the daemon builds it.
+
+mod inspection;
+mod observation;
+
+pub use inspection::{RESPONSES_PATH, check_inspection};
+pub use observation::{Canned, ObservationCase, check_observation};
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -116,6 +130,16 @@ impl WorkSample {
     }
 }
 
+/// Every problem, or `Ok`.
+fn outcome(problems: Vec<String>) -> Result<(), Vec<String>> {
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(problems)
+    }
+}
+
+/// A pattern's path with every `{param}` filled with an ID-shaped segment.
 fn concrete_path(pattern: &str) -> String {
     pattern
         .split('/')
@@ -134,13 +158,7 @@ fn concrete_path(pattern: &str) -> String {
 pub fn check_route_table(adapter: &dyn Adapter) -> Result<(), Vec<String>> {
     let mut problems = Vec::new();
     for e in adapter.routes().entries() {
-        let method = match e.method {
-            crate::traits::RouteMethod::Get => http::Method::GET,
-            crate::traits::RouteMethod::Post => http::Method::POST,
-            crate::traits::RouteMethod::Put => http::Method::PUT,
-            crate::traits::RouteMethod::Delete => http::Method::DELETE,
-            crate::traits::RouteMethod::Patch => http::Method::PATCH,
-        };
+        let method = inspection::method_of(e.method);
         let path = concrete_path(e.path);
         let got = adapter.classify(&method, &path);
         if e.param_check.is_none() && got != e.class {
@@ -164,6 +182,34 @@ pub fn check_route_table(adapter: &dyn Adapter) -> Result<(), Vec<String>> {
     } else {
         Err(problems)
     }
+}
+
+/// The route table is exactly `expected`: each `(method, path, class)`
+/// classifies as its class (a concrete path, `{param}` segments filled in),
+/// and every entry of the table matches one of them, so a route added,
+/// dropped or reclassified is caught (ROUTE-01: only listed work is admitted).
+pub fn check_route_classes(
+    adapter: &dyn Adapter,
+    expected: &[(http::Method, &str, RouteClass)],
+) -> Result<(), Vec<String>> {
+    let mut problems = Vec::new();
+    for (method, path, class) in expected {
+        let got = adapter.classify(method, path);
+        if got != *class {
+            problems.push(format!(
+                "{method} {path} classifies as {got:?}, expected {class:?}"
+            ));
+        }
+    }
+    for e in adapter.routes().entries() {
+        if !expected.iter().any(|(m, p, _)| e.matches(m, p)) {
+            problems.push(format!(
+                "{:?} {} ({:?}) is in the table but not in the expected list",
+                e.method, e.path, e.class
+            ));
+        }
+    }
+    outcome(problems)
 }
 
 /// Every refusal code renders with its status, its name, and its `Retry-After`.
