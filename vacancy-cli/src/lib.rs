@@ -45,6 +45,12 @@ use vacancy::registry::{AdapterFactory, AdapterRegistry};
 
 pub use daemon::StartError;
 
+/// Compiles and runs the examples of the adapter author's guide (here, where
+/// the daemon library, the building blocks and `vacancy` are all at hand).
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/adapter-guide.md")]
+struct AdapterGuideExamples;
+
 /// The daemon and its command line, with a set of adapter kinds.
 #[derive(Debug, Clone, Default)]
 pub struct Vacancyd {

@@ -27,7 +27,3 @@ pub use traits::{
     Adapter, Admission, CapacitySample, Reclaimer, Resource, ResourceKind, SampleError,
 };
 
-/// Compiles and runs the examples of the adapter author's guide.
-#[cfg(doctest)]
-#[doc = include_str!("../../docs/adapter-guide.md")]
-struct AdapterGuideExamples;
