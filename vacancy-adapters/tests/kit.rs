@@ -179,3 +179,106 @@ async fn an_adapter_that_does_not_observe_passes_with_nothing_to_check() {
         .await
         .unwrap();
 }
+
+fn comfy_fixture(name: &str) -> String {
+    std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/comfyui")
+            .join(name),
+    )
+    .unwrap()
+}
+
+#[test]
+fn every_built_in_adapter_passes_the_route_table_and_dialect_checks() {
+    for kind in vacancy::config::AdapterKinds::names(&vacancy_adapters::builtin::registry()) {
+        let a = built(&kind);
+        // ComfyUI classifies a history or file read as a borrower's only for
+        // prompts it lent (its table lists the most a read can be), so its
+        // entries need not classify as themselves: its unit tests check them.
+        if kind != "comfyui"
+            && let Err(p) = vacancy::testkit::check_route_table(a.as_ref())
+        {
+            panic!("{kind}:\n{}", p.join("\n"));
+        }
+        if let Err(p) = vacancy::testkit::check_refusal_dialect(a.as_ref()) {
+            panic!("{kind}:\n{}", p.join("\n"));
+        }
+    }
+}
+
+#[tokio::test]
+async fn chatterbox_observation_and_completion_pass_the_kit() {
+    let status = |body: &str| vec![Canned::json("/status", body)];
+    let case = ObservationCase {
+        idle: status(r#"{"loaded":true,"engine":"chatterbox","busy":false}"#),
+        idle_proves: true,
+        model: "chatterbox".to_owned(),
+        busy: status(r#"{"loaded":true,"engine":"chatterbox","busy":true}"#),
+        busy_jobs: 1,
+        malformed: vec![
+            status(r#"{"loaded":"yes","engine":"chatterbox","busy":false}"#),
+            status(r#"{"loaded":true,"engine":"chatterbox"}"#),
+            vec![Canned::get(
+                "/status",
+                200,
+                "text/html",
+                "<html>login</html>",
+            )],
+        ],
+    };
+    if let Err(p) = check_observation(factory("chatterbox").as_ref(), &case).await {
+        panic!("{}", p.join("\n"));
+    }
+    vacancy::testkit::check_completion(
+        factory("chatterbox").as_ref(),
+        &WorkSample::json(
+            "/v1/audio/speech",
+            r#"{"model":"tts-1","input":"hi","voice":"alloy"}"#,
+        ),
+    )
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn comfyui_observation_passes_the_kit() {
+    let case = ObservationCase {
+        idle: vec![
+            Canned::json("/prompt", r#"{"exec_info":{"queue_remaining":0}}"#),
+            Canned::json("/queue", &comfy_fixture("queue_idle.json")),
+        ],
+        // ComfyUI reports no models: its work is charged as a load (RES-18).
+        idle_proves: false,
+        model: String::new(),
+        busy: vec![
+            Canned::json("/prompt", r#"{"exec_info":{"queue_remaining":2}}"#),
+            Canned::json("/queue", &comfy_fixture("queue_running_and_pending.json")),
+        ],
+        busy_jobs: 2,
+        malformed: vec![vec![Canned::json("/prompt", r#"{"exec_info":{}}"#)]],
+    };
+    if let Err(p) = check_observation(factory("comfyui").as_ref(), &case).await {
+        panic!("{}", p.join("\n"));
+    }
+}
+
+#[tokio::test]
+async fn ollama_observation_passes_the_kit() {
+    let ps = r#"{"models":[{"name":"llama3:latest","model":"llama3:latest","size":1000,"digest":"abc","expires_at":"2099-01-01T00:00:00Z","size_vram":1000,"context_length":8192}]}"#;
+    let case = ObservationCase {
+        idle: vec![Canned::json("/api/ps", ps)],
+        idle_proves: true,
+        model: "llama3:latest".to_owned(),
+        // Ollama shows no running work: nothing to report (ADM-09 needs none).
+        busy: Vec::new(),
+        busy_jobs: 0,
+        malformed: vec![
+            vec![Canned::json("/api/ps", r#"{"models":"llama3"}"#)],
+            vec![Canned::json("/api/ps", r#"{"models":[{"name":1}]}"#)],
+        ],
+    };
+    if let Err(p) = check_observation(factory("ollama").as_ref(), &case).await {
+        panic!("{}", p.join("\n"));
+    }
+}

@@ -26,4 +26,3 @@ pub use time::{Moment, MonotonicClock};
 pub use traits::{
     Adapter, Admission, CapacitySample, Reclaimer, Resource, ResourceKind, SampleError,
 };
-

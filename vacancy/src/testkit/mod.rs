@@ -155,6 +155,10 @@ fn concrete_path(pattern: &str) -> String {
 }
 
 /// Every route-table entry classifies as itself; paths no adapter serves are unknown.
+///
+/// For an adapter whose `classify` follows its table; one that narrows a
+/// class by what it remembers (ComfyUI's reads of borrowed prompts only)
+/// checks its table with [`check_route_classes`] and its own tests.
 pub fn check_route_table(adapter: &dyn Adapter) -> Result<(), Vec<String>> {
     let mut problems = Vec::new();
     for e in adapter.routes().entries() {
