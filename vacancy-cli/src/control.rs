@@ -116,6 +116,9 @@ pub struct UpstreamDoc {
     pub residency: Vec<String>,
     /// Loaded models of the last observation.
     pub models: Vec<String>,
+    /// Its wait line (`[upstream.queue]`): requests waiting and the oldest
+    /// one's wait, in seconds.
+    pub line: vacancy::engine::LineStatus,
 }
 
 impl ControlState {
@@ -140,6 +143,7 @@ impl ControlState {
                     vacancy: u.vacancy,
                     residency: h.residency,
                     models: h.models,
+                    line: u.line,
                 }
             })
             .collect();

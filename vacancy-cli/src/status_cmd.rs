@@ -146,6 +146,14 @@ pub fn render(status: &Value) -> String {
         for line in u["residency"].as_array().into_iter().flatten() {
             let _ = writeln!(out, "    model {}", s(line));
         }
+        // Issue 22: the wait line, when anyone waits.
+        if let Some(waiting) = u["line"]["waiting"].as_u64().filter(|n| *n > 0) {
+            let oldest = u["line"]["oldest_wait_s"].as_f64().unwrap_or(0.0);
+            let _ = writeln!(
+                out,
+                "    line: {waiting} waiting, the oldest for {oldest:.1}s"
+            );
+        }
     }
     let work = status["work"].as_array().cloned().unwrap_or_default();
     let _ = writeln!(
@@ -264,7 +272,8 @@ mod tests {
                            "sample_age_ms": 5, "enabled": true, "reserved_by": "e1", "capacity_unknown": null}],
             "upstreams": [{"name": "tts", "adapter": "openai", "listen": "a", "target": "b", "reachable": true,
                            "owner_scope": "resource", "vacancy": {"admitting": true},
-                           "residency": ["qwen3-tts: loaded; not proven (busy)"]}],
+                           "residency": ["qwen3-tts: loaded; not proven (busy)"],
+                           "line": {"waiting": 3, "oldest_wait_s": 4.25}}],
             "work": [{"id": "e1", "age_s": 12, "upstream": "llama", "phase": "held",
                       "resources": ["gpu0", "ram"], "held_reason": "cut"}]
         });
@@ -284,6 +293,11 @@ mod tests {
         // RES-22
         assert!(
             text.contains("    model qwen3-tts: loaded; not proven (busy)"),
+            "{text}"
+        );
+        // Issue 22
+        assert!(
+            text.contains("    line: 3 waiting, the oldest for 4.2s"),
             "{text}"
         );
     }

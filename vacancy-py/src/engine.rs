@@ -357,12 +357,22 @@ fn observed_model(item: &Bound<'_, PyAny>) -> PyResult<ObservedModel> {
 impl Engine {
     fn lock(&self) -> MutexGuard<'_, Inner> {
         let mut g = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
-        // Python keeps no ledger and runs no reclaim loop of its own: what
-        // the engine asks of a shell is returned by each call instead (the
-        // resources to sample after a release), so its queue is emptied
-        // here rather than left to grow.
-        while g.engine.poll_effect().is_some() {}
+        Self::drain_effects(&mut g, &self.sampled);
         g
+    }
+
+    /// Python keeps no ledger and runs no reclaim loop of its own: what the
+    /// engine asks of a shell is returned by each call instead (the resources
+    /// to sample after a release), so its queue is emptied rather than left
+    /// to grow. A moved wait line wakes the threads waiting in `admit`.
+    fn drain_effects(g: &mut Inner, sampled: &Condvar) {
+        let mut wake = false;
+        while let Some(effect) = g.engine.poll_effect() {
+            wake |= matches!(effect, vacancy::engine::Effect::WakeWaiters);
+        }
+        if wake {
+            sampled.notify_all();
+        }
     }
 
     /// Run `f` on the engine with the lock held; map its error after the lock is dropped.
@@ -417,7 +427,9 @@ impl Engine {
     ) -> PyResult<T> {
         let r = {
             let mut g = self.lock();
-            f(&mut g)
+            let r = f(&mut g);
+            Self::drain_effects(&mut g, &self.sampled);
+            r
         };
         r.py(py)
     }
@@ -600,7 +612,7 @@ impl Engine {
     }
 
     /// Decide borrowed work on `upstream`.
-    #[pyo3(signature = (upstream, model = None, *, now = None, arrived_at = None, completion = "response_end", kind = None, canonical_model = None, cannot_reuse = None))]
+    #[pyo3(signature = (upstream, model = None, *, now = None, arrived_at = None, completion = "response_end", kind = None, canonical_model = None, cannot_reuse = None, wait_s = None))]
     #[allow(clippy::too_many_arguments)]
     fn admit(
         slf: &Bound<'_, Self>,
@@ -612,6 +624,7 @@ impl Engine {
         kind: Option<String>,
         canonical_model: Option<String>,
         cannot_reuse: Option<String>,
+        wait_s: Option<f64>,
     ) -> PyResult<Reservation> {
         let py = slf.py();
         let this = slf.get();
@@ -631,6 +644,17 @@ impl Engine {
                 "arrived_at= is for simulated time: pass now= as well",
             ));
         }
+        let wait = match wait_s {
+            None => None,
+            Some(w) if w.is_finite() && (0.0..=3600.0).contains(&w) => {
+                Some(Duration::from_secs_f64(w))
+            }
+            Some(w) => {
+                return Err(PyValueError::new_err(format!(
+                    "wait_s must be 0 to 3600 seconds, not {w}"
+                )));
+            }
+        };
         let (req, mut decision) = this.with(py, |g| {
             let up = g.upstream(upstream)?;
             let t = g.moment(&this.clock, now)?;
@@ -642,6 +666,7 @@ impl Engine {
             req.completion = completion;
             req.reuse = reuse;
             req.canonical_model = canonical_model;
+            req.wait = wait;
             let d = g.engine.admit(&req, t);
             Ok((req, d))
         })?;
@@ -666,7 +691,12 @@ impl Engine {
                             decision = d;
                             break;
                         }
-                        py.check_signals()?;
+                        if let Err(e) = py.check_signals() {
+                            // Interrupted while waiting: it leaves the line,
+                            // reserving nothing.
+                            this.lock().engine.leave_line(req.id);
+                            return Err(e);
+                        }
                     }
                 }
             }

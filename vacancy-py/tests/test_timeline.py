@@ -100,3 +100,66 @@ def test_concurrent_admits_from_threads_admit_exactly_one(config: vacancy.Config
     assert len(won) == 1
     assert len(busy) == 7
     assert all(err.retry_after_s == 2 for err in busy)
+
+
+def test_admit_with_wait_s_waits_its_turn_in_the_line(config: vacancy.Config) -> None:
+    # Issue 22: a request refused only because the resource is reserved
+    # waits in the engine's line (GIL released) and is admitted after the
+    # job ends and the post-job sample lands.
+    engine = vacancy.Engine(config)
+    feed_real(engine)
+    job = engine.admit("ollama")
+    ticks = 0
+
+    def finish() -> None:
+        nonlocal ticks
+        deadline = time.monotonic() + 0.3
+        while time.monotonic() < deadline:
+            ticks += 1
+            time.sleep(0.001)
+        engine.release(job)
+        feed_real(engine)
+
+    thread = threading.Thread(target=finish)
+    started = time.monotonic()
+    thread.start()
+    second = engine.admit("ollama", wait_s=10)
+    waited = time.monotonic() - started
+    thread.join()
+    assert second.resources == ["gpu0", "ram"]
+    assert 0.25 <= waited < 5.0, waited
+    assert ticks > 10
+
+
+def test_admit_with_wait_s_is_refused_busy_at_its_limit(config: vacancy.Config) -> None:
+    engine = vacancy.Engine(config)
+    feed_real(engine)
+    engine.admit("ollama")
+    started = time.monotonic()
+    with pytest.raises(vacancy.ResourceBusy) as caught:
+        engine.admit("ollama", wait_s=0.5)
+    waited = time.monotonic() - started
+    assert 0.45 <= waited < 3.0, waited
+    assert caught.value.retry_after_s == 2
+    assert "waited" in str(caught.value)
+
+
+def test_a_waiter_is_answered_at_once_when_the_owner_returns(config: vacancy.Config) -> None:
+    # The owner comes first: a waiter is not left waiting out its limit.
+    engine = vacancy.Engine(config)
+    feed_real(engine)
+    engine.admit("ollama")
+
+    def owner_returns() -> None:
+        time.sleep(0.2)
+        engine.set_owner_present(True)
+
+    thread = threading.Thread(target=owner_returns)
+    started = time.monotonic()
+    thread.start()
+    with pytest.raises(vacancy.Refused) as caught:
+        engine.admit("ollama", wait_s=20)
+    waited = time.monotonic() - started
+    thread.join()
+    assert caught.value.code == "owner_present"
+    assert waited < 5.0, waited

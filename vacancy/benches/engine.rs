@@ -69,6 +69,7 @@ fn engine(n: usize) -> (Engine, Vec<WorkRequest>) {
             completion: CompletionMethod::ResponseEnd,
             reuse: RequestReuse::Reuses,
             upstream_ref: None,
+            wait: None,
         })
         .collect();
     (e, requests)

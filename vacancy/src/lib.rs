@@ -11,6 +11,8 @@ pub mod pressure;
 pub mod proxy;
 pub mod registry;
 pub mod sample;
+#[cfg(feature = "testkit")]
+pub mod simulation;
 pub mod slots;
 #[cfg(test)]
 mod test_prereq;

@@ -174,6 +174,7 @@ fn run(reserves: [u64; 3], events: Vec<Event>) -> Result<(), TestCaseError> {
                     completion: CompletionMethod::ResponseEnd,
                     reuse: Default::default(),
                     upstream_ref: None,
+                    wait: None,
                 };
                 if let Decision::Admitted(res) = e.admit(&req, now) {
                     let needs = deps(upstream);

@@ -212,7 +212,8 @@ function overview(s) {
   const signs = h("div", { class: "grid" }, s.upstreams.map((u) => h("div", { class: "card", "data-route": u.name },
     h("div", { class: "row spread" }, h("h3", {}, u.name), h("span", { class: "pill" }, u.adapter)),
     h("div", { class: "row" }, sign(u), u.owner_scope === "resource" ? h("span", { class: "pill" }, "exempt") : null),
-    u.vacancy.admitting ? null : h("div", { class: "muted", "data-reason": u.name }, u.vacancy.reason ?? ""))));
+    u.vacancy.admitting ? null : h("div", { class: "muted", "data-reason": u.name }, u.vacancy.reason ?? ""),
+    lineNote(u))));
   const hist = state.history;
   const resources = h("div", { class: "resources" }, s.resources.map((r) => {
     const pressure = s.gpu_pressure.includes(r.name);
@@ -253,6 +254,13 @@ function exemptNote(s, u) {
     `, and while another route's owner-return reclaim holds a shared resource. Memory and CPU are checked only when a request is admitted: nothing reclaims a running request when the owner later needs them.`);
 }
 
+// The upstream's wait line ([upstream.queue]), when anyone waits in it.
+function lineNote(u) {
+  if (!u.line || !u.line.waiting) return null;
+  const oldest = (u.line.oldest_wait_s ?? 0).toFixed(1);
+  return h("div", { class: "note", "data-line": u.name }, `${u.line.waiting} waiting in line, the oldest for ${oldest} s`);
+}
+
 function workloads(s) {
   const cards = h("div", { class: "grid routes" }, s.upstreams.map((u) => h("div", { class: "card", "data-route": u.name },
     h("div", { class: "row spread" }, h("h3", {}, u.name), h("span", { class: "pill" }, `${u.adapter} · ${u.owner_scope}`)),
@@ -265,6 +273,7 @@ function workloads(s) {
       u.models.length ? h("div", { class: "muted" }, `loaded: ${u.models.join(", ")}`) : null,
       h("div", { class: "note" }, "Checked apart from admission: an unreachable target can fail a request even while admission has capacity.")),
     u.residency.length ? h("div", { class: "section note" }, u.residency.join("; ")) : null,
+    lineNote(u),
     u.owner_scope === "resource" ? exemptNote(s, u) : null)));
   const held = s.work.filter((w) => w.phase === "held");
   const rows = s.work.map((w) => {

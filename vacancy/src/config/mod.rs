@@ -48,9 +48,9 @@ pub use hosts::{LOOPBACK, normalize_host, same_server_key};
 pub use kinds::{AdapterKinds, SettingProblem};
 pub use schema::{
     AdapterKind, Config, CredentialConfig, GpuPressureConfig, Management, ModelRequirement,
-    OnBorrowerDisconnect, OnOwnerReturn, OwnerConfig, OwnerScope, PresenceMode, ResourceConfig,
-    ResourceRequirement, SamplerKind, Scope, ServerConfig, TokenConfig, UpstreamConfig,
-    VoiceRoutesConfig,
+    OnBorrowerDisconnect, OnOwnerReturn, OwnerConfig, OwnerScope, PresenceMode, QueueConfig,
+    ResourceConfig, ResourceRequirement, SamplerKind, Scope, ServerConfig, TokenConfig,
+    UpstreamConfig, VoiceRoutesConfig,
 };
 
 /// The configuration `vacancyd run` uses when no `--config` is given: system

@@ -19,8 +19,9 @@ use toml::de::{DeString, DeTable, DeValue, ValueDeserializer};
 
 use super::error::ConfigError;
 use super::schema::{
-    Config, CredentialConfig, GpuPressureConfig, ModelRequirement, OwnerConfig, ResourceConfig,
-    ResourceRequirement, ServerConfig, TokenConfig, UpstreamConfig, VoiceRoutesConfig,
+    Config, CredentialConfig, GpuPressureConfig, ModelRequirement, OwnerConfig, QueueConfig,
+    ResourceConfig, ResourceRequirement, ServerConfig, TokenConfig, UpstreamConfig,
+    VoiceRoutesConfig,
 };
 
 /// A configuration that parsed, with the line of every key that was written.
@@ -363,6 +364,7 @@ fn check_upstream(w: &mut Walker, v: &Spanned<DeValue<'_>>, p: &KeyPath) {
                 Nested::Table(check_struct_leaf::<VoiceRoutesConfig>),
             ),
             ("adapter_settings", Nested::Table(index_free_table)),
+            ("queue", Nested::Table(check_struct_leaf::<QueueConfig>)),
         ],
     );
 }
@@ -497,6 +499,7 @@ pub(crate) fn all_tables() -> Vec<(&'static str, &'static [&'static str])> {
         ),
         ("upstream.credential", field_names::<CredentialConfig>()),
         ("upstream.voice_routes", field_names::<VoiceRoutesConfig>()),
+        ("upstream.queue", field_names::<QueueConfig>()),
     ]
 }
 

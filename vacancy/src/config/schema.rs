@@ -347,6 +347,9 @@ pub struct UpstreamConfig {
     /// `[upstream.adapter_settings]`: the adapter kind's own settings, checked
     /// by the kind's factory (an empty table when not written).
     pub adapter_settings: toml::Table,
+    /// `[upstream.queue]`: a bounded wait line for requests refused only
+    /// because a resource is reserved. Absent: off (the seed's behaviour).
+    pub queue: Option<QueueConfig>,
 }
 
 impl Default for UpstreamConfig {
@@ -372,6 +375,7 @@ impl Default for UpstreamConfig {
             credential: None,
             voice_routes: None,
             adapter_settings: toml::Table::new(),
+            queue: None,
         }
     }
 }
@@ -599,4 +603,25 @@ names! {
     OwnerScope { Host => "host", Resource => "resource" }
     OnOwnerReturn { Drain => "drain", Cancel => "cancel", Finish => "finish" }
     OnBorrowerDisconnect { Drain => "drain", Cut => "cut" }
+}
+
+/// `[upstream.queue]`: the wait line (off unless the table is present).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct QueueConfig {
+    /// How many of this upstream's requests may wait at once; one more is
+    /// refused `resource_busy` at once. Default 16.
+    pub max_waiting: u32,
+    /// How long a request waits at most before it is refused
+    /// `resource_busy`. Default 30.
+    pub max_wait_s: u64,
+}
+
+impl Default for QueueConfig {
+    fn default() -> Self {
+        QueueConfig {
+            max_waiting: 16,
+            max_wait_s: 30,
+        }
+    }
 }

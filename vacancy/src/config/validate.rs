@@ -532,6 +532,21 @@ impl Checker<'_> {
             if let Some(routes) = &u.voice_routes {
                 self.voice_routes(u, routes, &up.key("voice_routes"));
             }
+            if let Some(q) = &u.queue {
+                let qp = up.key("queue");
+                if q.max_waiting == 0 {
+                    self.error(
+                        &qp.key("max_waiting"),
+                        "must be above 0 (requests that may wait at once); remove [upstream.queue] to turn the line off",
+                    );
+                }
+                if q.max_wait_s == 0 || q.max_wait_s > 3600 {
+                    self.error(
+                        &qp.key("max_wait_s"),
+                        "must be 1 to 3600 (seconds a request may wait for a reserved resource)",
+                    );
+                }
+            }
             if let Some(c) = &u.credential {
                 let cp = up.key("credential");
                 if c.value_file.trim().is_empty() {

@@ -43,6 +43,9 @@ pub enum Effect {
     Observe(UpstreamId),
     /// Presence, pressure or work changed: step the reclaims now.
     WakeReclaims,
+    /// The wait line moved, or an input that may refuse its waiters changed:
+    /// every waiter asks again now.
+    WakeWaiters,
 }
 
 impl Effect {
@@ -70,7 +73,7 @@ impl Effects {
     pub(super) fn push(&mut self, effect: Effect) {
         let idempotent = matches!(
             effect,
-            Effect::WakeReclaims | Effect::Sample(_) | Effect::Observe(_)
+            Effect::WakeReclaims | Effect::WakeWaiters | Effect::Sample(_) | Effect::Observe(_)
         );
         if idempotent && self.queue.contains(&effect) {
             return;

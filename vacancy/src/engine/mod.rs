@@ -17,6 +17,7 @@
 
 mod effect;
 mod inputs;
+mod line;
 mod priors;
 mod reclaim;
 mod refusal;
@@ -33,6 +34,7 @@ pub use inputs::{
     Lesson, ModelObservation, ObservedModel, OwnerPresence, PressureVerdict, ResidencyEvidence,
     VisibleWork,
 };
+pub use line::{LINE_EXPIRY_GRACE, LineStatus, QueueSpec};
 pub use priors::MAX_PRIOR_IDENTITIES;
 pub use reclaim::{
     RESPONSE_CUT_GRACE, ReclaimCommand, ReclaimId, ReclaimPolicy, ReclaimStatus, ReclaimTrigger,
@@ -51,6 +53,7 @@ use crate::config::OwnerScope;
 use crate::time::Moment;
 use crate::traits::resource::{CapacitySample, ResourceKind};
 use effect::Effects;
+use line::Waiter;
 use priors::{PendingFootprint, Priors};
 use reclaim::ActiveReclaim;
 use state::{Capacity, ResourceState};
@@ -267,6 +270,8 @@ pub struct Engine {
     owner_edge: bool,
     /// What the shell must do, in decision order ([`poll_effect`](Self::poll_effect)).
     effects: Effects,
+    /// Requests waiting for a reserved resource, in arrival order ([`line`]).
+    line: Vec<Waiter>,
 }
 
 impl Engine {
@@ -314,6 +319,7 @@ impl Engine {
             next_reclaim: 1,
             owner_edge: false,
             effects: Effects::default(),
+            line: Vec::new(),
         })
     }
 
@@ -413,6 +419,7 @@ impl Engine {
     /// The lending switch.
     pub fn set_lending(&mut self, enabled: bool) {
         self.lending = enabled;
+        self.wake_waiters();
     }
 
     /// The lending switch's position.
@@ -430,6 +437,7 @@ impl Engine {
         }
         if self.owner != presence {
             self.effects.push(Effect::WakeReclaims);
+            self.wake_waiters();
         }
         self.owner = presence;
     }
@@ -446,6 +454,7 @@ impl Engine {
         enabled: bool,
     ) -> Result<(), EngineError> {
         self.resource_mut(resource)?.enabled = enabled;
+        self.wake_waiters();
         Ok(())
     }
 
@@ -476,6 +485,7 @@ impl Engine {
         r.pressure = verdict;
         r.pressure_cleared = cleared;
         self.effects.push(Effect::WakeReclaims);
+        self.wake_waiters();
         Ok(())
     }
 
@@ -640,9 +650,15 @@ impl Engine {
         };
         let names = ModelNames::of(req);
         let residency = self.residency(u, names.identity, &req.reuse, now);
-        let charges = match self.evaluate(req.upstream.0, names, &residency, req.arrived_at, now) {
+        if !self.line.is_empty() {
+            self.expire_line(now);
+        }
+        let seat = self.seat(req.id);
+        let arrived = self.line_arrival(req, seat, now);
+        let evaluated = self.evaluate(req.upstream.0, names, &residency, arrived, now);
+        let charges = match self.line_turn(req, seat, evaluated, now) {
             Ok(charges) => charges,
-            Err(blocked) => return blocked.into(),
+            Err(decision) => return decision,
         };
         let up = req.upstream.0;
         let deps: Vec<usize> = self.upstreams[up].deps.iter().map(|d| d.res).collect();
@@ -864,6 +880,31 @@ impl Engine {
         Some(prior.map_or(configured, |p| p.max(configured)))
     }
 
+    /// The owner's refusals of upstream `up`: lending paused, or for a
+    /// host-scoped upstream the owner present or unknown (OWN-01).
+    fn presence_refusal(&self, up: usize) -> Option<Refusal> {
+        if !self.lending {
+            return Some(Refusal::new(
+                RefusalCode::LendingPaused,
+                "the owner has paused lending; retry after lending is switched back on",
+            ));
+        }
+        if self.upstreams[up].spec.owner_scope != OwnerScope::Host {
+            return None;
+        }
+        match self.owner {
+            OwnerPresence::Away => None,
+            OwnerPresence::Present => Some(Refusal::new(
+                RefusalCode::OwnerPresent,
+                "the owner is using this machine; borrowed work resumes when they leave",
+            )),
+            OwnerPresence::Unknown => Some(Refusal::new(
+                RefusalCode::OwnerPresent,
+                "the owner's presence cannot be determined (incomplete session evidence), so borrowed work is refused; check the presence backend ([owner] presence)",
+            )),
+        }
+    }
+
     /// Every check of admission. `Ok` carries the charges to reserve.
     fn evaluate(
         &mut self,
@@ -874,30 +915,10 @@ impl Engine {
         now: Moment,
     ) -> Result<Vec<Charge>, Blocked> {
         let refuse = |r: Refusal| Err(Blocked::Refused(r));
+        if let Some(r) = self.presence_refusal(up) {
+            return refuse(r);
+        }
         let u = &self.upstreams[up];
-        if !self.lending {
-            return refuse(Refusal::new(
-                RefusalCode::LendingPaused,
-                "the owner has paused lending; retry after lending is switched back on",
-            ));
-        }
-        if u.spec.owner_scope == OwnerScope::Host {
-            match self.owner {
-                OwnerPresence::Away => {}
-                OwnerPresence::Present => {
-                    return refuse(Refusal::new(
-                        RefusalCode::OwnerPresent,
-                        "the owner is using this machine; borrowed work resumes when they leave",
-                    ));
-                }
-                OwnerPresence::Unknown => {
-                    return refuse(Refusal::new(
-                        RefusalCode::OwnerPresent,
-                        "the owner's presence cannot be determined (incomplete session evidence), so borrowed work is refused; check the presence backend ([owner] presence)",
-                    ));
-                }
-            }
-        }
         if let Some(obs) = &u.observation
             && let Some(work) = &obs.visible_work
             && now.since(obs.taken_at) <= OBSERVATION_MAX_AGE
@@ -919,17 +940,8 @@ impl Engine {
         // Hard refusals on any dependency come before waiting for a sample.
         for dep in &u.deps {
             let r = &self.resources[dep.res];
-            if !r.enabled {
-                return refuse(
-                    Refusal::new(
-                        RefusalCode::ResourceDisabled,
-                        format!(
-                            "the owner switched resource {} off for lending",
-                            r.spec.name
-                        ),
-                    )
-                    .on_resource(&r.spec.name),
-                );
+            if let Some(refusal) = r.disabled_refusal() {
+                return refuse(refusal);
             }
             if let Some(rc) = self.holding_reclaim(dep.res) {
                 return refuse(
@@ -957,17 +969,8 @@ impl Engine {
                     .on_resource(&r.spec.name),
                 );
             }
-            if let PressureVerdict::Refuses(why) = &r.pressure {
-                return refuse(
-                    Refusal::new(
-                        RefusalCode::Pressure,
-                        format!(
-                            "the owner's workload puts pressure on {}: {why}",
-                            r.spec.name
-                        ),
-                    )
-                    .on_resource(&r.spec.name),
-                );
+            if let Some(refusal) = r.pressure_refusal() {
+                return refuse(refusal);
             }
         }
         let resident = matches!(residency, Residency::Proven);
@@ -1164,6 +1167,7 @@ impl Engine {
         }
         self.effects.push(Effect::Observe(UpstreamId(e.upstream)));
         self.effects.push(Effect::WakeReclaims);
+        self.wake_waiters();
         ReleaseEffect::Released {
             sample_now,
             observe_now: Some(UpstreamId(e.upstream)),
@@ -1277,6 +1281,7 @@ impl Engine {
                         .map(|d| self.resources[d.res].spec.name.clone())
                         .collect(),
                     vacancy,
+                    line: self.line_status(i, now),
                 }
             })
             .collect();

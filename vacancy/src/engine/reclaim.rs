@@ -471,6 +471,7 @@ impl Engine {
     /// waiting for a fresh capacity sample (RECL-45, SCOPE-12).
     fn end_reclaim(&mut self, i: usize, now: Moment) {
         let rc = self.reclaims.remove(i);
+        self.wake_waiters();
         if rc.holds {
             let deps: Vec<usize> = self.upstreams[rc.upstream]
                 .deps

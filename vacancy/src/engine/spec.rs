@@ -71,6 +71,8 @@ pub struct UpstreamSpec {
     pub requirements: BTreeMap<String, u64>,
     /// What happens to its accepted work when the owner returns or pressure refuses.
     pub reclaim: ReclaimPolicy,
+    /// Its wait line; `None`: off, a busy resource refuses at once (issue 22).
+    pub queue: Option<super::QueueSpec>,
 }
 
 impl UpstreamSpec {
@@ -86,6 +88,7 @@ impl UpstreamSpec {
             models: BTreeMap::new(),
             requirements: BTreeMap::new(),
             reclaim: ReclaimPolicy::default(),
+            queue: None,
         }
     }
 }
@@ -194,6 +197,10 @@ impl From<&crate::config::Config> for EngineSpec {
                         yield_on_veto: u.yield_on_veto,
                         completion_timeout: Duration::from_secs(u.completion_timeout_s),
                     },
+                    queue: u.queue.map(|q| super::QueueSpec {
+                        max_waiting: q.max_waiting,
+                        max_wait: Duration::from_secs(q.max_wait_s),
+                    }),
                 })
                 .collect(),
         }

@@ -163,6 +163,37 @@ impl ResourceState {
         }
     }
 
+    /// The owner switched this resource off for lending.
+    pub fn disabled_refusal(&self) -> Option<Refusal> {
+        (!self.enabled).then(|| {
+            Refusal::new(
+                RefusalCode::ResourceDisabled,
+                format!(
+                    "the owner switched resource {} off for lending",
+                    self.spec.name
+                ),
+            )
+            .on_resource(&self.spec.name)
+        })
+    }
+
+    /// The owner's workload puts pressure on this GPU (PRES-01).
+    pub fn pressure_refusal(&self) -> Option<Refusal> {
+        match &self.pressure {
+            PressureVerdict::Refuses(why) => Some(
+                Refusal::new(
+                    RefusalCode::Pressure,
+                    format!(
+                        "the owner's workload puts pressure on {}: {why}",
+                        self.spec.name
+                    ),
+                )
+                .on_resource(&self.spec.name),
+            ),
+            _ => None,
+        }
+    }
+
     pub fn status(&self, now: Moment) -> ResourceStatus {
         let capacity_unknown = match self.capacity(now) {
             Capacity::Known(_) => None,

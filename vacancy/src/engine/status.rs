@@ -88,6 +88,8 @@ pub struct UpstreamStatus {
     pub resources: Vec<String>,
     /// Its vacancy for the default budget.
     pub vacancy: Vacancy,
+    /// Its wait line (issue 22): empty when the line is off.
+    pub line: super::LineStatus,
 }
 
 /// One work entry (HELD-01).

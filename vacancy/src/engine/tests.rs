@@ -1478,3 +1478,255 @@ fn presence_and_pressure_changes_wake_the_reclaims_once() {
     e.pressure_trigger(GPU, "engaged").unwrap();
     assert_eq!(drain(&mut e), vec![Effect::WakeReclaims]);
 }
+
+// ---- the wait line (issue 22) -------------------------------------------
+
+/// gpu_and_ram with a line on every upstream.
+fn lined(max_waiting: u32, max_wait_ms: u64) -> Engine {
+    let mut spec = gpu_and_ram();
+    for u in &mut spec.upstreams {
+        u.queue = Some(QueueSpec {
+            max_waiting,
+            max_wait: Duration::from_millis(max_wait_ms),
+        });
+    }
+    ready(spec, 0)
+}
+
+fn waits(d: Decision) {
+    match d {
+        Decision::Wait { resources, .. } => {
+            assert!(resources.is_empty(), "a line wait samples nothing")
+        }
+        other => panic!("expected a wait in line, got {other:?}"),
+    }
+}
+
+/// Release `r` at `at` and land fresh samples of both resources after it.
+fn end_job(e: &mut Engine, r: &Reservation, at: u64) {
+    e.release(r.id, ReleaseOutcome::Completed, t(at)).unwrap();
+    for name in [GPU, RAM] {
+        e.record_sample(name, CapacitySample::memory(64_000, 80_000, t(at + 1)))
+            .unwrap();
+    }
+}
+
+#[test]
+fn line_off_a_busy_resource_still_refuses_at_once() {
+    // ADM-01, ADM-02: without [upstream.queue] the seed's answer stands.
+    let mut e = ready(gpu_and_ram(), 0);
+    admitted(admit(&mut e, "llm", None, 10));
+    let r = refused(admit(&mut e, "llm", None, 10));
+    assert_eq!(r.code, RefusalCode::ResourceBusy);
+    assert!(!e.in_line(e.entries.keys().next().copied().unwrap()));
+}
+
+#[test]
+fn line_a_busy_request_waits_and_is_admitted_after_the_post_job_sample() {
+    // ADM-04..06 through the line: the waiter is admitted only once the
+    // sample taken after the job has landed.
+    let mut e = lined(4, 30_000);
+    let first = admitted(admit(&mut e, "llm", None, 10));
+    let second = req(&e, "llm", None, 20);
+    waits(e.admit(&second, t(20)));
+    assert!(e.in_line(second.id));
+    e.release(first.id, ReleaseOutcome::Completed, t(30))
+        .unwrap();
+    match e.admit(&second, t(31)) {
+        Decision::Wait { resources, .. } => assert!(!resources.is_empty(), "the post-job sample"),
+        other => panic!("expected the post-job sample wait, got {other:?}"),
+    }
+    for name in [GPU, RAM] {
+        e.record_sample(name, CapacitySample::memory(64_000, 80_000, t(32)))
+            .unwrap();
+    }
+    let r = admitted(e.admit(&second, t(33)));
+    assert_eq!(r.id, second.id);
+    assert!(!e.in_line(second.id));
+}
+
+#[test]
+fn line_serves_the_same_resources_first_come_first_served() {
+    let mut e = lined(8, 30_000);
+    let mut job = admitted(admit(&mut e, "llm", None, 10));
+    let waiters: Vec<WorkRequest> = (0..4).map(|i| req(&e, "llm", None, 20 + i)).collect();
+    for w in &waiters {
+        waits(e.admit(w, t(30)));
+    }
+    let mut at = 100;
+    for expected in &waiters {
+        end_job(&mut e, &job, at);
+        // Everyone asks again, latest first: only the head is admitted.
+        let mut admitted_now = Vec::new();
+        for w in waiters.iter().rev() {
+            if let Decision::Admitted(r) = e.admit(w, t(at + 2)) {
+                admitted_now.push(r);
+            }
+        }
+        assert_eq!(admitted_now.len(), 1);
+        assert_eq!(admitted_now[0].id, expected.id, "first come, first served");
+        job = admitted_now.remove(0);
+        at += 100;
+    }
+}
+
+#[test]
+fn line_a_multi_resource_waiter_is_not_overtaken_by_a_later_single_resource_one() {
+    // llm needs gpu0 and ram; cpu-lane only ram. With llm waiting, a later
+    // cpu-lane request may not take ram even while ram alone is free.
+    let mut e = lined(8, 30_000);
+    let lane = admitted(admit(&mut e, "cpu-lane", None, 10));
+    let big = req(&e, "llm", None, 20);
+    waits(e.admit(&big, t(20)));
+    let small = req(&e, "cpu-lane", None, 30);
+    waits(e.admit(&small, t(30)));
+    end_job(&mut e, &lane, 100);
+    waits(e.admit(&small, t(102)));
+    admitted(e.admit(&big, t(103)));
+}
+
+#[test]
+fn line_a_request_without_a_line_does_not_overtake_a_waiter() {
+    let mut spec = gpu_and_ram();
+    spec.upstreams[0].queue = Some(QueueSpec {
+        max_waiting: 4,
+        max_wait: Duration::from_secs(30),
+    });
+    let mut e = ready(spec, 0);
+    let job = admitted(admit(&mut e, "llm", None, 10));
+    let waiter = req(&e, "llm", None, 20);
+    waits(e.admit(&waiter, t(20)));
+    end_job(&mut e, &job, 100);
+    // cpu-lane has no line: it is refused, not admitted ahead of llm.
+    let r = refused(admit(&mut e, "cpu-lane", None, 102));
+    assert_eq!(r.code, RefusalCode::ResourceBusy);
+    assert!(r.reason.contains("wait in line"), "{}", r.reason);
+    admitted(e.admit(&waiter, t(103)));
+}
+
+#[test]
+fn line_the_owner_returning_answers_every_waiter_at_once() {
+    // OWN-01: waiters never wait out the owner; the shell is woken to ask.
+    let mut e = lined(8, 30_000);
+    admitted(admit(&mut e, "llm", None, 10));
+    let waiters: Vec<WorkRequest> = (0..3).map(|i| req(&e, "llm", None, 20 + i)).collect();
+    for w in &waiters {
+        waits(e.admit(w, t(30)));
+    }
+    drain(&mut e);
+    e.set_owner(OwnerPresence::Present);
+    assert!(drain(&mut e).contains(&Effect::WakeWaiters));
+    for w in &waiters {
+        assert_eq!(refused(e.admit(w, t(40))).code, RefusalCode::OwnerPresent);
+        assert!(!e.in_line(w.id));
+    }
+}
+
+#[test]
+fn line_pressure_a_switch_and_a_pause_answer_waiters_at_once() {
+    for change in 0..3 {
+        let mut e = lined(8, 30_000);
+        admitted(admit(&mut e, "llm", None, 10));
+        let w = req(&e, "llm", None, 20);
+        waits(e.admit(&w, t(20)));
+        let expected = match change {
+            0 => {
+                e.set_pressure(GPU, PressureVerdict::Refuses("engaged".into()))
+                    .unwrap();
+                RefusalCode::Pressure
+            }
+            1 => {
+                e.set_resource_enabled(RAM, false).unwrap();
+                RefusalCode::ResourceDisabled
+            }
+            _ => {
+                e.set_lending(false);
+                RefusalCode::LendingPaused
+            }
+        };
+        assert_eq!(refused(e.admit(&w, t(30))).code, expected);
+    }
+}
+
+#[test]
+fn line_a_full_line_refuses_busy_with_retry_after_2() {
+    let mut e = lined(2, 30_000);
+    admitted(admit(&mut e, "llm", None, 10));
+    waits(admit(&mut e, "llm", None, 20));
+    waits(admit(&mut e, "llm", None, 21));
+    let r = refused(admit(&mut e, "llm", None, 22));
+    assert_eq!(r.code, RefusalCode::ResourceBusy);
+    assert_eq!(r.retry_after(), Some(Duration::from_secs(2)));
+    assert!(r.reason.contains("full"), "{}", r.reason);
+}
+
+#[test]
+fn line_a_waiter_is_answered_busy_at_its_deadline() {
+    let mut e = lined(2, 5_000);
+    admitted(admit(&mut e, "llm", None, 10));
+    let w = req(&e, "llm", None, 20);
+    let until = match e.admit(&w, t(20)) {
+        Decision::Wait { until, .. } => until,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(until, t(5_020));
+    waits(e.admit(&w, t(5_019)));
+    let r = refused(e.admit(&w, until));
+    assert_eq!(r.code, RefusalCode::ResourceBusy);
+    assert!(r.reason.contains("waited"), "{}", r.reason);
+    assert!(!e.in_line(w.id));
+}
+
+#[test]
+fn line_a_waiter_who_leaves_reserves_nothing_and_lets_the_next_move_up() {
+    let mut e = lined(4, 30_000);
+    let job = admitted(admit(&mut e, "llm", None, 10));
+    let gone = req(&e, "llm", None, 20);
+    let next = req(&e, "llm", None, 21);
+    waits(e.admit(&gone, t(20)));
+    waits(e.admit(&next, t(21)));
+    drain(&mut e);
+    e.leave_line(gone.id);
+    assert!(drain(&mut e).contains(&Effect::WakeWaiters));
+    assert!(!e.in_line(gone.id));
+    assert_eq!(e.entry_count(), 1, "leaving reserved nothing");
+    end_job(&mut e, &job, 100);
+    admitted(e.admit(&next, t(102)));
+}
+
+#[test]
+fn line_a_request_may_bring_its_own_wait() {
+    // Python's admit(wait_s=): waits even where the upstream has no line.
+    let mut e = ready(gpu_and_ram(), 0);
+    admitted(admit(&mut e, "llm", None, 10));
+    let mut w = req(&e, "llm", None, 20);
+    w.wait = Some(Duration::from_secs(3));
+    match e.admit(&w, t(20)) {
+        Decision::Wait { until, .. } => assert_eq!(until, t(3_020)),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(e.line_status(0, t(1_020)).waiting, 1);
+    assert_eq!(
+        e.line_status(0, t(1_020)).oldest_wait,
+        Some(Duration::from_secs(1))
+    );
+}
+
+#[test]
+fn line_a_waiter_that_never_asks_again_does_not_block_the_line_for_good() {
+    // A shell that lost a waiter without saying so: past its deadline and
+    // the grace, it no longer holds back those behind it.
+    let mut e = lined(4, 1_000);
+    let job = admitted(admit(&mut e, "llm", None, 10));
+    let ghost = req(&e, "llm", None, 20);
+    waits(e.admit(&ghost, t(20)));
+    end_job(&mut e, &job, 100);
+    let late = 20 + 1_000 + LINE_EXPIRY_GRACE.as_millis() as u64;
+    for name in [GPU, RAM] {
+        e.record_sample(name, CapacitySample::memory(64_000, 80_000, t(late)))
+            .unwrap();
+    }
+    let next = req(&e, "llm", None, late);
+    admitted(e.admit(&next, t(late)));
+    assert!(!e.in_line(ghost.id));
+}

@@ -114,6 +114,10 @@ pub struct WorkRequest {
     /// The upstream's own handle for the work, when the adapter assigns one
     /// before forwarding (a ComfyUI prompt ID, COMFY-03); recorded with the reservation.
     pub upstream_ref: Option<String>,
+    /// How long this request may wait in line for a reserved resource,
+    /// overriding its upstream's `max_wait_s`; `None`: the upstream's line,
+    /// if it has one (see the engine's `line` module).
+    pub wait: Option<std::time::Duration>,
 }
 
 impl WorkRequest {
@@ -134,6 +138,7 @@ impl WorkRequest {
             completion: CompletionMethod::ResponseEnd,
             reuse: RequestReuse::Reuses,
             upstream_ref: None,
+            wait: None,
         }
     }
 }

@@ -64,6 +64,7 @@
 //!   [`resolve_location`] (REC-10..REC-22). vacancyd never deletes the
 //!   directory or its journal (REC-07).
 
+pub mod disk;
 mod error;
 mod files;
 mod location;
@@ -74,9 +75,7 @@ mod writer;
 #[cfg(test)]
 mod tests;
 
-use std::fs::{self, File, OpenOptions};
-use std::io::{self, Read};
-use std::os::unix::fs::OpenOptionsExt;
+use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, mpsc};
 use std::thread::JoinHandle;
@@ -88,6 +87,7 @@ use tracing::{info, warn};
 use crate::engine::EntryId;
 use crate::proxy::{ReservationStore, StoreChange, StoreError, StoreWrite};
 
+pub use disk::{AtomicWriteError, Disk, DiskFile, RealDisk, write_atomically};
 pub use error::LedgerError;
 pub use files::{PRIVATE_FILE_MODE, check_private, open_private, read_private};
 pub use location::{
@@ -170,27 +170,43 @@ impl Ledger {
     pub fn open(dir: &Path) -> Result<(Ledger, Vec<RecoveredEntry>), LedgerError> {
         check_recovery_dir(dir)?;
         let lock = lock::acquire(dir)?;
-        let journal_path = dir.join(JOURNAL_FILE);
-        finish_compaction(dir, &journal_path)?;
+        Self::open_locked(dir, Arc::new(RealDisk), Some(lock))
+    }
 
-        let created = !exists(&journal_path)?;
-        let mut file = open_private(
-            &journal_path,
-            OpenOptions::new()
-                .read(true)
-                .append(true)
-                .create(true)
-                .mode(files::PRIVATE_FILE_MODE),
-        )?;
+    /// Open the ledger of `dir` on another disk: a [`disk::FaultDisk`] that
+    /// fails a chosen write, or a [`disk::MemDisk`] for the simulation.
+    ///
+    /// # Behavior
+    ///
+    /// As [`open`](Self::open), but the directory is not checked and not
+    /// locked: for tests and simulations, never for a daemon.
+    #[cfg(any(test, feature = "testkit"))]
+    pub fn open_on(
+        dir: &Path,
+        disk: Arc<dyn Disk>,
+    ) -> Result<(Ledger, Vec<RecoveredEntry>), LedgerError> {
+        Self::open_locked(dir, disk, None)
+    }
+
+    fn open_locked(
+        dir: &Path,
+        disk: Arc<dyn Disk>,
+        lock: Option<File>,
+    ) -> Result<(Ledger, Vec<RecoveredEntry>), LedgerError> {
+        let journal_path = dir.join(JOURNAL_FILE);
+        finish_compaction(disk.as_ref(), dir, &journal_path)?;
+
+        let created = !disk
+            .exists(&journal_path)
+            .map_err(|e| LedgerError::io("inspect", &journal_path, e))?;
+        let mut file = disk.open_append(&journal_path, true)?;
         if created {
             file.sync_all()
                 .map_err(|e| LedgerError::io("sync the new journal", &journal_path, e))?;
-            sync_dir(dir)?;
+            sync_dir_on(disk.as_ref(), dir)?;
             info!(path = %journal_path.display(), "created an empty journal");
         }
-        let mut bytes = Vec::new();
-        file.read_to_end(&mut bytes)
-            .map_err(|e| LedgerError::io("read the journal", &journal_path, e))?;
+        let bytes = disk.read(&journal_path)?.unwrap_or_default();
         let replay = record::replay(&bytes, &journal_path)?;
         if let Some(tail) = &replay.discarded {
             warn!(
@@ -222,6 +238,7 @@ impl Ledger {
         let writer = Writer {
             dir: dir.to_path_buf(),
             journal_path: journal_path.clone(),
+            disk,
             file,
             len: good_len,
             lines,
@@ -334,14 +351,22 @@ impl Ledger {
         self.inspect(|w| w.live.len())
     }
 
-    #[cfg(test)]
-    fn set_compact_min_lines(&self, n: u64) {
-        self.inspect(move |w| w.compact_min_lines = n);
+    /// Compact on release once the journal has more than `n` lines (and
+    /// more than twice the lines a compaction keeps), instead of 1000: for
+    /// tests and simulations that want compactions often.
+    #[cfg(any(test, feature = "testkit"))]
+    pub fn set_compact_min_lines(&self, n: u64) {
+        // Queued like a change, so it applies to every later one; a stopped
+        // writer has nothing to tune.
+        let _ = self.send(Job::CompactMinLines(n));
     }
 
-    #[cfg(test)]
-    fn set_deferred_sync(&self, window: std::time::Duration) {
-        self.inspect(move |w| w.deferred_sync = window);
+    /// Let a release or hold wait up to `window` for the next sync instead
+    /// of 5 ms: zero syncs each at once, for a simulation that waits for
+    /// every write.
+    #[cfg(any(test, feature = "testkit"))]
+    pub fn set_deferred_sync(&self, window: std::time::Duration) {
+        let _ = self.send(Job::DeferredSync(window));
     }
 
     #[cfg(test)]
@@ -454,9 +479,9 @@ fn live_lines(live: &LiveSet) -> u64 {
 
 /// At open: complete a complete compaction left by a crash (REC-05), remove
 /// an incomplete one.
-fn finish_compaction(dir: &Path, journal_path: &Path) -> Result<(), LedgerError> {
+fn finish_compaction(disk: &dyn Disk, dir: &Path, journal_path: &Path) -> Result<(), LedgerError> {
     let new_path = dir.join(COMPACT_FILE);
-    let Some(bytes) = read_private(&new_path)? else {
+    let Some(bytes) = disk.read(&new_path)? else {
         return Ok(());
     };
     let complete = match record::replay(&bytes, &new_path) {
@@ -464,17 +489,17 @@ fn finish_compaction(dir: &Path, journal_path: &Path) -> Result<(), LedgerError>
         Err(_) => false,
     };
     if complete {
-        fs::rename(&new_path, journal_path)
+        disk.rename(&new_path, journal_path)
             .map_err(|e| LedgerError::io("complete the compaction by renaming", &new_path, e))?;
-        sync_dir(dir)?;
+        sync_dir_on(disk, dir)?;
         warn!(
             path = %new_path.display(),
             "completed a journal compaction that a crash interrupted before its rename (REC-05)"
         );
     } else {
-        fs::remove_file(&new_path)
+        disk.remove(&new_path)
             .map_err(|e| LedgerError::io("remove the incomplete compaction", &new_path, e))?;
-        sync_dir(dir)?;
+        sync_dir_on(disk, dir)?;
         warn!(
             path = %new_path.display(),
             "removed an incomplete journal compaction left by a crash; the journal beside it is \
@@ -484,17 +509,13 @@ fn finish_compaction(dir: &Path, journal_path: &Path) -> Result<(), LedgerError>
     Ok(())
 }
 
-fn exists(path: &Path) -> Result<bool, LedgerError> {
-    match fs::symlink_metadata(path) {
-        Ok(_) => Ok(true),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
-        Err(e) => Err(LedgerError::io("inspect", path, e)),
-    }
-}
-
 /// Make a directory's entries (a created or renamed file) durable.
 pub(crate) fn sync_dir(dir: &Path) -> Result<(), LedgerError> {
-    File::open(dir)
-        .and_then(|d| d.sync_all())
+    sync_dir_on(&RealDisk, dir)
+}
+
+/// [`sync_dir`] on `disk`.
+pub(crate) fn sync_dir_on(disk: &dyn Disk, dir: &Path) -> Result<(), LedgerError> {
+    disk.sync_dir(dir)
         .map_err(|e| LedgerError::io("sync the directory", dir, e))
 }

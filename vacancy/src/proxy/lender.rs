@@ -24,8 +24,8 @@ use crate::traits::resource::{CapacitySample, SampleError};
 /// # Behavior
 ///
 /// The engine lock is held only for the engine's pure calls, never across I/O.
-/// Every call drains the engine's [`Effect`]s in one place
-/// ([`engine_call`](Self::engine_call)): ledger effects are submitted to the
+/// Every call drains the engine's [`Effect`]s in one place (the private
+/// `engine_call`): ledger effects are submitted to the
 /// store under the lock, so the store's order is the engine's, and awaited
 /// outside it; wake-ups fire after the lock. A release asks each freed
 /// resource for an immediate sample (ADM-05); every recorded sample wakes
@@ -124,6 +124,7 @@ impl Lender {
                     Effect::Sample(resource) => wakes.sample.push(resource),
                     Effect::Observe(upstream) => wakes.observe.push(upstream),
                     Effect::WakeReclaims => wakes.reclaims = true,
+                    Effect::WakeWaiters => wakes.waiters = true,
                     ledger => {
                         if let Some((record, write)) = submit(self.store.as_ref(), ledger) {
                             writes.push(LedgerWrite { record, write });
@@ -143,6 +144,11 @@ impl Lender {
         }
         if wakes.reclaims {
             self.wake_reclaims();
+        }
+        if wakes.waiters {
+            // Waiters wait on the same signal as a post-job sample: either
+            // may change their decision.
+            self.sample_landed.notify_waiters();
         }
         (out, writes)
     }
@@ -309,6 +315,48 @@ impl Lender {
     /// the store's order is the engine's; the caller awaits
     /// [`Admission::recorded`] before forwarding (REC-01).
     pub async fn decide(&self, request: &WorkRequest) -> Decided {
+        self.decide_in_line(request).await.0
+    }
+
+    /// [`decide`](Self::decide), also saying how long the request waited in
+    /// its upstream's wait line, if it did (issue 22). A request whose future
+    /// is dropped while it waits (the borrower left) leaves the line.
+    pub async fn decide_in_line(
+        &self,
+        request: &WorkRequest,
+    ) -> (Decided, Option<std::time::Duration>) {
+        let mut seat = Seat {
+            lender: self,
+            entry: request.id,
+            joined: None,
+        };
+        let decided = self.decide_seated(request, &mut seat).await;
+        let waited = seat.joined.map(|at| at.elapsed());
+        if let Some(waited) = waited {
+            self.metrics.line_wait(
+                self.upstream_name(request.upstream)
+                    .as_deref()
+                    .unwrap_or(""),
+                waited,
+                match &decided {
+                    Decided::Admitted(_) => "admitted",
+                    Decided::Refused(r) | Decided::Reobserve(r)
+                        if r.code == RefusalCode::ResourceBusy =>
+                    {
+                        "timed_out"
+                    }
+                    Decided::Refused(_) | Decided::Reobserve(_) => "refused",
+                },
+            );
+        }
+        (decided, waited)
+    }
+
+    fn upstream_name(&self, upstream: UpstreamId) -> Option<String> {
+        self.lock().upstream_name(upstream).map(str::to_owned)
+    }
+
+    async fn decide_seated(&self, request: &WorkRequest, seat: &mut Seat<'_>) -> Decided {
         let deciding = std::time::Instant::now();
         let mut waited = std::time::Duration::ZERO;
         loop {
@@ -316,7 +364,13 @@ impl Lender {
             tokio::pin!(landed);
             landed.as_mut().enable();
             let now = self.clock.now();
-            let (decision, writes) = self.engine_call(|e| e.admit(request, now));
+            let ((decision, in_line), writes) = self.engine_call(|e| {
+                let d = e.admit(request, now);
+                (d, e.in_line(request.id))
+            });
+            if in_line && seat.joined.is_none() {
+                seat.joined = Some(std::time::Instant::now());
+            }
             let step = match decision {
                 Decision::Admitted(reservation) => Step::Admitted(Admission {
                     write: persisted(&reservation, writes),
@@ -535,12 +589,31 @@ impl LedgerWrite {
     }
 }
 
+/// A request's place in the wait line while [`Lender::decide_in_line`]
+/// awaits: dropped with the future (the borrower left), it leaves the line.
+struct Seat<'a> {
+    lender: &'a Lender,
+    entry: EntryId,
+    /// When it joined the line, if it did.
+    joined: Option<std::time::Instant>,
+}
+
+impl Drop for Seat<'_> {
+    fn drop(&mut self) {
+        if self.joined.is_some() {
+            let entry = self.entry;
+            self.lender.with_engine(|e| e.leave_line(entry));
+        }
+    }
+}
+
 /// The wake-ups gathered under the engine lock, fired after it.
 #[derive(Default)]
 struct Wakes {
     sample: Vec<String>,
     observe: Vec<UpstreamId>,
     reclaims: bool,
+    waiters: bool,
 }
 
 /// The admission's own record among the writes an admission queued; the

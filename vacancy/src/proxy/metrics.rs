@@ -100,6 +100,10 @@ const ADDED_BUCKETS: &[f64] = &[
     0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0, 4.0,
     10.0,
 ];
+/// One wait in line (up to `max_wait_s`, at most an hour).
+const LINE_BUCKETS: &[f64] = &[
+    0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 3600.0,
+];
 /// One durable record write (about one fsync).
 const PERSIST_BUCKETS: &[f64] = &[
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
@@ -153,6 +157,8 @@ pub struct Metrics {
     lending: Gauge,
     pressure_refusing: Family<ResourceLabel, Gauge>,
     reachable: Family<UpstreamLabel, Gauge>,
+    line_waiting: Family<UpstreamLabel, Gauge>,
+    line_waits: Family<CancelLabels, Histogram, Buckets>,
     /// Scrapes set gauges and then encode: one at a time.
     scrape: Mutex<()>,
 }
@@ -187,6 +193,8 @@ impl Default for Metrics {
         let lending = Gauge::default();
         let pressure_refusing = Family::default();
         let reachable = Family::default();
+        let line_waiting = Family::default();
+        let line_waits = Family::new_with_constructor(Buckets(LINE_BUCKETS));
         let r = &mut registry;
         r.register(
             "vacancyd_admissions",
@@ -293,6 +301,16 @@ impl Default for Metrics {
             "1 when the upstream's server answered the last check",
             reachable.clone(),
         );
+        r.register(
+            "vacancyd_line_waiting",
+            "Requests waiting in an upstream's wait line ([upstream.queue])",
+            line_waiting.clone(),
+        );
+        r.register(
+            "vacancyd_line_wait_seconds",
+            "Time requests waited in line, by upstream and outcome (admitted, timed_out: still busy at max_wait_s, refused: the owner, pressure or a switch answered)",
+            line_waits.clone(),
+        );
         Metrics {
             registry,
             cache: RwLock::new(HashMap::new()),
@@ -317,6 +335,8 @@ impl Default for Metrics {
             lending,
             pressure_refusing,
             reachable,
+            line_waiting,
+            line_waits,
             scrape: Mutex::new(()),
         }
     }
@@ -428,6 +448,16 @@ impl Metrics {
         own.observe(added.as_secs_f64());
     }
 
+    /// A request that waited in line for `took`, and how it ended.
+    pub fn line_wait(&self, upstream: &str, took: Duration, outcome: &'static str) {
+        self.line_waits
+            .get_or_create(&CancelLabels {
+                upstream: upstream.to_owned(),
+                outcome,
+            })
+            .observe(took.as_secs_f64());
+    }
+
     /// One durable reservation write.
     pub fn persisted(&self, took: Duration) {
         self.persist.observe(took.as_secs_f64());
@@ -527,6 +557,9 @@ impl Metrics {
             // Present at zero for every upstream.
             let _ = self.admissions.get_or_create(&upstream);
             let _ = self.yields.get_or_create(&upstream);
+            self.line_waiting
+                .get_or_create(&upstream)
+                .set(i64::from(u.line.waiting));
             self.exempt
                 .get_or_create(&upstream)
                 .set(i64::from(u.owner_scope == "resource"));

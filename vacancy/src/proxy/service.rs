@@ -36,6 +36,13 @@ const REFUSAL_DRAIN_BYTES: usize = 256 * 1024;
 /// When the upstream was asked: the end of vacancyd's own time on a request.
 type Forwarded = OnceLock<Instant>;
 
+/// The header that says how long a request waited in its upstream's wait
+/// line, in milliseconds (issue 22); absent when it did not wait.
+pub const WAITED_HEADER: &str = "vacancy-waited-ms";
+
+/// How long the request waited in line, once decided.
+type Waited = OnceLock<std::time::Duration>;
+
 /// Answer one borrower request, timing it for the metrics: the whole time to
 /// the response head, and vacancyd's own part of it (everything before the
 /// upstream is asked; all of it for a refusal).
@@ -46,6 +53,7 @@ pub async fn handle(
 ) -> http::Response<ProxyBody> {
     let arrived = Instant::now();
     let forwarded = Forwarded::new();
+    let waited = Waited::new();
     let path = req
         .uri()
         .path_and_query()
@@ -53,7 +61,14 @@ pub async fn handle(
         .to_owned();
     let class = route.adapter.classify(req.method(), &path);
     let label = class.label();
-    let response = answer_request(&lender, &route, req, class, path, &forwarded).await;
+    let mut response = answer_request(&lender, &route, req, class, path, &forwarded, &waited).await;
+    if let Some(w) = waited.get()
+        && let Ok(v) = http::HeaderValue::from_str(&w.as_millis().to_string())
+    {
+        response
+            .headers_mut()
+            .insert(http::HeaderName::from_static(WAITED_HEADER), v);
+    }
     let total = arrived.elapsed();
     let added = forwarded
         .get()
@@ -69,6 +84,7 @@ async fn answer_request(
     class: RouteClass,
     path: String,
     forwarded: &Forwarded,
+    waited: &Waited,
 ) -> http::Response<ProxyBody> {
     let (lender, route) = (Arc::clone(lender), Arc::clone(route));
     match route_policy(class, req.method(), route.management) {
@@ -82,7 +98,9 @@ async fn answer_request(
             refuse_after_draining(&route, refusal, req.into_body()).await
         }
         RoutePolicy::Forward => forward_unreserved(&route, req, forwarded).await,
-        RoutePolicy::Admit(work) => work_request(lender, route, req, work, &path, forwarded).await,
+        RoutePolicy::Admit(work) => {
+            work_request(lender, route, req, work, &path, forwarded, waited).await
+        }
     }
 }
 
@@ -229,6 +247,7 @@ async fn work_request(
     work: WorkRoute,
     path: &str,
     forwarded: &Forwarded,
+    waited: &Waited,
 ) -> http::Response<ProxyBody> {
     let arrived_at = lender.clock().now();
     let inspecting = Instant::now();
@@ -287,8 +306,13 @@ async fn work_request(
         completion: work.completion,
         reuse: inspection.reuse,
         upstream_ref: inspection.upstream_ref,
+        wait: None,
     };
-    let decided = match lender.decide(&request).await {
+    let (decided, in_line) = lender.decide_in_line(&request).await;
+    if let Some(w) = in_line {
+        let _ = waited.set(w);
+    }
+    let decided = match decided {
         Decided::Reobserve(refusal) => {
             // RES-20: the observation was only too old; observe once more.
             info!(entry = %entry, upstream = %route.name, "the resident observation was too old; observing once more before deciding (RES-20)");

@@ -168,7 +168,7 @@ async fn a_failed_append_refuses_the_reservation_and_keeps_the_journal_readable(
     // Swap the writer's handle for a read-only one: appends fail, and so
     // does cutting them back, which leaves the ledger unavailable.
     let read_only = fs::File::open(&journal).unwrap();
-    ledger.inspect(move |w| w.file = read_only);
+    ledger.inspect(move |w| w.file = Box::new(crate::ledger::disk::RealFile(read_only)));
     let e = ledger.persist(&reservation(2, None)).await.unwrap_err();
     assert_eq!(e.entry, id(2));
     assert!(

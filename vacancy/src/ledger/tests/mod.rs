@@ -2,6 +2,7 @@
 //! under its own temporary directory.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod faults;
 mod files;
 mod journal;
 mod location;

@@ -1,0 +1,295 @@
+//! The wait line: an opt-in, owner-aware queue for requests refused only
+//! because a resource they need is reserved (issue 22).
+//!
+//! # Behavior
+//!
+//! - Off unless an upstream has a [`QueueSpec`] (`[upstream.queue]`) or a
+//!   request brings its own wait ([`WorkRequest::wait`], Python's
+//!   `admit(wait_s=)`). Off, every decision is the seed's.
+//! - Only `resource_busy` waits. Any other refusal (owner present, lending
+//!   paused, resource switched off, pressure) answers at once, for a new
+//!   request and for every waiter the next time it asks: the shell is woken
+//!   by [`Effect::WakeWaiters`] whenever such an input changes.
+//! - Fairness: one line across all upstreams, in arrival order. A request
+//!   may take its resources only when no request ahead of it in the line
+//!   needs any of them. So requests on the same resources are served first
+//!   come, first served, and a multi-resource request is never overtaken
+//!   on a resource it needs by a later single-resource one: it cannot
+//!   starve. The cost: a later request on a resource a waiter ahead needs
+//!   waits even while that resource alone is free. Requests that do not
+//!   wait (their upstream has no line) never overtake a waiter either; they
+//!   are refused `resource_busy` as before.
+//! - A waiter is admitted by the full admission check, after the post-job
+//!   sample (ADM-04..06), whose 4 s bound counts from the moment it was its
+//!   turn. It leaves at its deadline (`resource_busy`), when refused, when
+//!   admitted, or when the shell says it left ([`Engine::leave_line`]).
+//! - Nothing in the line is reserved or recorded: a restart forgets it.
+
+use std::time::Duration;
+
+use super::effect::Effect;
+use super::refusal::{Refusal, RefusalCode};
+use super::work::{Charge, Decision, EntryId, WorkRequest};
+use super::{Blocked, Engine};
+use crate::time::Moment;
+
+/// An upstream's wait line settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueueSpec {
+    /// How many of the upstream's requests may wait at once.
+    pub max_waiting: u32,
+    /// How long one may wait.
+    pub max_wait: Duration,
+}
+
+/// How long past its deadline a waiter that never asked again stays in line:
+/// a shell asks at the deadline, so one that has not by then is gone (a
+/// shell that never said it left) and must not block those behind it.
+pub const LINE_EXPIRY_GRACE: Duration = Duration::from_secs(60);
+
+/// Requests that may wait without an upstream line (a per-request wait).
+const PER_REQUEST_MAX_WAITING: u32 = 1024;
+
+/// One request waiting in line.
+#[derive(Debug, Clone)]
+pub(super) struct Waiter {
+    pub(super) id: EntryId,
+    pub(super) upstream: usize,
+    pub(super) deps: Vec<usize>,
+    pub(super) joined: Moment,
+    pub(super) until: Moment,
+    /// When it was first its turn with a post-job sample pending: the ADM-06
+    /// bound counts from here.
+    pub(super) ready_since: Option<Moment>,
+}
+
+/// One upstream's line, for `/status` (`{"waiting": 2, "oldest_wait_s": 1.5}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+pub struct LineStatus {
+    /// Requests waiting.
+    pub waiting: u32,
+    /// How long the oldest has waited.
+    #[serde(rename = "oldest_wait_s", serialize_with = "seconds")]
+    pub oldest_wait: Option<Duration>,
+}
+
+fn seconds<S: serde::Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+    match d {
+        Some(d) => s.serialize_some(&((d.as_secs_f64() * 1000.0).round() / 1000.0)),
+        None => s.serialize_none(),
+    }
+}
+
+impl Engine {
+    /// The borrower of request `id` left while it waited (a disconnect):
+    /// it leaves the line, reserving nothing. No-op when it is not in line.
+    pub fn leave_line(&mut self, id: EntryId) {
+        if let Some(i) = self.line.iter().position(|w| w.id == id) {
+            self.leave_at(i);
+        }
+    }
+
+    /// Whether request `id` waits in line.
+    pub fn in_line(&self, id: EntryId) -> bool {
+        self.seat(id).is_some()
+    }
+
+    /// Drop waiters gone past their deadline by [`LINE_EXPIRY_GRACE`].
+    pub(super) fn expire_line(&mut self, now: Moment) {
+        let before = self.line.len();
+        self.line.retain(|w| now < w.until.after(LINE_EXPIRY_GRACE));
+        if self.line.len() != before {
+            self.wake_waiters();
+        }
+    }
+
+    /// Where request `id` waits, if it does.
+    pub(super) fn seat(&self, id: EntryId) -> Option<usize> {
+        self.line.iter().position(|w| w.id == id)
+    }
+
+    /// When the ADM-06 bound of a request counts from: its arrival, or for
+    /// a waiter the moment it became its turn (now, if it just did).
+    pub(super) fn line_arrival(
+        &self,
+        req: &WorkRequest,
+        seat: Option<usize>,
+        now: Moment,
+    ) -> Moment {
+        match seat {
+            Some(i) => self.line[i].ready_since.unwrap_or(now),
+            None => req.arrived_at,
+        }
+    }
+
+    /// One upstream's line now.
+    pub fn line_status(&self, upstream: usize, now: Moment) -> LineStatus {
+        let mut status = LineStatus::default();
+        for w in self.line.iter().filter(|w| w.upstream == upstream) {
+            status.waiting += 1;
+            let waited = now.since(w.joined);
+            status.oldest_wait = Some(status.oldest_wait.map_or(waited, |o| o.max(waited)));
+        }
+        status
+    }
+
+    /// Settle a request's place in the line after its admission check:
+    /// `Ok` with the charges when it may take its resources now, else the
+    /// decision to answer (never `Admitted`; boxing it would allocate on
+    /// every refusal of the hot path).
+    #[allow(clippy::result_large_err)]
+    pub(super) fn line_turn(
+        &mut self,
+        req: &WorkRequest,
+        seat: Option<usize>,
+        evaluated: Result<Vec<Charge>, Blocked>,
+        now: Moment,
+    ) -> Result<Vec<Charge>, Decision> {
+        let up = req.upstream.0;
+        let deps: Vec<usize> = self.upstreams[up].deps.iter().map(|d| d.res).collect();
+        let ahead = seat.unwrap_or(self.line.len());
+        let behind = self.line[..ahead]
+            .iter()
+            .find_map(|w| deps.iter().find(|r| w.deps.contains(r)).copied());
+        let busy = match (evaluated, behind) {
+            (Ok(charges), None) => {
+                if let Some(i) = seat {
+                    self.leave_at(i);
+                }
+                return Ok(charges);
+            }
+            (Ok(_), Some(res)) => Refusal::new(
+                RefusalCode::ResourceBusy,
+                format!(
+                    "requests that came earlier wait in line for resource {}; retry in 2 s",
+                    self.resources[res].spec.name
+                ),
+            )
+            .on_resource(&self.resources[res].spec.name),
+            (Err(Blocked::Refused(r)), _) if r.code == RefusalCode::ResourceBusy => r,
+            (Err(Blocked::Wait { until, resources }), _) => {
+                let until = match seat {
+                    Some(i) if now >= self.line[i].until => {
+                        // Its deadline came while the post-job sample was
+                        // still awaited: answered, as every waiter is.
+                        let waited = now.since(self.line[i].joined).as_secs_f64();
+                        self.leave_at(i);
+                        return Err(Decision::Refused(Refusal::new(
+                            RefusalCode::ResourceBusy,
+                            format!(
+                                "the resource's capacity after the last job is not measured yet (waited {waited:.1} s in line, its limit); retry in 2 s"
+                            ),
+                        )));
+                    }
+                    Some(i) => {
+                        let w = &mut self.line[i];
+                        if behind.is_none() {
+                            w.ready_since.get_or_insert(now);
+                        }
+                        until.min(w.until)
+                    }
+                    None => until,
+                };
+                return Err(Decision::Wait { until, resources });
+            }
+            (Err(other), _) => {
+                if let Some(i) = seat {
+                    self.leave_at(i);
+                }
+                return Err(other.into());
+            }
+        };
+        // Only a reserved resource stands in the way. The owner comes first:
+        // anything else that would refuse answers now.
+        if let Some(hard) = self.hard_refusal(up) {
+            if let Some(i) = seat {
+                self.leave_at(i);
+            }
+            return Err(Decision::Refused(hard));
+        }
+        let queue = match (req.wait, self.upstreams[up].spec.queue) {
+            (Some(wait), q) => Some(QueueSpec {
+                max_waiting: q.map_or(PER_REQUEST_MAX_WAITING, |q| q.max_waiting),
+                max_wait: wait,
+            }),
+            (None, q) => q,
+        };
+        let Some(queue) = queue else {
+            if let Some(i) = seat {
+                self.leave_at(i);
+            }
+            return Err(Decision::Refused(busy));
+        };
+        match seat {
+            Some(i) => {
+                let w = &mut self.line[i];
+                w.ready_since = None;
+                if now >= w.until {
+                    let waited = now.since(w.joined).as_secs_f64();
+                    self.leave_at(i);
+                    let mut busy = busy;
+                    busy.reason
+                        .push_str(&format!(" (waited {waited:.1} s in line, its limit)"));
+                    return Err(Decision::Refused(busy));
+                }
+                Err(Decision::Wait {
+                    until: w.until,
+                    resources: Vec::new(),
+                })
+            }
+            None => {
+                let waiting = self.line.iter().filter(|w| w.upstream == up).count();
+                if waiting >= queue.max_waiting as usize {
+                    let mut busy = busy;
+                    busy.reason.push_str(&format!(
+                        " (the wait line is full: {waiting} requests wait)"
+                    ));
+                    return Err(Decision::Refused(busy));
+                }
+                if queue.max_wait.is_zero() {
+                    return Err(Decision::Refused(busy));
+                }
+                let until = now.after(queue.max_wait);
+                self.line.push(Waiter {
+                    id: req.id,
+                    upstream: up,
+                    deps,
+                    joined: now,
+                    until,
+                    ready_since: None,
+                });
+                Err(Decision::Wait {
+                    until,
+                    resources: Vec::new(),
+                })
+            }
+        }
+    }
+
+    /// A refusal other than a reserved resource that applies to upstream
+    /// `up` now: the owner's and the machine's reasons, which a waiter
+    /// never waits out.
+    fn hard_refusal(&self, up: usize) -> Option<Refusal> {
+        if let Some(r) = self.presence_refusal(up) {
+            return Some(r);
+        }
+        self.upstreams[up].deps.iter().find_map(|d| {
+            let r = &self.resources[d.res];
+            r.disabled_refusal().or_else(|| r.pressure_refusal())
+        })
+    }
+
+    fn leave_at(&mut self, i: usize) {
+        self.line.remove(i);
+        // Those behind may move up.
+        self.wake_waiters();
+    }
+
+    /// Wake the shell's waiters to ask again: the line moved or an input
+    /// that may refuse them changed.
+    pub(super) fn wake_waiters(&mut self) {
+        if !self.line.is_empty() {
+            self.effects.push(Effect::WakeWaiters);
+        }
+    }
+}

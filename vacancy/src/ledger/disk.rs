@@ -1,0 +1,202 @@
+//! The file system under the ledger, as a seam: the daemon writes through
+//! [`RealDisk`]; tests and the simulation put a disk that fails a chosen
+//! write ([`FaultDisk`]) or one that lives in memory and can crash between
+//! any two writes ([`MemDisk`]) in its place.
+//!
+//! Every write the recovery directory sees goes through these two traits:
+//! the journal's appends, cut-backs and syncs, the compaction's file,
+//! rename and directory sync, and the replace-by-rename of the learned
+//! contexts and the pressure calibration ([`write_atomically`]). So a test
+//! can count them and fail each one in turn.
+
+use std::fmt;
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+use crate::ledger::error::LedgerError;
+use crate::ledger::files::{self, PRIVATE_FILE_MODE};
+
+#[cfg(any(test, feature = "testkit"))]
+mod fault;
+#[cfg(any(test, feature = "testkit"))]
+mod mem;
+
+#[cfg(any(test, feature = "testkit"))]
+pub use fault::{DiskOp, Fault, FaultDisk, OpKind};
+#[cfg(any(test, feature = "testkit"))]
+pub use mem::MemDisk;
+
+/// One open file of the recovery directory, written at its end.
+pub trait DiskFile: Send + fmt::Debug {
+    /// Append all of `bytes` (the file is opened for appending).
+    fn write_all(&mut self, bytes: &[u8]) -> io::Result<()>;
+    /// Cut the file to `len` bytes.
+    fn set_len(&mut self, len: u64) -> io::Result<()>;
+    /// Make the file's data durable (`fdatasync`).
+    fn sync_data(&mut self) -> io::Result<()>;
+    /// Make the file's data and metadata durable (`fsync`).
+    fn sync_all(&mut self) -> io::Result<()>;
+}
+
+/// The directory operations the ledger and its neighbours use.
+///
+/// Paths are those of the recovery directory's files. A method that opens
+/// or reads an existing file checks it as [`open_private`](files::open_private)
+/// does; the others return the operating system's error for the caller to
+/// put in context.
+pub trait Disk: Send + Sync + fmt::Debug {
+    /// Open `path` for reading and appending, creating it (mode 0600) when
+    /// `create`; never through a symbolic link, and only when private.
+    fn open_append(&self, path: &Path, create: bool) -> Result<Box<dyn DiskFile>, LedgerError>;
+    /// Create `path`, which must not exist, private (mode 0600), for appending.
+    fn create_new(&self, path: &Path) -> io::Result<Box<dyn DiskFile>>;
+    /// The whole of `path`, read as [`read_private`](files::read_private)
+    /// reads it; `None` when it does not exist.
+    fn read(&self, path: &Path) -> Result<Option<Vec<u8>>, LedgerError>;
+    /// Whether anything exists at `path` (a link is not followed).
+    fn exists(&self, path: &Path) -> io::Result<bool>;
+    /// Rename `from` over `to`, atomically.
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()>;
+    /// Remove `path`.
+    fn remove(&self, path: &Path) -> io::Result<()>;
+    /// Make `dir`'s entries (created, renamed, removed files) durable.
+    fn sync_dir(&self, dir: &Path) -> io::Result<()>;
+}
+
+/// The real file system.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct RealDisk;
+
+#[derive(Debug)]
+pub(crate) struct RealFile(pub(crate) File);
+
+impl DiskFile for RealFile {
+    fn write_all(&mut self, bytes: &[u8]) -> io::Result<()> {
+        self.0.write_all(bytes)
+    }
+    fn set_len(&mut self, len: u64) -> io::Result<()> {
+        self.0.set_len(len)
+    }
+    fn sync_data(&mut self) -> io::Result<()> {
+        self.0.sync_data()
+    }
+    fn sync_all(&mut self) -> io::Result<()> {
+        self.0.sync_all()
+    }
+}
+
+impl Disk for RealDisk {
+    fn open_append(&self, path: &Path, create: bool) -> Result<Box<dyn DiskFile>, LedgerError> {
+        let file = files::open_private(
+            path,
+            OpenOptions::new()
+                .read(true)
+                .append(true)
+                .create(create)
+                .mode(PRIVATE_FILE_MODE),
+        )?;
+        Ok(Box::new(RealFile(file)))
+    }
+
+    fn create_new(&self, path: &Path) -> io::Result<Box<dyn DiskFile>> {
+        // O_EXCL: never through a link left at the name.
+        let file = OpenOptions::new()
+            .read(true)
+            .append(true)
+            .create_new(true)
+            .mode(PRIVATE_FILE_MODE)
+            .open(path)?;
+        Ok(Box::new(RealFile(file)))
+    }
+
+    fn read(&self, path: &Path) -> Result<Option<Vec<u8>>, LedgerError> {
+        files::read_private(path)
+    }
+
+    fn exists(&self, path: &Path) -> io::Result<bool> {
+        match fs::symlink_metadata(path) {
+            Ok(_) => Ok(true),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        fs::rename(from, to)
+    }
+
+    fn remove(&self, path: &Path) -> io::Result<()> {
+        fs::remove_file(path)
+    }
+
+    fn sync_dir(&self, dir: &Path) -> io::Result<()> {
+        File::open(dir).and_then(|d| d.sync_all())
+    }
+}
+
+/// Why an atomic replacement failed: the step and its error. The file at
+/// the path is then unchanged (the old contents, or none), never partial.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot {action} {path}: {source}")]
+pub struct AtomicWriteError {
+    /// The step, e.g. `write`.
+    pub action: &'static str,
+    /// The file concerned (the temporary one for the first steps).
+    pub path: PathBuf,
+    /// The operating system's error.
+    #[source]
+    pub source: io::Error,
+}
+
+/// Replace `path` with `bytes` so that a crash or a failed write leaves the
+/// old file or the new one, never a mix: a private temporary file beside it
+/// (`.NAME.PID.tmp`), written and synced, renamed over `path`, then the directory
+/// synced. A failure removes the temporary file.
+///
+/// # Errors
+///
+/// [`AtomicWriteError`] naming the step that failed. After a failed
+/// directory sync the new file is in place but may not survive a crash.
+pub fn write_atomically(
+    disk: &dyn Disk,
+    path: &Path,
+    bytes: &[u8],
+) -> Result<(), AtomicWriteError> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_owned(),
+        _ => PathBuf::from("."),
+    };
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
+    let fail = |action: &'static str, path: &Path| {
+        let path = path.to_owned();
+        move |source| AtomicWriteError {
+            action,
+            path,
+            source,
+        }
+    };
+    let written = (|| {
+        match disk.remove(&tmp) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => {
+                return Err(fail("remove the stale", &tmp)(e));
+            }
+            _ => {}
+        }
+        let mut file = disk.create_new(&tmp).map_err(fail("create", &tmp))?;
+        file.write_all(bytes).map_err(fail("write", &tmp))?;
+        file.sync_all().map_err(fail("sync", &tmp))?;
+        disk.rename(&tmp, path).map_err(fail("replace", path))
+    })();
+    if written.is_err() {
+        let _ = disk.remove(&tmp);
+    }
+    written?;
+    disk.sync_dir(&dir)
+        .map_err(fail("sync the directory of", path))
+}
