@@ -29,9 +29,6 @@ use vacancy::traits::{
     ObserveError, ReclaimError, Reclaimer, RouteClass, RouteMethod, RouteSpec, RouteTable,
     UnloadAck, WorkRoute,
 };
-use vacancy_adapters::common::{
-    inspect_json_body, is_multipart_form, is_responses_path, multipart_model,
-};
 use vacancy_adapters::{AdapterSettings, FetchError, ObservationClient};
 
 /// The kind's name in configuration: `adapter = "vllm"`.
@@ -202,18 +199,7 @@ impl Adapter for VllmAdapter {
         ctx: InspectContext<'_>,
         body: &[u8],
     ) -> Result<Inspection, InspectError> {
-        if is_responses_path(ctx.path) || !is_multipart_form(ctx.headers) {
-            return inspect_json_body(route, ctx.path, body);
-        }
-        let content_type = ctx
-            .headers
-            .get(http::header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or_default();
-        Ok(Inspection {
-            model: multipart_model(content_type, body)?,
-            ..Inspection::default()
-        })
+        vacancy_adapters::openai::inspect_request(route, ctx, body)
     }
 
     async fn observe(&self) -> Result<ModelObservation, ObserveError> {
