@@ -1,7 +1,9 @@
 //! The five built-in kinds as factories, registered through the same door as
 //! any third party's ([`vacancy::registry::AdapterRegistry::register`]).
 
-use std::sync::{Arc, OnceLock};
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use vacancy::registry::{AdapterContext, AdapterFactory, AdapterRegistry, BuildError};
@@ -69,22 +71,29 @@ fn comfyui(ctx: &AdapterContext<'_>) -> Result<Arc<dyn Adapter>, BuildError> {
     Ok(Arc::new(adapter))
 }
 
-/// Ollama's factory: every Ollama upstream shares one learned-contexts file
-/// in the recovery directory (RES-13), opened when the first is built; a
-/// file that cannot be read is logged and never blocks startup (RES-15).
+/// Ollama's factory: the Ollama upstreams of one recovery directory share its
+/// learned-contexts file (RES-13), opened when the first is built; a file
+/// that cannot be read is logged and never blocks startup (RES-15).
 #[derive(Default)]
 pub struct OllamaFactory {
-    contexts: OnceLock<Arc<ContextCache>>,
+    contexts: Mutex<HashMap<PathBuf, Arc<ContextCache>>>,
 }
 
 impl AdapterFactory for OllamaFactory {
     fn build(&self, ctx: &AdapterContext<'_>) -> Result<Arc<dyn Adapter>, BuildError> {
-        let cache = self
-            .contexts
-            .get_or_init(|| Arc::new(ContextCache::open(ctx.state_dir)));
+        let cache = {
+            let mut open = match self.contexts.lock() {
+                Ok(g) => g,
+                Err(p) => p.into_inner(),
+            };
+            Arc::clone(
+                open.entry(ctx.state_dir.to_path_buf())
+                    .or_insert_with(|| Arc::new(ContextCache::open(ctx.state_dir))),
+            )
+        };
         let adapter = OllamaAdapter::new(AdapterSettings::from_context(ctx))
             .map_err(|e| built("ollama", e))?
-            .with_context_cache(Arc::clone(cache), &ctx.upstream.name);
+            .with_context_cache(cache, &ctx.upstream.name);
         Ok(Arc::new(adapter))
     }
 }
