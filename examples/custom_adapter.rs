@@ -17,6 +17,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use vacancy::engine::{ModelObservation, ObservedModel, Refusal, ResidencyEvidence};
+use vacancy::registry::{AdapterContext, BuildError};
 use vacancy::testkit::{self, WorkSample};
 use vacancy::traits::{
     Adapter, InspectContext, InspectError, Inspection, ObserveError, RenderedRefusal, RouteClass,
@@ -34,7 +35,9 @@ fn poem_id(s: &str) -> bool {
 }
 
 impl HaikuAdapter {
-    fn new() -> Result<Self, vacancy::traits::routes::RouteOverlap> {
+    /// `clock` is the daemon's, from the factory's context: observations are
+    /// stamped with it, never with a clock of the adapter's own.
+    fn new(clock: vacancy::MonotonicClock) -> Result<Self, vacancy::traits::routes::RouteOverlap> {
         let routes = RouteTable::new(vec![
             RouteSpec::new(
                 RouteMethod::Post,
@@ -56,11 +59,15 @@ impl HaikuAdapter {
                 RouteClass::Management,
             ),
         ])?;
-        Ok(HaikuAdapter {
-            routes,
-            clock: vacancy::MonotonicClock::new(),
-        })
+        Ok(HaikuAdapter { routes, clock })
     }
+}
+
+/// The factory the daemon calls once per `adapter = "haiku"` upstream
+/// (`vacancy_cli::Vacancyd::with_builtin_adapters().adapter("haiku", haiku)`).
+fn haiku(ctx: &AdapterContext<'_>) -> Result<Arc<dyn Adapter>, BuildError> {
+    let adapter = HaikuAdapter::new(ctx.clock).map_err(BuildError::new)?;
+    Ok(Arc::new(adapter))
 }
 
 #[async_trait]
@@ -135,7 +142,7 @@ fn report(name: &str, result: Result<(), Vec<String>>) -> bool {
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> std::process::ExitCode {
-    let adapter = match HaikuAdapter::new() {
+    let adapter = match HaikuAdapter::new(vacancy::MonotonicClock::new()) {
         Ok(a) => a,
         Err(e) => {
             eprintln!("route table: {e}");
@@ -145,15 +152,9 @@ async fn main() -> std::process::ExitCode {
     let mut ok = report("route table", testkit::check_route_table(&adapter));
     ok &= report("refusal dialect", testkit::check_refusal_dialect(&adapter));
     let sample = WorkSample::json("/haiku/generate", r#"{"model":"basho-1","topic":"autumn"}"#);
-    let make = |_target: &str| -> Arc<dyn Adapter> {
-        match HaikuAdapter::new() {
-            Ok(a) => Arc::new(a),
-            Err(e) => panic!("route table: {e}"),
-        }
-    };
     ok &= report(
         "completion (clean end, refused connect, cut stream)",
-        testkit::check_completion(make, &sample).await,
+        testkit::check_completion(&haiku, &sample).await,
     );
     if ok {
         println!("the haiku adapter passes vacancy's conformance checks");

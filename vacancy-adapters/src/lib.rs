@@ -9,6 +9,7 @@
 //! observed, an observation made with vacancy's own credential only.
 #![forbid(unsafe_code)]
 
+pub mod builtin;
 pub mod chatterbox;
 pub mod comfyui;
 pub mod common;

@@ -122,22 +122,43 @@ impl Adapter for OpenAiAdapter {
         ctx: InspectContext<'_>,
         body: &[u8],
     ) -> Result<Inspection, InspectError> {
-        if is_responses_path(ctx.path) || !is_multipart_form(ctx.headers) {
-            return inspect_json_body(route, ctx.path, body);
-        }
-        if !route.inspect_body {
-            return Ok(Inspection::default());
-        }
-        let content_type = ctx
-            .headers
-            .get(http::header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or_default();
-        Ok(Inspection {
-            model: multipart_model(content_type, body)?,
-            ..Inspection::default()
-        })
+        inspect_request(route, ctx, body)
     }
+}
+
+/// Inspect a request of the OpenAI API, as [`OpenAiAdapter`] does: the
+/// building block for any adapter whose upstream speaks the `/v1` routes.
+///
+/// # Behavior
+///
+/// - A `multipart/form-data` request (audio transcriptions and translations,
+///   image edits) has its `model` field read by [`multipart_model`]; a form it
+///   cannot read is 400 `invalid_request`, a form without `model` names no model.
+/// - Every other request, and `/v1/responses` whatever its content type, goes
+///   through [`inspect_json_body`]: a JSON object, `model` one string kept
+///   exactly (MEM-06), the Responses background rule (ROUTE-05..07).
+/// - A route that does not read its body (`inspect_body == false`) is handed
+///   an empty body by the daemon and passes, except `/v1/responses`.
+pub fn inspect_request(
+    route: &WorkRoute,
+    ctx: InspectContext<'_>,
+    body: &[u8],
+) -> Result<Inspection, InspectError> {
+    if is_responses_path(ctx.path) || !is_multipart_form(ctx.headers) {
+        return inspect_json_body(route, ctx.path, body);
+    }
+    if !route.inspect_body {
+        return Ok(Inspection::default());
+    }
+    let content_type = ctx
+        .headers
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default();
+    Ok(Inspection {
+        model: multipart_model(content_type, body)?,
+        ..Inspection::default()
+    })
 }
 
 #[cfg(test)]

@@ -5,12 +5,17 @@
 
 use std::sync::Arc;
 
+use vacancy::registry::AdapterFactory;
 use vacancy::testkit::{WorkSample, check_completion, check_refusal_dialect, check_route_table};
 use vacancy::{Adapter, MonotonicClock};
 use vacancy_adapters::{AdapterSettings, LlamaCppAdapter, OpenAiAdapter};
 
 fn settings(target: &str) -> AdapterSettings {
     AdapterSettings::new(target.parse().unwrap(), MonotonicClock::new())
+}
+
+fn factory(kind: &str) -> Arc<dyn AdapterFactory> {
+    Arc::clone(vacancy_adapters::builtin::registry().get(kind).unwrap())
 }
 
 fn llamacpp(target: &str) -> Arc<dyn Adapter> {
@@ -27,13 +32,13 @@ async fn llamacpp_conforms() {
     check_route_table(a.as_ref()).unwrap();
     check_refusal_dialect(a.as_ref()).unwrap();
     check_completion(
-        llamacpp,
+        factory("llamacpp").as_ref(),
         &WorkSample::json("/completion", r#"{"prompt":"hi","n_predict":4}"#),
     )
     .await
     .unwrap();
     check_completion(
-        llamacpp,
+        factory("llamacpp").as_ref(),
         &WorkSample::json("/v1/responses", r#"{"model":"m","input":"hi"}"#),
     )
     .await
@@ -46,7 +51,7 @@ async fn openai_conforms() {
     check_route_table(a.as_ref()).unwrap();
     check_refusal_dialect(a.as_ref()).unwrap();
     check_completion(
-        openai,
+        factory("openai").as_ref(),
         &WorkSample::json(
             "/v1/chat/completions",
             r#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#,
@@ -62,5 +67,7 @@ async fn openai_conforms() {
             b"--vacancy\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\nwhisper-1\r\n--vacancy\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a.wav\"\r\n\r\nRIFF\r\n--vacancy--\r\n",
         ),
     };
-    check_completion(openai, &form).await.unwrap();
+    check_completion(factory("openai").as_ref(), &form)
+        .await
+        .unwrap();
 }

@@ -36,6 +36,8 @@ async fn ollama_conforms() {
         ),
         WorkSample::json("/v1/responses", r#"{"model":"llama3","input":"hi"}"#),
     ] {
-        check_completion(ollama, &sample).await.unwrap();
+        let factory = vacancy_adapters::builtin::registry();
+        let factory = factory.get("ollama").unwrap();
+        check_completion(factory.as_ref(), &sample).await.unwrap();
     }
 }

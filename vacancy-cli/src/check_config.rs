@@ -3,19 +3,23 @@
 use std::path::Path;
 use std::process::ExitCode;
 
-use vacancy::config::{Config, ConfigErrors, LoadedConfig, ResourceConfig, SamplerKind};
+use vacancy::config::{
+    Config, ConfigErrors, EMBEDDED_DEFAULT, EMBEDDED_ORIGIN, LoadedConfig, ResourceConfig,
+    SamplerKind,
+};
 use vacancy::engine::{Engine, EngineSpec};
 use vacancy::ledger::{LocationInput, recovery_path};
 use vacancy::pressure::CalibrationFile;
+use vacancy::registry::AdapterRegistry;
 use vacancy::{MonotonicClock, ResourceKind};
 
 /// Exit status for a configuration with errors.
 const EXIT_INVALID: u8 = 1;
 
-/// Validate `path` (or the embedded default), print every error or warning,
-/// and with `sample` read each resource once.
-pub fn run(path: Option<&Path>, sample: bool) -> ExitCode {
-    let loaded = match load(path).and_then(|loaded| {
+/// Validate `path` (or the embedded default) against `registry`'s adapter
+/// kinds, print every error or warning, and with `sample` read each resource once.
+pub fn run(path: Option<&Path>, sample: bool, registry: &AdapterRegistry) -> ExitCode {
+    let loaded = match load(path, registry).and_then(|loaded| {
         let origin = path.map_or_else(
             || vacancy::config::EMBEDDED_ORIGIN.to_owned(),
             |p| p.display().to_string(),
@@ -70,8 +74,12 @@ fn plural(n: usize) -> &'static str {
 /// Validate a configuration text exactly as `check-config` does: the
 /// parser's and validator's every problem, then what the engine refuses.
 /// The console's settings editor saves nothing this rejects.
-pub fn validate(text: &str, origin: &str) -> Result<LoadedConfig, ConfigErrors> {
-    engine_accepts(Config::parse(text, origin)?, origin)
+pub fn validate(
+    text: &str,
+    origin: &str,
+    registry: &AdapterRegistry,
+) -> Result<LoadedConfig, ConfigErrors> {
+    engine_accepts(Config::parse_with(text, origin, registry)?, origin)
 }
 
 fn engine_accepts(loaded: LoadedConfig, origin: &str) -> Result<LoadedConfig, ConfigErrors> {
@@ -88,10 +96,11 @@ fn engine_accepts(loaded: LoadedConfig, origin: &str) -> Result<LoadedConfig, Co
     }
 }
 
-fn load(path: Option<&Path>) -> Result<LoadedConfig, ConfigErrors> {
+/// Load `path` (or the embedded default), checking its adapter kinds against `registry`.
+pub fn load(path: Option<&Path>, registry: &AdapterRegistry) -> Result<LoadedConfig, ConfigErrors> {
     match path {
-        Some(p) => Config::load(p),
-        None => Config::embedded_default(),
+        Some(p) => Config::load_with(p, registry),
+        None => Config::parse_with(EMBEDDED_DEFAULT, EMBEDDED_ORIGIN, registry),
     }
 }
 

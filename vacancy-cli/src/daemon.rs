@@ -11,9 +11,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tracing::{error, info, warn};
-use vacancy::config::{
-    AdapterKind, Config, ConfigErrors, LoadedConfig, SamplerKind, UpstreamConfig,
-};
+use vacancy::config::{Config, ConfigErrors, LoadedConfig, SamplerKind, UpstreamConfig};
 use vacancy::engine::{Engine, EngineSpec};
 use vacancy::ledger::{Ledger, LocationInput, resolve_location};
 use vacancy::pressure::{
@@ -25,14 +23,9 @@ use vacancy::proxy::pressure::PressureGpu;
 use vacancy::proxy::reclaim::ReclaimTimes;
 use vacancy::proxy::shells::{self, HealthCell, UnavailableResource};
 use vacancy::proxy::{Lender, Listening, Target, UpstreamRoute};
+use vacancy::registry::{AdapterContext, AdapterRegistry};
 use vacancy::traits::Adapter;
 use vacancy::{MonotonicClock, Resource, ResourceKind};
-use vacancy_adapters::comfyui::ComfyUiAdapter;
-use vacancy_adapters::comfyui::tracker::TrackingTimes;
-use vacancy_adapters::ollama::ContextCache;
-use vacancy_adapters::{
-    AdapterSettings, ChatterboxAdapter, LlamaCppAdapter, OllamaAdapter, OpenAiAdapter,
-};
 
 use crate::control::{ControlState, UpstreamInfo};
 
@@ -59,18 +52,15 @@ pub enum StartError {
     Setup(String),
 }
 
-/// Load, assemble and serve; returns when shut down.
-pub async fn run(path: Option<&Path>) -> Result<(), StartError> {
-    let loaded = match path {
-        Some(p) => Config::load(p)?,
-        None => Config::embedded_default()?,
-    };
+/// Load, assemble and serve with `registry`'s adapter kinds; returns when shut down.
+pub async fn run(path: Option<&Path>, registry: Arc<AdapterRegistry>) -> Result<(), StartError> {
+    let loaded = crate::check_config::load(path, &registry)?;
     let origin = path.map_or_else(
         || vacancy::config::EMBEDDED_ORIGIN.to_owned(),
         |p| p.display().to_string(),
     );
     let (shutdown_tx, shutdown) = watch::channel(false);
-    let daemon = start(loaded, path, &origin, shutdown).await?;
+    let daemon = start(loaded, path, &origin, shutdown, registry).await?;
     wait_for_signal().await;
     info!("shutting down: no new connections; open exchanges may finish for up to 30 s");
     let _ = shutdown_tx.send(true);
@@ -151,52 +141,25 @@ fn read_credential(
     Ok(Some((name, value)))
 }
 
+/// The adapter of `u`, built by its kind's factory with the daemon's clock.
 fn build_adapter(
     u: &UpstreamConfig,
     clock: MonotonicClock,
-    contexts: &Arc<ContextCache>,
+    state_dir: &Path,
+    registry: &AdapterRegistry,
 ) -> Result<Arc<dyn Adapter>, StartError> {
     let target: http::Uri = u
         .target
         .parse()
         .map_err(|e| setup(format!("upstream {:?}: target {:?}: {e}", u.name, u.target)))?;
-    let mut settings = AdapterSettings::new(target, clock);
-    if let Some((header, value)) = read_credential(u)? {
-        settings = settings.with_credential(header, value);
-    }
-    let adapter: Arc<dyn Adapter> = match u.adapter {
-        AdapterKind::Llamacpp => Arc::new(
-            LlamaCppAdapter::new(settings).map_err(|e| setup(format!("llamacpp adapter: {e}")))?,
-        ),
-        AdapterKind::Openai => Arc::new(
-            OpenAiAdapter::new(settings).map_err(|e| setup(format!("openai adapter: {e}")))?,
-        ),
-        AdapterKind::Chatterbox => {
-            let adapter = ChatterboxAdapter::new(settings)
-                .map_err(|e| setup(format!("chatterbox adapter: {e}")))?;
-            let adapter = match &u.voice_routes {
-                Some(routes) => adapter
-                    .with_routes(routes)
-                    .map_err(|e| setup(format!("upstream {:?}: voice_routes: {e}", u.name)))?,
-                None => adapter,
-            };
-            Arc::new(adapter)
-        }
-        AdapterKind::Comfyui => Arc::new(
-            ComfyUiAdapter::new(settings)
-                .map_err(|e| setup(format!("comfyui adapter: {e}")))?
-                .with_tracking_times(TrackingTimes {
-                    timeout: Duration::from_secs(u.completion_timeout_s),
-                    ..TrackingTimes::default()
-                }),
-        ),
-        AdapterKind::Ollama => Arc::new(
-            OllamaAdapter::new(settings)
-                .map_err(|e| setup(format!("ollama adapter: {e}")))?
-                .with_context_cache(Arc::clone(contexts), &u.name),
-        ),
+    let ctx = AdapterContext {
+        upstream: u,
+        target,
+        credential: read_credential(u)?,
+        clock,
+        state_dir,
     };
-    Ok(adapter)
+    registry.build(&ctx).map_err(|e| setup(e.to_string()))
 }
 
 async fn bind(what: &str, addr: &str) -> Result<TcpListener, StartError> {
@@ -286,6 +249,7 @@ pub async fn start(
     config_path: Option<&Path>,
     origin: &str,
     shutdown: watch::Receiver<bool>,
+    registry: Arc<AdapterRegistry>,
 ) -> Result<Daemon, StartError> {
     let config = loaded.config;
     for w in &loaded.warnings {
@@ -303,19 +267,6 @@ pub async fn start(
 
     let mut engine = Engine::new(EngineSpec::from(&config)).map_err(|e| setup(e.to_string()))?;
     let (ledger, state_dir) = open_ledger(&config, config_path, &mut engine, clock)?;
-    // RES-13: learned Ollama contexts live beside the ledger; a cache that
-    // cannot be read is logged and never blocks startup (RES-15).
-    let contexts = Arc::new(
-        if config
-            .upstreams
-            .iter()
-            .any(|u| u.adapter == AdapterKind::Ollama)
-        {
-            ContextCache::open(&state_dir)
-        } else {
-            ContextCache::in_memory()
-        },
-    );
     let lender = Arc::new(Lender::new(
         engine,
         config.resources.iter().map(|r| r.name.clone()),
@@ -386,7 +337,7 @@ pub async fn start(
     let mut infos = Vec::new();
     let mut servers = Vec::new();
     for u in &config.upstreams {
-        let adapter = build_adapter(u, clock, &contexts)?;
+        let adapter = build_adapter(u, clock, &state_dir, &registry)?;
         let id = lender
             .upstream_id(&u.name)
             .ok_or_else(|| setup(format!("upstream {:?} is missing from the engine", u.name)))?;
@@ -454,6 +405,7 @@ pub async fn start(
         settings: crate::settings::Settings::new(
             config_path.map(Path::to_path_buf),
             config.clone(),
+            Arc::clone(&registry),
         ),
         pressure_gpus,
         event_streams: 0.into(),

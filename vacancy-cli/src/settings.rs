@@ -6,12 +6,13 @@
 use std::fs::{File, OpenOptions};
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
 use serde::Serialize;
 use tracing::{info, warn};
 use vacancy::config::{Config, ConfigError, SettingsEdit, pending_keys};
+use vacancy::registry::AdapterRegistry;
 
 /// What `/status` says about saved settings.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
@@ -148,6 +149,8 @@ pub struct Saved {
 pub struct Settings {
     path: Option<PathBuf>,
     running: Config,
+    /// The adapter kinds a saved file is checked against.
+    registry: Arc<AdapterRegistry>,
     state: Mutex<Known>,
 }
 
@@ -160,7 +163,7 @@ struct Known {
 
 impl Settings {
     /// Settings for a daemon running `running`, read from `path`.
-    pub fn new(path: Option<PathBuf>, running: Config) -> Self {
+    pub fn new(path: Option<PathBuf>, running: Config, registry: Arc<AdapterRegistry>) -> Self {
         let status = SettingsStatus {
             config_path: path.as_ref().map(|p| p.display().to_string()),
             ..SettingsStatus::default()
@@ -168,6 +171,7 @@ impl Settings {
         Settings {
             path,
             running,
+            registry,
             state: Mutex::new(Known { seen: None, status }),
         }
     }
@@ -194,7 +198,7 @@ impl Settings {
         let (pending, saved_invalid) = match std::fs::read_to_string(path)
             .map_err(|e| e.to_string())
             .and_then(|text| {
-                crate::check_config::validate(&text, &path.display().to_string())
+                crate::check_config::validate(&text, &path.display().to_string(), &self.registry)
                     .map_err(|e| e.to_string())
             }) {
             Ok(saved) => (pending_keys(&self.running, &saved.config), None),
@@ -210,7 +214,7 @@ impl Settings {
         let status = self.status();
         let saved = self.path.as_ref().and_then(|path| {
             let text = std::fs::read_to_string(path).ok()?;
-            crate::check_config::validate(&text, &path.display().to_string()).ok()
+            crate::check_config::validate(&text, &path.display().to_string(), &self.registry).ok()
         });
         SettingsForm {
             config_path: status.config_path,
@@ -243,8 +247,9 @@ impl Settings {
             ))
         })?;
         let edited = edit.apply(&current).map_err(SaveError::Invalid)?;
-        let saved = crate::check_config::validate(&edited, &path.display().to_string())
-            .map_err(|e| SaveError::Invalid(e.errors))?;
+        let saved =
+            crate::check_config::validate(&edited, &path.display().to_string(), &self.registry)
+                .map_err(|e| SaveError::Invalid(e.errors))?;
         let previous = write_atomically(path, &current, &edited).map_err(SaveError::Io)?;
         let pending = pending_keys(&self.running, &saved.config);
         known.seen = std::fs::metadata(path).and_then(|m| m.modified()).ok();
@@ -348,7 +353,11 @@ resource = "ram"
         let path = dir.path().join("vacancyd.toml");
         std::fs::write(&path, TEXT).unwrap();
         let running = Config::parse(TEXT, "t").unwrap().config;
-        let s = Settings::new(Some(path.clone()), running);
+        let s = Settings::new(
+            Some(path.clone()),
+            running,
+            Arc::new(vacancy_adapters::builtin::registry()),
+        );
         (dir, path, s)
     }
 

@@ -313,3 +313,47 @@ fn checking_the_pressure_calibration_creates_no_recovery_directory() {
 fn text_of(out: &Output) -> String {
     format!("{}{}", text(&out.stdout), text(&out.stderr))
 }
+
+#[test]
+fn an_unregistered_adapter_kind_is_named_with_its_line_and_the_registered_kinds() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("vacancyd.toml");
+    std::fs::write(
+        &path,
+        r#"[[resource]]
+name = "ram"
+
+[[upstream]]
+name = "v"
+adapter = "vllm"
+listen = "127.0.0.1:18000"
+target = "http://127.0.0.1:8000"
+resource = "ram"
+
+[[upstream]]
+name = "o"
+adapter = "ollama"
+listen = "127.0.0.1:18001"
+target = "http://127.0.0.1:11434"
+resource = "ram"
+[upstream.adapter_settings]
+num_ctx = 4096
+"#,
+    )
+    .unwrap();
+    let out = check_config(&["--config", path.to_str().unwrap(), "--no-sample"]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stdout));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains(
+            "line 6: upstream[0] (\"v\").adapter: unknown adapter \"vllm\"; registered adapters: \"ollama\", \"comfyui\", \"llamacpp\", \"openai\", \"chatterbox\""
+        ),
+        "{err}"
+    );
+    // A built-in kind checks its own settings through the same door: it takes none.
+    assert!(
+        err.contains("line 18: upstream[1] (\"o\").adapter_settings.num_ctx: adapter \"ollama\" takes no settings"),
+        "{err}"
+    );
+    assert!(err.contains("2 problems found"), "{err}");
+}

@@ -9,6 +9,7 @@ pub mod ledger;
 pub mod presence;
 pub mod pressure;
 pub mod proxy;
+pub mod registry;
 pub mod sample;
 #[cfg(feature = "testkit")]
 pub mod simulation;
@@ -27,8 +28,3 @@ pub use time::{Moment, MonotonicClock};
 pub use traits::{
     Adapter, Admission, CapacitySample, Reclaimer, Resource, ResourceKind, SampleError,
 };
-
-/// Compiles and runs the examples of the adapter author's guide.
-#[cfg(doctest)]
-#[doc = include_str!("../../docs/adapter-guide.md")]
-struct AdapterGuideExamples;

@@ -71,6 +71,17 @@ impl MonotonicClock {
         }
     }
 
+    /// A clock that has been running for `age` already (or since the
+    /// runtime's earliest instant, if that is later): its moments are
+    /// `age` ahead of a clock made now. The adapter kit hands adapters such a
+    /// clock, so one that reads a clock of its own is caught.
+    pub fn started_ago(age: std::time::Duration) -> Self {
+        let now = tokio::time::Instant::now();
+        MonotonicClock {
+            origin: now.checked_sub(age).unwrap_or(now),
+        }
+    }
+
     /// The current moment.
     pub fn now(&self) -> Moment {
         Moment::ZERO.after(self.origin.elapsed())
@@ -104,6 +115,13 @@ mod tests {
                 .as_nanos(),
             u64::MAX
         );
+    }
+
+    #[test]
+    fn a_clock_started_ago_reads_that_much_later() {
+        let aged = MonotonicClock::started_ago(Duration::from_secs(3600));
+        let fresh = MonotonicClock::new();
+        assert!(aged.now().since(fresh.now()) >= Duration::from_secs(3599));
     }
 
     #[test]

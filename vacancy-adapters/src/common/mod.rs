@@ -73,6 +73,21 @@ impl AdapterSettings {
         }
     }
 
+    /// The settings the daemon hands a factory: its target, its credential
+    /// and its clock (the one observations must be stamped with).
+    ///
+    /// # Behavior
+    ///
+    /// The default observation timeout; the credential, if any, stays marked
+    /// sensitive.
+    pub fn from_context(ctx: &vacancy::registry::AdapterContext<'_>) -> Self {
+        let settings = AdapterSettings::new(ctx.target.clone(), ctx.clock);
+        match &ctx.credential {
+            Some((header, value)) => settings.with_credential(header.clone(), value.clone()),
+            None => settings,
+        }
+    }
+
     /// The same settings with `[upstream.credential]`.
     ///
     /// # Behavior

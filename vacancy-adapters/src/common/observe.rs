@@ -184,6 +184,31 @@ impl ObservationClient {
         self.exchange_json(http::Method::GET, path, None).await
     }
 
+    /// `GET path` (relative to the target's prefix) as UTF-8 text, e.g. a
+    /// Prometheus `/metrics` page.
+    ///
+    /// # Behavior
+    ///
+    /// As [`ObservationClient::fetch_json`]: bounded in time and size,
+    /// vacancy's own credential only; a 2xx answer that is not UTF-8 is
+    /// [`FetchError::Malformed`] (OBS-03).
+    pub async fn fetch_text(&self, path: &str) -> Result<String, FetchError> {
+        let (request, what) = self.request(http::Method::GET, path, None)?;
+        let read = async {
+            let (_, body) = self.read_bytes(request, &what).await?;
+            String::from_utf8(body.to_vec()).map_err(|e| {
+                FetchError::Malformed(format!("{what}: the answer is not UTF-8 text: {e}"))
+            })
+        };
+        match tokio::time::timeout(self.timeout, read).await {
+            Ok(result) => result,
+            Err(_) => Err(FetchError::Unreachable(format!(
+                "{what}: no complete answer within {} ms",
+                self.timeout.as_millis()
+            ))),
+        }
+    }
+
     /// `POST path` with a JSON body, read as JSON, as an [`ObserveError`] on failure.
     ///
     /// # Behavior
@@ -369,6 +394,19 @@ impl ObservationClient {
         request: http::Request<Full<Bytes>>,
         what: &str,
     ) -> Result<serde_json::Value, FetchError> {
+        let (content_type, body) = self.read_bytes(request, what).await?;
+        serde_json::from_slice(&body).map_err(|e| {
+            let found = content_type.map_or_else(String::new, |c| format!(" ({c})"));
+            FetchError::Malformed(format!("{what}: the answer is not JSON{found}: {e}"))
+        })
+    }
+
+    /// A 2xx answer's content type and body, bounded by [`Self::BODY_LIMIT`].
+    async fn read_bytes(
+        &self,
+        request: http::Request<Full<Bytes>>,
+        what: &str,
+    ) -> Result<(Option<String>, Bytes), FetchError> {
         let response = self.send(request, what).await?;
         let status = response.status();
         if !status.is_success() {
@@ -395,10 +433,7 @@ impl ObservationClient {
                 }
             })?
             .to_bytes();
-        serde_json::from_slice(&body).map_err(|e| {
-            let found = content_type.map_or_else(String::new, |c| format!(" ({c})"));
-            FetchError::Malformed(format!("{what}: the answer is not JSON{found}: {e}"))
-        })
+        Ok((content_type, body))
     }
 }
 

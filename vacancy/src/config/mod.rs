@@ -32,6 +32,7 @@
 mod edit;
 mod error;
 mod hosts;
+mod kinds;
 mod parse;
 mod schema;
 mod validate;
@@ -44,6 +45,7 @@ use std::path::Path;
 pub use edit::{ModelEdit, ResourceEdit, SettingsEdit, UpstreamEdit, pending_keys};
 pub use error::{ConfigError, ConfigErrors, ConfigWarning};
 pub use hosts::{LOOPBACK, normalize_host, same_server_key};
+pub use kinds::{AdapterKinds, SettingProblem};
 pub use schema::{
     AdapterKind, Config, CredentialConfig, GpuPressureConfig, Management, ModelRequirement,
     OnBorrowerDisconnect, OnOwnerReturn, OwnerConfig, OwnerScope, PresenceMode, QueueConfig,
@@ -132,12 +134,38 @@ impl Config {
     /// Every syntax error; or else every ill-typed value and bad enum value,
     /// with every unknown key; or else every unknown key together with every
     /// semantic problem. Each has its key path and line.
+    ///
+    /// Any well-formed adapter kind passes here; [`Config::parse_with`] checks
+    /// the kinds against a registry, as the daemon does.
     pub fn parse(text: &str, origin: &str) -> Result<LoadedConfig, ConfigErrors> {
+        Self::parse_checked(text, origin, None)
+    }
+
+    /// As [`Config::parse`], and every `adapter` must be one of `kinds`, with
+    /// its `[upstream.adapter_settings]` as that kind checks them. An unknown
+    /// kind is reported with its key and line and the registered names.
+    ///
+    /// # Errors
+    ///
+    /// As [`Config::parse`], with the kinds' problems among the semantic ones.
+    pub fn parse_with(
+        text: &str,
+        origin: &str,
+        kinds: &dyn AdapterKinds,
+    ) -> Result<LoadedConfig, ConfigErrors> {
+        Self::parse_checked(text, origin, Some(kinds))
+    }
+
+    fn parse_checked(
+        text: &str,
+        origin: &str,
+        kinds: Option<&dyn AdapterKinds>,
+    ) -> Result<LoadedConfig, ConfigErrors> {
         let parsed = parse::parse(text).map_err(|errors| ConfigErrors {
             origin: origin.to_owned(),
             errors,
         })?;
-        let (mut errors, warnings) = validate::validate(&parsed.config, &parsed.index);
+        let (mut errors, warnings) = validate::validate(&parsed.config, &parsed.index, kinds);
         errors.extend(parsed.unknown_keys);
         parse::sort_by_line(&mut errors);
         if errors.is_empty() {
@@ -161,13 +189,29 @@ impl Config {
     /// gives one error naming the OS error, and one that is not UTF-8 one error
     /// naming the byte offset and line of the first byte that is not.
     pub fn load(path: &Path) -> Result<LoadedConfig, ConfigErrors> {
+        Self::load_checked(path, None)
+    }
+
+    /// As [`Config::load`], checking the adapter kinds as [`Config::parse_with`].
+    ///
+    /// # Errors
+    ///
+    /// As [`Config::load`] and [`Config::parse_with`].
+    pub fn load_with(path: &Path, kinds: &dyn AdapterKinds) -> Result<LoadedConfig, ConfigErrors> {
+        Self::load_checked(path, Some(kinds))
+    }
+
+    fn load_checked(
+        path: &Path,
+        kinds: Option<&dyn AdapterKinds>,
+    ) -> Result<LoadedConfig, ConfigErrors> {
         let origin = path.display().to_string();
         let bytes = std::fs::read(path).map_err(|e| {
             ConfigErrors::whole(&origin, format!("cannot read the configuration file: {e}"))
         })?;
         let text = String::from_utf8(bytes)
             .map_err(|e| not_utf8(&origin, e.as_bytes(), e.utf8_error()))?;
-        Config::parse(&text, &origin)
+        Config::parse_checked(&text, &origin, kinds)
     }
 
     /// The parsed [`EMBEDDED_DEFAULT`].

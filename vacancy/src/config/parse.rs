@@ -363,9 +363,31 @@ fn check_upstream(w: &mut Walker, v: &Spanned<DeValue<'_>>, p: &KeyPath) {
                 "voice_routes",
                 Nested::Table(check_struct_leaf::<VoiceRoutesConfig>),
             ),
+            ("adapter_settings", Nested::Table(index_free_table)),
             ("queue", Nested::Table(check_struct_leaf::<QueueConfig>)),
         ],
     );
+}
+
+/// `[upstream.adapter_settings]`: any keys (the adapter kind's factory checks
+/// them), each indexed with its line so its problems name key and line.
+fn index_free_table(w: &mut Walker, v: &Spanned<DeValue<'_>>, p: &KeyPath) {
+    let DeValue::Table(table) = v.get_ref() else {
+        w.error_at(
+            p,
+            v.span(),
+            "expected a table of the adapter's own settings".to_owned(),
+        );
+        return;
+    };
+    for (key, val) in table.iter() {
+        let key_path = p.key(key.get_ref());
+        let line = w.lines.line_of(key.span().start);
+        w.index.insert(&key_path, line);
+        if matches!(val.get_ref(), DeValue::Table(_)) {
+            index_free_table(w, val, &key_path);
+        }
+    }
 }
 
 fn check_struct_leaf<T: DeserializeOwned>(w: &mut Walker, v: &Spanned<DeValue<'_>>, p: &KeyPath) {
@@ -530,7 +552,7 @@ fn unknown_key_message(key: &str, fields: &[&str]) -> String {
 }
 
 /// Levenshtein distance between two short keys.
-fn edit_distance(a: &str, b: &str) -> usize {
+pub(crate) fn edit_distance(a: &str, b: &str) -> usize {
     let b: Vec<char> = b.chars().collect();
     let mut row: Vec<usize> = (0..=b.len()).collect();
     for (i, ca) in a.chars().enumerate() {

@@ -4,6 +4,7 @@
 //! `Default` impl, so a table may leave out any key. The key names are a
 //! contract (DESIGN §3): keys may be added, never renamed.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::fmt;
 
@@ -343,6 +344,9 @@ pub struct UpstreamConfig {
     /// `[upstream.voice_routes]`: the compatible-voice-server paths
     /// (`adapter = "chatterbox"` only).
     pub voice_routes: Option<VoiceRoutesConfig>,
+    /// `[upstream.adapter_settings]`: the adapter kind's own settings, checked
+    /// by the kind's factory (an empty table when not written).
+    pub adapter_settings: toml::Table,
     /// `[upstream.queue]`: a bounded wait line for requests refused only
     /// because a resource is reserved. Absent: off (the seed's behaviour).
     pub queue: Option<QueueConfig>,
@@ -352,7 +356,7 @@ impl Default for UpstreamConfig {
     fn default() -> Self {
         UpstreamConfig {
             name: String::new(),
-            adapter: AdapterKind::Openai,
+            adapter: AdapterKind::OPENAI,
             listen: String::new(),
             target: String::new(),
             resource: String::new(),
@@ -370,6 +374,7 @@ impl Default for UpstreamConfig {
             requirements: BTreeMap::new(),
             credential: None,
             voice_routes: None,
+            adapter_settings: toml::Table::new(),
             queue: None,
         }
     }
@@ -401,21 +406,57 @@ impl UpstreamConfig {
     }
 }
 
-/// The dialect an upstream speaks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum AdapterKind {
+/// The dialect an upstream speaks: the name of an adapter kind (`adapter = "..."`).
+///
+/// # Behavior
+///
+/// Any name parses; which kinds exist is decided by whoever runs the
+/// configuration: the daemon's adapter registry
+/// ([`AdapterKinds`](crate::config::AdapterKinds), checked by
+/// [`Config::parse_with`](crate::config::Config::parse_with)), where the five
+/// built-in kinds below and any third party's register alike.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct AdapterKind(Cow<'static, str>);
+
+impl AdapterKind {
     /// Ollama's native API (and its OpenAI-compatible routes).
-    Ollama,
+    pub const OLLAMA: AdapterKind = AdapterKind(Cow::Borrowed("ollama"));
     /// ComfyUI.
-    Comfyui,
+    pub const COMFYUI: AdapterKind = AdapterKind(Cow::Borrowed("comfyui"));
     /// llama.cpp's llama-server.
-    Llamacpp,
-    /// A generic OpenAI-compatible server.
-    #[default]
-    Openai,
+    pub const LLAMACPP: AdapterKind = AdapterKind(Cow::Borrowed("llamacpp"));
+    /// A generic OpenAI-compatible server (the default).
+    pub const OPENAI: AdapterKind = AdapterKind(Cow::Borrowed("openai"));
     /// A Chatterbox-compatible voice server.
-    Chatterbox,
+    pub const CHATTERBOX: AdapterKind = AdapterKind(Cow::Borrowed("chatterbox"));
+
+    /// The kind named `name`.
+    pub fn new(name: impl Into<String>) -> Self {
+        AdapterKind(Cow::Owned(name.into()))
+    }
+
+    /// The name as written in configuration.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl Default for AdapterKind {
+    fn default() -> Self {
+        AdapterKind::OPENAI
+    }
+}
+
+impl fmt::Display for AdapterKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl<'de> Deserialize<'de> for AdapterKind {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        String::deserialize(d).map(AdapterKind::new)
+    }
 }
 
 /// Whether an upstream's management routes are forwarded.
@@ -558,13 +599,6 @@ names! {
     Scope { Read => "read", Owner => "owner", Admin => "admin" }
     PresenceMode { Auto => "auto", Logind => "logind", Manual => "manual", Command => "command", None => "none" }
     SamplerKind { Nvml => "nvml", Amdgpu => "amdgpu", System => "system", File => "file" }
-    AdapterKind {
-        Ollama => "ollama",
-        Comfyui => "comfyui",
-        Llamacpp => "llamacpp",
-        Openai => "openai",
-        Chatterbox => "chatterbox",
-    }
     Management { Deny => "deny", Allow => "allow" }
     OwnerScope { Host => "host", Resource => "resource" }
     OnOwnerReturn { Drain => "drain", Cancel => "cancel", Finish => "finish" }

@@ -149,7 +149,7 @@ fn upstream_defaults() {
     );
     let c = ok(&text).config;
     let u = &c.upstreams[0];
-    assert_eq!(u.adapter, AdapterKind::Openai);
+    assert_eq!(u.adapter, AdapterKind::OPENAI);
     assert!(u.also_requires.is_empty());
     assert_eq!(u.default_min_free_mib, 0);
     assert_eq!(u.resident_min_free_mib, 0);
@@ -197,7 +197,7 @@ fn nested_table_defaults() {
     assert_eq!(CredentialConfig::default().header, "Authorization");
     assert_eq!(TokenConfig::default().scopes, Vec::<Scope>::new());
     assert_eq!(Scope::default(), Scope::Read);
-    assert_eq!(AdapterKind::default(), AdapterKind::Openai);
+    assert_eq!(AdapterKind::default(), AdapterKind::OPENAI);
     assert_eq!(SamplerKind::default(), SamplerKind::System);
     assert_eq!(PresenceMode::default(), PresenceMode::Auto);
     assert_eq!(GpuPressureConfig::default().poll_ms, 2000);
@@ -227,11 +227,18 @@ fn model_requirements_fall_back_to_upstream_values() {
 
 #[test]
 fn enum_names_round_trip() {
-    for a in AdapterKind::ALL {
+    for a in [
+        "ollama",
+        "comfyui",
+        "llamacpp",
+        "openai",
+        "chatterbox",
+        "vllm",
+    ] {
         let text = format!("[[upstream]]\nadapter = \"{a}\"\n");
         let parsed = super::parse::parse(&text).ok().unwrap();
-        assert_eq!(parsed.config.upstreams[0].adapter, *a);
-        assert_eq!(a.to_string(), a.as_str());
+        assert_eq!(parsed.config.upstreams[0].adapter, AdapterKind::new(a));
+        assert_eq!(parsed.config.upstreams[0].adapter.to_string(), a);
     }
     assert_eq!(PresenceMode::ALL.len(), 5);
     assert_eq!(OnOwnerReturn::Finish.as_str(), "finish");
@@ -402,23 +409,107 @@ fn a_bad_value_is_reported_with_the_unknown_keys_and_stops_the_semantic_checks()
             "http://127.0.0.1:11434",
             "gpu0",
             &["gpu7"],
-            "adapter = \"olama\""
+            "management = \"alow\""
         ),
     );
     let errs = errors(&text);
     let paths: Vec<&str> = errs.iter().map(|e| e.path.as_str()).collect();
     assert_eq!(
         paths,
-        ["server.lisen", "upstream[0] (\"a\").adapter"],
+        ["server.lisen", "upstream[0] (\"a\").management"],
         "{}",
         list(&errs)
     );
     let e = find(
         &errs,
+        "upstream[0] (\"a\").management",
+        &["unknown value \"alow\""],
+    );
+    assert_eq!(e.line, Some(line_of(&text, "alow")));
+}
+
+/// A registry of two kinds; `vllm` takes one setting, `sleep_level`, 1 or 2.
+struct TwoKinds;
+
+impl super::AdapterKinds for TwoKinds {
+    fn names(&self) -> Vec<String> {
+        vec!["ollama".to_owned(), "vllm".to_owned()]
+    }
+    fn check_settings(&self, u: &UpstreamConfig) -> Vec<super::SettingProblem> {
+        let mut problems = Vec::new();
+        for (key, value) in &u.adapter_settings {
+            match (key.as_str(), value.as_integer()) {
+                ("sleep_level", Some(1 | 2)) => {}
+                ("sleep_level", _) => {
+                    problems.push(super::SettingProblem::new("sleep_level", "must be 1 or 2"))
+                }
+                (other, _) => {
+                    problems.push(super::SettingProblem::new(other, "unknown setting"));
+                }
+            }
+        }
+        problems
+    }
+}
+
+#[test]
+fn an_unregistered_adapter_kind_names_key_line_and_the_registered_kinds() {
+    let text = with(&[upstream(
+        "a",
+        9000,
+        "http://127.0.0.1:11434",
+        "gpu0",
+        &[],
+        "adapter = \"olama\"",
+    )]);
+    // Without a registry any kind parses; the daemon always passes its own.
+    ok(&text);
+    let errs = Config::parse_with(&text, ORIGIN, &TwoKinds)
+        .unwrap_err()
+        .errors;
+    assert_eq!(errs.len(), 1, "{}", list(&errs));
+    let e = find(
+        &errs,
         "upstream[0] (\"a\").adapter",
-        &["unknown value \"olama\""],
+        &[
+            "unknown adapter \"olama\" (did you mean \"ollama\"?)",
+            "registered adapters: \"ollama\", \"vllm\"",
+        ],
     );
     assert_eq!(e.line, Some(line_of(&text, "olama")));
+}
+
+#[test]
+fn a_registered_kind_checks_its_own_settings_with_key_and_line() {
+    let text = with(&[upstream(
+        "v",
+        9000,
+        "http://127.0.0.1:8000",
+        "gpu0",
+        &[],
+        "adapter = \"vllm\"\n[upstream.adapter_settings]\nsleep_level = 3\nwake = true\n",
+    )]);
+    let errs = Config::parse_with(&text, ORIGIN, &TwoKinds)
+        .unwrap_err()
+        .errors;
+    assert_eq!(errs.len(), 2, "{}", list(&errs));
+    let e = find(
+        &errs,
+        "upstream[0] (\"v\").adapter_settings.sleep_level",
+        &["must be 1 or 2"],
+    );
+    assert_eq!(e.line, Some(line_of(&text, "sleep_level")));
+    let e = find(
+        &errs,
+        "upstream[0] (\"v\").adapter_settings.wake",
+        &["unknown setting"],
+    );
+    assert_eq!(e.line, Some(line_of(&text, "wake = true")));
+    let fixed = text.replace("sleep_level = 3\nwake = true\n", "sleep_level = 2\n");
+    let loaded = Config::parse_with(&fixed, ORIGIN, &TwoKinds).unwrap();
+    let u = &loaded.config.upstreams[0];
+    assert_eq!(u.adapter, AdapterKind::new("vllm"));
+    assert_eq!(u.adapter_settings["sleep_level"].as_integer(), Some(2));
 }
 
 #[test]
@@ -1310,7 +1401,7 @@ fn embedded_default_is_valid() {
     );
     let u = &c.upstreams[0];
     assert_eq!(u.name, "llamacpp");
-    assert_eq!(u.adapter, AdapterKind::Llamacpp);
+    assert_eq!(u.adapter, AdapterKind::LLAMACPP);
     assert_eq!(u.listen, "127.0.0.1:8081");
     assert_eq!(u.target, "http://127.0.0.1:8080");
     assert_eq!(u.resource, "ram");

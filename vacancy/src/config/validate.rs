@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 
 use super::error::{ConfigError, ConfigWarning};
 use super::hosts::{parse_target, same_server_key};
+use super::kinds::AdapterKinds;
 use super::parse::{KeyIndex, KeyPath, sort_by_line};
 use super::schema::{
     AdapterKind, Config, OwnerScope, PresenceMode, ResourceConfig, SamplerKind, UpstreamConfig,
@@ -17,9 +18,11 @@ use crate::ResourceKind;
 pub(crate) fn validate(
     config: &Config,
     index: &KeyIndex,
+    kinds: Option<&dyn AdapterKinds>,
 ) -> (Vec<ConfigError>, Vec<ConfigWarning>) {
     let mut cx = Checker {
         index,
+        kinds,
         errors: Vec::new(),
         warnings: Vec::new(),
     };
@@ -37,6 +40,8 @@ pub(crate) fn validate(
 
 struct Checker<'a> {
     index: &'a KeyIndex,
+    /// The registered adapter kinds; `None`: any well-formed name passes.
+    kinds: Option<&'a dyn AdapterKinds>,
     errors: Vec<ConfigError>,
     warnings: Vec<ConfigWarning>,
 }
@@ -347,10 +352,54 @@ impl Checker<'_> {
         }
     }
 
+    /// `adapter`: a registered kind, and that kind's own settings.
+    fn adapter_kind(&mut self, u: &UpstreamConfig, up: &KeyPath) {
+        let ap = up.key("adapter");
+        let name = u.adapter.as_str();
+        let Some(kinds) = self.kinds else {
+            if name.is_empty() {
+                self.error(&ap, "missing: name the adapter kind, such as \"openai\"");
+            }
+            return;
+        };
+        let names = kinds.names();
+        if !names.iter().any(|n| n == name) {
+            let quoted: Vec<String> = names.iter().map(|n| format!("{n:?}")).collect();
+            let suggestion = names
+                .iter()
+                .map(|n| (super::parse::edit_distance(name, n), n))
+                .filter(|(d, n)| *d <= 2 && *d < n.len())
+                .min_by_key(|(d, _)| *d)
+                .map(|(_, n)| format!(" (did you mean {n:?}?)"))
+                .unwrap_or_default();
+            self.error(
+                &ap,
+                format!(
+                    "unknown adapter {name:?}{suggestion}; registered adapters: {}",
+                    if quoted.is_empty() {
+                        "none".to_owned()
+                    } else {
+                        quoted.join(", ")
+                    }
+                ),
+            );
+            return;
+        }
+        let sp = up.key("adapter_settings");
+        for problem in kinds.check_settings(u) {
+            let path = problem
+                .key
+                .split('.')
+                .filter(|k| !k.is_empty())
+                .fold(sp.clone(), |p, k| p.key(k));
+            self.error(&path, problem.message);
+        }
+    }
+
     /// `[upstream.voice_routes]`: chatterbox only; absolute paths without a
     /// query; the result reads name their `{id}` segment; no two alike.
     fn voice_routes(&mut self, u: &UpstreamConfig, r: &VoiceRoutesConfig, vp: &KeyPath) {
-        if u.adapter != AdapterKind::Chatterbox {
+        if u.adapter != AdapterKind::CHATTERBOX {
             self.error(
                 vp,
                 format!(
@@ -479,6 +528,7 @@ impl Checker<'_> {
                     "must be above 0 (seconds an unfinished job is awaited)",
                 );
             }
+            self.adapter_kind(u, &up);
             if let Some(routes) = &u.voice_routes {
                 self.voice_routes(u, routes, &up.key("voice_routes"));
             }

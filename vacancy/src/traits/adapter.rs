@@ -94,7 +94,11 @@ pub struct RenderedRefusal {
     pub body: Vec<u8>,
 }
 
-fn rendered(refusal: &Refusal, body: serde_json::Value) -> RenderedRefusal {
+/// `refusal` with a JSON `body` of an adapter's own error shape: the code's one
+/// status, `Content-Type: application/json`, and `Retry-After` where the code
+/// has one. Build a dialect's renderer on it; the body must carry the code's
+/// name (`resource_busy`) so borrowers and the kit can tell refusals apart.
+pub fn rendered(refusal: &Refusal, body: serde_json::Value) -> RenderedRefusal {
     let status = http::StatusCode::from_u16(refusal.code.http_status())
         .unwrap_or(http::StatusCode::SERVICE_UNAVAILABLE);
     let mut headers = http::HeaderMap::new();

@@ -10,7 +10,7 @@ pub mod tracker;
 
 pub use adapter::{
     Adapter, InspectContext, InspectError, Inspection, ObserveError, Reconsidered, RenderedRefusal,
-    render_ollama, render_openai,
+    render_ollama, render_openai, rendered,
 };
 pub use admission::Admission;
 pub use reclaimer::{

@@ -19,7 +19,8 @@ pub enum RouteMethod {
 }
 
 impl RouteMethod {
-    fn matches(self, method: &http::Method) -> bool {
+    /// Whether `method` is this one (`Get` matches `HEAD` too).
+    pub fn matches(self, method: &http::Method) -> bool {
         match self {
             RouteMethod::Get => method == http::Method::GET || method == http::Method::HEAD,
             RouteMethod::Post => method == http::Method::POST,
@@ -106,6 +107,13 @@ impl RouteSpec {
             class,
             param_check: None,
         }
+    }
+
+    /// Whether this entry matches `method` and `path` (query ignored),
+    /// `{param}` segments passing the entry's check.
+    pub fn matches(&self, method: &http::Method, path: &str) -> bool {
+        let path = path.split('?').next().unwrap_or(path);
+        self.method.matches(method) && self.matches_path(path)
     }
 
     fn matches_path(&self, path: &str) -> bool {

@@ -1,16 +1,30 @@
-//! Conformance checks every adapter must pass (DESIGN §8), public so adapter
-//! authors outside this repository run the same checks (feature `testkit`).
+//! Conformance checks of what the daemon relies on from an adapter, public so
+//! adapter authors outside this repository run the same checks as the
+//! built-in adapters (feature `testkit`). Each returns every problem found,
+//! each naming the rule it breaks.
 //!
 //! - [`check_route_table`]: each entry classifies as itself; unknown routes are unknown.
+//! - [`check_route_classes`]: the table is exactly the class list you expect.
 //! - [`check_refusal_dialect`]: every refusal code renders with its one status,
 //!   its name in the body, and its `Retry-After`.
-//! - [`check_completion`]: through the real proxy, a clean upstream end
-//!   releases (DONE-01), a refused connection releases (DONE-02), and a stream
-//!   cut after the connection is established holds (DONE-03).
+//! - [`check_inspection`]: unreadable bodies refused, exact model names, the
+//!   Responses background rule, the empty body of a route that does not read it.
+//! - [`check_observation`]: stamped by the daemon's clock; malformed, hung-up
+//!   and stale answers never prove residency; all visible work reported.
+//! - [`check_completion`]: through the real proxy, with the daemon's clock, a
+//!   clean upstream end releases (DONE-01), a refused connection releases
+//!   (DONE-02), and a stream cut after the connection is established holds (DONE-03).
 //!
-//! The completion checks run the proxy against tiny in-process upstreams that
-//! answer cleanly, refuse, or break off, because they test the proxy's
-//! contract with the adapter, not any real server.
+//! The checks that need an upstream run against tiny in-process ones that
+//! answer as told, refuse, or break off, because they test the daemon's
+//! contract with the adapter, not any real server. The adapter is built by
+//! its [`AdapterFactory`] as the daemon builds it.
+
+mod inspection;
+mod observation;
+
+pub use inspection::{RESPONSES_PATH, check_inspection};
+pub use observation::{Canned, ObservationCase, check_observation};
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -23,13 +37,73 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-use crate::config::{Management, OnBorrowerDisconnect};
+use crate::config::{Management, OnBorrowerDisconnect, UpstreamConfig};
 use crate::engine::{
     Engine, EngineSpec, OwnerPresence, Phase, RefusalCode, ResourceSpec, UpstreamSpec,
 };
 use crate::proxy::{Lender, Target, UpstreamRoute, VolatileStore};
+use crate::registry::{AdapterContext, AdapterFactory};
 use crate::traits::{Adapter, RouteClass};
 use crate::{CapacitySample, ResourceKind};
+
+/// The clock the kit hands adapters: the daemon's stand-in, running for an hour
+/// already, so moments read from any clock an adapter made itself are an hour off.
+fn kit_clock() -> crate::MonotonicClock {
+    crate::MonotonicClock::started_ago(Duration::from_secs(3600))
+}
+
+/// An upstream's configuration and recovery directory, to build an adapter
+/// through its factory as the daemon does. The directory is removed when dropped.
+pub struct KitUpstream {
+    /// The `[[upstream]]` table the factory sees: name `under-test`, the target.
+    pub config: UpstreamConfig,
+    dir: std::path::PathBuf,
+}
+
+impl KitUpstream {
+    /// An upstream reaching `target` (a base URL), with a fresh recovery directory.
+    pub fn new(target: &str) -> Result<Self, String> {
+        let dir = std::env::temp_dir().join(format!("vacancy-testkit-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        Ok(KitUpstream {
+            config: UpstreamConfig {
+                name: "under-test".to_owned(),
+                target: target.to_owned(),
+                ..UpstreamConfig::default()
+            },
+            dir,
+        })
+    }
+
+    /// The adapter `factory` builds for this upstream, handed `clock`.
+    pub fn build(
+        &self,
+        factory: &dyn AdapterFactory,
+        clock: crate::MonotonicClock,
+    ) -> Result<Arc<dyn Adapter>, String> {
+        let target = self
+            .config
+            .target
+            .parse()
+            .map_err(|e| format!("target {:?}: {e}", self.config.target))?;
+        let ctx = AdapterContext {
+            upstream: &self.config,
+            target,
+            credential: None,
+            clock,
+            state_dir: &self.dir,
+        };
+        factory
+            .build(&ctx)
+            .map_err(|e| format!("the factory did not build the adapter: {e}"))
+    }
+}
+
+impl Drop for KitUpstream {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
 
 /// A request that is work on the adapter under test.
 #[derive(Debug, Clone)]
@@ -56,6 +130,16 @@ impl WorkSample {
     }
 }
 
+/// Every problem, or `Ok`.
+fn outcome(problems: Vec<String>) -> Result<(), Vec<String>> {
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(problems)
+    }
+}
+
+/// A pattern's path with every `{param}` filled with an ID-shaped segment.
 fn concrete_path(pattern: &str) -> String {
     pattern
         .split('/')
@@ -71,16 +155,14 @@ fn concrete_path(pattern: &str) -> String {
 }
 
 /// Every route-table entry classifies as itself; paths no adapter serves are unknown.
+///
+/// For an adapter whose `classify` follows its table; one that narrows a
+/// class by what it remembers (ComfyUI's reads of borrowed prompts only)
+/// checks its table with [`check_route_classes`] and its own tests.
 pub fn check_route_table(adapter: &dyn Adapter) -> Result<(), Vec<String>> {
     let mut problems = Vec::new();
     for e in adapter.routes().entries() {
-        let method = match e.method {
-            crate::traits::RouteMethod::Get => http::Method::GET,
-            crate::traits::RouteMethod::Post => http::Method::POST,
-            crate::traits::RouteMethod::Put => http::Method::PUT,
-            crate::traits::RouteMethod::Delete => http::Method::DELETE,
-            crate::traits::RouteMethod::Patch => http::Method::PATCH,
-        };
+        let method = inspection::method_of(e.method);
         let path = concrete_path(e.path);
         let got = adapter.classify(&method, &path);
         if e.param_check.is_none() && got != e.class {
@@ -104,6 +186,34 @@ pub fn check_route_table(adapter: &dyn Adapter) -> Result<(), Vec<String>> {
     } else {
         Err(problems)
     }
+}
+
+/// The route table is exactly `expected`: each `(method, path, class)`
+/// classifies as its class (a concrete path, `{param}` segments filled in),
+/// and every entry of the table matches one of them, so a route added,
+/// dropped or reclassified is caught (ROUTE-01: only listed work is admitted).
+pub fn check_route_classes(
+    adapter: &dyn Adapter,
+    expected: &[(http::Method, &str, RouteClass)],
+) -> Result<(), Vec<String>> {
+    let mut problems = Vec::new();
+    for (method, path, class) in expected {
+        let got = adapter.classify(method, path);
+        if got != *class {
+            problems.push(format!(
+                "{method} {path} classifies as {got:?}, expected {class:?}"
+            ));
+        }
+    }
+    for e in adapter.routes().entries() {
+        if !expected.iter().any(|(m, p, _)| e.matches(m, p)) {
+            problems.push(format!(
+                "{:?} {} ({:?}) is in the table but not in the expected list",
+                e.method, e.path, e.class
+            ));
+        }
+    }
+    outcome(problems)
 }
 
 /// Every refusal code renders with its status, its name, and its `Retry-After`.
@@ -202,9 +312,20 @@ impl Drop for ProxyUnderTest {
 
 impl ProxyUnderTest {
     /// Start the proxy for `adapter` in front of `upstream`; borrowers who leave
-    /// are drained (`on_borrower_disconnect = "drain"`).
+    /// are drained (`on_borrower_disconnect = "drain"`). The proxy reads a
+    /// clock of its own: an adapter that observes should be built by
+    /// [`ProxyUnderTest::build`] instead, with the proxy's clock.
     pub async fn start(adapter: Arc<dyn Adapter>, upstream: SocketAddr) -> Result<Self, String> {
-        harness(adapter, upstream).await
+        harness(adapter, upstream, crate::MonotonicClock::new()).await
+    }
+
+    /// Build the adapter with `factory` as the daemon would (the proxy's
+    /// clock in its [`AdapterContext`]) and start the proxy for it in front
+    /// of `upstream`.
+    pub async fn build(factory: &dyn AdapterFactory, upstream: SocketAddr) -> Result<Self, String> {
+        let clock = kit_clock();
+        let adapter = KitUpstream::new(&format!("http://{upstream}"))?.build(factory, clock)?;
+        harness(adapter, upstream, clock).await
     }
 
     /// The work entries once `want` holds, or after 2 s, whichever is first.
@@ -263,13 +384,10 @@ pub fn lone_upstream(
 async fn harness(
     adapter: Arc<dyn Adapter>,
     upstream: SocketAddr,
+    clock: crate::MonotonicClock,
 ) -> Result<ProxyUnderTest, String> {
-    let (lender, route) = lone_upstream(
-        "under-test",
-        adapter,
-        &format!("http://{upstream}"),
-        crate::MonotonicClock::new(),
-    )?;
+    let (lender, route) =
+        lone_upstream("under-test", adapter, &format!("http://{upstream}"), clock)?;
     let listener = TcpListener::bind("127.0.0.1:0")
         .await
         .map_err(|e| e.to_string())?;
@@ -323,10 +441,13 @@ async fn settle(
 }
 
 /// Through the real proxy: a clean end releases, a refused connection
-/// releases, a stream cut after connecting holds. `make` builds the adapter
-/// for a target base URL.
+/// releases, a stream cut after connecting holds. `factory` builds the
+/// adapter for each fake upstream exactly as the daemon would: with the
+/// proxy's own clock in its [`AdapterContext`] (a clock that has run for an
+/// hour, so an adapter that reads a clock of its own stamps moments an hour
+/// off).
 pub async fn check_completion(
-    make: impl Fn(&str) -> Arc<dyn Adapter>,
+    factory: &dyn AdapterFactory,
     sample: &WorkSample,
 ) -> Result<(), Vec<String>> {
     let mut problems = Vec::new();
@@ -334,7 +455,7 @@ pub async fn check_completion(
 
     // DONE-01: a clean end releases.
     let up = fake_upstream(Upstream::Clean).await.map_err(io)?;
-    let h = harness(make(&format!("http://{up}")), up)
+    let h = ProxyUnderTest::build(factory, up)
         .await
         .map_err(|e| vec![e])?;
     match send(h.addr, sample).await {
@@ -351,11 +472,11 @@ pub async fn check_completion(
             "DONE-01: the work sample through the proxy gave {other:?}, expected a clean 200"
         )),
     }
-    let _ = h.stop.send(true);
+    drop(h);
 
     // DONE-02: a refused connection releases.
     let up = closed_port().await.map_err(io)?;
-    let h = harness(make(&format!("http://{up}")), up)
+    let h = ProxyUnderTest::build(factory, up)
         .await
         .map_err(|e| vec![e])?;
     match send(h.addr, sample).await {
@@ -372,11 +493,11 @@ pub async fn check_completion(
             "DONE-02: a refused upstream gave {other:?}, expected 502 upstream_unreachable"
         )),
     }
-    let _ = h.stop.send(true);
+    drop(h);
 
     // DONE-03: a stream cut after the connection is established holds.
     let up = fake_upstream(Upstream::BreaksOff).await.map_err(io)?;
-    let h = harness(make(&format!("http://{up}")), up)
+    let h = ProxyUnderTest::build(factory, up)
         .await
         .map_err(|e| vec![e])?;
     match send(h.addr, sample).await {
@@ -392,7 +513,7 @@ pub async fn check_completion(
             "DONE-03: a cut stream reached the borrower as complete: {other:?}"
         )),
     }
-    let _ = h.stop.send(true);
+    drop(h);
 
     if problems.is_empty() {
         Ok(())

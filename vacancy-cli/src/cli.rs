@@ -1,0 +1,186 @@
+//! The `vacancyd` command line: its subcommands, run with one adapter registry.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::{Parser, Subcommand};
+use vacancy::registry::AdapterRegistry;
+
+use crate::{admin_cmd, calibrate, check_config, daemon, logging, status_cmd};
+
+/// Lend idle AI hardware without getting in its owner's way.
+#[derive(Debug, Parser)]
+#[command(name = "vacancyd", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the daemon: one proxy listener per upstream and the control plane.
+    Run {
+        /// The configuration file; without it, the embedded default: system
+        /// memory (4096 MiB reserve), a llama-server at 127.0.0.1:8080 lent at
+        /// 127.0.0.1:8081 (2048 MiB a job), an Ollama at 127.0.0.1:11434 lent
+        /// at 127.0.0.1:11435 (4096 MiB a job), presence auto (logind on a
+        /// desktop: work is refused while its owner is logged in).
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
+    /// Show what the daemon is doing: resources, upstreams, work, held entries.
+    Status {
+        /// Print the raw `/status` JSON.
+        #[arg(long)]
+        json: bool,
+        /// The control listener's base URL.
+        #[arg(long, default_value = "http://127.0.0.1:7480")]
+        url: String,
+    },
+    /// Ask the running daemon to do something (needs a token with the right scope).
+    AdminRequest {
+        /// The control listener's base URL.
+        #[arg(long, default_value = "http://127.0.0.1:7480")]
+        url: String,
+        /// A file holding the token; else $VACANCYD_TOKEN.
+        #[arg(long)]
+        token_file: Option<PathBuf>,
+        /// release_work ID | lending on|off | resource NAME on|off | presence present|away
+        #[arg(required = true, num_args = 1..)]
+        action: Vec<String>,
+    },
+    /// Tokens for the control plane.
+    Token {
+        #[command(subcommand)]
+        command: TokenCommand,
+    },
+    /// Validate a configuration: print every problem at once with its line,
+    /// then sample each resource once and warn about what looks wrong.
+    CheckConfig {
+        /// The configuration file; without it, the embedded default is checked.
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// Skip sampling the resources (validate the file only).
+        #[arg(long)]
+        no_sample: bool,
+    },
+    /// Measure a GPU's normal owner load for a while and save it as its
+    /// attended or unattended GPU pressure baseline.
+    CalibratePressure(calibrate::Args),
+}
+
+#[derive(Debug, Subcommand)]
+enum TokenCommand {
+    /// Print a new token once, and the `[[server.token]]` lines that store its hash.
+    New {
+        /// The token's name (it appears in the audit log).
+        #[arg(long)]
+        name: String,
+        /// read | owner | admin (admin implies owner implies read).
+        #[arg(long, value_parser = ["read", "owner", "admin"])]
+        scope: String,
+    },
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| {
+            eprintln!("vacancyd: cannot start the async runtime: {e}");
+            ExitCode::FAILURE
+        })
+}
+
+/// Parse the command line and run its subcommand with `registry`'s adapter kinds.
+pub(crate) fn main(registry: Arc<AdapterRegistry>) -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::CalibratePressure(args) => calibrate::run(&args),
+        Command::CheckConfig { config, no_sample } => {
+            check_config::run(config.as_deref(), !no_sample, &registry)
+        }
+        Command::Run { config } => {
+            match logging::from_env() {
+                Ok(format) => logging::init(format),
+                Err(e) => {
+                    eprintln!("vacancyd: not started: {e}");
+                    return ExitCode::FAILURE;
+                }
+            }
+            let rt = match runtime() {
+                Ok(rt) => rt,
+                Err(code) => return code,
+            };
+            match rt.block_on(daemon::run(config.as_deref(), registry)) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("vacancyd: not started: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Command::Token {
+            command: TokenCommand::New { name, scope },
+        } => match admin_cmd::new_token_text(&name, &scope) {
+            Ok(text) => {
+                print!("{text}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("vacancyd token new: {e}");
+                ExitCode::FAILURE
+            }
+        },
+        Command::AdminRequest {
+            url,
+            token_file,
+            action,
+        } => {
+            let parsed = admin_cmd::Action::parse(&action)
+                .and_then(|a| admin_cmd::token(token_file.as_deref()).map(|t| (a, t)));
+            let (action, token) = match parsed {
+                Ok(x) => x,
+                Err(e) => {
+                    eprintln!("vacancyd admin-request: {e}");
+                    return ExitCode::from(2);
+                }
+            };
+            let rt = match runtime() {
+                Ok(rt) => rt,
+                Err(code) => return code,
+            };
+            match rt.block_on(admin_cmd::send(&url, &token, &action)) {
+                Ok(body) => {
+                    println!("{body}");
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("vacancyd admin-request: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Command::Status { json, url } => {
+            let rt = match runtime() {
+                Ok(rt) => rt,
+                Err(code) => return code,
+            };
+            match rt.block_on(status_cmd::fetch(&url)) {
+                Ok(v) if json => {
+                    println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+                    ExitCode::SUCCESS
+                }
+                Ok(v) => {
+                    print!("{}", status_cmd::render(&v));
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("vacancyd status: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+    }
+}
