@@ -22,7 +22,13 @@ impl Tmpfs {
     fn mount(at: &Path, size: &str) -> Tmpfs {
         std::fs::create_dir_all(at).unwrap();
         let out = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size},mode=0700"), "tmpfs"])
+            .args([
+                "-t",
+                "tmpfs",
+                "-o",
+                &format!("size={size},mode=0700"),
+                "tmpfs",
+            ])
             .arg(at)
             .output()
             .unwrap_or_else(|e| panic!("prerequisite missing: cannot run mount: {e}"));
@@ -140,7 +146,9 @@ async fn a_full_disk_refuses_work_unforwarded_keeps_answering_and_recovers_when_
         "a refused reservation stayed: {status}"
     );
     assert!(
-        d.process.log().contains("reservation not recorded; not forwarding"),
+        d.process
+            .log()
+            .contains("reservation not recorded; not forwarding"),
         "the log does not say why:\n{}",
         d.process.log_tail(20)
     );
