@@ -14,8 +14,10 @@ pub const TARGETS: &[&str] = &[
     "comfyui_queue_scan",
     "comfyui_prompt_id",
     "config",
+    "inspection",
     "journal",
     "ollama_model_name",
+    "route_classification",
     "voice_result_id",
 ];
 
@@ -25,7 +27,9 @@ pub fn run(target: &str, input: &[u8]) -> bool {
         "comfyui_queue_scan" => comfyui_queue_scan(input),
         "comfyui_prompt_id" => comfyui_prompt_id(input),
         "config" => config(input),
+        "inspection" => inspection(input),
         "journal" => journal(input),
+        "route_classification" => route_classification(input),
         "ollama_model_name" => ollama_model_name(input),
         "voice_result_id" => voice_result_id(input),
         _ => return false,
@@ -158,6 +162,179 @@ fn config(input: &[u8]) {
             "the error does not name the file: {shown}"
         );
     }
+}
+
+/// The five adapters, built once (their observation clients are not cheap).
+fn adapters() -> &'static [Box<dyn vacancy::Adapter>] {
+    use std::sync::OnceLock;
+    use vacancy_adapters::comfyui::ComfyUiAdapter;
+    use vacancy_adapters::{
+        AdapterSettings, ChatterboxAdapter, LlamaCppAdapter, OllamaAdapter, OpenAiAdapter,
+    };
+    static ADAPTERS: OnceLock<Vec<Box<dyn vacancy::Adapter>>> = OnceLock::new();
+    ADAPTERS.get_or_init(|| {
+        let settings = || {
+            AdapterSettings::new(
+                http::Uri::from_static("http://127.0.0.1:9"),
+                vacancy::MonotonicClock::new(),
+            )
+        };
+        let built: Vec<Result<Box<dyn vacancy::Adapter>, String>> = vec![
+            LlamaCppAdapter::new(settings())
+                .map(|a| Box::new(a) as Box<dyn vacancy::Adapter>)
+                .map_err(|e| e.to_string()),
+            OpenAiAdapter::new(settings())
+                .map(|a| Box::new(a) as Box<dyn vacancy::Adapter>)
+                .map_err(|e| e.to_string()),
+            OllamaAdapter::new(settings())
+                .map(|a| Box::new(a) as Box<dyn vacancy::Adapter>)
+                .map_err(|e| e.to_string()),
+            ChatterboxAdapter::new(settings())
+                .map(|a| Box::new(a) as Box<dyn vacancy::Adapter>)
+                .map_err(|e| e.to_string()),
+            ComfyUiAdapter::new(settings())
+                .map(|a| Box::new(a) as Box<dyn vacancy::Adapter>)
+                .map_err(|e| e.to_string()),
+        ];
+        built
+            .into_iter()
+            .map(|a| a.unwrap_or_else(|e| panic!("an adapter's own routes overlap: {e}")))
+            .collect()
+    })
+}
+
+const METHODS: [http::Method; 5] = [
+    http::Method::GET,
+    http::Method::POST,
+    http::Method::DELETE,
+    http::Method::PUT,
+    http::Method::HEAD,
+];
+
+/// Route classification (ROUTE-01..): for every adapter, the query string
+/// never changes a request's class, and neither does a repeated query. The
+/// first byte picks the method, the rest is the path.
+fn route_classification(input: &[u8]) {
+    let Some((&m, path)) = input.split_first() else {
+        return;
+    };
+    let Ok(path) = std::str::from_utf8(path) else {
+        return;
+    };
+    let method = &METHODS[usize::from(m) % METHODS.len()];
+    let bare = path.split('?').next().unwrap_or(path);
+    for a in adapters() {
+        let class = a.classify(method, path);
+        assert_eq!(
+            class,
+            a.classify(method, bare),
+            "{}: the query changed the class of {method} {path:?}",
+            a.name()
+        );
+        assert_eq!(
+            class,
+            a.classify(method, &format!("{bare}?a=1&b=%2F")),
+            "{}: another query changed the class of {method} {path:?}",
+            a.name()
+        );
+    }
+}
+
+/// Work-request inspection of every adapter's work routes (MEM-06,
+/// COMFY-03..07): any body is either refused with a code and a message, or
+/// inspected; a model named is one the body wrote (never made up); a
+/// ComfyUI submission is accepted exactly when it is a JSON object, its
+/// rewritten body parses, and its handle is the entry's ID. The first byte
+/// picks the route.
+fn inspection(input: &[u8]) {
+    use vacancy::traits::{InspectContext, RouteClass};
+    let Some((&pick, body)) = input.split_first() else {
+        return;
+    };
+    let entry = vacancy::engine::EntryId(uuid_for_fuzz());
+    let headers = {
+        let mut h = http::HeaderMap::new();
+        h.insert(
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static("application/json"),
+        );
+        h
+    };
+    let is_object = matches!(serde_json::from_slice::<Value>(body), Ok(Value::Object(_)));
+    for a in adapters() {
+        let work: Vec<_> = a
+            .routes()
+            .entries()
+            .iter()
+            .filter_map(|e| match e.class {
+                RouteClass::Work(w) => Some((e, w)),
+                _ => None,
+            })
+            .collect();
+        if work.is_empty() {
+            continue;
+        }
+        let (spec, route) = work[usize::from(pick) % work.len()];
+        let path = spec.path.replace('{', "x").replace('}', "");
+        let ctx = InspectContext {
+            entry,
+            method: &METHODS[1],
+            path: &path,
+            headers: &headers,
+        };
+        match a.inspect(&route, ctx, body) {
+            Err(e) => assert!(
+                !e.code.as_str().is_empty() && !e.message.is_empty(),
+                "{}: a refusal without its code or words: {e:?}",
+                a.name()
+            ),
+            Ok(inspection) => {
+                if let Some(model) = &inspection.model {
+                    let text = String::from_utf8_lossy(body);
+                    assert!(
+                        text.contains(model.as_str()) || text.contains('\\'),
+                        "{}: model {model:?} is not in the body",
+                        a.name()
+                    );
+                }
+                if a.name() == "comfyui" {
+                    let rewritten = inspection.rewritten_body.as_deref().unwrap_or(body);
+                    assert!(
+                        serde_json::from_slice::<Value>(rewritten).is_ok(),
+                        "comfyui: the forwarded body does not parse"
+                    );
+                    assert_eq!(
+                        inspection.upstream_ref.as_deref(),
+                        Some(entry.0.to_string().as_str()),
+                        "comfyui: the handle is not the entry's ID"
+                    );
+                }
+            }
+        }
+        if a.name() == "comfyui" && spec.path == "/prompt" {
+            let accepted = a
+                .inspect(
+                    &route,
+                    InspectContext {
+                        entry,
+                        method: &METHODS[1],
+                        path: "/prompt",
+                        headers: &headers,
+                    },
+                    body,
+                )
+                .is_ok();
+            assert_eq!(
+                accepted, is_object,
+                "comfyui: /prompt accepted {accepted} for an object {is_object}"
+            );
+        }
+    }
+}
+
+/// A fixed entry ID: runs must repeat exactly.
+fn uuid_for_fuzz() -> uuid::Uuid {
+    uuid::Uuid::from_u128(0x0000_0000_0000_4000_8000_0000_0000_f022)
 }
 
 /// The journal reader (REC-02, REC-05, REC-09): any bytes as
