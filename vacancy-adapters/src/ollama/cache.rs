@@ -2,12 +2,12 @@
 //! (RES-13), a cache whose loss costs only full charges (RES-15).
 
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
+use vacancy::ledger::{Disk, RealDisk, write_atomically};
 
 use super::contexts::LearnedContexts;
 
@@ -27,8 +27,9 @@ struct Document {
 /// Why the cache could not be written. The daemon logs it and keeps lending:
 /// what was learned stays in memory until the next write succeeds.
 #[derive(Debug, thiserror::Error)]
-#[error("cannot write {path}: {source}")]
+#[error("cannot {action} {path}: {source}")]
 pub struct CacheWriteError {
+    action: &'static str,
     path: PathBuf,
     #[source]
     source: std::io::Error,
@@ -50,6 +51,9 @@ pub struct CacheWriteError {
 pub struct ContextCache {
     path: Option<PathBuf>,
     doc: Mutex<Document>,
+    /// Where the file is written: the ledger's disk seam, so that a test
+    /// can fail each write.
+    disk: Arc<dyn Disk>,
 }
 
 impl ContextCache {
@@ -61,6 +65,7 @@ impl ContextCache {
                 version: VERSION,
                 upstreams: BTreeMap::new(),
             }),
+            disk: Arc::new(RealDisk),
         }
     }
 
@@ -74,8 +79,14 @@ impl ContextCache {
     /// to the directory's owner (REC-18, REC-22); the next write replaces a
     /// link with a file and leaves what it pointed to alone.
     pub fn open(dir: &Path) -> Self {
+        Self::open_on(Arc::new(RealDisk), dir)
+    }
+
+    /// [`ContextCache::open`] on `disk` (the ledger's disk seam: tests fail
+    /// its writes, as a full or failing disk would).
+    pub fn open_on(disk: Arc<dyn Disk>, dir: &Path) -> Self {
         let path = dir.join(FILE_NAME);
-        let doc = match vacancy::ledger::read_private(&path) {
+        let doc = match disk.read(&path) {
             Ok(Some(bytes)) => match serde_json::from_slice::<Document>(&bytes) {
                 Ok(doc) if doc.version == VERSION => {
                     let mut doc = doc;
@@ -107,6 +118,7 @@ impl ContextCache {
         ContextCache {
             path: Some(path),
             doc: Mutex::new(doc),
+            disk,
         }
     }
 
@@ -140,9 +152,15 @@ impl ContextCache {
         let Some(path) = &self.path else {
             return Ok(());
         };
-        write_atomically(path, &doc).map_err(|source| CacheWriteError {
+        let bytes = serde_json::to_vec_pretty(&*doc).map_err(|e| CacheWriteError {
+            action: "encode",
             path: path.clone(),
-            source,
+            source: std::io::Error::other(e),
+        })?;
+        write_atomically(&*self.disk, path, &bytes).map_err(|e| CacheWriteError {
+            action: e.action,
+            path: e.path,
+            source: e.source,
         })
     }
 
@@ -161,16 +179,6 @@ impl Document {
             upstreams: BTreeMap::new(),
         }
     }
-}
-
-fn write_atomically(path: &Path, doc: &Document) -> std::io::Result<()> {
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let bytes = serde_json::to_vec_pretty(doc).map_err(std::io::Error::other)?;
-    let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
-    tmp.write_all(&bytes)?;
-    tmp.as_file().sync_all()?;
-    tmp.persist(path).map_err(|e| e.error)?;
-    std::fs::File::open(dir)?.sync_all()
 }
 
 #[cfg(test)]
@@ -331,5 +339,67 @@ mod tests {
             .unwrap_err();
         assert!(err.to_string().contains("learned-contexts.json"), "{err}");
         assert_eq!(cache.read("o", |c| c.models.len()), 1);
+    }
+
+    #[test]
+    fn every_write_of_an_update_failed_with_enospc_and_eio_keeps_memory_and_the_old_file() {
+        // Issue 18 item 3, RES-13, RES-15: each write of an update fails in
+        // turn (ENOSPC 28, EIO 5; torn and whole). The update is an error
+        // naming the file; what was learned stays in memory; the file holds
+        // the old contexts (the new ones once the rename is done); no
+        // temporary file is left; the next update writes everything.
+        use vacancy::ledger::disk::{Fault, FaultDisk, OpKind};
+        let learn = |cache: &ContextCache, digest: &str, upstream: &str| {
+            cache.update(upstream, |c| {
+                c.learn(&kind(), digest, 4096, Modelfile::Unset);
+                true
+            })
+        };
+        let count = {
+            let dir = tempfile::tempdir().unwrap();
+            let disk = Arc::new(FaultDisk::new(Arc::new(RealDisk)));
+            let cache = ContextCache::open_on(disk.clone(), dir.path());
+            learn(&cache, "sha256:a", "o").unwrap();
+            disk.writes()
+        };
+        assert!(count >= 5, "{count} writes");
+        for at in 0..count {
+            for (errno, torn) in [(28, false), (28, true), (5, false), (5, true)] {
+                let dir = tempfile::tempdir().unwrap();
+                let disk = Arc::new(FaultDisk::new(Arc::new(RealDisk)));
+                let cache = ContextCache::open_on(disk.clone(), dir.path());
+                learn(&cache, "sha256:a", "o").unwrap();
+                let first = disk.writes();
+                disk.set_fault(Some(Fault::Once {
+                    at: first + at,
+                    errno,
+                    torn,
+                }));
+                let updated = learn(&cache, "sha256:b", "p");
+                let op = disk.log()[usize::try_from(first + at).unwrap()].clone();
+                assert_eq!(cache.read("p", |c| c.models.len()), 1, "memory keeps it");
+                let on_disk = ContextCache::open(dir.path());
+                match updated {
+                    Ok(()) => assert_eq!(op.kind, OpKind::Remove, "{op:?}"),
+                    Err(e) => {
+                        assert!(e.to_string().contains(FILE_NAME), "{e}");
+                        let p = on_disk.read("p", |c| c.models.len());
+                        let expected = usize::from(op.kind == OpKind::SyncDir);
+                        assert_eq!(p, expected, "{op:?}: {e}");
+                    }
+                }
+                assert_eq!(on_disk.read("o", |c| c.models.len()), 1, "{op:?}");
+                let names: Vec<_> = std::fs::read_dir(dir.path())
+                    .unwrap()
+                    .map(|e| e.unwrap().file_name())
+                    .collect();
+                assert_eq!(names, [FILE_NAME], "after {op:?}");
+                learn(&cache, "sha256:c", "q").unwrap();
+                let back = ContextCache::open(dir.path());
+                for u in ["o", "p", "q"] {
+                    assert_eq!(back.read(u, |c| c.models.len()), 1, "{u} after {op:?}");
+                }
+            }
+        }
     }
 }

@@ -1,14 +1,12 @@
 //! The calibration file: each GPU's attended and unattended baseline.
 
 use std::collections::BTreeMap;
-use std::fs::{self, File, OpenOptions};
-use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
+use crate::ledger::disk::{Disk, RealDisk, write_atomically};
 use crate::pressure::tracker::{Attendance, Baseline, OwnerLoad};
 
 /// The file's name in the admission state directory.
@@ -118,54 +116,32 @@ impl CalibrationFile {
     ///
     /// [`CalibrationError::Io`] naming the step that failed; `path` is then unchanged.
     pub fn save(&self, path: &Path) -> Result<(), CalibrationError> {
-        let io = |action: &'static str, path: &Path| {
-            let path = path.to_owned();
-            move |source| CalibrationError::Io {
-                action,
-                path,
-                source,
-            }
-        };
-        let dir = match path.parent() {
-            Some(d) if !d.as_os_str().is_empty() => d.to_owned(),
-            _ => PathBuf::from("."),
-        };
-        let disk = OnDisk {
+        self.save_on(&RealDisk, path)
+    }
+
+    /// [`CalibrationFile::save`] on `disk` (the ledger's disk seam, so a
+    /// test can fail each of its writes).
+    ///
+    /// # Errors
+    ///
+    /// As [`CalibrationFile::save`]; after a failed directory sync the new
+    /// file is in place but may not survive a crash.
+    pub fn save_on(&self, disk: &dyn Disk, path: &Path) -> Result<(), CalibrationError> {
+        let on_disk = OnDisk {
             version: VERSION,
             gpus: self.gpus.clone(),
         };
         let mut text =
-            serde_json::to_string_pretty(&disk).map_err(|e| CalibrationError::Invalid {
+            serde_json::to_string_pretty(&on_disk).map_err(|e| CalibrationError::Invalid {
                 path: path.to_owned(),
                 reason: e.to_string(),
             })?;
         text.push('\n');
-        let tmp = dir.join(format!(".{CALIBRATION_FILE}.{}.tmp", std::process::id()));
-        let written = (|| {
-            // Private from creation, and never through a link left at the name.
-            match fs::remove_file(&tmp) {
-                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                    return Err(io("remove the stale", &tmp)(e));
-                }
-                _ => {}
-            }
-            let mut file = OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(crate::ledger::PRIVATE_FILE_MODE)
-                .open(&tmp)
-                .map_err(io("create", &tmp))?;
-            file.write_all(text.as_bytes()).map_err(io("write", &tmp))?;
-            file.sync_all().map_err(io("sync", &tmp))?;
-            fs::rename(&tmp, path).map_err(io("replace", path))
-        })();
-        if written.is_err() {
-            let _ = fs::remove_file(&tmp);
-        }
-        written?;
-        File::open(&dir)
-            .and_then(|d| d.sync_all())
-            .map_err(io("sync the directory of", path))?;
+        write_atomically(disk, path, text.as_bytes()).map_err(|e| CalibrationError::Io {
+            action: e.action,
+            path: e.path,
+            source: e.source,
+        })?;
         tracing::info!(path = %path.display(), gpus = self.gpus.len(), "GPU pressure calibration saved");
         Ok(())
     }
@@ -206,7 +182,11 @@ pub fn calibrate(samples: &[OwnerLoad]) -> OwnerLoad {
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
+    use std::fs;
+    use std::sync::Arc;
+
     use super::*;
+    use crate::ledger::disk::{Fault, FaultDisk};
 
     fn load(util_pct: u8, memory_mib: u64) -> OwnerLoad {
         OwnerLoad {
@@ -301,5 +281,70 @@ mod tests {
         let missing = dir.path().join("no-such-dir").join(CALIBRATION_FILE);
         let err = CalibrationFile::default().save(&missing).unwrap_err();
         assert!(err.to_string().contains("cannot create"), "{err}");
+    }
+
+    #[test]
+    fn every_write_of_a_save_failed_with_enospc_and_eio_leaves_the_old_file_or_the_new() {
+        // Issue 18 item 3: each write of a save fails in turn (ENOSPC 28, EIO
+        // 5; appends torn and whole). The save says which step failed; the
+        // file reads as the old calibration or the new one, never a mix or
+        // nothing; no temporary file is left; the next save succeeds.
+        let mut old = CalibrationFile::default();
+        old.set("gpu0", Attendance::Attended, load(20, 1500));
+        let mut new = old.clone();
+        new.set("gpu0", Attendance::Unattended, load(5, 300));
+        let count = {
+            let dir = tempfile::tempdir().unwrap();
+            let path = CalibrationFile::path_in(dir.path());
+            let disk = FaultDisk::new(Arc::new(RealDisk));
+            new.save_on(&disk, &path).unwrap();
+            disk.writes()
+        };
+        assert!(
+            count >= 5,
+            "a save is remove, create, write, sync, rename, sync dir"
+        );
+        let mut failed = 0;
+        for at in 0..count {
+            for (errno, torn) in [(28, false), (28, true), (5, false), (5, true)] {
+                let dir = tempfile::tempdir().unwrap();
+                let path = CalibrationFile::path_in(dir.path());
+                old.save(&path).unwrap();
+                let disk = FaultDisk::new(Arc::new(RealDisk));
+                disk.set_fault(Some(Fault::Once { at, errno, torn }));
+                let saved = new.save_on(&disk, &path);
+                let op = &disk.log()[usize::try_from(at).unwrap()];
+                let on_disk = CalibrationFile::load(&path).unwrap();
+                match saved {
+                    Ok(()) => {
+                        // Only the removal of a stale temporary file that is
+                        // not there may fail without failing the save.
+                        assert_eq!(op.kind, crate::ledger::disk::OpKind::Remove, "{op:?}");
+                        assert_eq!(on_disk, new);
+                    }
+                    Err(e) => {
+                        failed += 1;
+                        assert!(matches!(e, CalibrationError::Io { .. }), "{e:?}");
+                        assert!(e.to_string().contains("cannot "), "{e}");
+                        if op.kind == crate::ledger::disk::OpKind::SyncDir {
+                            assert_eq!(on_disk, new, "{op:?}: the rename was done");
+                        } else {
+                            assert_eq!(on_disk, old, "{op:?}: {e}");
+                        }
+                    }
+                }
+                let names: Vec<_> = fs::read_dir(dir.path())
+                    .unwrap()
+                    .map(|e| e.unwrap().file_name())
+                    .collect();
+                assert_eq!(names, [CALIBRATION_FILE], "after {op:?}");
+                new.save(&path).unwrap();
+                assert_eq!(CalibrationFile::load(&path).unwrap(), new);
+            }
+        }
+        assert!(
+            failed >= 4 * (count - 1),
+            "{failed} saves failed of {count} writes"
+        );
     }
 }

@@ -209,6 +209,52 @@ pub fn prepare_response_head(parts: &mut http::response::Parts) {
     }
 }
 
+/// A relayed response body whose first poll yields once, so that hyper
+/// writes the response head to the borrower before it polls the body again.
+///
+/// Without it, a body that fails on its first poll (the upstream sent its
+/// head, then broke off inside the first chunk-size line) makes hyper close
+/// the borrower's connection with the head still unwritten: the borrower
+/// would get no answer at all. With it the borrower gets the head and a body
+/// that breaks off, as for a break later in the body (issue 18 item 2).
+pub fn head_first(body: ProxyBody) -> ProxyBody {
+    HeadFirst {
+        inner: body,
+        yielded: false,
+    }
+    .boxed_unsync()
+}
+
+struct HeadFirst {
+    inner: ProxyBody,
+    yielded: bool,
+}
+
+impl hyper::body::Body for HeadFirst {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, BoxError>>> {
+        if !self.yielded {
+            self.yielded = true;
+            cx.waker().wake_by_ref();
+            return std::task::Poll::Pending;
+        }
+        std::pin::Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.yielded && self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
 /// A body from bytes.
 pub fn full(bytes: impl Into<Bytes>) -> ProxyBody {
     http_body_util::Full::new(bytes.into())

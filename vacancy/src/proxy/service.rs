@@ -17,8 +17,8 @@ use crate::proxy::completion::{GuardedBody, verify_cut};
 use crate::proxy::conn::{BorrowerBody, is_stalled};
 use crate::proxy::exchange::{Exchange, Observed};
 use crate::proxy::forward::{
-    ExchangeError, ProxyBody, exchange_with_cut, full, is_upgrade, prepare_response_head,
-    streaming, upstream_request,
+    ExchangeError, ProxyBody, exchange_with_cut, full, head_first, is_upgrade,
+    prepare_response_head, streaming, upstream_request,
 };
 use crate::proxy::lender::{Decided, Lender};
 use crate::proxy::live::{CutSignal, cut_happens, cut_reason};
@@ -197,7 +197,7 @@ fn relay(
         Some(x) => GuardedBody::new(body, x, cut).boxed_unsync(),
         None => streaming(body),
     };
-    http::Response::from_parts(parts, body)
+    http::Response::from_parts(parts, head_first(body))
 }
 
 /// Copy bytes both ways after a protocol switch. A gated WebSocket has no
