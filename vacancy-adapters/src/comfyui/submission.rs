@@ -22,10 +22,11 @@ pub struct Rewritten {
 /// The body must be a JSON object, else `Err` with the reason (400
 /// `invalid_submission` before anything is reserved, COMFY-07). A
 /// `prompt_id` the borrower set is replaced, so a borrower can never name a
-/// prompt that is not its own (COMFY-05). Every other member is forwarded as
-/// it came: the original bytes are kept, and `prompt_id` is removed from
-/// them by byte range and appended at the end (COMFY-04), so numbers,
-/// escapes, key order and whitespace of the workflow are untouched.
+/// prompt that is not its own (COMFY-05): its first `prompt_id` member is
+/// replaced where it stands and any duplicate is cut with its separator.
+/// Without one, vacancy's is appended after the last member (COMFY-04).
+/// Every other byte is copied as it came, so numbers, escapes, key order
+/// and whitespace of the workflow are untouched.
 pub fn with_prompt_id(body: &[u8], assigned: &str) -> Result<Rewritten, String> {
     let text =
         std::str::from_utf8(body).map_err(|e| format!("the submission is not UTF-8 text: {e}"))?;
@@ -43,33 +44,44 @@ pub fn with_prompt_id(body: &[u8], assigned: &str) -> Result<Rewritten, String> 
         _ => None,
     };
     let id = Value::String(assigned.to_owned()).to_string();
+    let member = format!("\"prompt_id\":{id}");
     let members = top_level_members(text)?;
-    // Keep every member but "prompt_id" with the text between it and the
-    // next kept one, so the forwarded bytes differ only by the cut members.
-    let kept: Vec<&Member> = members.iter().filter(|m| m.name != "prompt_id").collect();
-    let (first_start, last_end) = match (members.first(), members.last()) {
-        (Some(f), Some(l)) => (f.start, l.end),
-        _ => {
-            let close = text
+    // The borrower's first prompt_id member is replaced where it stands;
+    // a duplicate is cut with the separator before it; without one, the
+    // member is appended after the last. Every other byte is copied.
+    let mut out = String::with_capacity(text.len() + member.len() + 1);
+    let mut copied = 0;
+    let mut placed = false;
+    for (n, m) in members.iter().enumerate() {
+        if m.name != "prompt_id" {
+            continue;
+        }
+        if placed {
+            // n > 0: the first prompt_id member was placed before this one.
+            let separator_start = members[n - 1].end;
+            out.push_str(&text[copied..separator_start]);
+        } else {
+            out.push_str(&text[copied..m.start]);
+            out.push_str(&member);
+            placed = true;
+        }
+        copied = m.end;
+    }
+    if !placed {
+        let at = match members.last() {
+            Some(last) => last.end,
+            None => text
                 .rfind('}')
-                .ok_or_else(|| "the submission object has no closing brace".to_owned())?;
-            (close, close)
+                .ok_or_else(|| "the submission object has no closing brace".to_owned())?,
+        };
+        out.push_str(&text[copied..at]);
+        if !members.is_empty() {
+            out.push(',');
         }
-    };
-    let mut out = String::with_capacity(text.len() + id.len() + 16);
-    out.push_str(&text[..first_start]);
-    for (n, m) in kept.iter().enumerate() {
-        out.push_str(&text[m.start..m.end]);
-        if n + 1 < kept.len() {
-            out.push_str(&text[m.end..m.next_start]);
-        }
+        out.push_str(&member);
+        copied = at;
     }
-    if !kept.is_empty() {
-        out.push(',');
-    }
-    out.push_str("\"prompt_id\":");
-    out.push_str(&id);
-    out.push_str(&text[last_end..]);
+    out.push_str(&text[copied..]);
     Ok(Rewritten {
         body: out.into_bytes(),
         requested,
@@ -81,8 +93,6 @@ struct Member {
     name: String,
     start: usize,
     end: usize,
-    /// Where the next member starts (after the comma and whitespace), or `end`.
-    next_start: usize,
 }
 
 fn kind(v: &Value) -> &'static str {
@@ -117,9 +127,6 @@ fn top_level_members(text: &str) -> Result<Vec<Member>, String> {
             _ => return Err("unexpected text in the submission object".to_owned()),
         }
         let start = i;
-        if let Some(prev) = members.last_mut() {
-            prev.next_start = start;
-        }
         let key_end = skip_string(b, i)?;
         let name: String = serde_json::from_str(&text[start..key_end])
             .map_err(|e| format!("unreadable member name: {e}"))?;
@@ -132,7 +139,6 @@ fn top_level_members(text: &str) -> Result<Vec<Member>, String> {
             name,
             start,
             end: i,
-            next_start: i,
         });
     }
     Ok(members)
@@ -313,6 +319,28 @@ mod tests {
         );
         assert_eq!(forwarded("{}"), json!({"prompt_id": ID}));
         assert_eq!(forwarded(" { } "), json!({"prompt_id": ID}));
+    }
+
+    #[test]
+    fn a_replaced_prompt_id_keeps_every_byte_around_it() {
+        // COMFY-04, COMFY-05: found by the fuzzer (vacancy-fuzz target
+        // comfyui_prompt_id): the rewrite used to cut the whitespace of the
+        // separator before a borrower's prompt_id and append vacancy's.
+        let rewrite = |body: &str| {
+            String::from_utf8(with_prompt_id(body.as_bytes(), ID).unwrap().body).unwrap()
+        };
+        assert_eq!(
+            rewrite(r#"{ "client_id":"\u80e9", "prompt_id" : 12345}"#),
+            format!(r#"{{ "client_id":"\u80e9", "prompt_id":"{ID}"}}"#)
+        );
+        assert_eq!(
+            rewrite("{\"prompt_id\": \"a\",\n  \"x\": 1 ,  \"prompt_id\": \"b\" }"),
+            format!("{{\"prompt_id\":\"{ID}\",\n  \"x\": 1 }}")
+        );
+        assert_eq!(
+            rewrite("{\"prompt\": {} ,\n\"prompt_id\": null\n}"),
+            format!("{{\"prompt\": {{}} ,\n\"prompt_id\":\"{ID}\"\n}}")
+        );
     }
 
     #[test]
