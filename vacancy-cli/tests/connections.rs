@@ -10,7 +10,7 @@ mod common;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{Daemon, JSON, Setup, completion};
+use common::{Daemon, JSON, Setup, completion, fds, rss_kib};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use vacancy_test_support::{
@@ -266,25 +266,8 @@ async fn borrowers_holding_every_descriptor_leave_the_control_plane_answering() 
     );
 }
 
-/// `VmRSS` of `pid` in KiB.
-fn rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap()
-}
-
 /// Descriptors of the daemon's own that may come and go during a count.
 const FD_SLACK: usize = 8;
-
-/// Open descriptors of `pid`.
-fn fds(pid: u32) -> usize {
-    std::fs::read_dir(format!("/proc/{pid}/fd"))
-        .unwrap()
-        .count()
-}
 
 /// Wait until the daemon holds a descriptor for each of `opened` borrower
 /// connections beyond its `before` (less a few: `before` may have counted a

@@ -17,25 +17,10 @@ use std::collections::BTreeSet;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{Daemon, JSON, Setup, completion};
+use common::{Daemon, JSON, Rng, Setup, completion};
 use vacancy_test_support::{CountingShim, LlamaOptions, LlamaServer, TinyModel, http_request};
 
 const OPS: &str = "crash-test-admin-token";
-
-/// A tiny deterministic generator, so a failing round can be replayed from its seed.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
 
 fn is_work(r: &vacancy_test_support::Record) -> bool {
     r.method == "POST" && r.path == "/completion"

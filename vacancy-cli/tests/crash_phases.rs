@@ -42,7 +42,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{JSON, completion, write_capacity};
+use common::{JSON, Rng, completion, write_capacity};
 use serde_json::{Value, json};
 use vacancy_test_support::ollama::modelfile;
 use vacancy_test_support::{
@@ -56,24 +56,6 @@ const OWNER: &str = "crash-phases-owner-token";
 
 /// How long each ComfyUI prompt runs in the emulator.
 const COMFY_RUN: Duration = Duration::from_millis(900);
-
-/// A tiny deterministic generator, so a failing round can be replayed from its seed.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-    fn millis(&mut self, n: u64) -> Duration {
-        Duration::from_millis(self.below(n))
-    }
-}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Phase {

@@ -229,3 +229,43 @@ pub fn completion(n_predict: u32, stream: bool) -> Vec<u8> {
 }
 
 pub const JSON: (&str, &str) = ("content-type", "application/json");
+
+/// A tiny deterministic generator (xorshift64), so a failing run can be
+/// replayed from its seed.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    /// A number below `n` (0 when `n` is 0).
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+
+    /// Up to `n` milliseconds.
+    pub fn millis(&mut self, n: u64) -> Duration {
+        Duration::from_millis(self.below(n))
+    }
+}
+
+/// `VmRSS` of `pid` in KiB.
+pub fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}
+
+/// Open descriptors of `pid`.
+pub fn fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .count()
+}
