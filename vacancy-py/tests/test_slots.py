@@ -7,8 +7,6 @@ import json
 import math
 import os
 import socket
-import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, HTTPServer
@@ -568,15 +566,3 @@ def test_gate_options_and_is_gated() -> None:
     assert not slots.is_gated("llm", slot_switch=False)
     with pytest.raises(ValueError):
         slots.check_output_sanity("http://127.0.0.1:1", slots.GateOptions(chat_timeout_s=0.0))
-
-
-# ---- the example ------------------------------------------------------------------------------
-
-
-def test_slot_manager_example_runs() -> None:
-    example = Path(__file__).resolve().parents[2] / "examples" / "slot_manager.py"
-    done = subprocess.run(
-        [sys.executable, str(example)], capture_output=True, text=True, timeout=60, check=False
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "unloading -> offline" in done.stdout
