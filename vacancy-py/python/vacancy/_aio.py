@@ -95,8 +95,11 @@ async def admit(ticket: AdmitTicket) -> Reservation:
             if waker is None:
                 waker = _waker(ticket.engine)
             await waker.changed()
-    except asyncio.CancelledError:
-        ticket.cancel()  # leaves the wait line; nothing was reserved
+    except BaseException:
+        # Cancelled (or the coroutine closed, or refused): leave the wait line.
+        # Nothing was reserved: only a step on this thread reserves, and it
+        # returned None or raised.
+        ticket.cancel()
         raise
 
 
