@@ -217,3 +217,31 @@ def test_a_driver_needs_the_real_clock_and_stops_cleanly(gpu_file: pathlib.Path)
     driver.stop()  # twice is fine
     assert not driver.running
     assert "running=False" in repr(driver)
+
+
+def test_an_nvml_gpu_without_a_driver_is_a_sample_failure() -> None:  # or sampled with one
+    # The wheel carries the daemon's NVML sampler; on a machine without the
+    # NVIDIA driver (this one) every sample fails saying why, as in the daemon.
+    engine = vacancy.Engine(vacancy.Config.for_engine("""
+[owner]
+presence = "none"
+
+[[resource]]
+name = "gpu0"
+kind = "gpu"
+sampler = "nvml"
+device = "0"
+
+[[upstream]]
+name = "llm"
+resource = "gpu0"
+default_min_free_mib = 1
+"""))
+    (why,) = engine.sample_now().values()
+    if why is None:  # a machine with the driver and a GPU 0: NVML sampled it
+        assert resource(engine, "gpu0")["total_mib"], "NVML reported a GPU"
+        return
+    assert "libnvidia-ml" in why and "rebuild" not in why, why
+    with pytest.raises(vacancy.Refused) as info:
+        engine.admit("llm")
+    assert info.value.code == "capacity_unknown"
