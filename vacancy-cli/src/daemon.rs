@@ -21,11 +21,11 @@ use vacancy::pressure::{
 use vacancy::proxy::conn::{self, ConnLimits};
 use vacancy::proxy::pressure::PressureGpu;
 use vacancy::proxy::reclaim::ReclaimTimes;
-use vacancy::proxy::shells::{self, HealthCell, UnavailableResource};
+use vacancy::proxy::shells::{self, HealthCell};
 use vacancy::proxy::{Lender, Listening, Target, UpstreamRoute};
 use vacancy::registry::{AdapterContext, AdapterRegistry};
 use vacancy::traits::Adapter;
-use vacancy::{MonotonicClock, Resource, ResourceKind};
+use vacancy::{MonotonicClock, ResourceKind};
 
 use crate::control::{ControlState, UpstreamInfo};
 
@@ -36,8 +36,6 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
 const DESCRIPTOR_RESERVE: u64 = 128;
 /// How often upstreams are observed (fresh enough for RES-02's 4 s).
 const OBSERVE_EVERY: Duration = Duration::from_secs(2);
-/// How often the presence backend is asked.
-const PRESENCE_EVERY: Duration = Duration::from_secs(1);
 /// Where login seats are listed on a systemd machine.
 const SEATS_DIR: &str = "/run/systemd/seats";
 
@@ -285,28 +283,13 @@ pub async fn start(
 
     let mut tasks = JoinSet::new();
     for r in &config.resources {
-        let resource: Arc<dyn Resource> = match vacancy::sample::from_config(r, clock) {
-            Ok(s) => s,
-            Err(e) => {
-                error!(resource = %r.name, error = %e, "cannot sample this resource; its work is refused with capacity_unknown");
-                Arc::new(UnavailableResource::new(&r.name, r.kind, &e))
-            }
-        };
+        let resource = shells::sampler_for(r, clock);
         let poll = Duration::from_millis(r.poll_ms);
-        let timeout = poll
-            .max(Duration::from_secs(2))
-            .min(Duration::from_secs(10));
+        let timeout = shells::sample_timeout(poll);
         // One sample before the listeners open, so the first borrower is not
         // refused with capacity_unknown merely because the daemon just started.
-        let started = clock.now();
-        let first = match tokio::time::timeout(timeout, resource.sample()).await {
-            Ok(result) => result,
-            Err(_) => Err(vacancy::SampleError::Unreadable {
-                source_name: r.name.clone(),
-                reason: format!("no answer within {} ms", timeout.as_millis()),
-            }),
-        };
-        lender.record_sample(&r.name, first, started);
+        // A failure is recorded (capacity unknown until a success) and logged.
+        let _ = shells::sample_once(&*lender, &*resource, timeout).await;
         tasks.spawn(shells::sample_loop(
             Arc::clone(&lender),
             resource,
@@ -317,8 +300,8 @@ pub async fn start(
     }
     tasks.spawn(shells::presence_loop(
         Arc::clone(&lender),
-        presence.backend,
-        PRESENCE_EVERY,
+        Arc::from(presence.backend),
+        shells::PRESENCE_EVERY,
         shutdown.clone(),
     ));
 

@@ -2,14 +2,14 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyType};
 
-use vacancy::config::{LoadedConfig, PresenceMode};
+use vacancy::config::{LoadedConfig, PresenceMode, SamplerKind};
 use vacancy::engine::{
     CompletionMethod, Decision, EngineError, EngineSpec, EntryId, HeldRelease, ModelObservation,
     ObservedModel, OwnerPresence, Phase, PressureVerdict, ReclaimCommand, ReclaimId, ReleaseEffect,
@@ -19,9 +19,11 @@ use vacancy::pressure::{
     Attendance, Baseline, Miss, Observation, OwnerLoad, PressureParams, PressureReading,
     PressureTracker, PressureUpdate, TriggerKind,
 };
+use vacancy::proxy::shells::LoopSink;
 use vacancy::{CapacitySample, Moment, MonotonicClock, ResourceKind};
 
 use crate::convert::json_to_py;
+use crate::core::Core;
 use crate::errors::{Error, IntoPyResult, config_error};
 
 /// How often a waiting `admit()` wakes up to let Python handle signals (Ctrl-C).
@@ -58,6 +60,46 @@ impl Config {
     #[staticmethod]
     fn from_file(py: Python<'_>, path: PathBuf) -> PyResult<Config> {
         parsed(py, vacancy::config::Config::load(&path))
+    }
+
+    /// An engine-only configuration, for a program embedding the engine: from
+    /// TOML text or from Python values (a dict shaped as the TOML). An
+    /// upstream needs no `listen` or `target`, and a resource without a
+    /// `sampler` is `"manual"` (fed with `Engine.sample`).
+    #[staticmethod]
+    #[pyo3(signature = (source, origin = None))]
+    fn for_engine(
+        py: Python<'_>,
+        source: &Bound<'_, PyAny>,
+        origin: Option<&str>,
+    ) -> PyResult<Config> {
+        if let Ok(text) = source.extract::<String>() {
+            return parsed(
+                py,
+                vacancy::config::Config::parse_for_engine(&text, origin.unwrap_or("<string>")),
+            );
+        }
+        if !source.is_instance_of::<PyDict>() {
+            return Err(PyTypeError::new_err(
+                "source must be TOML text (str) or a dict shaped as the TOML",
+            ));
+        }
+        let value = crate::convert::py_to_json(source)?;
+        let text = toml::to_string(&value).map_err(|e| {
+            PyValueError::new_err(format!(
+                "these values cannot be written as TOML ({e}); None has no TOML form: leave the key out"
+            ))
+        })?;
+        parsed(
+            py,
+            vacancy::config::Config::parse_for_engine(&text, origin.unwrap_or("<values>")),
+        )
+    }
+
+    /// As `for_engine`, reading a TOML file.
+    #[staticmethod]
+    fn for_engine_file(py: Python<'_>, path: PathBuf) -> PyResult<Config> {
+        parsed(py, vacancy::config::Config::load_for_engine(&path))
     }
 
     /// Valid but noteworthy things, as `{path, line, message}` dicts.
@@ -108,7 +150,7 @@ impl Config {
 // ---- time ----------------------------------------------------------------
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Timeline {
+pub(crate) enum Timeline {
     /// No call has fixed the timeline yet.
     Unset,
     /// The engine's monotonic clock (no `at=`/`now=` given).
@@ -117,7 +159,7 @@ enum Timeline {
     Simulated,
 }
 
-fn secs(m: Moment) -> f64 {
+pub(crate) fn secs(m: Moment) -> f64 {
     m.as_nanos() as f64 / 1e9
 }
 
@@ -132,11 +174,11 @@ fn moment_of(s: f64) -> Result<Moment, Error> {
 
 // ---- Engine --------------------------------------------------------------
 
-struct Inner {
-    engine: vacancy::Engine,
-    timeline: Timeline,
+pub(crate) struct Inner {
+    pub(crate) engine: vacancy::Engine,
+    pub(crate) timeline: Timeline,
     /// The latest moment any call used.
-    latest: Moment,
+    pub(crate) latest: Moment,
     /// One pressure tracker per GPU fed through `pressure_sample` /
     /// `pressure_miss`, created at its first poll (its gap limit counts from then).
     trackers: HashMap<String, PressureTracker>,
@@ -199,12 +241,12 @@ impl Inner {
 }
 
 /// The admission engine: the daemon's rules, embedded. See `docs/python.md`.
-#[pyclass(frozen, module = "vacancy._vacancy")]
+/// Weak-referenceable: `vacancy._aio` keeps one waker per engine without
+/// keeping the engine alive.
+#[pyclass(frozen, weakref, module = "vacancy._vacancy")]
 pub struct Engine {
-    inner: Mutex<Inner>,
-    /// Notified on every successful sample, for `admit()` waiting on one.
-    sampled: Condvar,
-    clock: MonotonicClock,
+    /// The state a `Driver`'s threads share with the engine.
+    pub(crate) core: Arc<Core>,
     /// `[owner.gpu_pressure]`'s parameters when enabled; `None`: pressure is
     /// off and a GPU is limited only by its free memory (SCOPE-09).
     pressure: Option<PressureParams>,
@@ -356,23 +398,7 @@ fn observed_model(item: &Bound<'_, PyAny>) -> PyResult<ObservedModel> {
 
 impl Engine {
     fn lock(&self) -> MutexGuard<'_, Inner> {
-        let mut g = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
-        Self::drain_effects(&mut g, &self.sampled);
-        g
-    }
-
-    /// Python keeps no ledger and runs no reclaim loop of its own: what the
-    /// engine asks of a shell is returned by each call instead (the resources
-    /// to sample after a release), so its queue is emptied rather than left
-    /// to grow. A moved wait line wakes the threads waiting in `admit`.
-    fn drain_effects(g: &mut Inner, sampled: &Condvar) {
-        let mut wake = false;
-        while let Some(effect) = g.engine.poll_effect() {
-            wake |= matches!(effect, vacancy::engine::Effect::WakeWaiters);
-        }
-        if wake {
-            sampled.notify_all();
-        }
+        self.core.lock()
     }
 
     /// Run `f` on the engine with the lock held; map its error after the lock is dropped.
@@ -407,7 +433,7 @@ impl Engine {
     ) -> PyResult<Py<PyAny>> {
         let params = self.pressure_gpu(py, resource)?;
         let value = self.with(py, |g| {
-            let m = g.moment(&self.clock, at)?;
+            let m = g.moment(&self.core.clock, at)?;
             let baseline = g.baselines.get(resource).copied().unwrap_or_default();
             let tracker = g
                 .trackers
@@ -428,7 +454,7 @@ impl Engine {
         let r = {
             let mut g = self.lock();
             let r = f(&mut g);
-            Self::drain_effects(&mut g, &self.sampled);
+            self.core.drain_effects(&mut g);
             r
         };
         r.py(py)
@@ -439,13 +465,14 @@ impl Engine {
     /// sample lands, the wait ends or the signal-check interval passes.
     fn wait_cycle(&self, req: &WorkRequest) -> Option<Decision> {
         let mut g = self.lock();
-        let now = self.clock.now();
+        let now = self.core.clock.now();
         g.latest = g.latest.max(now);
         match g.engine.admit(req, now) {
             Decision::Wait { until, .. } => {
                 let slice = until.since(now).min(SIGNAL_CHECK);
                 let (g, _) = self
-                    .sampled
+                    .core
+                    .changed
                     .wait_timeout(g, slice)
                     .unwrap_or_else(PoisonError::into_inner);
                 drop(g);
@@ -482,6 +509,135 @@ fn parse_completion(completion: &str) -> PyResult<CompletionMethod> {
     }
 }
 
+/// `admit`'s arguments, checked.
+struct AdmitArgs {
+    upstream: String,
+    model: Option<String>,
+    completion: CompletionMethod,
+    reuse: RequestReuse,
+    canonical_model: Option<String>,
+    wait: Option<Duration>,
+}
+
+impl AdmitArgs {
+    fn parse(
+        upstream: &str,
+        model: Option<&str>,
+        completion: &str,
+        kind: Option<String>,
+        canonical_model: Option<String>,
+        cannot_reuse: Option<String>,
+        wait_s: Option<f64>,
+    ) -> PyResult<Self> {
+        let completion = parse_completion(completion)?;
+        let reuse = match (kind, cannot_reuse) {
+            (Some(_), Some(_)) => {
+                return Err(PyValueError::new_err(
+                    "kind= and cannot_reuse= exclude each other: a request either has a kind or cannot reuse a loaded model",
+                ));
+            }
+            (Some(k), None) => RequestReuse::ReusesAs(k),
+            (None, Some(why)) => RequestReuse::Cannot(why),
+            (None, None) => RequestReuse::Reuses,
+        };
+        let wait = match wait_s {
+            None => None,
+            Some(w) if w.is_finite() && (0.0..=3600.0).contains(&w) => {
+                Some(Duration::from_secs_f64(w))
+            }
+            Some(w) => {
+                return Err(PyValueError::new_err(format!(
+                    "wait_s must be 0 to 3600 seconds, not {w}"
+                )));
+            }
+        };
+        Ok(AdmitArgs {
+            upstream: upstream.to_owned(),
+            model: model.map(str::to_owned),
+            completion,
+            reuse,
+            canonical_model,
+            wait,
+        })
+    }
+
+    /// The work request, arrived at `arrived`.
+    fn request(&self, g: &Inner, arrived: Moment) -> Result<WorkRequest, Error> {
+        let up = g.upstream(&self.upstream)?;
+        let mut req = WorkRequest::new(up, self.model.as_deref(), arrived);
+        req.completion = self.completion;
+        req.reuse = self.reuse.clone();
+        req.canonical_model = self.canonical_model.clone();
+        req.wait = self.wait;
+        Ok(req)
+    }
+}
+
+impl Engine {
+    /// An `admit_async` in progress, arrived now on the real clock.
+    fn ticket(slf: &Bound<'_, Self>, args: AdmitArgs) -> PyResult<AdmitTicket> {
+        let py = slf.py();
+        let this = slf.get();
+        this.core.require_real_time("admit_async()").py(py)?;
+        let req = this.with(py, |g| {
+            let t = g.moment(&this.core.clock, None)?;
+            args.request(g, t)
+        })?;
+        Ok(AdmitTicket {
+            engine: slf.clone().unbind(),
+            req,
+            left: std::sync::atomic::AtomicBool::new(false),
+        })
+    }
+}
+
+/// One `admit_async` call: its request (the same arrival and place in the
+/// wait line at every step) and the engine. `vacancy._aio` steps it on the
+/// event loop's thread, so a reservation is only ever made there and a
+/// cancelled task cannot leave one behind.
+#[pyclass(frozen, module = "vacancy._vacancy")]
+pub struct AdmitTicket {
+    engine: Py<Engine>,
+    req: WorkRequest,
+    left: std::sync::atomic::AtomicBool,
+}
+
+#[pymethods]
+impl AdmitTicket {
+    /// The engine.
+    #[getter]
+    fn engine(&self, py: Python<'_>) -> Py<Engine> {
+        self.engine.clone_ref(py)
+    }
+
+    /// Ask once, never blocking: the `Reservation`, `None` while waiting for
+    /// the post-job sample or a turn in the wait line, or the refusal raised.
+    fn step(&self, py: Python<'_>) -> PyResult<Option<Reservation>> {
+        if self.left.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(PyValueError::new_err("this admission was cancelled"));
+        }
+        let engine = self.engine.get();
+        let decision = engine.with(py, |g| {
+            let now = engine.core.clock.now();
+            g.latest = g.latest.max(now);
+            Ok(g.engine.admit(&self.req, now))
+        })?;
+        match decision {
+            Decision::Admitted(r) => Ok(Some(Reservation::new(r, self.engine.clone_ref(py)))),
+            Decision::Refused(r) => Err(Error::Refused(r).into_py(py)),
+            Decision::Reobserve(r) => Err(Error::Reobserve(r).into_py(py)),
+            Decision::Wait { .. } => Ok(None),
+        }
+    }
+
+    /// The awaiting task was cancelled: leave the wait line, reserving nothing.
+    fn cancel(&self) {
+        if !self.left.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            self.engine.get().lock().engine.leave_line(self.req.id);
+        }
+    }
+}
+
 #[pymethods]
 impl Engine {
     #[new]
@@ -494,16 +650,15 @@ impl Engine {
             engine.set_owner(OwnerPresence::Away);
         }
         let c = &config.loaded.config;
+        let inner = Inner {
+            engine,
+            timeline: Timeline::Unset,
+            latest: Moment::ZERO,
+            trackers: HashMap::new(),
+            baselines: HashMap::new(),
+        };
         Ok(Engine {
-            inner: Mutex::new(Inner {
-                engine,
-                timeline: Timeline::Unset,
-                latest: Moment::ZERO,
-                trackers: HashMap::new(),
-                baselines: HashMap::new(),
-            }),
-            sampled: Condvar::new(),
-            clock: MonotonicClock::new(),
+            core: Arc::new(Core::new(inner, c)),
             pressure: c
                 .owner
                 .gpu_pressure
@@ -520,7 +675,7 @@ impl Engine {
     /// The engine's current time in seconds: its clock, or the latest simulated moment.
     fn now(&self) -> f64 {
         let mut g = self.lock();
-        secs(g.current(&self.clock))
+        secs(g.current(&self.core.clock))
     }
 
     /// Whether the engine runs on simulated time (`None` until a call decides).
@@ -545,7 +700,7 @@ impl Engine {
         busy_pct: Option<u8>,
     ) -> PyResult<()> {
         self.with(py, |g| {
-            let taken_at = g.moment(&self.clock, at)?;
+            let taken_at = g.moment(&self.core.clock, at)?;
             let sample = CapacitySample {
                 free_mib,
                 total_mib,
@@ -555,7 +710,7 @@ impl Engine {
             g.engine.record_sample(resource, sample)?;
             Ok(())
         })?;
-        self.sampled.notify_all();
+        self.core.notify_changed();
         Ok(())
     }
 
@@ -569,7 +724,7 @@ impl Engine {
         at: Option<f64>,
     ) -> PyResult<()> {
         self.with(py, |g| {
-            let m = g.moment(&self.clock, at)?;
+            let m = g.moment(&self.core.clock, at)?;
             Ok(g.engine.record_sample_failure(resource, m, reason)?)
         })
     }
@@ -594,7 +749,7 @@ impl Engine {
             .collect::<PyResult<Vec<_>>>()?;
         self.with(py, |g| {
             let up = g.upstream(upstream)?;
-            let taken_at = g.moment(&self.clock, at)?;
+            let taken_at = g.moment(&self.core.clock, at)?;
             g.engine.observe(
                 up,
                 ModelObservation {
@@ -628,45 +783,27 @@ impl Engine {
     ) -> PyResult<Reservation> {
         let py = slf.py();
         let this = slf.get();
-        let completion = parse_completion(completion)?;
-        let reuse = match (kind, cannot_reuse) {
-            (Some(_), Some(_)) => {
-                return Err(PyValueError::new_err(
-                    "kind= and cannot_reuse= exclude each other: a request either has a kind or cannot reuse a loaded model",
-                ));
-            }
-            (Some(k), None) => RequestReuse::ReusesAs(k),
-            (None, Some(why)) => RequestReuse::Cannot(why),
-            (None, None) => RequestReuse::Reuses,
-        };
+        let args = AdmitArgs::parse(
+            upstream,
+            model,
+            completion,
+            kind,
+            canonical_model,
+            cannot_reuse,
+            wait_s,
+        )?;
         if arrived_at.is_some() && now.is_none() {
             return Err(PyValueError::new_err(
                 "arrived_at= is for simulated time: pass now= as well",
             ));
         }
-        let wait = match wait_s {
-            None => None,
-            Some(w) if w.is_finite() && (0.0..=3600.0).contains(&w) => {
-                Some(Duration::from_secs_f64(w))
-            }
-            Some(w) => {
-                return Err(PyValueError::new_err(format!(
-                    "wait_s must be 0 to 3600 seconds, not {w}"
-                )));
-            }
-        };
         let (req, mut decision) = this.with(py, |g| {
-            let up = g.upstream(upstream)?;
-            let t = g.moment(&this.clock, now)?;
+            let t = g.moment(&this.core.clock, now)?;
             let arrived = match arrived_at {
                 Some(a) => moment_of(a)?,
                 None => t,
             };
-            let mut req = WorkRequest::new(up, model, arrived);
-            req.completion = completion;
-            req.reuse = reuse;
-            req.canonical_model = canonical_model;
-            req.wait = wait;
+            let req = args.request(g, arrived)?;
             let d = g.engine.admit(&req, t);
             Ok((req, d))
         })?;
@@ -703,6 +840,147 @@ impl Engine {
         }
     }
 
+    /// `await engine.admit_async(...)`: `admit` on the real clock for asyncio.
+    /// Waiting for the post-job sample (or in the wait line) never blocks the
+    /// event loop; cancelling the awaiting task reserves nothing.
+    #[pyo3(signature = (upstream, model = None, *, completion = "response_end", kind = None, canonical_model = None, cannot_reuse = None, wait_s = None))]
+    #[allow(clippy::too_many_arguments)]
+    fn admit_async(
+        slf: &Bound<'_, Self>,
+        upstream: &str,
+        model: Option<&str>,
+        completion: &str,
+        kind: Option<String>,
+        canonical_model: Option<String>,
+        cannot_reuse: Option<String>,
+        wait_s: Option<f64>,
+    ) -> PyResult<Py<PyAny>> {
+        let py = slf.py();
+        let ticket = Self::ticket(
+            slf,
+            AdmitArgs::parse(
+                upstream,
+                model,
+                completion,
+                kind,
+                canonical_model,
+                cannot_reuse,
+                wait_s,
+            )?,
+        )?;
+        Ok(py
+            .import("vacancy._aio")?
+            .getattr("admit")?
+            .call1((ticket,))?
+            .unbind())
+    }
+
+    /// `async with engine.admitting(...) as job:`: `admit_async`, released as
+    /// the `with` block of a `Reservation` releases.
+    #[pyo3(signature = (upstream, model = None, *, completion = "response_end", kind = None, canonical_model = None, cannot_reuse = None, wait_s = None))]
+    #[allow(clippy::too_many_arguments)]
+    fn admitting(
+        slf: &Bound<'_, Self>,
+        upstream: &str,
+        model: Option<&str>,
+        completion: &str,
+        kind: Option<String>,
+        canonical_model: Option<String>,
+        cannot_reuse: Option<String>,
+        wait_s: Option<f64>,
+    ) -> PyResult<Py<PyAny>> {
+        let py = slf.py();
+        let ticket = Self::ticket(
+            slf,
+            AdmitArgs::parse(
+                upstream,
+                model,
+                completion,
+                kind,
+                canonical_model,
+                cannot_reuse,
+                wait_s,
+            )?,
+        )?;
+        Ok(py
+            .import("vacancy._aio")?
+            .getattr("Admitting")?
+            .call1((ticket,))?
+            .unbind())
+    }
+
+    /// Sample `resource` (default: every sampled resource) now with the
+    /// configured sampler, as the daemon does; returns `{resource: None}` for
+    /// a good sample and `{resource: reason}` for a failed one (recorded as
+    /// `sample_failed`). Runs with the GIL released.
+    #[pyo3(signature = (resource = None))]
+    fn sample_now(
+        &self,
+        py: Python<'_>,
+        resource: Option<&str>,
+    ) -> PyResult<HashMap<String, Option<String>>> {
+        self.core.require_real_time("sample_now()").py(py)?;
+        let names: Vec<String> = match resource {
+            Some(name) => {
+                let Some(r) = self.core.resource_config(name) else {
+                    return Err(
+                        Error::Engine(EngineError::UnknownResource(name.to_owned())).into_py(py)
+                    );
+                };
+                if r.sampler == SamplerKind::Manual {
+                    return Err(PyValueError::new_err(format!(
+                        "resource {name:?} has no sampler (sampler = \"manual\"): feed it with engine.sample()"
+                    )));
+                }
+                vec![name.to_owned()]
+            }
+            None => self
+                .core
+                .samplers()
+                .iter()
+                .map(|s| s.config.name.clone())
+                .collect(),
+        };
+        let core = Arc::clone(&self.core);
+        let results = py.detach(move || crate::driver::sample_now(&core, &names));
+        Ok(results.into_iter().collect())
+    }
+
+    /// Ask the configured presence backend once (logind, command, manual,
+    /// none, as the daemon does) and apply its answer: `True` present,
+    /// `False` away, `None` unknown. Runs with the GIL released.
+    fn poll_presence(&self, py: Python<'_>) -> PyResult<Option<bool>> {
+        let core = Arc::clone(&self.core);
+        let presence = py
+            .detach(move || crate::driver::poll_presence(&core))
+            .map_err(pyo3::exceptions::PyRuntimeError::new_err)?;
+        Ok(match presence {
+            OwnerPresence::Present => Some(true),
+            OwnerPresence::Away => Some(false),
+            OwnerPresence::Unknown => None,
+        })
+    }
+
+    /// The presence backend the configuration selects, as `/status` names it.
+    #[getter]
+    fn presence_backend(&self) -> String {
+        self.core.presence.name().to_owned()
+    }
+
+    /// The change generation (asyncio waker).
+    fn _generation(&self) -> u64 {
+        self.core.generation()
+    }
+
+    /// Wait, with the GIL released, until a sample lands or the wait line
+    /// moves after generation `seen`, or `timeout_s` passes; returns the
+    /// generation then (asyncio waker).
+    fn _wait_change(&self, py: Python<'_>, seen: u64, timeout_s: f64) -> u64 {
+        let timeout = Duration::from_secs_f64(timeout_s.clamp(0.0, 1.0));
+        let core = Arc::clone(&self.core);
+        py.detach(move || core.wait_change(seen, timeout))
+    }
+
     /// The lesson an observation of `upstream` taken at `at` teaches (RES-07):
     /// `{model, kind, finished_at}` of the last request of a known kind that
     /// finished before `at` with nothing admitted on its resources since, or
@@ -716,7 +994,7 @@ impl Engine {
     ) -> PyResult<Option<Bound<'py, PyDict>>> {
         let lesson = self.with(py, |g| {
             let up = g.upstream(upstream)?;
-            let t = g.moment(&self.clock, at)?;
+            let t = g.moment(&self.core.clock, at)?;
             Ok(g.engine.take_lesson(up, t))
         })?;
         lesson
@@ -751,7 +1029,7 @@ impl Engine {
         let outcome = parse_outcome(outcome, reason)?;
         self.with(py, |g| {
             let eid = entry_id(&id)?;
-            let m = g.moment(&self.clock, at)?;
+            let m = g.moment(&self.core.clock, at)?;
             Ok(released(g.engine.release(eid, outcome, m)?))
         })
     }
@@ -778,19 +1056,23 @@ impl Engine {
         };
         self.with(py, |g| {
             let eid = entry_id(&id)?;
-            let m = g.moment(&self.clock, at)?;
+            let m = g.moment(&self.core.clock, at)?;
             Ok(released(g.engine.release_held(eid, by, m)?))
         })
     }
 
     /// What the presence backend says: `True` present, `False` away, `None` unknown.
+    /// Under `presence = "manual"` the manual backend remembers it, so a
+    /// `Driver` keeps it; under the other backends a running `Driver`'s next
+    /// presence poll (within a second) replaces it.
     fn set_owner_present(&self, present: Option<bool>) {
         let presence = match present {
             Some(true) => OwnerPresence::Present,
             Some(false) => OwnerPresence::Away,
             None => OwnerPresence::Unknown,
         };
-        self.lock().engine.set_owner(presence);
+        self.core.set_manual(presence);
+        self.core.set_owner(presence);
     }
 
     /// The lending switch.
@@ -898,7 +1180,7 @@ impl Engine {
     #[pyo3(signature = (at = None))]
     fn reclaim_step(&self, py: Python<'_>, at: Option<f64>) -> PyResult<Py<PyAny>> {
         let value = self.with(py, |g| {
-            let m = g.moment(&self.clock, at)?;
+            let m = g.moment(&self.core.clock, at)?;
             let commands = g.engine.reclaim_step(m);
             let name = |u| g.engine.upstream_name(u).unwrap_or_default().to_owned();
             let ids = |v: &[EntryId]| -> Vec<String> {
@@ -960,7 +1242,7 @@ impl Engine {
     #[pyo3(signature = (id, at = None))]
     fn reclaim_done(&self, py: Python<'_>, id: &str, at: Option<f64>) -> PyResult<()> {
         self.with(py, |g| {
-            let m = g.moment(&self.clock, at)?;
+            let m = g.moment(&self.core.clock, at)?;
             let n = id
                 .strip_prefix("reclaim-")
                 .and_then(|n| n.parse::<u64>().ok())
@@ -973,7 +1255,7 @@ impl Engine {
     #[pyo3(signature = (at = None))]
     fn status(&self, py: Python<'_>, at: Option<f64>) -> PyResult<Py<PyAny>> {
         let value = self.with(py, |g| {
-            let m = g.moment(&self.clock, at)?;
+            let m = g.moment(&self.core.clock, at)?;
             Ok(serde_json::to_value(g.engine.status(m)).unwrap_or_default())
         })?;
         json_to_py(py, &value)
@@ -1013,6 +1295,8 @@ pub struct Reservation {
     admitted_at: f64,
     charges: Vec<vacancy::engine::Charge>,
     engine: Py<Engine>,
+    /// What the `with` block's release returned: the resources to sample now.
+    to_sample: std::sync::Mutex<Vec<String>>,
 }
 
 impl Reservation {
@@ -1025,6 +1309,7 @@ impl Reservation {
             admitted_at: secs(r.admitted_at),
             charges: r.charges,
             engine,
+            to_sample: std::sync::Mutex::new(Vec::new()),
         }
     }
 }
@@ -1057,13 +1342,25 @@ impl Reservation {
 
     /// A clean exit releases the work as completed; an exception turns it
     /// held (uncertain). An entry already released or held is left as it is.
+    /// The resources the `with` block's release asked to sample now (what
+    /// `release()` returns): empty before the block ends, when the entry
+    /// turned held, or was released inside the block. A running `Driver`
+    /// samples them by itself.
+    #[getter]
+    fn to_sample(&self) -> Vec<String> {
+        self.to_sample
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
     fn __exit__(
         &self,
         py: Python<'_>,
         exc_type: Option<&Bound<'_, PyType>>,
         _exc: Option<&Bound<'_, PyAny>>,
         _tb: Option<&Bound<'_, PyAny>>,
-    ) -> PyResult<bool> {
+    ) -> PyResult<()> {
         let outcome = match exc_type {
             None => ReleaseOutcome::Completed,
             Some(t) => ReleaseOutcome::Uncertain(format!(
@@ -1075,18 +1372,21 @@ impl Reservation {
         };
         let engine = self.engine.get();
         let id = self.id.clone();
-        engine.with(py, |g| {
+        let sample = engine.with(py, |g| {
             let eid = entry_id(&id)?;
             match g.engine.phase(eid) {
                 Some(Phase::Forwarding | Phase::Tracking) => {
-                    let m = g.current(&engine.clock);
-                    g.engine.release(eid, outcome, m)?;
-                    Ok(())
+                    let m = g.current(&engine.core.clock);
+                    Ok(released(g.engine.release(eid, outcome, m)?))
                 }
-                Some(Phase::Held) | None => Ok(()),
+                Some(Phase::Held) | None => Ok(Vec::new()),
             }
         })?;
-        Ok(false)
+        *self
+            .to_sample
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = sample;
+        Ok(())
     }
 
     fn __repr__(&self) -> String {

@@ -12,6 +12,8 @@
 //! is dropped.
 
 mod convert;
+mod core;
+mod driver;
 mod engine;
 mod errors;
 mod slots;
@@ -24,6 +26,8 @@ fn _vacancy(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<engine::Config>()?;
     m.add_class::<engine::Engine>()?;
     m.add_class::<engine::Reservation>()?;
+    m.add_class::<engine::AdmitTicket>()?;
+    m.add_class::<driver::Driver>()?;
     m.add(
         "POST_JOB_SAMPLE_WAIT_S",
         vacancy::engine::POST_JOB_SAMPLE_WAIT.as_secs_f64(),

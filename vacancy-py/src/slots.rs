@@ -97,6 +97,7 @@ fn snapshot_dict<'py>(py: Python<'py>, snap: &s::BreakerSnapshot) -> PyResult<Bo
     d.set_item("state", snap.state.as_str())?;
     d.set_item("failures", snap.failures)?;
     d.set_item("retry_after_s", snap.retry_after_s)?;
+    d.set_item("trial_in_flight", snap.trial_in_flight)?;
     Ok(d)
 }
 
@@ -132,8 +133,13 @@ impl CrashLoopBreaker {
 #[pymethods]
 impl CrashLoopBreaker {
     #[new]
-    #[pyo3(signature = (clock = None))]
-    fn new(py: Python<'_>, clock: Option<Py<PyAny>>) -> PyResult<Self> {
+    #[pyo3(signature = (clock = None, *, trial_budget_s = s::breaker::DEFAULT_TRIAL_BUDGET_S))]
+    fn new(py: Python<'_>, clock: Option<Py<PyAny>>, trial_budget_s: f64) -> PyResult<Self> {
+        if !trial_budget_s.is_finite() || trial_budget_s < 0.0 {
+            return Err(PyValueError::new_err(format!(
+                "trial_budget_s must be a finite, non-negative number of seconds (a load's lifecycle budget), not {trial_budget_s}"
+            )));
+        }
         let clock = match clock {
             Some(c) => {
                 if !c.bind(py).is_callable() {
@@ -147,7 +153,7 @@ impl CrashLoopBreaker {
         };
         Ok(CrashLoopBreaker {
             // The Rust clock is never read: every call passes the time.
-            inner: Mutex::new(s::CrashLoopBreaker::new(|| 0.0)),
+            inner: Mutex::new(s::CrashLoopBreaker::new(|| 0.0).with_trial_budget(trial_budget_s)),
             clock,
         })
     }
@@ -178,6 +184,17 @@ impl CrashLoopBreaker {
         let now = self.now(py, now)?;
         let snap = self.lock().record_failure_at(key, now);
         snapshot_dict(py, &snap)
+    }
+
+    /// Seconds a half-open trial may stay out unrecorded before it expires.
+    #[getter]
+    fn trial_budget_s(&self) -> f64 {
+        self.lock().trial_budget_s()
+    }
+
+    /// Give back the half-open trial a passing `check` took: the load did not run.
+    fn give_back_trial(&self, key: &str) {
+        self.lock().give_back_trial(key);
     }
 
     /// A successful start closes the breaker of `key`.
@@ -935,6 +952,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("PARK_THRESHOLD", s::breaker::PARK_THRESHOLD)?;
     m.add("PARK_BASE_S", s::breaker::PARK_BASE_S)?;
     m.add("PARK_CAP_S", s::breaker::PARK_CAP_S)?;
+    m.add("DEFAULT_TRIAL_BUDGET_S", s::breaker::DEFAULT_TRIAL_BUDGET_S)?;
     m.add("DEFAULT_PRIORITY", s::DEFAULT_PRIORITY)?;
     m.add("DEFAULT_PINNED_ANCHORS", s::DEFAULT_PINNED_ANCHORS.to_vec())?;
     m.add("MAX_PRELOAD_VICTIMS", s::MAX_PRELOAD_VICTIMS)?;

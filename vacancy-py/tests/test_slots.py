@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import os
 import socket
-import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, HTTPServer
@@ -117,7 +116,8 @@ def test_brk_02_03_cooldowns_for_1_to_6_failures() -> None:
                 (300, "parked"), (600, "parked")]  # fmt: skip
     for n, (cooldown, state) in enumerate(expected, start=1):
         snap = b.record_failure("agent")
-        assert snap == {"state": state, "failures": n, "retry_after_s": cooldown}
+        assert snap == {"state": state, "failures": n, "retry_after_s": cooldown,
+                        "trial_in_flight": False}  # fmt: skip
         assert slots.cooldown_s(n) == cooldown
         with pytest.raises(slots.SlotCrashLooping) as info:
             b.check("agent")
@@ -158,6 +158,44 @@ def test_brk_04_half_open_admits_one_trial() -> None:
     b.check("agent")
 
 
+def test_brk_04_an_unrecorded_trial_expires_and_the_snapshot_says_it_is_out() -> None:
+    # A scheduler checks, its admission is refused, it never loads and never
+    # records the trial: the slot must not stay locked (10 000 s later it is free).
+    clock = FakeClock(0.0)
+    b = slots.CrashLoopBreaker(clock)
+    assert b.trial_budget_s == slots.DEFAULT_TRIAL_BUDGET_S
+    b.record_failure("llm")
+    clock.t = 5.0
+    b.check("llm")  # takes the trial
+    clock.t = 6.0
+    snap = b.snapshot("llm")
+    assert snap is not None and snap["state"] == "half-open" and snap["trial_in_flight"]
+    left = math.ceil(slots.DEFAULT_TRIAL_BUDGET_S - 1.0)
+    assert snap["retry_after_s"] == left
+    with pytest.raises(slots.SlotCrashLooping) as info:
+        b.check("llm")
+    assert info.value.retry_after_s == left
+    assert f"{left}" in str(info.value)
+    clock.t = 10_000.0
+    snap = b.snapshot("llm")
+    assert snap is not None and not snap["trial_in_flight"] and snap["retry_after_s"] == 0
+    b.check("llm")  # the expired trial is taken again
+
+
+def test_brk_04_a_trial_given_back_is_free_at_once() -> None:
+    b = slots.CrashLoopBreaker(FakeClock(0.0), trial_budget_s=60.0)
+    b.record_failure("llm", now=0.0)
+    b.check("llm", now=5.0)
+    with pytest.raises(slots.SlotCrashLooping) as info:
+        b.check("llm", now=20.0)
+    assert info.value.retry_after_s == 45
+    b.give_back_trial("llm")  # admission was refused: the load never ran
+    b.check("llm", now=20.0)
+    assert b.failures("llm") == 1
+    with pytest.raises(ValueError, match="trial_budget_s"):
+        slots.CrashLoopBreaker(trial_budget_s=-1.0)
+
+
 def test_brk_09_reset_and_seeding_and_snapshot() -> None:
     clock = FakeClock(50.0)
     b = slots.CrashLoopBreaker(clock)
@@ -165,10 +203,11 @@ def test_brk_09_reset_and_seeding_and_snapshot() -> None:
     assert b.snapshot("s") is None
     b.seed("s", 5, 40.0)  # persisted: 5 failures, last at t=40
     assert b.seed_of("s") == (5, 40.0)
-    assert b.snapshot("s") == {"state": "parked", "failures": 5, "retry_after_s": 290}
+    parked = {"state": "parked", "failures": 5, "retry_after_s": 290, "trial_in_flight": False}
+    assert b.snapshot("s") == parked
     metadata: dict[str, object] = {"other": 1}
     b.stamp_metadata("s", metadata)
-    assert metadata["breaker"] == {"state": "parked", "failures": 5, "retry_after_s": 290}
+    assert metadata["breaker"] == parked
     b.reset("s")  # BRK-09
     assert b.snapshot("s") is None and b.seed_of("s") is None
     b.stamp_metadata("s", metadata)
@@ -527,15 +566,3 @@ def test_gate_options_and_is_gated() -> None:
     assert not slots.is_gated("llm", slot_switch=False)
     with pytest.raises(ValueError):
         slots.check_output_sanity("http://127.0.0.1:1", slots.GateOptions(chat_timeout_s=0.0))
-
-
-# ---- the example ------------------------------------------------------------------------------
-
-
-def test_slot_manager_example_runs() -> None:
-    example = Path(__file__).resolve().parents[2] / "examples" / "slot_manager.py"
-    done = subprocess.run(
-        [sys.executable, str(example)], capture_output=True, text=True, timeout=60, check=False
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "unloading -> offline" in done.stdout

@@ -24,17 +24,59 @@ from vacancy._errors import (
     VacancyError,
     WaitForSample,
 )
-from vacancy._types import Charge, Lesson, ObservedModel
-from vacancy._vacancy import POST_JOB_SAMPLE_WAIT_S, Config, Engine, Reservation
+from vacancy._types import (
+    Charge,
+    ControlCode,
+    EngineStatus,
+    Lesson,
+    LineStatus,
+    ObservedModel,
+    OwnerVeto,
+    PressureTriggerInfo,
+    PressureUpdate,
+    ReclaimAct,
+    ReclaimCommand,
+    ReclaimEnded,
+    ReclaimStarted,
+    ReclaimStatus,
+    RefusalCode,
+    ResourceStatus,
+    UpstreamStatus,
+    VacancyStatus,
+    WorkStatus,
+)
+from vacancy._vacancy import POST_JOB_SAMPLE_WAIT_S, Config, Driver, Engine, Reservation
+from vacancy._aio import Admitting
+from vacancy.client import Client, DaemonUnreachable
 from vacancy import slots
 
 __all__ = [
     "POST_JOB_SAMPLE_WAIT_S",
+    "Admitting",
     "Charge",
+    "Client",
     "Config",
+    "ControlCode",
+    "DaemonUnreachable",
     "ConfigError",
     "ConfigProblem",
+    "Driver",
     "Engine",
+    "EngineStatus",
+    "LineStatus",
+    "OwnerVeto",
+    "PressureTriggerInfo",
+    "PressureUpdate",
+    "ReclaimAct",
+    "ReclaimCommand",
+    "ReclaimEnded",
+    "ReclaimStarted",
+    "ReclaimStatus",
+    "RefusalCode",
+    "ResourceStatus",
+    "UpstreamStatus",
+    "VacancyStatus",
+    "WorkStatus",
     "EntryHeld",
     "NotHeld",
     "Lesson",

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import typing
 
+from vacancy._types import ControlCode, RefusalCode
+
 __all__ = [
     "ConfigError",
     "ConfigProblem",
@@ -85,7 +87,8 @@ class Refused(VacancyError):
     observation was too old: observe the upstream and ask again).
     """
 
-    code: str
+    code: RefusalCode | ControlCode
+    """A ``RefusalCode`` from the engine; a ``ControlCode`` from a ``vacancy.Client`` call."""
     http_status: int
     retry_after_s: int | None
     reason: str
@@ -95,7 +98,7 @@ class Refused(VacancyError):
         self,
         message: str,
         *,
-        code: str,
+        code: RefusalCode | ControlCode,
         http_status: int,
         retry_after_s: int | None,
         reason: str,

@@ -1,17 +1,28 @@
 """Type stubs of the extension module ``vacancy._vacancy`` (checked by mypy.stubtest)."""
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Literal, final
 
 from vacancy._errors import ConfigProblem
-from vacancy._types import BreakerSnapshot, Charge, Lesson, ObservedModel
+from vacancy._aio import Admitting
+from vacancy._types import (
+    BreakerSnapshot,
+    Charge,
+    EngineStatus,
+    Lesson,
+    ObservedModel,
+    PressureUpdate,
+    ReclaimCommand,
+)
 
 
 __all__ = [
     "POST_JOB_SAMPLE_WAIT_S",
+    "AdmitTicket",
     "Config",
+    "Driver",
     "Engine",
     "Reservation",
     "BACKOFF_BASE_S",
@@ -27,6 +38,7 @@ __all__ = [
     "MAX_PRELOAD_VICTIMS",
     "PARK_BASE_S",
     "PARK_CAP_S",
+    "DEFAULT_TRIAL_BUDGET_S",
     "PARK_THRESHOLD",
     "SELF_MANAGED_PROVIDERS",
     "SLOT_DISPATCHABLE",
@@ -82,6 +94,10 @@ class Config:
     def from_toml(text: str, origin: str = "<string>") -> Config: ...
     @staticmethod
     def from_file(path: str | os.PathLike[str]) -> Config: ...
+    @staticmethod
+    def for_engine(source: str | Mapping[str, Any], origin: str | None = None) -> Config: ...
+    @staticmethod
+    def for_engine_file(path: str | os.PathLike[str]) -> Config: ...
     @property
     def warnings(self) -> list[ConfigProblem]: ...
     @property
@@ -126,6 +142,34 @@ class Engine:
         cannot_reuse: str | None = None,
         wait_s: float | None = None,
     ) -> Reservation: ...
+    def admit_async(
+        self,
+        upstream: str,
+        model: str | None = None,
+        *,
+        completion: Literal["response_end", "tracked", "held_on_close"] = "response_end",
+        kind: str | None = None,
+        canonical_model: str | None = None,
+        cannot_reuse: str | None = None,
+        wait_s: float | None = None,
+    ) -> Coroutine[Any, Any, Reservation]: ...
+    def admitting(
+        self,
+        upstream: str,
+        model: str | None = None,
+        *,
+        completion: Literal["response_end", "tracked", "held_on_close"] = "response_end",
+        kind: str | None = None,
+        canonical_model: str | None = None,
+        cannot_reuse: str | None = None,
+        wait_s: float | None = None,
+    ) -> Admitting: ...
+    def sample_now(self, resource: str | None = None) -> dict[str, str | None]: ...
+    def poll_presence(self) -> bool | None: ...
+    @property
+    def presence_backend(self) -> str: ...
+    def _generation(self) -> int: ...
+    def _wait_change(self, seen: int, timeout_s: float) -> int: ...
     def take_lesson(self, upstream: str, at: float | None = None) -> Lesson | None: ...
     def start_tracking(self, id: str | Reservation) -> None: ...
     def release(
@@ -160,13 +204,13 @@ class Engine:
         memory_mib: int,
         attendance: str,
         at: float | None = None,
-    ) -> dict[str, Any]: ...
+    ) -> PressureUpdate: ...
     def pressure_miss(
         self, resource: str, reason: str | None = None, at: float | None = None
-    ) -> dict[str, Any]: ...
-    def reclaim_step(self, at: float | None = None) -> list[dict[str, Any]]: ...
+    ) -> PressureUpdate: ...
+    def reclaim_step(self, at: float | None = None) -> list[ReclaimCommand]: ...
     def reclaim_done(self, id: str, at: float | None = None) -> None: ...
-    def status(self, at: float | None = None) -> dict[str, Any]: ...
+    def status(self, at: float | None = None) -> EngineStatus: ...
 
 @final
 class Reservation:
@@ -184,13 +228,38 @@ class Reservation:
     def resources(self) -> list[str]: ...
     @property
     def charges(self) -> list[Charge]: ...
+    @property
+    def to_sample(self) -> list[str]: ...
     def __enter__(self) -> Reservation: ...
     def __exit__(
         self,
         exc_type: type[BaseException] | None,
         exc: BaseException | None,
         tb: TracebackType | None,
-    ) -> bool: ...
+    ) -> None: ...
+
+@final
+class AdmitTicket:
+    @property
+    def engine(self) -> Engine: ...
+    def step(self) -> Reservation | None: ...
+    def cancel(self) -> None: ...
+
+@final
+class Driver:
+    def __new__(cls, engine: Engine) -> Driver: ...
+    @property
+    def running(self) -> bool: ...
+    @property
+    def resources(self) -> list[str]: ...
+    def stop(self) -> None: ...
+    def __enter__(self) -> Driver: ...
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None: ...
 
 # ---- vacancy.slots (wrapped by vacancy/slots.py) ----------------------------
 
@@ -199,6 +268,7 @@ BACKOFF_CAP_S: float
 PARK_THRESHOLD: int
 PARK_BASE_S: float
 PARK_CAP_S: float
+DEFAULT_TRIAL_BUDGET_S: float
 DEFAULT_PRIORITY: int
 DEFAULT_PINNED_ANCHORS: list[str]
 MAX_PRELOAD_VICTIMS: int
@@ -221,9 +291,14 @@ def state_after_exit(exit: str) -> str: ...
 def cooldown_s(failures: int) -> float: ...
 @final
 class CrashLoopBreaker:
-    def __new__(cls, clock: Callable[[], float] | None = None) -> CrashLoopBreaker: ...
+    def __new__(
+        cls, clock: Callable[[], float] | None = None, *, trial_budget_s: float = ...
+    ) -> CrashLoopBreaker: ...
     @property
     def clock(self) -> Callable[[], float]: ...
+    @property
+    def trial_budget_s(self) -> float: ...
+    def give_back_trial(self, key: str) -> None: ...
     def check(self, key: str, *, now: float | None = None) -> None: ...
     def record_failure(self, key: str, *, now: float | None = None) -> BreakerSnapshot: ...
     def record_success(self, key: str) -> None: ...

@@ -110,6 +110,15 @@ fn not_utf8(origin: &str, bytes: &[u8], e: std::str::Utf8Error) -> ConfigErrors 
     }
 }
 
+/// What a configuration is read for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Purpose {
+    /// `vacancyd`: listeners, targets and samplers are needed.
+    Daemon,
+    /// A program embedding the engine: they are optional.
+    Engine,
+}
+
 /// The origin named in errors about [`EMBEDDED_DEFAULT`].
 pub const EMBEDDED_ORIGIN: &str = "<embedded default>";
 
@@ -138,7 +147,20 @@ impl Config {
     /// Any well-formed adapter kind passes here; [`Config::parse_with`] checks
     /// the kinds against a registry, as the daemon does.
     pub fn parse(text: &str, origin: &str) -> Result<LoadedConfig, ConfigErrors> {
-        Self::parse_checked(text, origin, None)
+        Self::parse_checked(text, origin, None, Purpose::Daemon)
+    }
+
+    /// As [`Config::parse`], for a program embedding the engine (Python's
+    /// `Config.for_engine`): an upstream's `listen` and `target` are not
+    /// required (nothing listens or forwards), and a resource without a
+    /// `sampler` is [`SamplerKind::Manual`], fed by the program. What is given
+    /// is checked as the daemon checks it.
+    ///
+    /// # Errors
+    ///
+    /// As [`Config::parse`].
+    pub fn parse_for_engine(text: &str, origin: &str) -> Result<LoadedConfig, ConfigErrors> {
+        Self::parse_checked(text, origin, None, Purpose::Engine)
     }
 
     /// As [`Config::parse`], and every `adapter` must be one of `kinds`, with
@@ -153,19 +175,32 @@ impl Config {
         origin: &str,
         kinds: &dyn AdapterKinds,
     ) -> Result<LoadedConfig, ConfigErrors> {
-        Self::parse_checked(text, origin, Some(kinds))
+        Self::parse_checked(text, origin, Some(kinds), Purpose::Daemon)
     }
 
     fn parse_checked(
         text: &str,
         origin: &str,
         kinds: Option<&dyn AdapterKinds>,
+        purpose: Purpose,
     ) -> Result<LoadedConfig, ConfigErrors> {
-        let parsed = parse::parse(text).map_err(|errors| ConfigErrors {
+        let mut parsed = parse::parse(text).map_err(|errors| ConfigErrors {
             origin: origin.to_owned(),
             errors,
         })?;
-        let (mut errors, warnings) = validate::validate(&parsed.config, &parsed.index, kinds);
+        if purpose == Purpose::Engine {
+            for (i, r) in parsed.config.resources.iter_mut().enumerate() {
+                let key = parse::KeyPath::root()
+                    .key("resource")
+                    .elem(i, Some(&r.name))
+                    .key("sampler");
+                if !parsed.index.has(&key) {
+                    r.sampler = SamplerKind::Manual;
+                }
+            }
+        }
+        let (mut errors, warnings) =
+            validate::validate(&parsed.config, &parsed.index, kinds, purpose);
         errors.extend(parsed.unknown_keys);
         parse::sort_by_line(&mut errors);
         if errors.is_empty() {
@@ -189,7 +224,17 @@ impl Config {
     /// gives one error naming the OS error, and one that is not UTF-8 one error
     /// naming the byte offset and line of the first byte that is not.
     pub fn load(path: &Path) -> Result<LoadedConfig, ConfigErrors> {
-        Self::load_checked(path, None)
+        Self::load_checked(path, None, Purpose::Daemon)
+    }
+
+    /// As [`Config::load`], for a program embedding the engine, as
+    /// [`Config::parse_for_engine`].
+    ///
+    /// # Errors
+    ///
+    /// As [`Config::load`].
+    pub fn load_for_engine(path: &Path) -> Result<LoadedConfig, ConfigErrors> {
+        Self::load_checked(path, None, Purpose::Engine)
     }
 
     /// As [`Config::load`], checking the adapter kinds as [`Config::parse_with`].
@@ -198,12 +243,13 @@ impl Config {
     ///
     /// As [`Config::load`] and [`Config::parse_with`].
     pub fn load_with(path: &Path, kinds: &dyn AdapterKinds) -> Result<LoadedConfig, ConfigErrors> {
-        Self::load_checked(path, Some(kinds))
+        Self::load_checked(path, Some(kinds), Purpose::Daemon)
     }
 
     fn load_checked(
         path: &Path,
         kinds: Option<&dyn AdapterKinds>,
+        purpose: Purpose,
     ) -> Result<LoadedConfig, ConfigErrors> {
         let origin = path.display().to_string();
         let bytes = std::fs::read(path).map_err(|e| {
@@ -211,7 +257,7 @@ impl Config {
         })?;
         let text = String::from_utf8(bytes)
             .map_err(|e| not_utf8(&origin, e.as_bytes(), e.utf8_error()))?;
-        Config::parse_checked(&text, &origin, kinds)
+        Config::parse_checked(&text, &origin, kinds, purpose)
     }
 
     /// The parsed [`EMBEDDED_DEFAULT`].

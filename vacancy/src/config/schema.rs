@@ -298,6 +298,11 @@ pub enum SamplerKind {
     System,
     /// A JSON file written by an exporter or a test.
     File,
+    /// Nothing samples it: the program embedding the engine feeds its samples
+    /// (Python's `Engine.sample`). Only in an engine-only configuration
+    /// ([`Config::parse_for_engine`](super::Config::parse_for_engine)), where it is the default;
+    /// `vacancyd` cannot run it.
+    Manual,
 }
 
 /// `[[upstream]]`: one real server lent through one listener.
@@ -598,7 +603,7 @@ macro_rules! names {
 names! {
     Scope { Read => "read", Owner => "owner", Admin => "admin" }
     PresenceMode { Auto => "auto", Logind => "logind", Manual => "manual", Command => "command", None => "none" }
-    SamplerKind { Nvml => "nvml", Amdgpu => "amdgpu", System => "system", File => "file" }
+    SamplerKind { Nvml => "nvml", Amdgpu => "amdgpu", System => "system", File => "file", Manual => "manual" }
     Management { Deny => "deny", Allow => "allow" }
     OwnerScope { Host => "host", Resource => "resource" }
     OnOwnerReturn { Drain => "drain", Cancel => "cancel", Finish => "finish" }

@@ -1591,3 +1591,73 @@ fn gpu_pressure_thresholds_have_defaults_and_are_checked() {
     );
     assert_eq!(e.line, Some(2));
 }
+
+// ---------------------------------------------------------------------------
+// Engine-only configurations (a program embedding the engine)
+
+const ENGINE_ONLY: &str = "[[resource]]\nname = \"gpu0\"\nkind = \"gpu\"\nreserve_mib = 512\n\n[[resource]]\nname = \"ram\"\nsampler = \"system\"\n\n[[upstream]]\nname = \"llm\"\nresource = \"gpu0\"\nalso_requires = [\"ram\"]\ndefault_min_free_mib = 4000\n";
+
+#[test]
+fn engine_only_config_needs_no_listen_target_or_sampler() {
+    let loaded = Config::parse_for_engine(ENGINE_ONLY, "<engine>").unwrap();
+    let c = &loaded.config;
+    assert_eq!(
+        c.resources[0].sampler,
+        SamplerKind::Manual,
+        "no sampler: fed by hand"
+    );
+    assert_eq!(
+        c.resources[1].sampler,
+        SamplerKind::System,
+        "a given sampler stays"
+    );
+    assert_eq!(c.upstreams[0].listen, "");
+    assert_eq!(c.upstreams[0].target, "");
+    // The daemon still needs all three.
+    let errs = errors(ENGINE_ONLY);
+    find(&errs, "upstream[0] (\"llm\").listen", &["missing"]);
+    find(&errs, "upstream[0] (\"llm\").target", &["missing"]);
+    find(
+        &errs,
+        "resource[0] (\"gpu0\").sampler",
+        &["cannot measure kind \"gpu\""],
+    );
+}
+
+#[test]
+fn engine_only_config_checks_what_is_given() {
+    let text = format!("{ENGINE_ONLY}listen = \"localhost:1\"\ntarget = \"ftp://x\"\n");
+    let errs = Config::parse_for_engine(&text, "<engine>")
+        .unwrap_err()
+        .errors;
+    find(
+        &errs,
+        "upstream[0] (\"llm\").listen",
+        &["not a listen address"],
+    );
+    find(&errs, "upstream[0] (\"llm\").target", &[]);
+    let errs = Config::parse_for_engine(
+        "[[resource]]\nname = \"g\"\nkind = \"gpu\"\nsampler = \"system\"\n",
+        "<e>",
+    )
+    .unwrap_err()
+    .errors;
+    find(&errs, "resource[0] (\"g\").sampler", &["cannot measure"]);
+}
+
+#[test]
+fn manual_sampler_is_refused_by_the_daemon() {
+    let errs = errors("[[resource]]\nname = \"g\"\nkind = \"gpu\"\nsampler = \"manual\"\n");
+    find(
+        &errs,
+        "resource[0] (\"g\").sampler",
+        &["embedding the engine"],
+    );
+    let loaded = Config::parse_for_engine(
+        "[[resource]]\nname = \"g\"\nkind = \"gpu\"\nsampler = \"manual\"\n",
+        "<e>",
+    )
+    .unwrap();
+    assert_eq!(loaded.config.resources[0].sampler, SamplerKind::Manual);
+    assert_eq!(SamplerKind::Manual.as_str(), "manual");
+}

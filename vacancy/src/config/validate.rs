@@ -4,6 +4,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::SocketAddr;
 
+use super::Purpose;
 use super::error::{ConfigError, ConfigWarning};
 use super::hosts::{parse_target, same_server_key};
 use super::kinds::AdapterKinds;
@@ -19,10 +20,12 @@ pub(crate) fn validate(
     config: &Config,
     index: &KeyIndex,
     kinds: Option<&dyn AdapterKinds>,
+    purpose: Purpose,
 ) -> (Vec<ConfigError>, Vec<ConfigWarning>) {
     let mut cx = Checker {
         index,
         kinds,
+        engine_only: purpose == Purpose::Engine,
         errors: Vec::new(),
         warnings: Vec::new(),
     };
@@ -42,6 +45,9 @@ struct Checker<'a> {
     index: &'a KeyIndex,
     /// The registered adapter kinds; `None`: any well-formed name passes.
     kinds: Option<&'a dyn AdapterKinds>,
+    /// An engine-only configuration: listeners and targets are optional and
+    /// `manual` resources are allowed.
+    engine_only: bool,
     errors: Vec<ConfigError>,
     warnings: Vec<ConfigWarning>,
 }
@@ -287,7 +293,14 @@ impl Checker<'_> {
             SamplerKind::Nvml | SamplerKind::Amdgpu => &[ResourceKind::Gpu],
             SamplerKind::System => &[ResourceKind::Memory, ResourceKind::Cpu],
             SamplerKind::File => &[ResourceKind::Gpu, ResourceKind::Memory],
+            SamplerKind::Manual => &[ResourceKind::Gpu, ResourceKind::Memory, ResourceKind::Cpu],
         };
+        if r.sampler == SamplerKind::Manual && !self.engine_only {
+            self.error(
+                &rp.key("sampler"),
+                "sampler = \"manual\" is for programs embedding the engine (Python's Config.for_engine); vacancyd needs \"nvml\", \"amdgpu\", \"system\" or \"file\"",
+            );
+        }
         if !kinds.contains(&r.kind) {
             let allowed: Vec<String> = kinds
                 .iter()
@@ -341,7 +354,10 @@ impl Checker<'_> {
                 "used only with sampler = \"amdgpu\"",
             );
         }
-        if matches!(r.sampler, SamplerKind::System | SamplerKind::File) {
+        if matches!(
+            r.sampler,
+            SamplerKind::System | SamplerKind::File | SamplerKind::Manual
+        ) {
             self.ignored(
                 &rp.key("device"),
                 "used only with sampler = \"nvml\" or \"amdgpu\"",
@@ -473,7 +489,9 @@ impl Checker<'_> {
             }
 
             let lp = up.key("listen");
-            if u.listen.is_empty() {
+            if u.listen.is_empty() && self.engine_only {
+                // An embedded engine has no listeners.
+            } else if u.listen.is_empty() {
                 self.error(
                     &lp,
                     format!("missing: where borrowers connect; {LISTEN_FORM}"),
@@ -505,7 +523,9 @@ impl Checker<'_> {
             }
 
             let tp = up.key("target");
-            if u.target.is_empty() {
+            if u.target.is_empty() && self.engine_only {
+                // An embedded engine forwards nothing.
+            } else if u.target.is_empty() {
                 self.error(
                     &tp,
                     "missing: the real server's base URL, such as \"http://127.0.0.1:11434\"",

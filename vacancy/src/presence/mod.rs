@@ -97,6 +97,14 @@ impl ManualPresence {
         }
     }
 
+    /// Forget what the owner said: presence is unknown until told again.
+    pub fn clear(&self) {
+        match self.0.lock() {
+            Ok(mut g) => *g = OwnerPresence::Unknown,
+            Err(p) => *p.into_inner() = OwnerPresence::Unknown,
+        }
+    }
+
     fn get(&self) -> OwnerPresence {
         match self.0.lock() {
             Ok(g) => *g,

@@ -47,7 +47,8 @@ pub fn mib(bytes: u64) -> u64 {
 ///
 /// The sampler cannot be built here: NVML without the driver or without the
 /// `nvml` feature, an amdgpu card name that is not plain, a file sampler for a
-/// CPU. The daemon treats that resource's capacity as unknown.
+/// CPU, a `manual` resource (nothing samples it). The daemon treats that
+/// resource's capacity as unknown.
 pub fn from_config(
     config: &crate::config::ResourceConfig,
     clock: crate::MonotonicClock,
@@ -68,6 +69,11 @@ pub fn from_config(
             clock,
         )?),
         (SamplerKind::Nvml, _) => Arc::new(NvmlGpu::new(name, &config.device, clock)?),
+        (SamplerKind::Manual, _) => {
+            return Err(crate::SampleError::Unavailable(format!(
+                "resource {name:?} has sampler = \"manual\": the program embedding the engine feeds its samples"
+            )));
+        }
     })
 }
 

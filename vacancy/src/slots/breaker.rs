@@ -23,6 +23,12 @@ pub const PARK_CAP_S: f64 = 3600.0;
 /// The key a slot snapshot's `metadata` carries while the breaker is not
 /// closed (BRK-11).
 pub const METADATA_KEY: &str = "breaker";
+/// How long a half-open trial may stay out unrecorded before it expires and
+/// the next check may take it again: a load's lifecycle budget
+/// ([`slot_lifecycle_budget`](crate::slots::slot_lifecycle_budget) of a load
+/// with a 120 s health poll, a 150 s CPU-lane gate and 15 s unloads: 362.25 s).
+/// A load still unrecorded by then has outlived any load that can succeed.
+pub const DEFAULT_TRIAL_BUDGET_S: f64 = 362.25;
 
 /// Where a slot's breaker stands.
 ///
@@ -75,8 +81,10 @@ impl fmt::Display for BreakerState {
 ///
 /// # Behavior
 ///
-/// `{state, failures, retry_after_s}` (BRK-11); `retry_after_s` is whole
-/// seconds rounded up (BRK-08), 0 while half-open.
+/// `{state, failures, retry_after_s, trial_in_flight}` (BRK-11);
+/// `retry_after_s` is whole seconds rounded up (BRK-08): the cooldown left,
+/// 0 while half-open with the trial free, and the trial's budget left while
+/// a half-open trial is out (`trial_in_flight`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BreakerSnapshot {
     /// Backoff, parked or half-open; never closed.
@@ -85,6 +93,10 @@ pub struct BreakerSnapshot {
     pub failures: u32,
     /// Whole seconds until a retry may run.
     pub retry_after_s: u64,
+    /// Whether a half-open trial was taken by a check and not yet recorded,
+    /// given back or expired.
+    #[serde(default)]
+    pub trial_in_flight: bool,
 }
 
 /// The cooldown after `failures` consecutive failures, in seconds.
@@ -131,7 +143,8 @@ pub struct BreakerSeed {
 struct Entry {
     failures: u32,
     last_failure_s: f64,
-    trial_in_flight: bool,
+    /// When the half-open trial was taken by a check, while it is out.
+    trial_taken_s: Option<f64>,
 }
 
 impl Entry {
@@ -153,6 +166,28 @@ impl Entry {
             BreakerState::HalfOpen
         }
     }
+
+    /// Seconds left of the trial's budget at `now_s`, while a trial is out
+    /// and unexpired; a clock that went backwards counts as no time elapsed.
+    fn trial_left_s(&self, now_s: f64, budget_s: f64) -> Option<f64> {
+        let taken = self.trial_taken_s?;
+        let left = budget_s - (now_s - taken).max(0.0);
+        (left > 0.0).then_some(left)
+    }
+
+    fn snapshot(&self, now_s: f64, budget_s: f64) -> BreakerSnapshot {
+        let state = self.state(now_s);
+        let trial = match state {
+            BreakerState::HalfOpen => self.trial_left_s(now_s, budget_s),
+            _ => None,
+        };
+        BreakerSnapshot {
+            state,
+            failures: self.failures,
+            retry_after_s: ceil_secs(trial.unwrap_or_else(|| self.remaining_s(now_s))),
+            trial_in_flight: trial.is_some(),
+        }
+    }
 }
 
 /// A clock returning seconds on a monotonic timeline.
@@ -168,7 +203,10 @@ pub type Clock = Arc<dyn Fn() -> f64 + Send + Sync>;
 /// and the caller then makes no state transition (BRK-07). Once the cooldown
 /// elapses the breaker is half-open: the first `check` passes as the one trial
 /// load, and later checks are refused until the trial is recorded (BRK-04
-/// Ambiguity reading). A recorded failure increments the count and starts the
+/// Ambiguity reading), given back ([`give_back_trial`]: the checked load did
+/// not run) or its budget runs out (the load's lifecycle budget,
+/// [`DEFAULT_TRIAL_BUDGET_S`] unless [`with_trial_budget`] says otherwise):
+/// a trial no caller records cannot lock the slot for good. A recorded failure increments the count and starts the
 /// cooldown for the new count (BRK-06 and its Ambiguity reading); a recorded
 /// success or a reset closes it (BRK-05, BRK-09, BRK-10). The breaker never
 /// reads a clock inside its logic: every `*_at` method takes the time, and the
@@ -176,15 +214,18 @@ pub type Clock = Arc<dyn Fn() -> f64 + Send + Sync>;
 ///
 /// Operator actions (a manual load, a restart, a config edit) call [`reset`]
 /// and bypass [`check`]; the breaker throttles automatic, request-driven loads
-/// (BRK-09 Ambiguity reading). A trial that is never recorded keeps the slot
-/// refused until the caller records it or resets.
+/// (BRK-09 Ambiguity reading).
 ///
 /// [`check`]: CrashLoopBreaker::check
 /// [`reset`]: CrashLoopBreaker::reset
+/// [`give_back_trial`]: CrashLoopBreaker::give_back_trial
+/// [`with_trial_budget`]: CrashLoopBreaker::with_trial_budget
 #[derive(Clone)]
 pub struct CrashLoopBreaker {
     clock: Clock,
     entries: HashMap<String, Entry>,
+    /// How long a half-open trial may stay out unrecorded.
+    trial_budget_s: f64,
 }
 
 impl fmt::Debug for CrashLoopBreaker {
@@ -206,7 +247,31 @@ impl CrashLoopBreaker {
         CrashLoopBreaker {
             clock: Arc::new(clock),
             entries: HashMap::new(),
+            trial_budget_s: DEFAULT_TRIAL_BUDGET_S,
         }
+    }
+
+    /// The same breaker with half-open trials expiring after `budget_s`
+    /// seconds unrecorded (the slot's load budget,
+    /// [`slot_lifecycle_budget`](crate::slots::slot_lifecycle_budget)).
+    ///
+    /// # Behavior
+    ///
+    /// A negative or NaN budget counts as 0: a trial expires at once, so
+    /// every check in half-open passes.
+    #[must_use]
+    pub fn with_trial_budget(mut self, budget_s: f64) -> Self {
+        self.trial_budget_s = if budget_s.is_nan() {
+            0.0
+        } else {
+            budget_s.max(0.0)
+        };
+        self
+    }
+
+    /// How long a half-open trial may stay out unrecorded, in seconds.
+    pub fn trial_budget_s(&self) -> f64 {
+        self.trial_budget_s
     }
 
     fn now(&self) -> f64 {
@@ -231,10 +296,12 @@ impl CrashLoopBreaker {
     /// with state `backoff` (BRK-02) or `parked` (BRK-03) and `retry_after_s`
     /// the remaining cooldown rounded up (BRK-08). Half-open: `Ok` for the
     /// first check, which claims the trial (BRK-04); later checks are refused
-    /// with state `half-open` and `retry_after_s = 1` until the trial is
-    /// recorded (BRK-04 Ambiguity reading). A refusal changes nothing, so the
-    /// caller makes no transition (BRK-07).
+    /// with state `half-open` and `retry_after_s` the trial's budget left
+    /// until the trial is recorded, given back or expired (BRK-04 Ambiguity
+    /// reading); an expired trial is claimed again by the next check. A
+    /// refusal changes nothing, so the caller makes no transition (BRK-07).
     pub fn check_at(&mut self, key: &str, now_s: f64) -> Result<(), SlotError> {
+        let budget = self.trial_budget_s;
         let Some(entry) = self.entries.get_mut(key) else {
             return Ok(());
         };
@@ -251,13 +318,32 @@ impl CrashLoopBreaker {
                 ceil_secs(entry.remaining_s(now_s)).max(1),
                 entry.failures,
             )),
-            BreakerState::HalfOpen if entry.trial_in_flight => {
-                Err(refuse(BreakerState::HalfOpen, 1, entry.failures))
-            }
-            BreakerState::HalfOpen => {
-                entry.trial_in_flight = true;
-                Ok(())
-            }
+            BreakerState::HalfOpen => match entry.trial_left_s(now_s, budget) {
+                Some(left) => Err(refuse(
+                    BreakerState::HalfOpen,
+                    ceil_secs(left).max(1),
+                    entry.failures,
+                )),
+                None => {
+                    entry.trial_taken_s = Some(now_s);
+                    Ok(())
+                }
+            },
+        }
+    }
+
+    /// The half-open trial of `key` that a passing [`check`](Self::check)
+    /// took is given back unused: the load it allowed did not run (its
+    /// admission was refused, the caller changed its mind). The next check
+    /// may take it at once.
+    ///
+    /// # Behavior
+    ///
+    /// Changes nothing when no trial is out; never counts as a failure or a
+    /// success (BRK-04 Ambiguity reading).
+    pub fn give_back_trial(&mut self, key: &str) {
+        if let Some(entry) = self.entries.get_mut(key) {
+            entry.trial_taken_s = None;
         }
     }
 
@@ -282,17 +368,12 @@ impl CrashLoopBreaker {
         let entry = self.entries.entry(key.to_owned()).or_insert(Entry {
             failures: 0,
             last_failure_s: now_s,
-            trial_in_flight: false,
+            trial_taken_s: None,
         });
         entry.failures = entry.failures.saturating_add(1);
         entry.last_failure_s = now_s;
-        entry.trial_in_flight = false;
-        let entry = *entry;
-        BreakerSnapshot {
-            state: entry.state(now_s),
-            failures: entry.failures,
-            retry_after_s: ceil_secs(entry.remaining_s(now_s)),
-        }
+        entry.trial_taken_s = None;
+        entry.snapshot(now_s, self.trial_budget_s)
     }
 
     /// Records a load of `key` that converged healthy: closes the breaker.
@@ -330,7 +411,7 @@ impl CrashLoopBreaker {
                 Entry {
                     failures: seed.failures,
                     last_failure_s: seed.last_failure_s,
-                    trial_in_flight: false,
+                    trial_taken_s: None,
                 },
             );
         }
@@ -391,14 +472,12 @@ impl CrashLoopBreaker {
     ///
     /// # Behavior
     ///
-    /// `Some({state, failures, retry_after_s})` while not closed (BRK-11);
-    /// `None` once closed, so the key is omitted (BRK-12).
+    /// `Some({state, failures, retry_after_s, trial_in_flight})` while not
+    /// closed (BRK-11); `None` once closed, so the key is omitted (BRK-12).
     pub fn snapshot_at(&self, key: &str, now_s: f64) -> Option<BreakerSnapshot> {
-        self.entries.get(key).map(|e| BreakerSnapshot {
-            state: e.state(now_s),
-            failures: e.failures,
-            retry_after_s: ceil_secs(e.remaining_s(now_s)),
-        })
+        self.entries
+            .get(key)
+            .map(|e| e.snapshot(now_s, self.trial_budget_s))
     }
 
     /// Stamps `key`'s breaker onto a slot snapshot's `metadata` object.
@@ -416,6 +495,7 @@ impl CrashLoopBreaker {
                         "state": snap.state.as_str(),
                         "failures": snap.failures,
                         "retry_after_s": snap.retry_after_s,
+                        "trial_in_flight": snap.trial_in_flight,
                     }),
                 );
             }
@@ -501,11 +581,13 @@ mod tests {
                 BreakerSnapshot {
                     state: BreakerState::HalfOpen,
                     failures: n,
-                    retry_after_s: 0
+                    retry_after_s: 0,
+                    trial_in_flight: false,
                 }
             );
             assert!(b.check("s").is_ok(), "trial n={n}");
-            assert_eq!(refusal(b.check("s")), ("half-open".to_owned(), n, 1));
+            let budget = DEFAULT_TRIAL_BUDGET_S.ceil() as u64;
+            assert_eq!(refusal(b.check("s")), ("half-open".to_owned(), n, budget));
             // BRK-06: the trial fails → next step (loop continues).
         }
         assert_eq!(b.failures("s"), 8);
@@ -610,7 +692,7 @@ mod tests {
         b.stamp_metadata_at("s", 2.0, &mut meta);
         assert_eq!(
             meta["breaker"],
-            serde_json::json!({"state": "backoff", "failures": 1, "retry_after_s": 3})
+            serde_json::json!({"state": "backoff", "failures": 1, "retry_after_s": 3, "trial_in_flight": false})
         );
         b.stamp_metadata_at("s", 5.0, &mut meta);
         assert_eq!(meta["breaker"]["state"], "half-open");
@@ -622,10 +704,84 @@ mod tests {
             state: BreakerState::Parked,
             failures: 5,
             retry_after_s: 300,
+            trial_in_flight: false,
         };
         assert_eq!(
             serde_json::to_value(snap).unwrap(),
-            serde_json::json!({"state": "parked", "failures": 5, "retry_after_s": 300})
+            serde_json::json!({"state": "parked", "failures": 5, "retry_after_s": 300, "trial_in_flight": false})
+        );
+    }
+
+    // BRK-04 Ambiguity reading: a trial a check took and nobody recorded (the
+    // scheduler checked, then its admission was refused and it never loaded)
+    // expires after the trial budget instead of locking the slot for good,
+    // and the snapshot says it is out and for how long.
+    #[test]
+    fn brk_04_unrecorded_trial_expires_after_the_lifecycle_budget() {
+        let (mut b, _t) = sim();
+        b.record_failure_at("s", 0.0);
+        assert!(b.check_at("s", 5.0).is_ok(), "the trial");
+        let snap = b.snapshot_at("s", 6.0).unwrap();
+        assert_eq!(snap.state, BreakerState::HalfOpen);
+        assert!(snap.trial_in_flight);
+        let left = (DEFAULT_TRIAL_BUDGET_S - 1.0).ceil() as u64;
+        assert_eq!(snap.retry_after_s, left);
+        assert_eq!(refusal(b.check_at("s", 6.0)), ("half-open".into(), 1, left));
+        // Still out just before the budget ends...
+        let end = 5.0 + DEFAULT_TRIAL_BUDGET_S;
+        assert_eq!(refusal(b.check_at("s", end - 0.5)).2, 1);
+        // ...and free again once it has: 10 000 s later the slot is not locked.
+        let late = 10_000.0;
+        let snap = b.snapshot_at("s", late).unwrap();
+        assert!(!snap.trial_in_flight);
+        assert_eq!(snap.retry_after_s, 0);
+        assert!(
+            b.check_at("s", late).is_ok(),
+            "the expired trial is taken again"
+        );
+        assert!(b.snapshot_at("s", late).unwrap().trial_in_flight);
+    }
+
+    // BRK-04 Ambiguity reading: a trial given back (the load did not run) is
+    // free at once and counts as neither failure nor success.
+    #[test]
+    fn brk_04_a_trial_given_back_is_free_at_once() {
+        let (mut b, _t) = sim();
+        b.record_failure_at("s", 0.0);
+        assert!(b.check_at("s", 5.0).is_ok());
+        assert!(b.check_at("s", 5.1).is_err());
+        b.give_back_trial("s");
+        assert!(!b.snapshot_at("s", 5.2).unwrap().trial_in_flight);
+        assert_eq!(b.failures("s"), 1);
+        assert!(b.check_at("s", 5.2).is_ok());
+        b.give_back_trial("closed-slot"); // nothing to give back: no effect
+        assert_eq!(b.state_at("closed-slot", 5.2), BreakerState::Closed);
+    }
+
+    // The trial budget is the load's lifecycle budget; a custom one applies.
+    #[test]
+    fn brk_04_trial_budget_default_is_a_load_budget_and_can_be_set() {
+        use crate::slots::budget::{LifecycleBudgetInputs, LifecycleOp, slot_lifecycle_budget};
+        let load = slot_lifecycle_budget(
+            LifecycleOp::Load,
+            &LifecycleBudgetInputs {
+                health_poll_s: 120.0,
+                output_sanity_cpu_s: 150.0,
+                unload_s: 15.0,
+            },
+        );
+        assert!((load - DEFAULT_TRIAL_BUDGET_S).abs() < 1e-9);
+        let mut b = CrashLoopBreaker::new(|| 0.0).with_trial_budget(30.0);
+        assert_eq!(b.trial_budget_s(), 30.0);
+        b.record_failure_at("s", 0.0);
+        assert!(b.check_at("s", 5.0).is_ok());
+        assert_eq!(refusal(b.check_at("s", 20.0)).2, 15);
+        assert!(b.check_at("s", 35.0).is_ok());
+        assert_eq!(
+            CrashLoopBreaker::new(|| 0.0)
+                .with_trial_budget(f64::NAN)
+                .trial_budget_s(),
+            0.0
         );
     }
 

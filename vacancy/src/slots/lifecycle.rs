@@ -107,6 +107,8 @@ impl SlotLifecycle {
     /// - BRK-07: the breaker is asked first; a refusal is its
     ///   `SlotCrashLooping` (503) and nothing moves: no transition, no
     ///   journal row.
+    /// - A load that cannot start from the current state gives a half-open
+    ///   trial its check took back to the breaker (BRK-04): it did not run.
     /// - A new load may run the gate again, and clears the last ERROR's
     ///   message; a standing verdict stays (GATE-08).
     pub fn begin_load(
@@ -115,7 +117,10 @@ impl SlotLifecycle {
         now_s: f64,
     ) -> Result<(), LifecycleError> {
         breaker.check_at(&self.name, now_s)?;
-        self.go(SlotState::Starting)?;
+        if let Err(e) = self.go(SlotState::Starting) {
+            breaker.give_back_trial(&self.name);
+            return Err(e.into());
+        }
         self.gated_this_load = false;
         self.message = None;
         Ok(())
@@ -310,6 +315,22 @@ mod tests {
         // After the cooldown the half-open trial goes ahead and transitions.
         slot.begin_load(&mut b, 105.0).unwrap();
         assert_eq!(slot.journal(), &[(Offline, Starting)]);
+    }
+
+    // BRK-04: a load that cannot start (the slot is already loading) does
+    // not keep the half-open trial its check took: the real load can have it.
+    #[test]
+    fn brk_04_a_load_that_cannot_start_gives_the_trial_back() {
+        let mut b = breaker();
+        let mut slot = SlotLifecycle::new("agent");
+        warming(&mut slot, &mut b, 0.0);
+        b.record_failure_at("agent", 100.0);
+        assert!(
+            slot.begin_load(&mut b, 105.0).is_err(),
+            "WARMING → STARTING is illegal"
+        );
+        assert!(!b.snapshot_at("agent", 105.0).unwrap().trial_in_flight);
+        assert!(b.check_at("agent", 105.0).is_ok(), "the trial is free");
     }
 
     #[test]

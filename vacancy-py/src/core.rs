@@ -1,0 +1,236 @@
+//! The state an `Engine` shares with its `Driver`'s threads: the engine
+//! behind its lock, the wakeups of waiting callers, the configured samplers
+//! and presence backend. It feeds the daemon's own sampling and presence
+//! loops (`vacancy::proxy::shells`), which see it as a [`LoopSink`].
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use vacancy::config::{Config as VConfig, ResourceConfig, SamplerKind};
+use vacancy::engine::{Effect, OwnerPresence};
+use vacancy::presence::{ManualPresence, PresenceBackend};
+use vacancy::proxy::shells::{self, LoopSink};
+use vacancy::{CapacitySample, Moment, MonotonicClock, Resource, SampleError};
+
+use crate::engine::{Inner, Timeline};
+
+/// Where login seats are listed on a systemd machine (as the daemon looks).
+const SEATS_DIR: &str = "/run/systemd/seats";
+
+/// One configured resource the driver samples.
+pub(crate) struct Sampled {
+    pub(crate) config: ResourceConfig,
+    pub(crate) sampler: Arc<dyn Resource>,
+}
+
+/// What `Engine` and `Driver` share.
+pub(crate) struct Core {
+    inner: Mutex<Inner>,
+    /// Notified on every sample and every moved wait line, for callers waiting
+    /// in `admit()` and the asyncio waker.
+    pub(crate) changed: Condvar,
+    /// Bumped with every notification of `changed`, so a waiter can tell a
+    /// change from a timeout.
+    generation: AtomicU64,
+    pub(crate) clock: MonotonicClock,
+    /// Pulled when a job on the resource ends (ADM-05): the driver samples it now.
+    triggers: HashMap<String, Arc<Notify>>,
+    /// The configured resources, in order; their samplers are built on first use.
+    resources: Vec<ResourceConfig>,
+    samplers: OnceLock<Vec<Sampled>>,
+    /// The configured presence backend, as the daemon selects it.
+    pub(crate) presence: Arc<dyn PresenceBackend>,
+    /// `presence = "manual"`: what `set_owner_present` says, read by the backend.
+    pub(crate) manual: Option<ManualPresence>,
+    /// The runtime `sample_now` and `poll_presence` run the samplers on.
+    runtime: OnceLock<Result<tokio::runtime::Runtime, String>>,
+}
+
+impl Core {
+    pub(crate) fn new(inner: Inner, config: &VConfig) -> Self {
+        let presence = vacancy::presence::from_owner(&config.owner, Path::new(SEATS_DIR));
+        Core {
+            inner: Mutex::new(inner),
+            changed: Condvar::new(),
+            generation: AtomicU64::new(0),
+            clock: MonotonicClock::new(),
+            triggers: config
+                .resources
+                .iter()
+                .map(|r| (r.name.clone(), Arc::new(Notify::new())))
+                .collect(),
+            resources: config.resources.clone(),
+            samplers: OnceLock::new(),
+            presence: Arc::from(presence.backend),
+            manual: presence.manual,
+            runtime: OnceLock::new(),
+        }
+    }
+
+    /// The engine, with its pending effects handled.
+    pub(crate) fn lock(&self) -> MutexGuard<'_, Inner> {
+        let mut g = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        self.drain_effects(&mut g);
+        g
+    }
+
+    /// Python keeps no ledger and runs no reclaim loop of its own: what the
+    /// engine asks of a shell is returned by each call instead (the resources
+    /// to sample after a release), so its queue is emptied rather than left
+    /// to grow. A post-job sample request pulls the resource's trigger (a
+    /// running driver samples it at once); a moved wait line wakes the
+    /// callers waiting in `admit`.
+    pub(crate) fn drain_effects(&self, g: &mut Inner) {
+        let mut wake = false;
+        while let Some(effect) = g.engine.poll_effect() {
+            match effect {
+                Effect::WakeWaiters => wake = true,
+                Effect::Sample(resource) => {
+                    if let Some(t) = self.triggers.get(&resource) {
+                        t.notify_one();
+                    }
+                }
+                _ => {}
+            }
+        }
+        if wake {
+            self.notify_changed();
+        }
+    }
+
+    /// Wake every caller waiting for a change.
+    pub(crate) fn notify_changed(&self) {
+        self.generation.fetch_add(1, Ordering::SeqCst);
+        self.changed.notify_all();
+    }
+
+    /// The current change generation.
+    pub(crate) fn generation(&self) -> u64 {
+        self.generation.load(Ordering::SeqCst)
+    }
+
+    /// Block (call with the GIL released) until the generation moves past
+    /// `seen` or `timeout` passes; returns the generation then.
+    pub(crate) fn wait_change(&self, seen: u64, timeout: Duration) -> u64 {
+        let g = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        if self.generation() != seen {
+            return self.generation();
+        }
+        let (g, _) = self
+            .changed
+            .wait_timeout_while(g, timeout, |_| self.generation() == seen)
+            .unwrap_or_else(PoisonError::into_inner);
+        drop(g);
+        self.generation()
+    }
+
+    /// Fix the real timeline for a caller that reads the clock behind the
+    /// scenes (the driver, `sample_now`, `poll_presence`, `admit_async`).
+    pub(crate) fn require_real_time(&self, what: &str) -> Result<(), crate::errors::Error> {
+        let mut g = self.lock();
+        match g.timeline {
+            Timeline::Simulated => Err(crate::errors::Error::Timeline(format!(
+                "{what} runs on the engine's monotonic clock, but this engine runs on simulated time \
+                 (an earlier call gave at=/now=): use a separate Engine on the real clock"
+            ))),
+            Timeline::Real | Timeline::Unset => {
+                g.timeline = Timeline::Real;
+                Ok(())
+            }
+        }
+    }
+
+    /// The configured samplers, built once (as the daemon builds them); a
+    /// `manual` resource has none.
+    pub(crate) fn samplers(&self) -> &[Sampled] {
+        self.samplers.get_or_init(|| {
+            self.resources
+                .iter()
+                .filter(|r| r.sampler != SamplerKind::Manual)
+                .map(|r| Sampled {
+                    config: r.clone(),
+                    sampler: shells::sampler_for(r, self.clock),
+                })
+                .collect()
+        })
+    }
+
+    /// Whether `resource` is configured, and fed by hand (`manual`).
+    pub(crate) fn resource_config(&self, resource: &str) -> Option<&ResourceConfig> {
+        self.resources.iter().find(|r| r.name == resource)
+    }
+
+    /// A small runtime for one-off samples and presence polls.
+    pub(crate) fn runtime(&self) -> Result<&tokio::runtime::Runtime, String> {
+        self.runtime
+            .get_or_init(|| {
+                tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .map_err(|e| format!("cannot start the sampling runtime: {e}"))
+            })
+            .as_ref()
+            .map_err(Clone::clone)
+    }
+
+    /// What the owner said, for `set_owner_present`: the manual backend
+    /// remembers it, so a driver's presence loop reads it back.
+    pub(crate) fn set_manual(&self, presence: OwnerPresence) {
+        if let Some(m) = &self.manual {
+            match presence {
+                OwnerPresence::Present => m.set(true),
+                OwnerPresence::Away => m.set(false),
+                OwnerPresence::Unknown => m.clear(),
+            }
+        }
+    }
+}
+
+impl LoopSink for Core {
+    fn clock(&self) -> MonotonicClock {
+        self.clock
+    }
+
+    fn sample_trigger(&self, resource: &str) -> Option<Arc<Notify>> {
+        self.triggers.get(resource).cloned()
+    }
+
+    fn record_sample(
+        &self,
+        resource: &str,
+        result: Result<CapacitySample, SampleError>,
+        started: Moment,
+    ) {
+        {
+            let mut g = self.lock();
+            if g.timeline == Timeline::Simulated {
+                return; // the driver refuses simulated engines; never mix
+            }
+            g.timeline = Timeline::Real;
+            g.latest = g.latest.max(self.clock.now());
+            // A failure makes the capacity unknown, with the reason in
+            // status() and in refusals; an unknown name cannot come from
+            // the configured samplers.
+            let _ = match &result {
+                Ok(sample) => g.engine.record_sample(resource, *sample),
+                Err(err) => g
+                    .engine
+                    .record_sample_failure(resource, started, &err.to_string()),
+            };
+            self.drain_effects(&mut g);
+        }
+        self.notify_changed();
+    }
+
+    fn set_owner(&self, presence: OwnerPresence) -> bool {
+        let mut g = self.lock();
+        let before = g.engine.owner();
+        g.engine.set_owner(presence);
+        self.drain_effects(&mut g);
+        before != presence
+    }
+}
