@@ -3,7 +3,8 @@
 //! and a ComfyUI emulator, for `VACANCY_SOAK_MINUTES` (default 2). Borrowers
 //! with think time complete on llama-server and submit prompts to ComfyUI;
 //! the owner comes and goes through the manual presence backend, so drains
-//! finish, are cut at their deadline and stand down; idle and slow
+//! finish, are cut at their deadline and stand down; an operator releases
+//! held work once its upstream is idle (HELD-04); idle and slow
 //! connections come and go as the daemon times them out. Every
 //! `VACANCY_SOAK_SAMPLE_S` seconds (default 60) it prints the daemon's RSS,
 //! open descriptors, CPU and the engine's entry counts.
@@ -33,6 +34,7 @@ use vacancy_test_support::{
 };
 
 const OWNER: &str = "soak-owner-token";
+const ADMIN: &str = "soak-admin-token";
 
 /// What the borrowers saw, counted as they go.
 #[derive(Default)]
@@ -42,16 +44,24 @@ struct Seen {
     admitted: AtomicU64,
     /// Refusals (503, 429).
     refused: AtomicU64,
+    /// Admitted requests a reclaim cut before their reply: the borrower is
+    /// answered 503 with the reclaim's reason ("... was cancelled to give
+    /// the machine back to its owner ...").
+    cut: AtomicU64,
     /// Requests that got no answer at all.
     unanswered: AtomicU64,
     /// Times the emulator held two borrowed prompts at once.
     comfy_double: AtomicU64,
+    /// Held entries the operator released once the upstream was idle.
+    released_held: AtomicU64,
 }
 
 impl Seen {
-    fn count(&self, status: Option<u16>) {
+    fn count(&self, status: Option<u16>, body: &[u8]) {
+        let cut = String::from_utf8_lossy(body).contains("was cancelled to give the machine back");
         let counter = match status {
             Some(200 | 502 | 504) => &self.admitted,
+            Some(503) if cut => &self.cut,
             Some(503 | 429) => &self.refused,
             Some(other) => panic!("a borrower was answered {other}"),
             None => &self.unanswered,
@@ -117,21 +127,26 @@ async fn llama_borrower(url: String, seen: Arc<Seen>, stop: Arc<AtomicBool>, see
         let tokens = 4 + rng.below(60) as u32;
         let stream = rng.below(2) == 0;
         let body = completion(tokens, stream);
-        let status = if stream {
+        let (status, text) = if stream {
             match http_stream("POST", &url, &[JSON], body).await {
                 Ok(mut s) => {
-                    while let Some(Ok(_)) = s.next_chunk().await {}
-                    Some(s.status)
+                    let mut text = Vec::new();
+                    while let Some(Ok(c)) = s.next_chunk().await {
+                        if s.status != 200 {
+                            text.extend_from_slice(&c.data);
+                        }
+                    }
+                    (Some(s.status), text)
                 }
-                Err(_) => None,
+                Err(_) => (None, Vec::new()),
             }
         } else {
-            http_request("POST", &url, &[JSON], body)
-                .await
-                .ok()
-                .map(|r| r.status)
+            match http_request("POST", &url, &[JSON], body).await {
+                Ok(r) => (Some(r.status), r.body.to_vec()),
+                Err(_) => (None, Vec::new()),
+            }
         };
-        seen.count(status);
+        seen.count(status, &text);
         tokio::time::sleep(Duration::from_millis(50 + rng.below(450))).await;
     }
 }
@@ -159,7 +174,10 @@ async fn comfy_borrower(
         )
         .await
         .ok();
-        seen.count(r.as_ref().map(|r| r.status));
+        seen.count(
+            r.as_ref().map(|r| r.status),
+            r.as_ref().map_or(&[][..], |r| &r.body[..]),
+        );
         if let Some(r) = r.filter(|r| r.status == 200) {
             let queued = comfy.pending().len() + usize::from(comfy.running().is_some());
             if queued > 1 {
@@ -225,6 +243,63 @@ async fn owner(control: String, stop: Arc<AtomicBool>) {
     }
 }
 
+/// The operator (HELD-04): every 5 s, each held entry whose upstream is
+/// idle (llama-server's slots, read directly; the emulator's queue) is
+/// released as an administrator. A drain cut before a non-streamed reply
+/// leaves llama-server generating until its end, so under load the daemon
+/// cannot always prove the stop within its verification window, and holds.
+async fn operator(
+    control: String,
+    llama: String,
+    comfy: Arc<ComfyEmulator>,
+    seen: Arc<Seen>,
+    stop: Arc<AtomicBool>,
+) {
+    while !stop.load(Ordering::Relaxed) {
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let Ok(status) = http_request("GET", &format!("{control}/status"), &[], Vec::new()).await
+        else {
+            continue;
+        };
+        let Ok(status) = status.json() else { continue };
+        for w in status["work"].as_array().into_iter().flatten() {
+            if w["phase"] != "held" {
+                continue;
+            }
+            let idle = if w["upstream"] == "llama" {
+                let slots = http_request("GET", &format!("{llama}/slots"), &[], Vec::new())
+                    .await
+                    .ok()
+                    .and_then(|r| r.json().ok());
+                slots.is_some_and(|v: Value| {
+                    v.as_array().is_some_and(|slots| {
+                        slots.iter().all(|s| s["is_processing"] == json!(false))
+                    })
+                })
+            } else {
+                comfy.running().is_none() && comfy.pending().is_empty()
+            };
+            let Some(id) = w["id"].as_str().filter(|_| idle) else {
+                continue;
+            };
+            let r = http_request(
+                "POST",
+                &format!("{control}/admin/work/{id}/release"),
+                &[
+                    JSON,
+                    ("authorization", &format!("Bearer {ADMIN}")),
+                    ("vacancy-intent", "release_work"),
+                ],
+                br#"{"upstream_stopped": true}"#.to_vec(),
+            )
+            .await;
+            if r.is_ok_and(|r| r.status == 200) {
+                seen.released_held.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
 struct Sample {
     minute: f64,
     rss_kib: u64,
@@ -269,6 +344,11 @@ name = "desk"
 scopes = ["owner"]
 sha256 = "{owner}"
 
+[[server.token]]
+name = "ops"
+scopes = ["admin"]
+sha256 = "{admin}"
+
 [owner]
 presence = "manual"
 
@@ -294,6 +374,7 @@ on_owner_return = "drain"
 drain_timeout_s = 2
 "#,
         owner = vacancy::auth::hash_token(OWNER),
+        admin = vacancy::auth::hash_token(ADMIN),
         llama = shim.base_url(),
         comfy = comfy.base_url(),
     );
@@ -333,6 +414,13 @@ drain_timeout_s = 2
         )));
     }
     lanes.push(tokio::spawn(owner(d.control.clone(), Arc::clone(&stop))));
+    lanes.push(tokio::spawn(operator(
+        d.control.clone(),
+        llama.base_url(),
+        Arc::clone(&comfy),
+        Arc::clone(&seen),
+        Arc::clone(&stop),
+    )));
 
     let started = Instant::now();
     let ticks_per_s = 100.0; // USER_HZ on Linux
@@ -341,13 +429,14 @@ drain_timeout_s = 2
     let mut max_llama = 0usize;
     println!("soak: {minutes} min, a sample every {} s", every.as_secs());
     println!(
-        "{:>7} {:>9} {:>5} {:>6} {:>6} {:>5} {:>10} {:>8} {:>8} {:>7}",
+        "{:>7} {:>9} {:>5} {:>6} {:>6} {:>5} {:>9} {:>10} {:>8} {:>8} {:>7}",
         "minute",
         "RSS MiB",
         "fds",
         "CPU %",
         "active",
         "held",
+        "released",
         "admitted",
         "refused",
         "reclaims",
@@ -373,13 +462,14 @@ drain_timeout_s = 2
             cpu_pct,
         };
         println!(
-            "{:>7.2} {:>9.1} {:>5} {:>6.1} {:>6} {:>5} {:>10} {:>8} {:>8} {:>7}",
+            "{:>7.2} {:>9.1} {:>5} {:>6.1} {:>6} {:>5} {:>9} {:>10} {:>8} {:>8} {:>7}",
             sample.minute,
             sample.rss_kib as f64 / 1024.0,
             sample.fds,
             sample.cpu_pct,
             work.len() - held,
             held,
+            seen.released_held.load(Ordering::Relaxed),
             metric_sum(&d.control, "vacancyd_admissions_total").await,
             seen.refused.load(Ordering::Relaxed),
             metric_sum(&d.control, "vacancyd_reclaims_total").await,
@@ -410,7 +500,7 @@ drain_timeout_s = 2
     }
     let fds_end = fds(pid);
     let admitted_daemon = metric_sum(&d.control, "vacancyd_admissions_total").await as u64;
-    let admitted = seen.admitted.load(Ordering::Relaxed);
+    let admitted = seen.admitted.load(Ordering::Relaxed) + seen.cut.load(Ordering::Relaxed);
     let unanswered = seen.unanswered.load(Ordering::Relaxed);
     let held: Vec<&Value> = end["work"].as_array().unwrap().iter().collect();
 
@@ -424,14 +514,16 @@ drain_timeout_s = 2
         });
     println!(
         "soak over: RSS {:.1} MiB after warm-up, {:.1} MiB at the end ({:+.2} MiB); descriptors {fds_start} at the start, {fds_min}..{fds_max} under load, {fds_end} at the end; \
-         CPU {:.1} % at the first sample, {:.1} % at the last; admitted {admitted_daemon} (borrowers were answered for {admitted}, {unanswered} unanswered), refused {}; \
+         CPU {:.1} % at the first sample, {:.1} % at the last; admitted {admitted_daemon} (borrowers were answered for {admitted}, {} of them cut by a reclaim before the reply; {unanswered} unanswered), refused {}; held work released by the operator {}; \
          llama's most borrowed jobs at once {max_llama}, ComfyUI's doubles {}; held at the end {}",
         warm.rss_kib as f64 / 1024.0,
         last.rss_kib as f64 / 1024.0,
         growth_kib as f64 / 1024.0,
         warm.cpu_pct,
         last.cpu_pct,
+        seen.cut.load(Ordering::Relaxed),
         seen.refused.load(Ordering::Relaxed),
+        seen.released_held.load(Ordering::Relaxed),
         seen.comfy_double.load(Ordering::Relaxed),
         held.len(),
     );
