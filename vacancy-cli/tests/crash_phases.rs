@@ -382,6 +382,26 @@ impl Rig {
             self.planted.remove(&id);
             self.released.insert(id);
         }
+        // A prompt released as stopped may still run in the emulator, and
+        // ComfyUI busy with work vacancy did not admit lends nothing.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !self.comfy_unfinished().is_empty() {
+            assert!(
+                Instant::now() < deadline,
+                "{context}: the emulator never went idle"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // A released entry's resources wait for a fresh sample (HELD-07),
+        // which the release asks for; the next round needs them lendable.
+        self.wait_status(context, "fresh samples after the releases", |s| {
+            s["resources"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|r| r["awaiting_fresh_sample"] == false)
+        })
+        .await;
     }
 
     /// Write `lines` into the journal of the daemon [`stop`](Self::stop)ped,
@@ -453,7 +473,7 @@ impl Rig {
         })
     }
 
-    async fn comfy_submit(proxy: String, color: u32) -> Option<String> {
+    async fn comfy_submit(proxy: String, color: u32) -> Result<String, String> {
         let r = http_request(
             "POST",
             &format!("{proxy}/prompt"),
@@ -463,8 +483,14 @@ impl Rig {
                 .into_bytes(),
         )
         .await
-        .ok()?;
-        (r.status == 200).then(|| r.json().ok()?["prompt_id"].as_str().map(str::to_owned))?
+        .map_err(|e| e.to_string())?;
+        if r.status != 200 {
+            return Err(format!("{}: {}", r.status, r.text()));
+        }
+        r.json()
+            .ok()
+            .and_then(|v| v["prompt_id"].as_str().map(str::to_owned))
+            .ok_or_else(|| format!("no prompt_id in {}", r.text()))
     }
 
     fn comfy_unfinished(&self) -> BTreeSet<String> {
@@ -537,11 +563,12 @@ async fn kill_in(rig: &mut Rig, phase: Phase, rng: &mut Rng, round: usize) -> At
             at.comfy_unfinished.extend(rig.comfy_unfinished());
         }
         Phase::ComfyTracking => {
-            let id = Rig::comfy_submit(rig.comfy_proxy.clone(), 0x20_0000 + round as u32).await;
-            assert!(id.is_some(), "round {round}: the prompt was refused");
+            let id = Rig::comfy_submit(rig.comfy_proxy.clone(), 0x20_0000 + round as u32)
+                .await
+                .unwrap_or_else(|e| panic!("round {round}: the prompt was refused: {e}"));
             tokio::time::sleep(rng.millis(COMFY_RUN.as_millis() as u64)).await;
             at.comfy_unfinished = rig.comfy_unfinished();
-            at.inside = usize::from(id.is_some_and(|id| at.comfy_unfinished.contains(&id)));
+            at.inside = usize::from(at.comfy_unfinished.contains(&id));
             rig.kill();
             at.comfy_unfinished.extend(rig.comfy_unfinished());
         }
