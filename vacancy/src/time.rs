@@ -57,17 +57,23 @@ impl Moment {
 /// are comparable.
 #[derive(Debug, Clone, Copy)]
 pub struct MonotonicClock {
-    /// tokio's instant: it is the real monotonic clock, except under a
-    /// test runtime with paused time, where shells can be tested with
-    /// simulated time (COMFY-17's 5 minutes, COMFY-26's hour) without sleeps.
-    origin: tokio::time::Instant,
+    /// With the runtime, tokio's instant: it is the real monotonic clock,
+    /// except under a test runtime with paused time, where shells can be
+    /// tested with simulated time (COMFY-17's 5 minutes, COMFY-26's hour)
+    /// without sleeps. Without it, the standard library's.
+    origin: ClockInstant,
 }
+
+#[cfg(feature = "runtime")]
+type ClockInstant = tokio::time::Instant;
+#[cfg(not(feature = "runtime"))]
+type ClockInstant = std::time::Instant;
 
 impl MonotonicClock {
     /// A clock whose origin is now.
     pub fn new() -> Self {
         MonotonicClock {
-            origin: tokio::time::Instant::now(),
+            origin: ClockInstant::now(),
         }
     }
 
@@ -76,7 +82,7 @@ impl MonotonicClock {
     /// `age` ahead of a clock made now. The adapter kit hands adapters such a
     /// clock, so one that reads a clock of its own is caught.
     pub fn started_ago(age: std::time::Duration) -> Self {
-        let now = tokio::time::Instant::now();
+        let now = ClockInstant::now();
         MonotonicClock {
             origin: now.checked_sub(age).unwrap_or(now),
         }
@@ -89,7 +95,10 @@ impl MonotonicClock {
 
     /// The real instant of a moment on this clock's timeline, for timers.
     pub fn instant(&self, moment: Moment) -> Instant {
-        (self.origin + std::time::Duration::from_nanos(moment.as_nanos())).into_std()
+        let at = self.origin + std::time::Duration::from_nanos(moment.as_nanos());
+        #[cfg(feature = "runtime")]
+        let at = at.into_std();
+        at
     }
 }
 

@@ -30,6 +30,7 @@
 //! ```
 
 mod edit;
+mod engine_spec;
 mod error;
 mod hosts;
 mod kinds;

@@ -11,6 +11,9 @@ use std::fmt;
 use serde::Deserialize;
 
 use crate::ResourceKind;
+use crate::engine::pressure::PressureParams;
+pub use crate::engine::{OnOwnerReturn, OwnerScope};
+pub use crate::traits::routes::Management;
 
 /// A whole configuration file.
 #[derive(Debug, Clone, PartialEq, Default, Deserialize)]
@@ -224,13 +227,31 @@ pub struct GpuPressureConfig {
 
 impl Default for GpuPressureConfig {
     fn default() -> Self {
+        let p = PressureParams::default();
         GpuPressureConfig {
             enabled: false,
-            poll_ms: 2000,
-            util_threshold_pct: 25,
-            memory_threshold_mib: 1024,
-            engage_ms: 4000,
-            quiet_ms: 30000,
+            poll_ms: millis(p.poll),
+            util_threshold_pct: p.util_threshold_pct,
+            memory_threshold_mib: p.memory_threshold_mib,
+            engage_ms: millis(p.engage_after),
+            quiet_ms: millis(p.quiet_for),
+        }
+    }
+}
+
+fn millis(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+impl PressureParams {
+    /// The settings of `[owner.gpu_pressure]`.
+    pub fn from_config(config: &GpuPressureConfig) -> Self {
+        PressureParams {
+            poll: std::time::Duration::from_millis(config.poll_ms),
+            util_threshold_pct: config.util_threshold_pct,
+            memory_threshold_mib: config.memory_threshold_mib,
+            engage_after: std::time::Duration::from_millis(config.engage_ms),
+            quiet_for: std::time::Duration::from_millis(config.quiet_ms),
         }
     }
 }
@@ -464,41 +485,6 @@ impl<'de> Deserialize<'de> for AdapterKind {
     }
 }
 
-/// Whether an upstream's management routes are forwarded.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Management {
-    /// Refused.
-    #[default]
-    Deny,
-    /// Forwarded, never reserved.
-    Allow,
-}
-
-/// Whether owner presence applies to an upstream (SCOPE-01).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum OwnerScope {
-    /// The owner veto refuses new work and reclaims accepted work.
-    #[default]
-    Host,
-    /// Exempt from owner presence; still obeys switches, capacity and pressure.
-    Resource,
-}
-
-/// What happens to accepted work when the owner returns.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum OnOwnerReturn {
-    /// Let it run for `drain_timeout_s`, then cancel the proxy connection.
-    #[default]
-    Drain,
-    /// Close it at once.
-    Cancel,
-    /// Let it finish with no deadline.
-    Finish,
-}
-
 /// What happens when a borrower disconnects mid-request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -578,35 +564,10 @@ impl Default for CredentialConfig {
     }
 }
 
-macro_rules! names {
-    ($($ty:ident { $($variant:ident => $name:literal),+ $(,)? })+) => {$(
-        impl $ty {
-            /// Every value, in declaration order.
-            pub const ALL: &'static [$ty] = &[$($ty::$variant),+];
-
-            /// The lowercase name used in configuration.
-            pub fn as_str(self) -> &'static str {
-                match self {
-                    $($ty::$variant => $name),+
-                }
-            }
-        }
-
-        impl fmt::Display for $ty {
-            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str(self.as_str())
-            }
-        }
-    )+};
-}
-
 names! {
     Scope { Read => "read", Owner => "owner", Admin => "admin" }
     PresenceMode { Auto => "auto", Logind => "logind", Manual => "manual", Command => "command", None => "none" }
     SamplerKind { Nvml => "nvml", Amdgpu => "amdgpu", System => "system", File => "file", Manual => "manual" }
-    Management { Deny => "deny", Allow => "allow" }
-    OwnerScope { Host => "host", Resource => "resource" }
-    OnOwnerReturn { Drain => "drain", Cancel => "cancel", Finish => "finish" }
     OnBorrowerDisconnect { Drain => "drain", Cut => "cut" }
 }
 

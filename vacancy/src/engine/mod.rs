@@ -15,9 +15,11 @@
 //!   learned priors (MEM-07..11), replaced by resident credit on proof (RES-01/02).
 //! - Uncertain work is held, never released without an explicit release.
 
+mod capacity;
 mod effect;
 mod inputs;
 mod line;
+pub mod pressure;
 mod priors;
 mod reclaim;
 mod refusal;
@@ -29,6 +31,7 @@ mod work;
 use std::collections::HashMap;
 use std::time::Duration;
 
+pub use capacity::{CapacitySample, ResourceKind};
 pub use effect::Effect;
 pub use inputs::{
     Lesson, ModelObservation, ObservedModel, OwnerPresence, PressureVerdict, ResidencyEvidence,
@@ -37,10 +40,11 @@ pub use inputs::{
 pub use line::{LINE_EXPIRY_GRACE, LineStatus, QueueSpec};
 pub use priors::MAX_PRIOR_IDENTITIES;
 pub use reclaim::{
-    RESPONSE_CUT_GRACE, ReclaimCommand, ReclaimId, ReclaimPolicy, ReclaimStatus, ReclaimTrigger,
+    OnOwnerReturn, RESPONSE_CUT_GRACE, ReclaimCommand, ReclaimId, ReclaimPolicy, ReclaimStatus,
+    ReclaimTrigger,
 };
 pub use refusal::{Refusal, RefusalCode};
-pub use spec::{EngineSpec, ModelBudget, ResourceSpec, SpecError, UpstreamSpec};
+pub use spec::{EngineSpec, ModelBudget, OwnerScope, ResourceSpec, SpecError, UpstreamSpec};
 pub use status::{
     EngineStatus, OwnerVetoStatus, ResourceStatus, UpstreamStatus, Vacancy, WorkStatus,
 };
@@ -49,9 +53,7 @@ pub use work::{
     Reservation, UpstreamId, WorkRequest,
 };
 
-use crate::config::OwnerScope;
 use crate::time::Moment;
-use crate::traits::resource::{CapacitySample, ResourceKind};
 use effect::Effects;
 use line::Waiter;
 use priors::{PendingFootprint, Priors};
@@ -501,10 +503,7 @@ impl Engine {
     /// What a GPU's pressure tracker said after a poll: its verdict and
     /// whether it clears a pressure reclaim, and its trigger, if any, for the
     /// next [`reclaim_step`](Self::reclaim_step) (PRES-01..04, RECL-06).
-    pub fn apply_pressure(
-        &mut self,
-        update: &crate::pressure::PressureUpdate,
-    ) -> Result<(), EngineError> {
+    pub fn apply_pressure(&mut self, update: &pressure::PressureUpdate) -> Result<(), EngineError> {
         self.set_pressure_reading(&update.resource, update.verdict.clone(), update.cleared)?;
         match &update.trigger {
             Some(t) => self.pressure_trigger(&update.resource, &t.why),

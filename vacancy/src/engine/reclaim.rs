@@ -9,7 +9,6 @@
 use std::fmt;
 use std::time::Duration;
 
-use crate::config::OnOwnerReturn;
 use crate::engine::work::{EntryId, UpstreamId};
 use crate::time::Moment;
 
@@ -214,7 +213,7 @@ impl ActiveReclaim {
     }
 }
 
-use crate::config::OwnerScope;
+use crate::engine::OwnerScope;
 use crate::engine::inputs::{OwnerPresence, PressureVerdict};
 use crate::engine::work::Phase;
 use crate::engine::{Effect, Engine, EngineError};
@@ -522,6 +521,23 @@ impl Engine {
             })
             .min()
     }
+}
+
+/// What happens to accepted work when the owner returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnOwnerReturn {
+    /// Let it run for `drain_timeout_s`, then cancel the proxy connection.
+    #[default]
+    Drain,
+    /// Close it at once.
+    Cancel,
+    /// Let it finish with no deadline.
+    Finish,
+}
+
+names! {
+    OnOwnerReturn { Drain => "drain", Cancel => "cancel", Finish => "finish" }
 }
 
 #[cfg(test)]

@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 
-use crate::config::{OnOwnerReturn, OwnerScope};
 use crate::engine::*;
+use crate::engine::{OnOwnerReturn, OwnerScope};
 use crate::time::Moment;
 use crate::traits::resource::{CapacitySample, ResourceKind};
 
@@ -606,7 +606,7 @@ fn a_pressure_trigger_names_its_gpu_once() {
 // new work on its GPU and reclaims the work there, as the daemon's loop does.
 #[test]
 fn an_applied_tracker_poll_refuses_and_reclaims_the_gpus_work() {
-    use crate::pressure::{
+    use crate::engine::pressure::{
         Attendance, Baseline, Observation, OwnerLoad, PressureParams, PressureTracker,
     };
     let mut e = engine(OnOwnerReturn::Cancel, false);

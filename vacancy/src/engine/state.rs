@@ -6,8 +6,8 @@ use crate::engine::refusal::{Refusal, RefusalCode};
 use crate::engine::spec::ResourceSpec;
 use crate::engine::status::ResourceStatus;
 use crate::engine::work::EntryId;
+use crate::engine::{CapacitySample, ResourceKind};
 use crate::time::Moment;
-use crate::traits::resource::{CapacitySample, ResourceKind};
 
 /// What admission may rely on for a resource's capacity.
 pub(crate) enum Capacity {

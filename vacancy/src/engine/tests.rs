@@ -1370,6 +1370,7 @@ fn resident_credit_never_breaches_the_reserve_floor() {
     );
 }
 
+#[cfg(feature = "config")]
 #[test]
 fn example_configuration_builds_an_engine() {
     let text = include_str!("../../../examples/vacancyd.toml");

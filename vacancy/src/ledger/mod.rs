@@ -70,6 +70,7 @@ mod files;
 mod location;
 mod lock;
 mod record;
+pub mod store;
 mod writer;
 
 #[cfg(test)]
@@ -85,7 +86,6 @@ use tokio::sync::oneshot;
 use tracing::{info, warn};
 
 use crate::engine::EntryId;
-use crate::proxy::{ReservationStore, StoreChange, StoreError, StoreWrite};
 
 pub use disk::{AtomicWriteError, Disk, DiskFile, RealDisk, write_atomically};
 pub use error::LedgerError;
@@ -95,6 +95,7 @@ pub use location::{
     recovery_path, resolve_location,
 };
 pub use record::RecoveredEntry;
+pub use store::{ReservationStore, StoreChange, StoreError, StoreWrite, VolatileStore};
 
 use record::{LiveSet, Replay};
 use writer::{Appended, Change, Job, Writer};

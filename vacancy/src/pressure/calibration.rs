@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
+use crate::engine::pressure::{Attendance, Baseline, OwnerLoad};
 use crate::ledger::disk::{Disk, RealDisk, write_atomically};
-use crate::pressure::tracker::{Attendance, Baseline, OwnerLoad};
 
 /// The file's name in the admission state directory.
 pub const CALIBRATION_FILE: &str = "pressure-calibration.json";

@@ -14,12 +14,11 @@
 mod calibration;
 mod nvml;
 mod reader;
-mod tracker;
 
-pub use calibration::{CALIBRATION_FILE, CalibrationError, CalibrationFile, calibrate};
-pub use nvml::NvmlPressureReader;
-pub use reader::{PressureError, PressureReader, ScriptedReader, UnavailableReader, server_pids};
-pub use tracker::{
+pub use crate::engine::pressure::{
     Attendance, Baseline, Miss, Observation, OwnerLoad, PressureParams, PressureReading,
     PressureTracker, PressureUpdate, Trigger, TriggerKind,
 };
+pub use calibration::{CALIBRATION_FILE, CalibrationError, CalibrationFile, calibrate};
+pub use nvml::NvmlPressureReader;
+pub use reader::{PressureError, PressureReader, ScriptedReader, UnavailableReader, server_pids};

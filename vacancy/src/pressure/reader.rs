@@ -8,7 +8,7 @@ use async_trait::async_trait;
 use thiserror::Error;
 
 use crate::config::normalize_host;
-use crate::pressure::tracker::OwnerLoad;
+use crate::engine::pressure::OwnerLoad;
 
 /// Why the owner's load on a GPU could not be read.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]

@@ -12,10 +12,10 @@ use crate::engine::{
     ModelObservation, OwnerPresence, Phase, Refusal, RefusalCode, ReleaseEffect, ReleaseOutcome,
     Reservation, UpstreamId, Vacancy, WorkRequest,
 };
+use crate::ledger::store::{ReservationStore, StoreError, StoreWrite};
 use crate::proxy::history::History;
 use crate::proxy::live::LiveWork;
 use crate::proxy::metrics::{self, Metrics};
-use crate::proxy::store::{ReservationStore, StoreError, StoreWrite};
 use crate::time::MonotonicClock;
 use crate::traits::resource::{CapacitySample, SampleError};
 
@@ -726,7 +726,7 @@ mod tests {
 
     use super::*;
     use crate::engine::{EngineSpec, OwnerPresence, ResourceSpec, UpstreamSpec};
-    use crate::proxy::store::StoreChange;
+    use crate::ledger::store::StoreChange;
     use crate::traits::resource::ResourceKind;
 
     /// A store that notes each change in submission order, and whose writes

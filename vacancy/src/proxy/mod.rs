@@ -34,14 +34,15 @@ pub mod route;
 pub mod service;
 pub mod shells;
 pub mod shutdown;
-pub mod store;
 pub mod target;
 pub mod tracked;
 
+pub use crate::ledger::store::{
+    ReservationStore, StoreChange, StoreError, StoreWrite, VolatileStore,
+};
 pub use forward::ProxyBody;
 pub use lender::{Admission, Decided, HeldReleaseError, Lender, RecordError};
 pub use listen::{Listening, serve};
 pub use route::UpstreamRoute;
 pub use shutdown::stopped;
-pub use store::{ReservationStore, StoreChange, StoreError, StoreWrite, VolatileStore};
 pub use target::Target;

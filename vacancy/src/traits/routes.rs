@@ -1,6 +1,5 @@
 //! Route tables as data: what each adapter recognizes, and what vacancyd does with it.
 
-use crate::config::Management;
 use crate::engine::{CompletionMethod, RefusalCode};
 
 /// The HTTP methods a route entry matches. `Get` also matches `HEAD`.
@@ -240,6 +239,21 @@ pub fn route_policy(
             RoutePolicy::Refuse(RefusalCode::RouteNotSupported)
         }
     }
+}
+
+/// Whether an upstream's management routes are forwarded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Management {
+    /// Refused.
+    #[default]
+    Deny,
+    /// Forwarded, never reserved.
+    Allow,
+}
+
+names! {
+    Management { Deny => "deny", Allow => "allow" }
 }
 
 #[cfg(test)]

@@ -105,24 +105,29 @@ fn params_follow_the_config_and_the_floors() {
     };
     assert_eq!(slow.gap_limit(), Duration::from_secs(30));
     assert_eq!(slow.stale_after(), Duration::from_secs(20));
-    let c = GpuPressureConfig {
-        poll_ms: 500,
-        util_threshold_pct: 40,
-        memory_threshold_mib: 2048,
-        engage_ms: 1000,
-        quiet_ms: 5000,
-        ..GpuPressureConfig::default()
-    };
-    assert_eq!(
-        PressureParams::from_config(&c),
-        PressureParams {
-            poll: Duration::from_millis(500),
+    // The conversion from `[owner.gpu_pressure]` lives with the config.
+    #[cfg(feature = "config")]
+    {
+        use crate::config::GpuPressureConfig;
+        let c = GpuPressureConfig {
+            poll_ms: 500,
             util_threshold_pct: 40,
             memory_threshold_mib: 2048,
-            engage_after: Duration::from_secs(1),
-            quiet_for: Duration::from_secs(5),
-        }
-    );
+            engage_ms: 1000,
+            quiet_ms: 5000,
+            ..GpuPressureConfig::default()
+        };
+        assert_eq!(
+            PressureParams::from_config(&c),
+            PressureParams {
+                poll: Duration::from_millis(500),
+                util_threshold_pct: 40,
+                memory_threshold_mib: 2048,
+                engage_after: Duration::from_secs(1),
+                quiet_for: Duration::from_secs(5),
+            }
+        );
+    }
 }
 
 #[test]

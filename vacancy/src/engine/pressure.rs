@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::GpuPressureConfig;
 use crate::engine::PressureVerdict;
 use crate::time::Moment;
 
@@ -27,17 +26,6 @@ pub struct PressureParams {
 }
 
 impl PressureParams {
-    /// The settings of `[owner.gpu_pressure]`.
-    pub fn from_config(config: &GpuPressureConfig) -> Self {
-        PressureParams {
-            poll: Duration::from_millis(config.poll_ms),
-            util_threshold_pct: config.util_threshold_pct,
-            memory_threshold_mib: config.memory_threshold_mib,
-            engage_after: Duration::from_millis(config.engage_ms),
-            quiet_for: Duration::from_millis(config.quiet_ms),
-        }
-    }
-
     /// How long a GPU may go without a good sample before accepted work is
     /// reclaimed: three polls, at least 20 s (PRES-05).
     pub fn gap_limit(&self) -> Duration {
@@ -52,8 +40,15 @@ impl PressureParams {
 }
 
 impl Default for PressureParams {
+    /// The defaults of `[owner.gpu_pressure]`.
     fn default() -> Self {
-        PressureParams::from_config(&GpuPressureConfig::default())
+        PressureParams {
+            poll: Duration::from_millis(2000),
+            util_threshold_pct: 25,
+            memory_threshold_mib: 1024,
+            engage_after: Duration::from_millis(4000),
+            quiet_for: Duration::from_millis(30_000),
+        }
     }
 }
 
@@ -585,5 +580,5 @@ fn secs(d: Duration) -> String {
 }
 
 #[cfg(test)]
-#[path = "tracker_tests.rs"]
+#[path = "pressure_tests.rs"]
 mod tests;
