@@ -15,7 +15,7 @@ use hyper::body::{Body, Frame};
 use tokio::sync::mpsc;
 use tracing::debug;
 
-use crate::control::{ControlState, MAX_EVENT_STREAMS};
+use crate::control::state::{ControlState, MAX_EVENT_STREAMS};
 
 /// The console's files: path, content type, content.
 const ASSETS: &[(&str, &str, &str)] = &[

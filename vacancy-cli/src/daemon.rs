@@ -242,6 +242,8 @@ fn pressure_gpus(
 }
 
 /// Assemble everything and start serving; `shutdown` turning true stops it.
+/// In order: the engine and its ledger, the samplers and presence, the
+/// upstreams' listeners, the control plane; then every listener serves.
 pub async fn start(
     loaded: LoadedConfig,
     config_path: Option<&Path>,
@@ -274,37 +276,19 @@ pub async fn start(
 
     let presence = vacancy::presence::from_owner(&config.owner, Path::new(SEATS_DIR));
     info!("{}", presence.line);
-    let presence_name = presence.shown.clone();
-    let manual = presence.manual.clone();
     // SCOPE-18: the line check-config prints too.
     if let Some(line) = config.exemption_line() {
         info!("{line}");
     }
 
     let mut tasks = JoinSet::new();
-    for r in &config.resources {
-        let resource = shells::sampler_for(r, clock);
-        let poll = Duration::from_millis(r.poll_ms);
-        let timeout = shells::sample_timeout(poll);
-        // One sample before the listeners open, so the first borrower is not
-        // refused with capacity_unknown merely because the daemon just started.
-        // A failure is recorded (capacity unknown until a success) and logged.
-        let _ = shells::sample_once(&*lender, &*resource, timeout).await;
-        tasks.spawn(shells::sample_loop(
-            Arc::clone(&lender),
-            resource,
-            poll,
-            timeout,
-            shutdown.clone(),
-        ));
-    }
+    spawn_samplers(&config, &lender, &mut tasks, &shutdown).await;
     tasks.spawn(shells::presence_loop(
         Arc::clone(&lender),
         Arc::from(presence.backend),
         shells::PRESENCE_EVERY,
         shutdown.clone(),
     ));
-
     if config.owner.gpu_pressure.enabled {
         tasks.spawn(vacancy::proxy::pressure::pressure_loop(
             Arc::clone(&lender),
@@ -315,47 +299,19 @@ pub async fn start(
         ));
     }
 
-    let max_body_bytes = usize::try_from(config.server.max_body_mib.saturating_mul(1024 * 1024))
-        .unwrap_or(usize::MAX);
     let mut infos = Vec::new();
     let mut servers = Vec::new();
     for u in &config.upstreams {
-        let adapter = build_adapter(u, clock, &state_dir, &registry)?;
-        let id = lender
-            .upstream_id(&u.name)
-            .ok_or_else(|| setup(format!("upstream {:?} is missing from the engine", u.name)))?;
-        let target =
-            Target::parse(&u.target).map_err(|e| setup(format!("upstream {:?}: {e}", u.name)))?;
-        let route = Arc::new(UpstreamRoute {
-            name: u.name.clone(),
-            id,
-            adapter,
-            target,
-            management: u.management,
-            on_borrower_disconnect: u.on_borrower_disconnect,
-            completion_timeout: Duration::from_secs(u.completion_timeout_s),
-            max_body_bytes,
-            connect_timeout: Duration::from_secs(10),
-            reads: vacancy::proxy::pool::ReadPool::new(Duration::from_secs(10)),
-        });
-        let listener = bind(&format!("upstream {:?}", u.name), &u.listen).await?;
-        let health = Arc::new(HealthCell::default());
-        infos.push(UpstreamInfo {
-            adapter: u.adapter.as_str().to_owned(),
-            listen: listener
-                .local_addr()
-                .map(|a| a.to_string())
-                .unwrap_or_else(|_| u.listen.clone()),
-            target: u.target.clone(),
-            health: Arc::clone(&health),
-        });
+        let (listener, route, info) =
+            open_upstream(u, &config, &lender, &state_dir, &registry).await?;
         tasks.spawn(shells::observe_loop(
             Arc::clone(&lender),
             Arc::clone(&route),
-            health,
+            Arc::clone(&info.health),
             OBSERVE_EVERY,
             shutdown.clone(),
         ));
+        infos.push(info);
         servers.push((listener, route));
     }
     tasks.spawn(vacancy::proxy::reclaim::reclaim_loop(
@@ -368,21 +324,11 @@ pub async fn start(
     let control = control_listener
         .local_addr()
         .map_err(|e| setup(format!("control listener: {e}")))?;
-    let pressure_gpus = if config.owner.gpu_pressure.enabled {
-        config
-            .resources
-            .iter()
-            .filter(|r| r.kind == ResourceKind::Gpu && r.sampler == SamplerKind::Nvml)
-            .map(|r| r.name.clone())
-            .collect()
-    } else {
-        Vec::new()
-    };
     let state = Arc::new(ControlState {
         lender: Arc::clone(&lender),
         upstreams: infos,
-        presence_backend: presence_name,
-        manual,
+        presence_backend: presence.shown.clone(),
+        manual: presence.manual.clone(),
         tokens: vacancy::auth::Tokens::new(config.server.tokens.clone()),
         ready: false.into(),
         settings: crate::settings::Settings::new(
@@ -390,9 +336,114 @@ pub async fn start(
             config.clone(),
             Arc::clone(&registry),
         ),
-        pressure_gpus,
+        pressure_gpus: measured_gpus(&config),
         event_streams: 0.into(),
     });
+    serve_listeners(
+        &config,
+        &lender,
+        servers,
+        control_listener,
+        &state,
+        &mut tasks,
+        &shutdown,
+    );
+    state.ready.store(true, Ordering::Release);
+    info!(control = %control, "ready");
+    Ok(Daemon { tasks })
+}
+
+/// One sampling loop per resource, each after one sample taken before the
+/// listeners open, so the first borrower is not refused with
+/// capacity_unknown merely because the daemon just started. A failure is
+/// recorded (capacity unknown until a success) and logged.
+async fn spawn_samplers(
+    config: &vacancy::config::Config,
+    lender: &Arc<Lender>,
+    tasks: &mut JoinSet<()>,
+    shutdown: &watch::Receiver<bool>,
+) {
+    for r in &config.resources {
+        let resource = shells::sampler_for(r, lender.clock());
+        let poll = Duration::from_millis(r.poll_ms);
+        let timeout = shells::sample_timeout(poll);
+        let _ = shells::sample_once(&**lender, &*resource, timeout).await;
+        tasks.spawn(shells::sample_loop(
+            Arc::clone(lender),
+            resource,
+            poll,
+            timeout,
+            shutdown.clone(),
+        ));
+    }
+}
+
+/// One lent upstream: its adapter and route, its bound listener, and the
+/// facts `/status` shows of it.
+async fn open_upstream(
+    u: &vacancy::config::UpstreamConfig,
+    config: &vacancy::config::Config,
+    lender: &Lender,
+    state_dir: &Path,
+    registry: &AdapterRegistry,
+) -> Result<(TcpListener, Arc<UpstreamRoute>, UpstreamInfo), StartError> {
+    let max_body_bytes = usize::try_from(config.server.max_body_mib.saturating_mul(1024 * 1024))
+        .unwrap_or(usize::MAX);
+    let adapter = build_adapter(u, lender.clock(), state_dir, registry)?;
+    let id = lender
+        .upstream_id(&u.name)
+        .ok_or_else(|| setup(format!("upstream {:?} is missing from the engine", u.name)))?;
+    let target =
+        Target::parse(&u.target).map_err(|e| setup(format!("upstream {:?}: {e}", u.name)))?;
+    let route = Arc::new(UpstreamRoute {
+        name: u.name.clone(),
+        id,
+        adapter,
+        target,
+        management: u.management,
+        on_borrower_disconnect: u.on_borrower_disconnect,
+        completion_timeout: Duration::from_secs(u.completion_timeout_s),
+        max_body_bytes,
+        connect_timeout: Duration::from_secs(10),
+        reads: vacancy::proxy::pool::ReadPool::new(Duration::from_secs(10)),
+    });
+    let listener = bind(&format!("upstream {:?}", u.name), &u.listen).await?;
+    let info = UpstreamInfo {
+        adapter: u.adapter.as_str().to_owned(),
+        listen: listener
+            .local_addr()
+            .map(|a| a.to_string())
+            .unwrap_or_else(|_| u.listen.clone()),
+        target: u.target.clone(),
+        health: Arc::new(HealthCell::default()),
+    };
+    Ok((listener, route, info))
+}
+
+/// The GPUs whose pressure is measured, for `/metrics`.
+fn measured_gpus(config: &vacancy::config::Config) -> Vec<String> {
+    if !config.owner.gpu_pressure.enabled {
+        return Vec::new();
+    }
+    config
+        .resources
+        .iter()
+        .filter(|r| r.kind == ResourceKind::Gpu && r.sampler == SamplerKind::Nvml)
+        .map(|r| r.name.clone())
+        .collect()
+}
+
+/// Every borrower listener and the control listener serve, within the
+/// connection budgets the open-files limit allows.
+fn serve_listeners(
+    config: &vacancy::config::Config,
+    lender: &Arc<Lender>,
+    servers: Vec<(TcpListener, Arc<UpstreamRoute>)>,
+    control_listener: TcpListener,
+    state: &Arc<ControlState>,
+    tasks: &mut JoinSet<()>,
+    shutdown: &watch::Receiver<bool>,
+) {
     let limits = ConnLimits::from_config(&config.server);
     let nofile = conn::raise_nofile_limit();
     let (borrowers, control_budget) = conn::budgets(nofile, DESCRIPTOR_RESERVE);
@@ -409,7 +460,7 @@ pub async fn start(
         info!(upstream = %route.name, adapter = route.adapter.name(), listen = %listener.local_addr().map(|a| a.to_string()).unwrap_or_default(), target = %route.target.authority, "lending upstream");
         tasks.spawn(vacancy::proxy::serve(
             listener,
-            Arc::clone(&lender),
+            Arc::clone(lender),
             route,
             Listening {
                 limits,
@@ -421,14 +472,11 @@ pub async fn start(
     }
     tasks.spawn(crate::control::serve(
         control_listener,
-        Arc::clone(&state),
+        Arc::clone(state),
         Listening {
             limits,
             budget: control_budget,
         },
         shutdown.clone(),
     ));
-    state.ready.store(true, Ordering::Release);
-    info!(control = %control, "ready");
-    Ok(Daemon { tasks })
 }

@@ -16,7 +16,7 @@ use vacancy::presence::{ManualPresence, PresenceBackend};
 use vacancy::proxy::shells::{self, LoopSink};
 use vacancy::{CapacitySample, Moment, MonotonicClock, Resource, SampleError};
 
-use crate::engine::{Inner, Timeline};
+use crate::inner::{Inner, Timeline};
 
 /// Where login seats are listed on a systemd machine (as the daemon looks).
 const SEATS_DIR: &str = "/run/systemd/seats";
@@ -232,5 +232,44 @@ impl LoopSink for Core {
         g.engine.set_owner(presence);
         self.drain_effects(&mut g);
         before != presence
+    }
+}
+
+/// One-off calls outside the driver's loops.
+impl Core {
+    /// Sample `names` once with their configured samplers (outside the driver's
+    /// loops); returns each name with why its sample failed, or `None`.
+    pub(crate) fn sample_now(&self, names: &[String]) -> Vec<(String, Option<String>)> {
+        let rt = match self.runtime() {
+            Ok(rt) => rt,
+            Err(why) => {
+                return names
+                    .iter()
+                    .map(|n| (n.clone(), Some(why.clone())))
+                    .collect();
+            }
+        };
+        rt.block_on(async {
+            let mut out = Vec::new();
+            for s in self
+                .samplers()
+                .iter()
+                .filter(|s| names.contains(&s.config.name))
+            {
+                let timeout =
+                    shells::sample_timeout(std::time::Duration::from_millis(s.config.poll_ms));
+                let r = shells::sample_once(self, &*s.sampler, timeout).await;
+                out.push((s.config.name.clone(), r.err()));
+            }
+            out
+        })
+    }
+
+    /// Ask the presence backend once and apply its answer.
+    pub(crate) fn poll_presence(&self) -> Result<vacancy::engine::OwnerPresence, String> {
+        let rt = self.runtime()?;
+        let presence = rt.block_on(self.presence.presence());
+        self.set_owner(presence);
+        Ok(presence)
     }
 }

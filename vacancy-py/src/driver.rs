@@ -185,39 +185,3 @@ impl Drop for Driver {
         }
     }
 }
-
-/// Sample `names` once with their configured samplers (outside the driver's
-/// loops); returns each name with why its sample failed, or `None`.
-pub(crate) fn sample_now(core: &Core, names: &[String]) -> Vec<(String, Option<String>)> {
-    let rt = match core.runtime() {
-        Ok(rt) => rt,
-        Err(why) => {
-            return names
-                .iter()
-                .map(|n| (n.clone(), Some(why.clone())))
-                .collect();
-        }
-    };
-    rt.block_on(async {
-        let mut out = Vec::new();
-        for s in core
-            .samplers()
-            .iter()
-            .filter(|s| names.contains(&s.config.name))
-        {
-            let timeout =
-                shells::sample_timeout(std::time::Duration::from_millis(s.config.poll_ms));
-            let r = shells::sample_once(core, &*s.sampler, timeout).await;
-            out.push((s.config.name.clone(), r.err()));
-        }
-        out
-    })
-}
-
-/// Ask the presence backend once and apply its answer.
-pub(crate) fn poll_presence(core: &Core) -> Result<vacancy::engine::OwnerPresence, String> {
-    let rt = core.runtime()?;
-    let presence = rt.block_on(core.presence.presence());
-    core.set_owner(presence);
-    Ok(presence)
-}

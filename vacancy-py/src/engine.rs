@@ -16,15 +16,16 @@ use vacancy::engine::{
     ReleaseOutcome, RequestReuse, ResidencyEvidence, WorkRequest,
 };
 use vacancy::pressure::{
-    Attendance, Baseline, Miss, Observation, OwnerLoad, PressureParams, PressureReading,
-    PressureTracker, PressureUpdate, TriggerKind,
+    Attendance, Miss, Observation, OwnerLoad, PressureParams, PressureReading, PressureTracker,
+    PressureUpdate, TriggerKind,
 };
 use vacancy::proxy::shells::LoopSink;
-use vacancy::{CapacitySample, Moment, MonotonicClock, ResourceKind};
+use vacancy::{CapacitySample, Moment, ResourceKind};
 
 use crate::convert::json_to_py;
 use crate::core::Core;
 use crate::errors::{Error, IntoPyResult, config_error};
+use crate::inner::{Inner, Timeline, moment_of, secs};
 
 /// How often a waiting `admit()` wakes up to let Python handle signals (Ctrl-C).
 const SIGNAL_CHECK: Duration = Duration::from_millis(100);
@@ -147,98 +148,7 @@ impl Config {
     }
 }
 
-// ---- time ----------------------------------------------------------------
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Timeline {
-    /// No call has fixed the timeline yet.
-    Unset,
-    /// The engine's monotonic clock (no `at=`/`now=` given).
-    Real,
-    /// Explicit seconds (`at=`/`now=` given).
-    Simulated,
-}
-
-pub(crate) fn secs(m: Moment) -> f64 {
-    m.as_nanos() as f64 / 1e9
-}
-
-fn moment_of(s: f64) -> Result<Moment, Error> {
-    if !s.is_finite() || s < 0.0 {
-        return Err(Error::Timeline(format!(
-            "a time must be a finite, non-negative number of seconds, not {s}"
-        )));
-    }
-    Ok(Moment::from_nanos((s * 1e9).round() as u64))
-}
-
 // ---- Engine --------------------------------------------------------------
-
-pub(crate) struct Inner {
-    pub(crate) engine: vacancy::Engine,
-    pub(crate) timeline: Timeline,
-    /// The latest moment any call used.
-    pub(crate) latest: Moment,
-    /// One pressure tracker per GPU fed through `pressure_sample` /
-    /// `pressure_miss`, created at its first poll (its gap limit counts from then).
-    trackers: HashMap<String, PressureTracker>,
-    /// Calibrated baselines, kept for trackers not created yet.
-    baselines: HashMap<String, Baseline>,
-}
-
-impl Inner {
-    /// The moment of a call: `at` on a simulated timeline, the clock otherwise.
-    fn moment(&mut self, clock: &MonotonicClock, at: Option<f64>) -> Result<Moment, Error> {
-        let m = match (at, self.timeline) {
-            (Some(_), Timeline::Real) => {
-                return Err(Error::Timeline(
-                    "this engine runs on its monotonic clock (an earlier call gave no time); \
-                     passing at=/now= mixes simulated and real time: use a separate Engine for simulation"
-                        .to_owned(),
-                ));
-            }
-            (None, Timeline::Simulated) => {
-                return Err(Error::Timeline(
-                    "this engine runs on simulated time (an earlier call gave at=/now=); \
-                     pass at=/now= to every call, or use a separate Engine on the real clock"
-                        .to_owned(),
-                ));
-            }
-            (Some(s), _) => {
-                self.timeline = Timeline::Simulated;
-                moment_of(s)?
-            }
-            (None, _) => {
-                self.timeline = Timeline::Real;
-                clock.now()
-            }
-        };
-        self.latest = self.latest.max(m);
-        Ok(m)
-    }
-
-    /// The moment for a call that takes no time of its own: the clock, or the
-    /// latest simulated moment.
-    fn current(&mut self, clock: &MonotonicClock) -> Moment {
-        match self.timeline {
-            Timeline::Simulated => self.latest,
-            Timeline::Real | Timeline::Unset => {
-                self.timeline = Timeline::Real;
-                let m = clock.now();
-                self.latest = self.latest.max(m);
-                m
-            }
-        }
-    }
-
-    fn upstream(&self, name: &str) -> Result<vacancy::engine::UpstreamId, Error> {
-        self.engine.upstream_id(name).ok_or_else(|| {
-            Error::Engine(vacancy::engine::EngineError::UnknownUpstream(
-                name.to_owned(),
-            ))
-        })
-    }
-}
 
 /// The admission engine: the daemon's rules, embedded. See `docs/python.md`.
 /// Weak-referenceable: `vacancy._aio` keeps one waker per engine without
@@ -942,7 +852,7 @@ impl Engine {
                 .collect(),
         };
         let core = Arc::clone(&self.core);
-        let results = py.detach(move || crate::driver::sample_now(&core, &names));
+        let results = py.detach(move || core.sample_now(&names));
         Ok(results.into_iter().collect())
     }
 
@@ -952,7 +862,7 @@ impl Engine {
     fn poll_presence(&self, py: Python<'_>) -> PyResult<Option<bool>> {
         let core = Arc::clone(&self.core);
         let presence = py
-            .detach(move || crate::driver::poll_presence(&core))
+            .detach(move || core.poll_presence())
             .map_err(pyo3::exceptions::PyRuntimeError::new_err)?;
         Ok(match presence {
             OwnerPresence::Present => Some(true),

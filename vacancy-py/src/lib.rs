@@ -16,6 +16,7 @@ mod core;
 mod driver;
 mod engine;
 mod errors;
+mod inner;
 mod slots;
 
 use pyo3::prelude::*;

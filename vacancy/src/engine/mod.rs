@@ -40,11 +40,11 @@ pub use inputs::{
 pub use line::{LINE_EXPIRY_GRACE, LineStatus, QueueSpec};
 pub use priors::MAX_PRIOR_IDENTITIES;
 pub use reclaim::{
-    OnOwnerReturn, RESPONSE_CUT_GRACE, ReclaimCommand, ReclaimId, ReclaimPolicy, ReclaimStatus,
-    ReclaimTrigger,
+    OnOwnerReturn, OwnerScope, RESPONSE_CUT_GRACE, ReclaimCommand, ReclaimId, ReclaimPolicy,
+    ReclaimStatus, ReclaimTrigger,
 };
 pub use refusal::{Refusal, RefusalCode};
-pub use spec::{EngineSpec, ModelBudget, OwnerScope, ResourceSpec, SpecError, UpstreamSpec};
+pub use spec::{EngineSpec, ModelBudget, ResourceSpec, SpecError, UpstreamSpec};
 pub use status::{
     EngineStatus, OwnerVetoStatus, ResourceStatus, UpstreamStatus, Vacancy, WorkStatus,
 };

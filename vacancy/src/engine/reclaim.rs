@@ -213,7 +213,6 @@ impl ActiveReclaim {
     }
 }
 
-use crate::engine::OwnerScope;
 use crate::engine::inputs::{OwnerPresence, PressureVerdict};
 use crate::engine::work::Phase;
 use crate::engine::{Effect, Engine, EngineError};
@@ -534,6 +533,21 @@ pub enum OnOwnerReturn {
     Cancel,
     /// Let it finish with no deadline.
     Finish,
+}
+
+/// Whether owner presence applies to an upstream (SCOPE-01).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OwnerScope {
+    /// The owner veto refuses new work and reclaims accepted work.
+    #[default]
+    Host,
+    /// Exempt from owner presence; still obeys switches, capacity and pressure.
+    Resource,
+}
+
+names! {
+    OwnerScope { Host => "host", Resource => "resource" }
 }
 
 names! {

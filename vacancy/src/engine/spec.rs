@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use crate::engine::ResourceKind;
-use crate::engine::reclaim::ReclaimPolicy;
+use crate::engine::reclaim::{OwnerScope, ReclaimPolicy};
 
 /// One resource the engine lends.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -143,19 +143,4 @@ pub enum SpecError {
         /// The resource.
         resource: String,
     },
-}
-
-/// Whether owner presence applies to an upstream (SCOPE-01).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum OwnerScope {
-    /// The owner veto refuses new work and reclaims accepted work.
-    #[default]
-    Host,
-    /// Exempt from owner presence; still obeys switches, capacity and pressure.
-    Resource,
-}
-
-names! {
-    OwnerScope { Host => "host", Resource => "resource" }
 }

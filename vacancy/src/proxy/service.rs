@@ -20,7 +20,7 @@ use crate::proxy::forward::{
     ExchangeError, ProxyBody, exchange_with_cut, full, head_first, is_upgrade,
     prepare_response_head, streaming, upstream_request,
 };
-use crate::proxy::lender::{Decided, Lender};
+use crate::proxy::lender::{Admission, Decided, Lender};
 use crate::proxy::live::{CutSignal, cut_happens, cut_reason};
 use crate::proxy::metrics::Phase;
 use crate::proxy::route::UpstreamRoute;
@@ -240,6 +240,8 @@ async fn tunnel(
     }
 }
 
+/// Work: read the body within its bound, inspect it, decide, record the
+/// reservation (REC-01), then forward it apart from the borrower's connection.
 async fn work_request(
     lender: Arc<Lender>,
     route: Arc<UpstreamRoute>,
@@ -252,35 +254,9 @@ async fn work_request(
     let arrived_at = lender.clock().now();
     let inspecting = Instant::now();
     let (mut parts, body) = req.into_parts();
-    let body = if work.inspect_body {
-        match Limited::new(body, route.max_body_bytes).collect().await {
-            Ok(collected) => collected.to_bytes(),
-            Err(e) if e.is::<http_body_util::LengthLimitError>() => {
-                let refusal = Refusal::new(
-                    RefusalCode::BodyTooLarge,
-                    format!(
-                        "the request body is larger than the {} bytes vacancyd inspects for work (max_body_mib); send a smaller request",
-                        route.max_body_bytes
-                    ),
-                );
-                lender.metrics().refused(&route.name, refusal.code);
-                return refusal_response(&route, &refusal, true);
-            }
-            Err(e) => {
-                let reason = match is_stalled(e.as_ref()) {
-                    Some(stalled) => {
-                        info!(upstream = %route.name, received = stalled.received, elapsed_s = stalled.elapsed_s, "a request body arrived too slowly; closing the connection");
-                        stalled.to_string()
-                    }
-                    None => format!("the request body could not be read: {e}"),
-                };
-                let refusal = Refusal::new(RefusalCode::InvalidRequest, reason);
-                lender.metrics().refused(&route.name, refusal.code);
-                return refusal_response(&route, &refusal, true);
-            }
-        }
-    } else {
-        Bytes::new()
+    let body = match read_work_body(&lender, &route, body, work.inspect_body).await {
+        Ok(body) => body,
+        Err(refused) => return refused,
     };
     let entry = EntryId::random();
     let ctx = InspectContext {
@@ -308,27 +284,9 @@ async fn work_request(
         upstream_ref: inspection.upstream_ref,
         wait: None,
     };
-    let (decided, in_line) = lender.decide_in_line(&request).await;
-    if let Some(w) = in_line {
-        let _ = waited.set(w);
-    }
-    let decided = match decided {
-        Decided::Reobserve(refusal) => {
-            // RES-20: the observation was only too old; observe once more.
-            info!(entry = %entry, upstream = %route.name, "the resident observation was too old; observing once more before deciding (RES-20)");
-            match observe_upstream(&lender, &route).await {
-                Ok(_) => lender.decide(&request).await,
-                Err(e) => {
-                    debug!(upstream = %route.name, error = %e, "RES-20 re-observation failed");
-                    Decided::Refused(refusal)
-                }
-            }
-        }
-        decided => decided,
-    };
-    let admission = match decided {
-        Decided::Admitted(a) => a,
-        Decided::Refused(refusal) | Decided::Reobserve(refusal) => {
+    let admission = match decide(&lender, &route, &request, waited).await {
+        Ok(a) => a,
+        Err(refusal) => {
             lender.count(&route.name, &Err(refusal.clone()));
             return refusal_response(&route, &refusal, false);
         }
@@ -364,7 +322,6 @@ async fn work_request(
     // leaves mid-wait never leaves the entry without an owner.
     let (tx, rx) = oneshot::channel();
     let _ = forwarded.set(Instant::now());
-    let task_route = Arc::clone(&route);
     if work.completion == CompletionMethod::Tracked {
         let assigned = reservation
             .upstream_ref
@@ -378,51 +335,135 @@ async fn work_request(
         });
         return answer(&route, rx).await;
     }
+    let task_route = Arc::clone(&route);
     let cut = exchange.cut_signal();
     tokio::spawn(async move {
-        exchange.forwarding();
-        let (sent, connected) = (Instant::now(), OnceLock::new());
-        let exchanged = tokio::select! {
-            r = exchange_with_cut(&task_route.target, upstream_req, task_route.connect_timeout, Some(cut.clone()), Some(&connected)) => Ok(r),
-            reason = cut_happens(cut.clone()) => Err(reason),
-        };
-        // A cut closes the upstream connection, which fails the exchange too;
-        // whichever the select saw first, the cause is the cut.
-        let exchanged = match (exchanged, cut_reason(&cut)) {
-            (Ok(Err(ExchangeError::AfterConnect(_))), Some(reason)) => Err(reason),
-            (other, _) => other,
-        };
-        let response = match exchanged {
-            Ok(Ok(resp)) => {
-                if let Some(at) = connected.get() {
-                    let metrics = exchange.lender().metrics();
-                    metrics.phase(Phase::Connect, at.saturating_duration_since(sent));
-                    metrics.phase(Phase::Upstream, at.elapsed());
-                }
-                exchange.response_head();
-                relay(resp, borrower_upgrade, Some(exchange), Some(cut))
-            }
-            Ok(Err(e @ ExchangeError::Connect { .. })) => {
-                exchange.finish(Observed::ConnectFailed(e.to_string()));
-                exchange_failed(&task_route, &e)
-            }
-            Ok(Err(e @ ExchangeError::AfterConnect(_))) => {
-                exchange.finish(Observed::FailedAfterConnect(e.to_string()));
-                exchange_failed(&task_route, &e)
-            }
-            Err(reason) => {
-                // RECL-15: cut before the reply began; dropping the exchange closed it.
-                info!(entry = %entry, upstream = %task_route.name, reason = %reason, "request cut by a reclaim before its reply");
-                let refusal = Refusal::new(reason.code, reason.reason.clone());
-                tokio::spawn(verify_cut(exchange, reason.reason));
-                refusal_after_forwarding(&task_route, &refusal, true)
-            }
-        };
+        let response =
+            exchange_synchronous(exchange, cut, &task_route, upstream_req, borrower_upgrade).await;
         // A borrower who left gets nothing; dropping the response applies the
         // on_borrower_disconnect policy.
         drop(tx.send(response));
     });
     answer(&route, rx).await
+}
+
+/// The body of a work request, read whole within `max_body_mib` where the
+/// adapter inspects it; a refusal when it is too large, too slow or broken.
+async fn read_work_body(
+    lender: &Lender,
+    route: &UpstreamRoute,
+    body: BorrowerBody,
+    inspect: bool,
+) -> Result<Bytes, http::Response<ProxyBody>> {
+    if !inspect {
+        return Ok(Bytes::new());
+    }
+    let refusal = match Limited::new(body, route.max_body_bytes).collect().await {
+        Ok(collected) => return Ok(collected.to_bytes()),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => Refusal::new(
+            RefusalCode::BodyTooLarge,
+            format!(
+                "the request body is larger than the {} bytes vacancyd inspects for work (max_body_mib); send a smaller request",
+                route.max_body_bytes
+            ),
+        ),
+        Err(e) => {
+            let reason = match is_stalled(e.as_ref()) {
+                Some(stalled) => {
+                    info!(upstream = %route.name, received = stalled.received, elapsed_s = stalled.elapsed_s, "a request body arrived too slowly; closing the connection");
+                    stalled.to_string()
+                }
+                None => format!("the request body could not be read: {e}"),
+            };
+            Refusal::new(RefusalCode::InvalidRequest, reason)
+        }
+    };
+    lender.metrics().refused(&route.name, refusal.code);
+    Err(refusal_response(route, &refusal, true))
+}
+
+/// The engine's decision on a work request, after its wait in line (noted
+/// in `waited`) and, where the resident observation was only too old, one
+/// more observation (RES-20).
+async fn decide(
+    lender: &Lender,
+    route: &UpstreamRoute,
+    request: &WorkRequest,
+    waited: &Waited,
+) -> Result<Admission, Refusal> {
+    let (decided, in_line) = lender.decide_in_line(request).await;
+    if let Some(w) = in_line {
+        let _ = waited.set(w);
+    }
+    let decided = match decided {
+        Decided::Reobserve(refusal) => {
+            info!(entry = %request.id, upstream = %route.name, "the resident observation was too old; observing once more before deciding (RES-20)");
+            match observe_upstream(lender, route).await {
+                Ok(_) => lender.decide(request).await,
+                Err(e) => {
+                    debug!(upstream = %route.name, error = %e, "RES-20 re-observation failed");
+                    Decided::Refused(refusal)
+                }
+            }
+        }
+        decided => decided,
+    };
+    match decided {
+        Decided::Admitted(a) => Ok(a),
+        Decided::Refused(refusal) | Decided::Reobserve(refusal) => Err(refusal),
+    }
+}
+
+/// Forward synchronous work and hand back the borrower's response: the
+/// upstream's, relayed with the exchange riding on its body, or a refusal
+/// that says how the exchange ended (a failed connection, a failure after
+/// it, a reclaim's cut before the reply, RECL-15).
+async fn exchange_synchronous(
+    mut exchange: Exchange,
+    cut: CutSignal,
+    route: &Arc<UpstreamRoute>,
+    upstream_req: http::Request<ProxyBody>,
+    borrower_upgrade: Option<hyper::upgrade::OnUpgrade>,
+) -> http::Response<ProxyBody> {
+    let entry = exchange.entry();
+    exchange.forwarding();
+    let (sent, connected) = (Instant::now(), OnceLock::new());
+    let exchanged = tokio::select! {
+        r = exchange_with_cut(&route.target, upstream_req, route.connect_timeout, Some(cut.clone()), Some(&connected)) => Ok(r),
+        reason = cut_happens(cut.clone()) => Err(reason),
+    };
+    // A cut closes the upstream connection, which fails the exchange too;
+    // whichever the select saw first, the cause is the cut.
+    let exchanged = match (exchanged, cut_reason(&cut)) {
+        (Ok(Err(ExchangeError::AfterConnect(_))), Some(reason)) => Err(reason),
+        (other, _) => other,
+    };
+    match exchanged {
+        Ok(Ok(resp)) => {
+            if let Some(at) = connected.get() {
+                let metrics = exchange.lender().metrics();
+                metrics.phase(Phase::Connect, at.saturating_duration_since(sent));
+                metrics.phase(Phase::Upstream, at.elapsed());
+            }
+            exchange.response_head();
+            relay(resp, borrower_upgrade, Some(exchange), Some(cut))
+        }
+        Ok(Err(e @ ExchangeError::Connect { .. })) => {
+            exchange.finish(Observed::ConnectFailed(e.to_string()));
+            exchange_failed(route, &e)
+        }
+        Ok(Err(e @ ExchangeError::AfterConnect(_))) => {
+            exchange.finish(Observed::FailedAfterConnect(e.to_string()));
+            exchange_failed(route, &e)
+        }
+        Err(reason) => {
+            // RECL-15: cut before the reply began; dropping the exchange closed it.
+            info!(entry = %entry, upstream = %route.name, reason = %reason, "request cut by a reclaim before its reply");
+            let refusal = Refusal::new(reason.code, reason.reason.clone());
+            tokio::spawn(verify_cut(exchange, reason.reason));
+            refusal_after_forwarding(route, &refusal, true)
+        }
+    }
 }
 
 /// The exchange task's response for the borrower, or why there is none.
