@@ -88,8 +88,6 @@ pub const ROUTES: &[RouteSpec] = &[
 
 /// [`ROUTES`] as a checked [`RouteTable`].
 ///
-/// # Behavior
-///
 /// Refused if two entries could match the same request (DESIGN §8).
 pub fn route_table() -> Result<RouteTable, RouteOverlap> {
     RouteTable::new(ROUTES.to_vec())
@@ -208,14 +206,10 @@ pub struct ChatterboxAdapter {
 impl ChatterboxAdapter {
     /// The adapter's name in configuration (`adapter = "chatterbox"`).
     ///
-    /// # Behavior
-    ///
     /// What [`Adapter::name`] answers.
     pub const NAME: &'static str = "chatterbox";
 
     /// An adapter for the voice server at `settings.target`.
-    ///
-    /// # Behavior
     ///
     /// Builds and checks [`ROUTES`]; connects nothing.
     pub fn new(settings: AdapterSettings) -> Result<Self, RouteOverlap> {
@@ -229,8 +223,6 @@ impl ChatterboxAdapter {
     /// The same adapter answering at the paths of `[upstream.voice_routes]`
     /// (DESIGN §4: each path configurable per upstream).
     ///
-    /// # Behavior
-    ///
     /// See [`route_table_for`]; two paths that could match the same request
     /// are refused.
     pub fn with_routes(mut self, routes: &VoiceRoutesConfig) -> Result<Self, RouteOverlap> {
@@ -239,8 +231,6 @@ impl ChatterboxAdapter {
     }
 
     /// The settings it was built with.
-    ///
-    /// # Behavior
     ///
     /// As given to [`ChatterboxAdapter::new`].
     pub fn settings(&self) -> &AdapterSettings {

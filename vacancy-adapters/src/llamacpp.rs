@@ -84,8 +84,6 @@ pub const ROUTES: &[RouteSpec] = &[
 
 /// [`ROUTES`] as a checked [`RouteTable`].
 ///
-/// # Behavior
-///
 /// Refused if two entries could match the same request (DESIGN §8); the
 /// table's tests build it, so an overlap never ships.
 pub fn route_table() -> Result<RouteTable, RouteOverlap> {
@@ -137,14 +135,10 @@ pub struct LlamaCppAdapter {
 impl LlamaCppAdapter {
     /// The adapter's name in configuration (`adapter = "llamacpp"`).
     ///
-    /// # Behavior
-    ///
     /// What [`Adapter::name`] answers.
     pub const NAME: &'static str = "llamacpp";
 
     /// An adapter for the upstream at `settings.target`.
-    ///
-    /// # Behavior
     ///
     /// Builds and checks [`ROUTES`] (DESIGN §8); connects nothing.
     pub fn new(settings: AdapterSettings) -> Result<Self, RouteOverlap> {
@@ -156,8 +150,6 @@ impl LlamaCppAdapter {
     }
 
     /// The settings it was built with.
-    ///
-    /// # Behavior
     ///
     /// As given to [`LlamaCppAdapter::new`].
     pub fn settings(&self) -> &AdapterSettings {

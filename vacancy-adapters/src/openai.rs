@@ -45,8 +45,6 @@ pub const ROUTES: &[RouteSpec] = &[
 
 /// [`ROUTES`] as a checked [`RouteTable`].
 ///
-/// # Behavior
-///
 /// Refused if two entries could match the same request (DESIGN §8); the
 /// table's tests build it, so an overlap never ships.
 pub fn route_table() -> Result<RouteTable, RouteOverlap> {
@@ -79,14 +77,10 @@ pub struct OpenAiAdapter {
 impl OpenAiAdapter {
     /// The adapter's name in configuration (`adapter = "openai"`).
     ///
-    /// # Behavior
-    ///
     /// What [`Adapter::name`] answers.
     pub const NAME: &'static str = "openai";
 
     /// An adapter for the upstream at `settings.target`.
-    ///
-    /// # Behavior
     ///
     /// Builds and checks [`ROUTES`] (DESIGN §8); connects nothing.
     pub fn new(settings: AdapterSettings) -> Result<Self, RouteOverlap> {
@@ -97,8 +91,6 @@ impl OpenAiAdapter {
     }
 
     /// The settings it was built with.
-    ///
-    /// # Behavior
     ///
     /// As given to [`OpenAiAdapter::new`].
     pub fn settings(&self) -> &AdapterSettings {

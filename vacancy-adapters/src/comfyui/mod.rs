@@ -122,8 +122,6 @@ pub const ROUTES: &[RouteSpec] = &[
 
 /// [`ROUTES`] as a checked [`RouteTable`].
 ///
-/// # Behavior
-///
 /// Refused if two entries could match the same request (DESIGN §8).
 pub fn route_table() -> Result<RouteTable, RouteOverlap> {
     RouteTable::new(ROUTES.to_vec())
@@ -306,14 +304,10 @@ impl Shared {
 impl ComfyUiAdapter {
     /// The adapter's name in configuration (`adapter = "comfyui"`).
     ///
-    /// # Behavior
-    ///
     /// What [`Adapter::name`] answers.
     pub const NAME: &'static str = "comfyui";
 
     /// An adapter for the ComfyUI at `settings.target`.
-    ///
-    /// # Behavior
     ///
     /// Builds and checks [`ROUTES`]; connects nothing.
     pub fn new(settings: AdapterSettings) -> Result<Self, RouteOverlap> {
@@ -343,8 +337,6 @@ impl ComfyUiAdapter {
     /// The same adapter with other tracking clocks: `completion_timeout_s`
     /// (COMFY-26), and shorter checks or lost-submission waits for tests.
     ///
-    /// # Behavior
-    ///
     /// Call it before the adapter is shared; afterwards it changes nothing.
     pub fn with_tracking_times(mut self, times: TrackingTimes) -> Self {
         if let Some(shared) = Arc::get_mut(&mut self.shared) {
@@ -357,8 +349,6 @@ impl ComfyUiAdapter {
     /// or unload request may take (RECL-27, 2 minutes) and how long a
     /// stopped prompt's history is checked (RECL-28, 10 s), e.g. shrunk for
     /// tests.
-    ///
-    /// # Behavior
     ///
     /// Call it before the adapter is shared; afterwards it changes nothing.
     pub fn with_reclaim_times(mut self, times: ReclaimTimes) -> Self {
@@ -374,8 +364,6 @@ impl ComfyUiAdapter {
     /// The same adapter with other limits on queue and history reads
     /// (COMFY-31..34), e.g. shrunk for tests.
     ///
-    /// # Behavior
-    ///
     /// Call it before the adapter is shared; afterwards it changes nothing.
     pub fn with_read_limits(mut self, limits: ReadLimits) -> Self {
         if let Some(shared) = Arc::get_mut(&mut self.shared) {
@@ -387,8 +375,6 @@ impl ComfyUiAdapter {
     /// The same adapter asking one job's state at another path on ComfyUI
     /// 0.6.0 and later (`{id}` stands for the prompt ID).
     ///
-    /// # Behavior
-    ///
     /// [`DEFAULT_JOBS_PATH`] unless changed; call it before the adapter is shared.
     pub fn with_jobs_path(mut self, path: &str) -> Self {
         if let Some(shared) = Arc::get_mut(&mut self.shared) {
@@ -399,8 +385,6 @@ impl ComfyUiAdapter {
 
     /// The settings it was built with.
     ///
-    /// # Behavior
-    ///
     /// As given to [`ComfyUiAdapter::new`].
     pub fn settings(&self) -> &AdapterSettings {
         &self.settings
@@ -408,16 +392,12 @@ impl ComfyUiAdapter {
 
     /// Whether `prompt_id` was admitted through vacancy (recently enough to be remembered).
     ///
-    /// # Behavior
-    ///
     /// IDs vacancy assigned, and IDs an early release reported instead (REC-04).
     pub fn is_borrowed(&self, prompt_id: &str) -> bool {
         lock(&self.shared.borrowed).outputs.contains_key(prompt_id)
     }
 
     /// Remember a prompt admitted through vacancy, for borrower reads.
-    ///
-    /// # Behavior
     ///
     /// At most [`REMEMBERED_PROMPTS`]; the oldest is forgotten first.
     pub fn remember(&self, prompt_id: &str) {
@@ -427,8 +407,6 @@ impl ComfyUiAdapter {
     /// Record the output files a borrowed prompt's history lists, so `/view`
     /// serves them to borrowers.
     ///
-    /// # Behavior
-    ///
     /// Ignored for a prompt that was not admitted through vacancy.
     pub fn record_outputs(&self, prompt_id: &str, files: Vec<OutputFile>) {
         self.shared.record_outputs(prompt_id, files);
@@ -436,16 +414,12 @@ impl ComfyUiAdapter {
 
     /// The release last read from `/system_stats`, if any.
     ///
-    /// # Behavior
-    ///
     /// `None` until a read succeeds.
     pub fn known_version(&self) -> Option<ReportedVersion> {
         *lock(&self.shared.version)
     }
 
     /// Read the release from `/system_stats` (COMFY-37), remembering it.
-    ///
-    /// # Behavior
     ///
     /// A failed or malformed read is an error and forgets nothing (COMFY-20).
     pub async fn read_version(&self) -> Result<ReportedVersion, String> {

@@ -982,8 +982,6 @@ pub struct ForeignPrompt {
 /// Stops at the first queue item whose prompt ID is not in a set of our own
 /// (the unload check: is anyone else's work queued?).
 ///
-/// # Behavior
-///
 /// The answer is `Some(first foreign item)`, or `None` when a complete reply
 /// held only our prompts (or none).
 #[derive(Debug, Clone)]
@@ -1583,8 +1581,6 @@ impl ReadError {
 }
 
 /// Reads `body` into `scanner` within `limits`, timed from now.
-///
-/// # Behavior
 ///
 /// See [`read_body_since`]; use that one when the request went out earlier,
 /// so the wait for the response head counts towards COMFY-32 and COMFY-34.

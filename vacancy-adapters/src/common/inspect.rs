@@ -11,14 +11,10 @@ use vacancy::traits::{InspectError, Inspection, WorkRoute};
 
 /// The OpenAI Responses route, whose background mode vacancy refuses (ROUTE-05).
 ///
-/// # Behavior
-///
 /// Compared with the borrower's path without its query (ROUTE-05..07).
 pub const RESPONSES_PATH: &str = "/v1/responses";
 
 /// The path without its query string.
-///
-/// # Behavior
 ///
 /// `/v1/responses?x=1` is `/v1/responses`; route decisions never depend on
 /// the query (ROUTE-01).

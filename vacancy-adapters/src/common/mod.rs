@@ -60,8 +60,6 @@ impl AdapterSettings {
     /// Settings for `target`, stamped with `clock`, without a credential and
     /// with the default observation timeout.
     ///
-    /// # Behavior
-    ///
     /// Nothing is checked or connected here; a target the observation client
     /// cannot use is reported by each observation (`ObserveError::Unreachable`).
     pub fn new(target: http::Uri, clock: MonotonicClock) -> Self {
@@ -76,8 +74,6 @@ impl AdapterSettings {
     /// The settings the daemon hands a factory: its target, its credential
     /// and its clock (the one observations must be stamped with).
     ///
-    /// # Behavior
-    ///
     /// The default observation timeout; the credential, if any, stays marked
     /// sensitive.
     pub fn from_context(ctx: &vacancy::registry::AdapterContext<'_>) -> Self {
@@ -89,8 +85,6 @@ impl AdapterSettings {
     }
 
     /// The same settings with `[upstream.credential]`.
-    ///
-    /// # Behavior
     ///
     /// The value is marked sensitive, so HTTP tooling that honours the flag
     /// never logs it (OBS-02).
@@ -106,8 +100,6 @@ impl AdapterSettings {
 
     /// The same settings with another observation timeout.
     ///
-    /// # Behavior
-    ///
     /// Bounds each observation request from connect to the last byte.
     pub fn with_observe_timeout(mut self, timeout: Duration) -> Self {
         self.observe_timeout = timeout;
@@ -115,8 +107,6 @@ impl AdapterSettings {
     }
 
     /// The target's path prefix without a trailing `/` (`""` when it has none).
-    ///
-    /// # Behavior
     ///
     /// `http://h:p` and `http://h:p/` have the prefix `""`; `http://h:p/llm/`
     /// has `/llm`. Observation requests are sent to prefix + route.

@@ -9,8 +9,6 @@ const MAX_BOUNDARY: usize = 70;
 /// The `boundary` of a `multipart/form-data` content type; `None` for any
 /// other content type.
 ///
-/// # Behavior
-///
 /// Case-insensitive media type and parameter name; the value may be quoted.
 fn form_boundary(content_type: &str) -> Option<Result<String, InspectError>> {
     let mut parts = split_params(content_type).into_iter();
@@ -36,8 +34,6 @@ fn form_boundary(content_type: &str) -> Option<Result<String, InspectError>> {
 }
 
 /// Whether a request's `Content-Type` is `multipart/form-data`.
-///
-/// # Behavior
 ///
 /// Reads the first `Content-Type` header; a value that is not text is not multipart.
 pub fn is_multipart_form(headers: &http::HeaderMap) -> bool {

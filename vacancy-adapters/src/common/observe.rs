@@ -55,8 +55,6 @@ pub enum FetchError {
 impl FetchError {
     /// The HTTP status the upstream answered, for status errors.
     ///
-    /// # Behavior
-    ///
     /// `Some` for [`FetchError::Unauthorized`] and [`FetchError::Status`] only.
     pub fn status(&self) -> Option<http::StatusCode> {
         match self {
@@ -127,14 +125,10 @@ const DETAIL_CHARS: usize = 200;
 impl ObservationClient {
     /// The largest answer an observation reads: 4 MiB.
     ///
-    /// # Behavior
-    ///
     /// A larger 2xx answer is [`FetchError::Malformed`] (OBS-03).
     pub const BODY_LIMIT: usize = 4 * 1024 * 1024;
 
     /// A client for the settings' target, credential and timeout.
-    ///
-    /// # Behavior
     ///
     /// Connects nothing; needs no runtime until the first read.
     pub fn new(settings: &AdapterSettings) -> Self {
@@ -153,8 +147,6 @@ impl ObservationClient {
     }
 
     /// The full path a route is read from: the target's prefix + `path`.
-    ///
-    /// # Behavior
     ///
     /// `http://h:p/llm/` + `/slots` is `/llm/slots`; a target without a
     /// prefix reads `/slots`.

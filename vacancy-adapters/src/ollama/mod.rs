@@ -136,8 +136,6 @@ pub const ROUTES: &[RouteSpec] = &[
 
 /// [`ROUTES`] as a checked [`RouteTable`].
 ///
-/// # Behavior
-///
 /// Refused if two entries could match the same request (DESIGN §8); the
 /// table's tests build it, so an overlap never ships.
 pub fn route_table() -> Result<RouteTable, RouteOverlap> {
@@ -221,15 +219,11 @@ pub struct OllamaAdapter {
 impl OllamaAdapter {
     /// The adapter's name in configuration (`adapter = "ollama"`).
     ///
-    /// # Behavior
-    ///
     /// What [`Adapter::name`] answers.
     pub const NAME: &'static str = "ollama";
 
     /// An adapter for the upstream at `settings.target`, learning into an
     /// in-memory [`ContextCache`].
-    ///
-    /// # Behavior
     ///
     /// Builds and checks [`ROUTES`] (DESIGN §8); connects nothing.
     pub fn new(settings: AdapterSettings) -> Result<Self, RouteOverlap> {
@@ -255,8 +249,6 @@ impl OllamaAdapter {
     /// The same adapter learning into `cache` under the key `upstream` (the
     /// upstream's name), so learned contexts survive restarts (RES-13).
     ///
-    /// # Behavior
-    ///
     /// Several Ollama upstreams share one cache, each under its own name.
     pub fn with_context_cache(mut self, cache: Arc<ContextCache>, upstream: &str) -> Self {
         self.cache = cache;
@@ -266,16 +258,12 @@ impl OllamaAdapter {
 
     /// The settings it was built with.
     ///
-    /// # Behavior
-    ///
     /// As given to [`OllamaAdapter::new`].
     pub fn settings(&self) -> &AdapterSettings {
         &self.settings
     }
 
     /// The cache it learns into.
-    ///
-    /// # Behavior
     ///
     /// Shared with the daemon's other Ollama adapters.
     pub fn context_cache(&self) -> &Arc<ContextCache> {

@@ -904,7 +904,10 @@ impl Engine {
         }
     }
 
-    /// Every check of admission. `Ok` carries the charges to reserve.
+    /// Every check of admission, in order: presence, visible work the
+    /// engine did not admit, hard refusals on any dependency, then the fit of
+    /// each dependency's charge (waiting for a post-job sample where one is
+    /// due). `Ok` carries the charges to reserve.
     fn evaluate(
         &mut self,
         up: usize,
@@ -913,37 +916,68 @@ impl Engine {
         arrived_at: Moment,
         now: Moment,
     ) -> Result<Vec<Charge>, Blocked> {
-        let refuse = |r: Refusal| Err(Blocked::Refused(r));
-        if let Some(r) = self.presence_refusal(up) {
-            return refuse(r);
+        let refusal = self
+            .presence_refusal(up)
+            .or_else(|| self.visible_work_refusal(up, now))
+            .or_else(|| self.dependency_refusal(up));
+        if let Some(r) = refusal {
+            return Err(Blocked::Refused(r));
         }
+        let (charges, awaiting) = self.charges(up, names, residency, now)?;
+        if !awaiting.is_empty() {
+            let until = arrived_at.after(POST_JOB_SAMPLE_WAIT);
+            if now >= until {
+                return Err(Blocked::Refused(
+                    Refusal::new(
+                        RefusalCode::ResourceBusy,
+                        format!(
+                            "no capacity sample of {} arrived within 4 s after the last job ended; retry in 2 s",
+                            awaiting.join(", ")
+                        ),
+                    )
+                    .on_resource(&awaiting[0]),
+                ));
+            }
+            return Err(Blocked::Wait {
+                until,
+                resources: awaiting,
+            });
+        }
+        Ok(charges)
+    }
+
+    /// ADM-09: visible work beyond vacancy's own, in a reading taken after
+    /// the last job on every resource.
+    fn visible_work_refusal(&self, up: usize, now: Moment) -> Option<Refusal> {
         let u = &self.upstreams[up];
-        if let Some(obs) = &u.observation
-            && let Some(work) = &obs.visible_work
-            && now.since(obs.taken_at) <= OBSERVATION_MAX_AGE
+        let obs = u.observation.as_ref()?;
+        let work = obs.visible_work.as_ref()?;
+        let busy = now.since(obs.taken_at) <= OBSERVATION_MAX_AGE
             && u.deps
                 .iter()
                 .all(|d| obs.taken_at > self.resources[d.res].last_disturbed)
-            && work.jobs > self.own_jobs(&u.deps, obs.taken_at)
-        {
-            // ADM-09: visible work beyond vacancy's own, in a reading taken
-            // after the last job on every resource.
-            return refuse(Refusal::new(
+            && work.jobs > self.own_jobs(&u.deps, obs.taken_at);
+        busy.then(|| {
+            Refusal::new(
                 RefusalCode::ResourceBusy,
                 format!(
                     "upstream {} is busy with work vacancy did not admit ({}); retry in 2 s",
                     u.spec.name, work.description
                 ),
-            ));
-        }
-        // Hard refusals on any dependency come before waiting for a sample.
-        for dep in &u.deps {
+            )
+        })
+    }
+
+    /// The refusals on any dependency that come before waiting for a
+    /// sample: disabled, held for a reclaim, reserved, under pressure.
+    fn dependency_refusal(&self, up: usize) -> Option<Refusal> {
+        for dep in &self.upstreams[up].deps {
             let r = &self.resources[dep.res];
             if let Some(refusal) = r.disabled_refusal() {
-                return refuse(refusal);
+                return Some(refusal);
             }
             if let Some(rc) = self.holding_reclaim(dep.res) {
-                return refuse(
+                return Some(
                     Refusal::new(
                         RefusalCode::ResourceBusy,
                         format!(
@@ -957,7 +991,7 @@ impl Engine {
             if r.holder.is_some() {
                 // The holder's entry ID is another borrower's: /status and
                 // the log name it, the refusal does not.
-                return refuse(
+                return Some(
                     Refusal::new(
                         RefusalCode::ResourceBusy,
                         format!(
@@ -969,11 +1003,24 @@ impl Engine {
                 );
             }
             if let Some(refusal) = r.pressure_refusal() {
-                return refuse(refusal);
+                return Some(refusal);
             }
         }
+        None
+    }
+
+    /// What the request would reserve on each dependency, and the
+    /// dependencies still awaiting their post-job sample; a refusal where
+    /// a charge does not fit or a capacity is unknown.
+    fn charges(
+        &mut self,
+        up: usize,
+        names: ModelNames<'_>,
+        residency: &Residency,
+        now: Moment,
+    ) -> Result<(Vec<Charge>, Vec<String>), Blocked> {
         let resident = matches!(residency, Residency::Proven);
-        let deps = u.deps.clone();
+        let deps = self.upstreams[up].deps.clone();
         let mut awaiting: Vec<String> = Vec::new();
         let mut charges = Vec::with_capacity(deps.len());
         for dep in deps {
@@ -987,13 +1034,13 @@ impl Engine {
             let sample = match r.capacity(now) {
                 Capacity::Known(s) => s,
                 Capacity::Unknown(why) => {
-                    return refuse(
+                    return Err(Blocked::Refused(
                         Refusal::new(
                             RefusalCode::CapacityUnknown,
                             format!("capacity of {} is unknown: {why}", r.spec.name),
                         )
                         .on_resource(&r.spec.name),
-                    );
+                    ));
                 }
             };
             let credited = CapacitySample {
@@ -1012,7 +1059,7 @@ impl Engine {
                         return Err(Blocked::Reobserve(refusal));
                     }
                 }
-                return refuse(refusal);
+                return Err(Blocked::Refused(refusal));
             }
             charges.push(Charge {
                 resource: r.spec.name.clone(),
@@ -1020,26 +1067,7 @@ impl Engine {
                 free_mib: sample.free_mib,
             });
         }
-        if !awaiting.is_empty() {
-            let until = arrived_at.after(POST_JOB_SAMPLE_WAIT);
-            if now >= until {
-                return refuse(
-                    Refusal::new(
-                        RefusalCode::ResourceBusy,
-                        format!(
-                            "no capacity sample of {} arrived within 4 s after the last job ended; retry in 2 s",
-                            awaiting.join(", ")
-                        ),
-                    )
-                    .on_resource(&awaiting[0]),
-                );
-            }
-            return Err(Blocked::Wait {
-                until,
-                resources: awaiting,
-            });
-        }
-        Ok(charges)
+        Ok((charges, awaiting))
     }
 
     // ---- completion ----------------------------------------------------

@@ -177,8 +177,6 @@ impl Ledger {
     /// Open the ledger of `dir` on another disk: a [`disk::FaultDisk`] that
     /// fails a chosen write, or a [`disk::MemDisk`] for the simulation.
     ///
-    /// # Behavior
-    ///
     /// As [`open`](Self::open), but the directory is not checked and not
     /// locked: for tests and simulations, never for a daemon.
     #[cfg(any(test, feature = "testkit"))]

@@ -25,8 +25,6 @@ use crate::engine::OwnerPresence;
 
 /// A source of owner presence.
 ///
-/// # Behavior
-///
 /// A backend that cannot answer returns [`OwnerPresence::Unknown`] (incomplete
 /// session evidence), never `Away` (OWN-01).
 #[async_trait]

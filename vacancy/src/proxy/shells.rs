@@ -107,8 +107,6 @@ pub async fn sample_once<S: LoopSink + ?Sized>(
 /// Sample `resource` every `poll` and whenever a job on it ends (ADM-05).
 /// The caller takes the first sample before the loop starts.
 ///
-/// # Behavior
-///
 /// A sample that fails or does not answer within `timeout` is recorded as a
 /// failure: the resource's capacity is unknown until a later success.
 pub async fn sample_loop<S: LoopSink + ?Sized>(

@@ -57,8 +57,6 @@ pub enum BreakerState {
 impl BreakerState {
     /// The wire name.
     ///
-    /// # Behavior
-    ///
     /// `closed`, `backoff`, `parked` or `half-open` (BRK-11).
     pub const fn as_str(self) -> &'static str {
         match self {
@@ -101,8 +99,6 @@ pub struct BreakerSnapshot {
 
 /// The cooldown after `failures` consecutive failures, in seconds.
 ///
-/// # Behavior
-///
 /// 0 for no failures; min(5·2^(n−1), 300) for 1–4 (5, 10, 20, 40 s, BRK-02);
 /// min(300·2^(n−5), 3600) from 5 (300, 600, 1200, 2400, then 3600 s, BRK-03).
 pub fn cooldown_s(failures: u32) -> f64 {
@@ -126,8 +122,6 @@ fn ceil_secs(s: f64) -> u64 {
 }
 
 /// Carried-over breaker state for one slot, for callers migrating state.
-///
-/// # Behavior
 ///
 /// `failures` consecutive failures, the last at `last_failure_s` on the
 /// breaker's clock. Seeding 0 failures closes the breaker.
@@ -239,8 +233,6 @@ impl fmt::Debug for CrashLoopBreaker {
 impl CrashLoopBreaker {
     /// A breaker with every slot closed, reading time from `clock` (seconds).
     ///
-    /// # Behavior
-    ///
     /// The clock is only read by the methods without an `_at` suffix, once per
     /// call (BRK-01).
     pub fn new(clock: impl Fn() -> f64 + Send + Sync + 'static) -> Self {
@@ -254,8 +246,6 @@ impl CrashLoopBreaker {
     /// The same breaker with half-open trials expiring after `budget_s`
     /// seconds unrecorded (the slot's load budget,
     /// [`slot_lifecycle_budget`](crate::slots::slot_lifecycle_budget)).
-    ///
-    /// # Behavior
     ///
     /// A negative or NaN budget counts as 0: a trial expires at once, so
     /// every check in half-open passes.
@@ -279,8 +269,6 @@ impl CrashLoopBreaker {
     }
 
     /// May an automatic load of `key` run now? See [`Self::check_at`].
-    ///
-    /// # Behavior
     ///
     /// BRK-02 to BRK-04, BRK-07, BRK-08 at the clock's time.
     pub fn check(&mut self, key: &str) -> Result<(), SlotError> {
@@ -337,8 +325,6 @@ impl CrashLoopBreaker {
     /// admission was refused, the caller changed its mind). The next check
     /// may take it at once.
     ///
-    /// # Behavior
-    ///
     /// Changes nothing when no trial is out; never counts as a failure or a
     /// success (BRK-04 Ambiguity reading).
     pub fn give_back_trial(&mut self, key: &str) {
@@ -348,8 +334,6 @@ impl CrashLoopBreaker {
     }
 
     /// Records a failed load of `key` at the clock's time.
-    ///
-    /// # Behavior
     ///
     /// As [`Self::record_failure_at`].
     pub fn record_failure(&mut self, key: &str) -> BreakerSnapshot {
@@ -378,8 +362,6 @@ impl CrashLoopBreaker {
 
     /// Records a load of `key` that converged healthy: closes the breaker.
     ///
-    /// # Behavior
-    ///
     /// A successful trial closes the breaker (BRK-05), as does any healthy
     /// load (BRK-10).
     pub fn record_success(&mut self, key: &str) {
@@ -389,16 +371,12 @@ impl CrashLoopBreaker {
     /// An operator action on `key` (manual load, restart, config edit): closes
     /// the breaker at once.
     ///
-    /// # Behavior
-    ///
     /// Independent of the cooldown clock (BRK-09).
     pub fn reset(&mut self, key: &str) {
         self.entries.remove(key);
     }
 
     /// Seeds the breaker of `key` with carried-over state.
-    ///
-    /// # Behavior
     ///
     /// Replaces whatever was there; 0 failures closes it. No trial is in
     /// flight after seeding.
@@ -419,8 +397,6 @@ impl CrashLoopBreaker {
 
     /// The carried-over form of `key`'s breaker, `None` when closed.
     ///
-    /// # Behavior
-    ///
     /// Round-trips through [`Self::seed`].
     pub fn seed_of(&self, key: &str) -> Option<BreakerSeed> {
         self.entries.get(key).map(|e| BreakerSeed {
@@ -431,8 +407,6 @@ impl CrashLoopBreaker {
 
     /// Consecutive failures recorded for `key`.
     ///
-    /// # Behavior
-    ///
     /// 0 when closed (BRK-01).
     pub fn failures(&self, key: &str) -> u32 {
         self.entries.get(key).map_or(0, |e| e.failures)
@@ -440,16 +414,12 @@ impl CrashLoopBreaker {
 
     /// The state of `key`'s breaker at the clock's time.
     ///
-    /// # Behavior
-    ///
     /// As [`Self::state_at`].
     pub fn state(&self, key: &str) -> BreakerState {
         self.state_at(key, self.now())
     }
 
     /// The state of `key`'s breaker at `now_s`.
-    ///
-    /// # Behavior
     ///
     /// Closed without failures; backoff or parked while cooling down
     /// (BRK-02, BRK-03); half-open after (BRK-04).
@@ -461,16 +431,12 @@ impl CrashLoopBreaker {
 
     /// The live view of `key`'s breaker at the clock's time.
     ///
-    /// # Behavior
-    ///
     /// As [`Self::snapshot_at`].
     pub fn snapshot(&self, key: &str) -> Option<BreakerSnapshot> {
         self.snapshot_at(key, self.now())
     }
 
     /// The live view of `key`'s breaker at `now_s`, `None` when closed.
-    ///
-    /// # Behavior
     ///
     /// `Some({state, failures, retry_after_s, trial_in_flight})` while not
     /// closed (BRK-11); `None` once closed, so the key is omitted (BRK-12).
@@ -481,8 +447,6 @@ impl CrashLoopBreaker {
     }
 
     /// Stamps `key`'s breaker onto a slot snapshot's `metadata` object.
-    ///
-    /// # Behavior
     ///
     /// Sets `metadata.breaker` to the snapshot while not closed (BRK-11) and
     /// removes the key once closed (BRK-12).

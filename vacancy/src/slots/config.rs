@@ -86,8 +86,6 @@ pub fn llama_env_keys(payload: &Value) -> Vec<String> {
 
 /// The removed schema keys in a payload, dotted, sorted.
 ///
-/// # Behavior
-///
 /// Any of [`REMOVED_SLOT_KEYS`] at any depth (SLOTCFG-06; "wherever they
 /// appear", as for tuning keys).
 pub fn removed_keys(payload: &Value) -> Vec<String> {
@@ -165,8 +163,6 @@ pub struct ConversionBlocked {
 
 /// The `conversion_blocked` view of a slot file, `None` when it is converted.
 ///
-/// # Behavior
-///
 /// `Some({reason, fix, keys})` exactly when [`check_unconverted`] would refuse
 /// it (SLOTCFG-11).
 pub fn conversion_blocked(slot_file: &Value) -> Option<ConversionBlocked> {
@@ -188,8 +184,6 @@ pub fn conversion_blocked(slot_file: &Value) -> Option<ConversionBlocked> {
 
 /// The slot's bound model, `model.default`, when it is a non-empty string.
 ///
-/// # Behavior
-///
 /// SLOTCFG-12: empty, absent or non-string reads as unbound.
 pub fn bound_model(slot_file: &Value) -> Option<&str> {
     slot_file
@@ -200,8 +194,6 @@ pub fn bound_model(slot_file: &Value) -> Option<&str> {
 }
 
 /// Whether the slot is active: routable and loadable.
-///
-/// # Behavior
 ///
 /// True exactly when `model.default` is a non-empty string; there is no
 /// `enabled` field (SLOTCFG-12).
@@ -244,8 +236,6 @@ pub fn resolve_autoload(slot_file: &Value) -> Result<Autoload, SlotError> {
 }
 
 /// The `autoload` value a slot created through `POST /api/slots` persists.
-///
-/// # Behavior
 ///
 /// Always explicit; `false` unless the request sets it (SLOTCFG-17).
 pub fn autoload_for_create(requested: Option<bool>) -> bool {

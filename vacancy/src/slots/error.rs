@@ -199,8 +199,6 @@ pub enum SlotError {
 impl SlotError {
     /// The `slot.*` code (SERR-01).
     ///
-    /// # Behavior
-    ///
     /// Spelled as the seed spells it where it gives one; otherwise
     /// `slot.<snake_case name without Slot>` (SERR-01 Ambiguity reading).
     pub fn code(&self) -> &'static str {
@@ -227,8 +225,6 @@ impl SlotError {
 
     /// hal0's class name for the error, e.g. `SlotCrashLooping`, for bindings
     /// that raise one exception class per error.
-    ///
-    /// # Behavior
     ///
     /// The seed's table names (SERR-02 to SERR-11); errors the seed names only
     /// by code get a CamelCase name built from the code.
@@ -284,8 +280,6 @@ impl SlotError {
 
     /// Seconds for the Retry-After header; only a crash-loop refusal has one
     /// (SERR-05, BRK-08).
-    ///
-    /// # Behavior
     ///
     /// `Some` only for [`SlotError::CrashLooping`].
     pub fn retry_after_s(&self) -> Option<u64> {
@@ -354,8 +348,6 @@ impl SlotError {
     }
 
     /// The whole error as a response body: `{code, message, details}`.
-    ///
-    /// # Behavior
     ///
     /// `code` is [`SlotError::code`] (SERR-01), `message` the display text,
     /// `details` [`SlotError::details`].

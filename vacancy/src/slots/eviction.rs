@@ -54,8 +54,6 @@ pub fn priority_from_value(value: Option<&Value>) -> u8 {
 
 /// Clamps an integer priority into 0..=100.
 ///
-/// # Behavior
-///
 /// EVICT-02 (lenient reading).
 pub fn clamp_priority(priority: i64) -> u8 {
     u8::try_from(priority.clamp(i64::from(MIN_PRIORITY), i64::from(MAX_PRIORITY)))
@@ -233,8 +231,6 @@ pub enum PinnedAction {
 impl PinnedAction {
     /// `unload` or `delete`.
     ///
-    /// # Behavior
-    ///
     /// The word used in [`SlotError::Pinned`] (SERR-11).
     pub const fn as_str(self) -> &'static str {
         match self {
@@ -284,8 +280,6 @@ pub struct SlotPlacement {
 
 impl SlotPlacement {
     /// Whether the slot holds the NPU's one hardware context.
-    ///
-    /// # Behavior
     ///
     /// `device = "npu"`, `type = "llm"` and a bound (non-empty) model
     /// (SERR-10, SLOTCFG-12).
@@ -371,8 +365,6 @@ impl LruRetirementWarnings {
     /// Notes that the sweep saw `slot`, whose file does or does not carry
     /// `lru`; returns whether a warning was logged now.
     ///
-    /// # Behavior
-    ///
     /// Warns (tracing, `warn` level, event `slot.lru_flag_retired`) once per
     /// slot (EVICT-11); eviction itself is unaffected (EVICT-13).
     pub fn note(&mut self, slot: &str, carries_lru: bool) -> bool {
@@ -390,8 +382,6 @@ impl LruRetirementWarnings {
 
     /// Notes a slot file the way [`Self::note`] does, looking for `lru` in it.
     ///
-    /// # Behavior
-    ///
     /// EVICT-11.
     pub fn note_file(&mut self, slot: &str, slot_file: &Value) -> bool {
         let carries = !lru_paths(slot_file).is_empty();
@@ -399,8 +389,6 @@ impl LruRetirementWarnings {
     }
 
     /// Whether `slot` has been warned about.
-    ///
-    /// # Behavior
     ///
     /// EVICT-11.
     pub fn warned(&self, slot: &str) -> bool {

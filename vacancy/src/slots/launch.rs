@@ -8,8 +8,6 @@ use serde_json::{Map, Value, json};
 
 /// A layer of a slot's launch command, lowest precedence first.
 ///
-/// # Behavior
-///
 /// base < model < profile < slot (SLOTCFG-22); wire names lowercase.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -28,8 +26,6 @@ pub enum LaunchLayer {
 
 impl LaunchLayer {
     /// The lowercase wire name.
-    ///
-    /// # Behavior
     ///
     /// `base`, `model`, `profile` or `slot` (SLOTCFG-28 provenance values).
     pub const fn as_str(self) -> &'static str {
@@ -87,8 +83,6 @@ const ALIASES: &[&[&str]] = &[
 
 /// The spelling deduplication compares: the canonical long form of a known
 /// alias, the flag itself otherwise.
-///
-/// # Behavior
 ///
 /// SLOTCFG-22: `-c` and `--ctx-size` are the same flag, so a later `-c`
 /// replaces an earlier `--ctx-size`.
@@ -163,8 +157,6 @@ impl ResolvedLaunch {
     /// The answer for a slot with no llama-server command, or one that cannot
     /// launch.
     ///
-    /// # Behavior
-    ///
     /// `argv: null` with an empty provenance (SLOTCFG-29).
     pub fn not_launchable() -> Self {
         ResolvedLaunch {
@@ -174,8 +166,6 @@ impl ResolvedLaunch {
     }
 
     /// The response body: `{"argv": [...] | null, "provenance": {flag: layer}}`.
-    ///
-    /// # Behavior
     ///
     /// SLOTCFG-28, SLOTCFG-29.
     pub fn to_json(&self) -> Value {

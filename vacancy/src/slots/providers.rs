@@ -6,8 +6,6 @@ pub const SELF_MANAGED_PROVIDERS: [&str; 4] = ["kokoro", "qwen3tts", "moonshine"
 
 /// Whether dispatching to `provider` needs an explicit `model_id`.
 ///
-/// # Behavior
-///
 /// False for [`SELF_MANAGED_PROVIDERS`] (PROV-01), true for every other
 /// provider (PROV-01 Ambiguity reading). Names match exactly (lowercase).
 pub fn provider_requires_model(provider: &str) -> bool {

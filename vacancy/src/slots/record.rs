@@ -45,8 +45,6 @@ pub struct SlotStateRecord {
 
 /// Why a state record could not be read or written.
 ///
-/// # Behavior
-///
 /// Every variant names the file (PERS-04: a reader gets a typed error, never a
 /// half-parsed record).
 #[derive(Debug, thiserror::Error)]
@@ -76,8 +74,6 @@ pub enum StateRecordError {
 impl StateRecordError {
     /// The file or directory the error is about.
     ///
-    /// # Behavior
-    ///
     /// PERS-04: errors name the file.
     pub fn path(&self) -> &Path {
         match self {
@@ -95,8 +91,6 @@ impl StateRecordError {
 }
 
 /// The state record's path inside a slot directory.
-///
-/// # Behavior
 ///
 /// `<slot_dir>/state.json` (PERS-03 names the file; where `slot_dir` lives is
 /// the caller's).

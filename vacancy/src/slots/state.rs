@@ -56,8 +56,6 @@ impl SlotState {
 
     /// The lowercase wire name.
     ///
-    /// # Behavior
-    ///
     /// The inverse of [`FromStr`] (SLOT-02).
     pub const fn as_str(self) -> &'static str {
         match self {
@@ -74,8 +72,6 @@ impl SlotState {
     }
 
     /// The states this one may move to.
-    ///
-    /// # Behavior
     ///
     /// Exactly the row of [`LEGAL_TRANSITIONS`] for this state (SLOT-15 to
     /// SLOT-23).
@@ -96,8 +92,6 @@ impl SlotState {
 
     /// Whether `self → to` is in [`LEGAL_TRANSITIONS`].
     ///
-    /// # Behavior
-    ///
     /// The table is authoritative: self-transitions, IDLE → ERROR/OFFLINE and
     /// ERROR → UNLOADING are illegal (SLOT-21 and SLOT-24 Ambiguity readings).
     pub fn can_transition_to(self, to: SlotState) -> bool {
@@ -117,8 +111,6 @@ impl SlotState {
     }
 
     /// The selection tier, 0 (best) to 3 (last resort).
-    ///
-    /// # Behavior
     ///
     /// 0 dispatchable, 1 WARMING/STARTING/PULLING, 2 OFFLINE/UNLOADING,
     /// 3 ERROR (SLOT-27).
@@ -157,8 +149,6 @@ impl FromStr for SlotState {
 /// The authoritative transition map SlotManager enforces, one row per state in
 /// the seed's order.
 ///
-/// # Behavior
-///
 /// Exactly the seed's table (SLOT-15 to SLOT-24); the ASCII diagram's
 /// error → unloading arrow is not in it (SLOT-24 Ambiguity reading).
 pub const LEGAL_TRANSITIONS: [(SlotState, &[SlotState]); 9] = [
@@ -174,8 +164,6 @@ pub const LEGAL_TRANSITIONS: [(SlotState, &[SlotState]); 9] = [
 ];
 
 /// The states in which a slot can take a request right now.
-///
-/// # Behavior
 ///
 /// `{READY, SERVING, IDLE}` (SLOT-25).
 pub const DISPATCHABLE_STATES: [SlotState; 3] =
@@ -200,8 +188,6 @@ pub fn check_transition(from: SlotState, to: SlotState) -> Result<(), SlotError>
 }
 
 /// The selection tier of a state given as a string, 0 (best) to 3.
-///
-/// # Behavior
 ///
 /// As [`SlotState::selection_rank`] (SLOT-27); a string that is not a
 /// lowercase state name ranks as ERROR, 3 (SLOT-28).
@@ -238,8 +224,6 @@ pub enum HealthOutcome {
 }
 
 /// The state a health-probe outcome puts a WARMING slot in.
-///
-/// # Behavior
 ///
 /// Ready → READY (SLOT-05); empty model list → IDLE (SLOT-07); not ready →
 /// WARMING (SLOT-04); unresolved → WARMING, never ERROR (SLOT-29).

@@ -12,8 +12,6 @@ use crate::time::Moment;
 /// add its own policy, but should delegate the rules to it so it decides with
 /// exactly the daemon's rules.
 ///
-/// # Behavior
-///
 /// Sans-IO: `now` is an argument and nothing blocks. [`Decision::Wait`] asks
 /// the caller to retry when a fresh sample lands or at its deadline (ADM-06).
 pub trait Admission {
