@@ -94,6 +94,7 @@ fn runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
 }
 
 /// Parse the command line and run its subcommand with `registry`'s adapter kinds.
+// Long: the CLI's dispatch, one match arm a subcommand.
 pub(crate) fn main(registry: Arc<AdapterRegistry>) -> ExitCode {
     let cli = Cli::parse();
     match cli.command {

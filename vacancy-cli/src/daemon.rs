@@ -244,6 +244,7 @@ fn pressure_gpus(
 /// Assemble everything and start serving; `shutdown` turning true stops it.
 /// In order: the engine and its ledger, the samplers and presence, the
 /// upstreams' listeners, the control plane; then every listener serves.
+// Long: the start sequence in its order, each step one call; the order is the point.
 pub async fn start(
     loaded: LoadedConfig,
     config_path: Option<&Path>,
@@ -276,6 +277,7 @@ pub async fn start(
 
     let presence = vacancy::presence::from_owner(&config.owner, Path::new(SEATS_DIR));
     info!("{}", presence.line);
+    let shown_presence = (presence.shown.clone(), presence.manual.clone());
     // SCOPE-18: the line check-config prints too.
     if let Some(line) = config.exemption_line() {
         info!("{line}");
@@ -299,21 +301,10 @@ pub async fn start(
         ));
     }
 
-    let mut infos = Vec::new();
-    let mut servers = Vec::new();
-    for u in &config.upstreams {
-        let (listener, route, info) =
-            open_upstream(u, &config, &lender, &state_dir, &registry).await?;
-        tasks.spawn(shells::observe_loop(
-            Arc::clone(&lender),
-            Arc::clone(&route),
-            Arc::clone(&info.health),
-            OBSERVE_EVERY,
-            shutdown.clone(),
-        ));
-        infos.push(info);
-        servers.push((listener, route));
-    }
+    let (infos, servers) = open_upstreams(
+        &config, &lender, &state_dir, &registry, &mut tasks, &shutdown,
+    )
+    .await?;
     tasks.spawn(vacancy::proxy::reclaim::reclaim_loop(
         Arc::clone(&lender),
         servers.iter().map(|(_, r)| Arc::clone(r)).collect(),
@@ -324,21 +315,14 @@ pub async fn start(
     let control = control_listener
         .local_addr()
         .map_err(|e| setup(format!("control listener: {e}")))?;
-    let state = Arc::new(ControlState {
-        lender: Arc::clone(&lender),
-        upstreams: infos,
-        presence_backend: presence.shown.clone(),
-        manual: presence.manual.clone(),
-        tokens: vacancy::auth::Tokens::new(config.server.tokens.clone()),
-        ready: false.into(),
-        settings: crate::settings::Settings::new(
-            config_path.map(Path::to_path_buf),
-            config.clone(),
-            Arc::clone(&registry),
-        ),
-        pressure_gpus: measured_gpus(&config),
-        event_streams: 0.into(),
-    });
+    let state = Arc::new(control_state(
+        &config,
+        config_path,
+        &lender,
+        infos,
+        shown_presence,
+        &registry,
+    ));
     serve_listeners(
         &config,
         &lender,
@@ -376,6 +360,32 @@ async fn spawn_samplers(
             shutdown.clone(),
         ));
     }
+}
+
+/// Every lent upstream's listener and route, each with its observation loop.
+async fn open_upstreams(
+    config: &vacancy::config::Config,
+    lender: &Arc<Lender>,
+    state_dir: &Path,
+    registry: &AdapterRegistry,
+    tasks: &mut JoinSet<()>,
+    shutdown: &watch::Receiver<bool>,
+) -> Result<(Vec<UpstreamInfo>, Vec<(TcpListener, Arc<UpstreamRoute>)>), StartError> {
+    let mut infos = Vec::new();
+    let mut servers = Vec::new();
+    for u in &config.upstreams {
+        let (listener, route, info) = open_upstream(u, config, lender, state_dir, registry).await?;
+        tasks.spawn(shells::observe_loop(
+            Arc::clone(lender),
+            Arc::clone(&route),
+            Arc::clone(&info.health),
+            OBSERVE_EVERY,
+            shutdown.clone(),
+        ));
+        infos.push(info);
+        servers.push((listener, route));
+    }
+    Ok((infos, servers))
 }
 
 /// One lent upstream: its adapter and route, its bound listener, and the
@@ -418,6 +428,32 @@ async fn open_upstream(
         health: Arc::new(HealthCell::default()),
     };
     Ok((listener, route, info))
+}
+
+/// What the control plane serves from.
+fn control_state(
+    config: &vacancy::config::Config,
+    config_path: Option<&Path>,
+    lender: &Arc<Lender>,
+    upstreams: Vec<UpstreamInfo>,
+    (presence_backend, manual): (String, Option<vacancy::presence::ManualPresence>),
+    registry: &Arc<AdapterRegistry>,
+) -> ControlState {
+    ControlState {
+        lender: Arc::clone(lender),
+        upstreams,
+        presence_backend,
+        manual,
+        tokens: vacancy::auth::Tokens::new(config.server.tokens.clone()),
+        ready: false.into(),
+        settings: crate::settings::Settings::new(
+            config_path.map(Path::to_path_buf),
+            config.clone(),
+            Arc::clone(registry),
+        ),
+        pressure_gpus: measured_gpus(config),
+        event_streams: 0.into(),
+    }
 }
 
 /// The GPUs whose pressure is measured, for `/metrics`.

@@ -54,6 +54,16 @@ fn joined(v: &Value) -> String {
 /// one line per held entry (HELD-03).
 pub fn render(status: &Value) -> String {
     let mut out = String::new();
+    render_lending(&mut out, status);
+    render_resources(&mut out, status);
+    render_upstreams(&mut out, status);
+    render_work(&mut out, status);
+    render_reclaims_and_settings(&mut out, status);
+    out
+}
+
+/// The lending switch, the owner and the owner veto.
+fn render_lending(out: &mut String, status: &Value) {
     let on = |b: &Value| {
         if b.as_bool() == Some(true) {
             "on"
@@ -85,6 +95,10 @@ pub fn render(status: &Value) -> String {
             );
         }
     }
+}
+
+/// One line per resource: its free memory, reserve, sample age and state.
+fn render_resources(out: &mut String, status: &Value) {
     let _ = writeln!(out, "\nresources:");
     for r in status["resources"].as_array().into_iter().flatten() {
         let state = if r["enabled"].as_bool() == Some(false) {
@@ -110,6 +124,10 @@ pub fn render(status: &Value) -> String {
             state
         );
     }
+}
+
+/// One line per upstream, with its residency evidence and its wait line.
+fn render_upstreams(out: &mut String, status: &Value) {
     let _ = writeln!(out, "\nupstreams:");
     for u in status["upstreams"].as_array().into_iter().flatten() {
         let admitting = if u["vacancy"]["admitting"].as_bool() == Some(true) {
@@ -155,6 +173,10 @@ pub fn render(status: &Value) -> String {
             );
         }
     }
+}
+
+/// One line per work entry, then one per held entry (HELD-03).
+fn render_work(out: &mut String, status: &Value) {
     let work = status["work"].as_array().cloned().unwrap_or_default();
     let _ = writeln!(
         out,
@@ -189,6 +211,10 @@ pub fn render(status: &Value) -> String {
             s(&w["held_reason"])
         );
     }
+}
+
+/// Reclaims under way, and saved settings a restart would apply (SCOPE-03).
+fn render_reclaims_and_settings(out: &mut String, status: &Value) {
     for r in status["reclaims"].as_array().into_iter().flatten() {
         let deadline = match r["deadline_in_ms"].as_u64() {
             Some(ms) => format!(", deadline in {} s", ms.div_ceil(1000)),
@@ -223,7 +249,6 @@ pub fn render(status: &Value) -> String {
             pending.join(", ")
         );
     }
-    out
 }
 
 #[cfg(test)]

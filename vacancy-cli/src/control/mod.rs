@@ -161,6 +161,7 @@ fn ok(value: serde_json::Value) -> Reply {
     respond(200, "application/json", value.to_string())
 }
 
+// Long: the control plane's route table, one match arm a route; each arm calls one function.
 async fn handle(
     state: &Arc<ControlState>,
     peer: SocketAddr,

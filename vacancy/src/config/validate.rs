@@ -113,6 +113,7 @@ impl Checker<'_> {
         }
     }
 
+    // Long: one short check per [server] key, in docs/config.md's order, all into one error list.
     fn server(&mut self, config: &Config, root: &KeyPath) -> Option<(SocketAddr, KeyPath)> {
         let server = &config.server;
         let sp = root.key("server");
@@ -462,6 +463,7 @@ impl Checker<'_> {
         }
     }
 
+    // Long: one short check per [[upstream]] key, in docs/config.md's order, all into one error list.
     fn upstreams(
         &mut self,
         config: &Config,

@@ -138,6 +138,7 @@ impl Engine {
     /// decision to answer (never `Admitted`; boxing it would allocate on
     /// every refusal of the hot path).
     #[allow(clippy::result_large_err)]
+    // Long: the wait line's one decision table (admit, wait, refuse, leave); its arms share the seat and the charges.
     pub(super) fn line_turn(
         &mut self,
         req: &WorkRequest,

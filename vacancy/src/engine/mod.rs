@@ -631,6 +631,7 @@ impl Engine {
     // ---- admission -----------------------------------------------------
 
     /// Decide a work request. See the [module docs](self) for the rules.
+    // Long: admission in its order (the line, the checks, the reservation, its effects) in one place.
     pub fn admit(&mut self, req: &WorkRequest, now: Moment) -> Decision {
         if self.entries.contains_key(&req.id) {
             return Decision::Refused(Refusal::new(

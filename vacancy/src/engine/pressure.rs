@@ -339,6 +339,7 @@ impl PressureTracker {
 
     /// A good sample of the owner's load, taken at `now` while presence was
     /// known to be `attendance` (PRES-10).
+    // Long: the tracker's one transition on a good sample (baseline, engage, quiet, release), PRES-01..13 in order.
     pub fn on_sample(
         &mut self,
         now: Moment,

@@ -310,6 +310,7 @@ impl Engine {
     ///   `completion_timeout` (RECL-03, RECL-22, RECL-32).
     /// - A waiting reclaim whose trigger cleared stands down (RECL-04, RECL-10);
     ///   one that is acting runs to completion (RECL-44).
+    // Long: one pass of every reclaim's state machine, edges first, in the order RECL-01..44 give; splitting it would hide that order.
     pub fn reclaim_step(&mut self, now: Moment) -> Vec<ReclaimCommand> {
         let mut out = Vec::new();
         // Owner edges (OWN-01): each host-scoped upstream that owner policy

@@ -415,6 +415,7 @@ impl Seen {
 }
 
 /// Apply one parsed line; returns whether it was an `end` marker.
+// Long: one arm per journal line kind (admit, held, ref, end, ...), each checked against what came before.
 fn apply(
     live: &mut LiveSet,
     seen: &mut Seen,

@@ -56,6 +56,7 @@ struct Known {
 
 /// Step reclaims until `shutdown`: on every wake-up (presence, pressure or
 /// work changed) and at least every `times.step_every`.
+// Long: the loop applies each reclaim command in order (cut, cancel, unload, stand down), one arm a command.
 pub async fn reclaim_loop(
     lender: Arc<Lender>,
     routes: Vec<Arc<UpstreamRoute>>,

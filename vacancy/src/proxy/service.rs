@@ -11,7 +11,7 @@ use hyper_util::rt::TokioIo;
 use tokio::sync::oneshot;
 use tracing::{debug, info, warn};
 
-use crate::engine::{CompletionMethod, EntryId, Refusal, RefusalCode, WorkRequest};
+use crate::engine::{CompletionMethod, EntryId, Refusal, RefusalCode, Reservation, WorkRequest};
 use crate::proxy::answer::{refusal_after_forwarding, refusal_response};
 use crate::proxy::completion::{GuardedBody, verify_cut};
 use crate::proxy::conn::{BorrowerBody, is_stalled};
@@ -253,7 +253,7 @@ async fn work_request(
 ) -> http::Response<ProxyBody> {
     let arrived_at = lender.clock().now();
     let inspecting = Instant::now();
-    let (mut parts, body) = req.into_parts();
+    let (parts, body) = req.into_parts();
     let body = match read_work_body(&lender, &route, body, work.inspect_body).await {
         Ok(body) => body,
         Err(refused) => return refused,
@@ -291,7 +291,7 @@ async fn work_request(
             return refusal_response(&route, &refusal, false);
         }
     };
-    let mut exchange = Exchange::admitted(Arc::clone(&lender), Arc::clone(&route), entry);
+    let exchange = Exchange::admitted(Arc::clone(&lender), Arc::clone(&route), entry);
     // REC-01: nothing is forwarded before the record is durable. A request
     // that is not forwarded is counted by its outcome, the refusal.
     let persisting = Instant::now();
@@ -306,6 +306,31 @@ async fn work_request(
         }
     };
     let body = inspection.rewritten_body.map_or(body, Bytes::from);
+    forward_work(
+        exchange,
+        route,
+        parts,
+        body,
+        &reservation,
+        work.completion,
+        forwarded,
+    )
+    .await
+}
+
+/// Forward recorded work apart from the borrower's connection, so a borrower
+/// who leaves mid-wait never leaves the entry without an owner, and answer
+/// with what the exchange task hands back.
+async fn forward_work(
+    mut exchange: Exchange,
+    route: Arc<UpstreamRoute>,
+    mut parts: http::request::Parts,
+    body: Bytes,
+    reservation: &Reservation,
+    completion: CompletionMethod,
+    forwarded: &Forwarded,
+) -> http::Response<ProxyBody> {
+    let entry = exchange.entry();
     let borrower_upgrade = if is_upgrade(&parts.headers) {
         parts.extensions.remove::<hyper::upgrade::OnUpgrade>()
     } else {
@@ -318,11 +343,9 @@ async fn work_request(
             return refusal_response(&route, &Refusal::new(RefusalCode::InvalidRequest, e), false);
         }
     };
-    // The exchange runs apart from the borrower's connection, so a borrower who
-    // leaves mid-wait never leaves the entry without an owner.
     let (tx, rx) = oneshot::channel();
     let _ = forwarded.set(Instant::now());
-    if work.completion == CompletionMethod::Tracked {
+    if completion == CompletionMethod::Tracked {
         let assigned = reservation
             .upstream_ref
             .clone()

@@ -550,6 +550,7 @@ impl Simulation {
     }
 
     /// One scheduler step: pick what happens next.
+    // Long: the scheduler's table of next events, one arm an event with its odds.
     fn act(&mut self) -> Result<(), Crashed> {
         let roll = self.rng.below(100);
         match roll {
@@ -719,6 +720,7 @@ impl Simulation {
         self.log(Event::Pressure { resource, refuses });
     }
 
+    // Long: the simulation's admit step checks every invariant of the decision where it is made.
     fn admit(&mut self) -> Result<(), Crashed> {
         let upstream = self.rng.index(UPSTREAMS.len());
         let Some(up) = self.engine.upstream_id(UPSTREAMS[upstream]) else {

@@ -77,6 +77,7 @@ fn with_model(body: &Bytes, model: &str) -> Option<Vec<u8>> {
 ///   boolean and `background` named twice are 400 `unsupported_request`;
 ///   absent, `null` and `false` pass, with or without a query (ROUTE-05..07);
 ///   the route must read its body.
+// Long: the kit's inspection checks, one after another, each with the message an adapter author reads.
 pub fn check_inspection(adapter: &dyn Adapter, samples: &[WorkSample]) -> Result<(), Vec<String>> {
     let mut problems = Vec::new();
     for s in samples {
