@@ -19,10 +19,11 @@ use vacancy::pressure::{
     UnavailableReader,
 };
 use vacancy::proxy::conn::{self, ConnLimits};
+use vacancy::proxy::observation::{self, HealthCell};
 use vacancy::proxy::pressure::PressureGpu;
 use vacancy::proxy::reclaim::ReclaimTimes;
-use vacancy::proxy::shells::{self, HealthCell};
 use vacancy::proxy::{Lender, Listening, Target, UpstreamRoute};
+use vacancy::proxy::{presence_watch, sampling};
 use vacancy::registry::{AdapterContext, AdapterRegistry};
 use vacancy::traits::Adapter;
 use vacancy::{MonotonicClock, ResourceKind};
@@ -285,10 +286,10 @@ pub async fn start(
 
     let mut tasks = JoinSet::new();
     spawn_samplers(&config, &lender, &mut tasks, &shutdown).await;
-    tasks.spawn(shells::presence_loop(
+    tasks.spawn(presence_watch::presence_loop(
         Arc::clone(&lender),
         Arc::from(presence.backend),
-        shells::PRESENCE_EVERY,
+        presence_watch::PRESENCE_EVERY,
         shutdown.clone(),
     ));
     if config.owner.gpu_pressure.enabled {
@@ -348,11 +349,11 @@ async fn spawn_samplers(
     shutdown: &watch::Receiver<bool>,
 ) {
     for r in &config.resources {
-        let resource = shells::sampler_for(r, lender.clock());
+        let resource = sampling::sampler_for(r, lender.clock());
         let poll = Duration::from_millis(r.poll_ms);
-        let timeout = shells::sample_timeout(poll);
-        let _ = shells::sample_once(&**lender, &*resource, timeout).await;
-        tasks.spawn(shells::sample_loop(
+        let timeout = sampling::sample_timeout(poll);
+        let _ = sampling::sample_once(&**lender, &*resource, timeout).await;
+        tasks.spawn(sampling::sample_loop(
             Arc::clone(lender),
             resource,
             poll,
@@ -375,7 +376,7 @@ async fn open_upstreams(
     let mut servers = Vec::new();
     for u in &config.upstreams {
         let (listener, route, info) = open_upstream(u, config, lender, state_dir, registry).await?;
-        tasks.spawn(shells::observe_loop(
+        tasks.spawn(observation::observe_loop(
             Arc::clone(lender),
             Arc::clone(&route),
             Arc::clone(&info.health),

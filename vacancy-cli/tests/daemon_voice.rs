@@ -478,7 +478,7 @@ async fn a_status_page_that_is_not_the_voice_status_is_logged_once_with_the_reas
     let path = dir.path().join("vacancyd.toml");
     std::fs::write(&path, config(dir.path(), control, proxy, &tts.base_url())).unwrap();
     // Debug lines of the observation loop show each poll.
-    let filter = [("VACANCYD_LOG", "info,vacancy::proxy::shells=debug")];
+    let filter = [("VACANCYD_LOG", "info,vacancy::proxy::observation=debug")];
     let d = Daemon::start_with_env(dir, &path, control, proxy, &filter);
     let s = d
         .wait_status("the observation failure in /status", |s| {

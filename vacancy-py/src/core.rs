@@ -13,7 +13,8 @@ use tokio::sync::Notify;
 use vacancy::config::{Config as VConfig, ResourceConfig, SamplerKind};
 use vacancy::engine::{Effect, OwnerPresence};
 use vacancy::presence::{ManualPresence, PresenceBackend};
-use vacancy::proxy::shells::{self, LoopSink};
+use vacancy::proxy::sampling;
+use vacancy::proxy::sink::LoopSink;
 use vacancy::{CapacitySample, Moment, MonotonicClock, Resource, SampleError};
 
 use crate::inner::{Inner, Timeline};
@@ -153,7 +154,7 @@ impl Core {
                 .filter(|r| r.sampler != SamplerKind::Manual)
                 .map(|r| Sampled {
                     config: r.clone(),
-                    sampler: shells::sampler_for(r, self.clock),
+                    sampler: sampling::sampler_for(r, self.clock),
                 })
                 .collect()
         })
@@ -257,8 +258,8 @@ impl Core {
                 .filter(|s| names.contains(&s.config.name))
             {
                 let timeout =
-                    shells::sample_timeout(std::time::Duration::from_millis(s.config.poll_ms));
-                let r = shells::sample_once(self, &*s.sampler, timeout).await;
+                    sampling::sample_timeout(std::time::Duration::from_millis(s.config.poll_ms));
+                let r = sampling::sample_once(self, &*s.sampler, timeout).await;
                 out.push((s.config.name.clone(), r.err()));
             }
             out

@@ -10,7 +10,8 @@ use pyo3::prelude::*;
 use pyo3::types::PyType;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
-use vacancy::proxy::shells::{self, LoopSink};
+use vacancy::proxy::sink::LoopSink;
+use vacancy::proxy::{presence_watch, sampling};
 
 use crate::core::Core;
 use crate::engine::Engine;
@@ -61,20 +62,20 @@ fn run(core: Arc<Core>, stop: watch::Receiver<bool>, ready: mpsc::Sender<Result<
             .iter()
             .map(|s| {
                 let poll = std::time::Duration::from_millis(s.config.poll_ms);
-                (Arc::clone(&s.sampler), poll, shells::sample_timeout(poll))
+                (Arc::clone(&s.sampler), poll, sampling::sample_timeout(poll))
             })
             .collect();
         // One sample of each and one presence reading before the caller goes
         // on, so its first admit is not refused merely because nothing ran yet.
         for (sampler, _, timeout) in &loops {
-            let _ = shells::sample_once(&*core, &**sampler, *timeout).await;
+            let _ = sampling::sample_once(&*core, &**sampler, *timeout).await;
         }
         let presence = core.presence.presence().await;
         core.set_owner(presence);
         let _ = ready.send(Ok(()));
         let mut tasks = JoinSet::new();
         for (sampler, poll, timeout) in loops {
-            tasks.spawn(shells::sample_loop(
+            tasks.spawn(sampling::sample_loop(
                 Arc::clone(&core),
                 sampler,
                 poll,
@@ -82,10 +83,10 @@ fn run(core: Arc<Core>, stop: watch::Receiver<bool>, ready: mpsc::Sender<Result<
                 stop.clone(),
             ));
         }
-        tasks.spawn(shells::presence_loop(
+        tasks.spawn(presence_watch::presence_loop(
             Arc::clone(&core),
             Arc::clone(&core.presence),
-            shells::PRESENCE_EVERY,
+            presence_watch::PRESENCE_EVERY,
             stop.clone(),
         ));
         while tasks.join_next().await.is_some() {}

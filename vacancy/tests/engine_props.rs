@@ -15,7 +15,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use proptest::prelude::*;
-use vacancy::config::OwnerScope;
+use vacancy::engine::OwnerScope;
 use vacancy::engine::{
     CompletionMethod, Decision, Engine, EngineError, EngineSpec, EntryId, HeldRelease,
     ModelObservation, ObservedModel, OwnerPresence, Phase, PressureVerdict, ReleaseOutcome,

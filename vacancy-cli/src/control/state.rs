@@ -12,7 +12,7 @@ use vacancy::presence::ManualPresence;
 use vacancy::proxy::Lender;
 use vacancy::proxy::history::ReclaimLogEntry;
 use vacancy::proxy::metrics::ScrapeFacts;
-use vacancy::proxy::shells::HealthCell;
+use vacancy::proxy::observation::HealthCell;
 
 use crate::settings::{Settings, SettingsStatus};
 

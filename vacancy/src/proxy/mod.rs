@@ -6,8 +6,8 @@
 //! - Work is classified, inspected within a size bound, admitted (waiting up to
 //!   4 s for a post-job sample, ADM-06), persisted (REC-01), then forwarded
 //!   with its body streamed back chunk by chunk, never buffered.
-//! - Each admitted request is one [`exchange::Exchange`], which ends once
-//!   with what was observed; [`exchange::outcome`] is the one table of what
+//! - Each admitted request is one `exchange::Exchange`, which ends once
+//!   with what was observed; `exchange::outcome` is the one table of what
 //!   each observation means: a refused or failed connection releases
 //!   (DONE-02); a failure after the connection is established, or a response
 //!   that breaks off, holds (DONE-03/04); the clean end releases (DONE-01).
@@ -16,26 +16,29 @@
 //! - Everything else is forwarded without a reservation, or refused per
 //!   [`route_policy`](crate::traits::route_policy).
 
-pub mod answer;
-pub mod completion;
+pub(crate) mod answer;
+pub(crate) mod completion;
 pub mod conn;
-pub mod exchange;
-pub mod forward;
+pub(crate) mod exchange;
+pub(crate) mod forward;
 pub mod history;
-pub mod lender;
-pub mod listen;
+pub(crate) mod lender;
+pub(crate) mod listen;
 pub mod live;
 pub mod metrics;
-pub mod origin;
+pub mod observation;
+pub(crate) mod origin;
 pub mod pool;
+pub mod presence_watch;
 pub mod pressure;
 pub mod reclaim;
-pub mod route;
-pub mod service;
-pub mod shells;
-pub mod shutdown;
-pub mod target;
-pub mod tracked;
+pub(crate) mod route;
+pub mod sampling;
+pub(crate) mod service;
+pub(crate) mod shutdown;
+pub mod sink;
+pub(crate) mod target;
+pub(crate) mod tracked;
 
 pub use crate::ledger::store::{
     ReservationStore, StoreChange, StoreError, StoreWrite, VolatileStore,

@@ -10,7 +10,7 @@
 //!   nothing reached the upstream, which a fresh connection proves (the
 //!   connect failed); on a pooled connection a failure after the request was
 //!   written could not be told from one before it, so work keeps its own
-//!   connection (see [`forward`](crate::proxy::forward)).
+//!   connection (see `proxy::forward`).
 //! - A request on a pooled connection that the upstream closed while idle is
 //!   retried once on a new one when hyper says it was never sent; an
 //!   unreserved request holds nothing, so this can lend nothing twice.
@@ -59,10 +59,8 @@ impl ReadPool {
         ReadPool { client }
     }
 
-    /// Send `request` (whose URI is the path, as [`upstream_request`]
-    /// builds it) to `target` on a pooled connection.
-    ///
-    /// [`upstream_request`]: crate::proxy::forward::upstream_request
+    /// Send `request` (whose URI is the path, as the proxy's
+    /// `forward::upstream_request` builds it) to `target` on a pooled connection.
     pub async fn send(
         &self,
         target: &Target,

@@ -18,8 +18,8 @@ use crate::engine::{
 use crate::proxy::lender::Lender;
 use crate::proxy::live::CutReason;
 use crate::proxy::metrics::trigger_label;
+use crate::proxy::observation::{UNLOAD_SKIPPED, Yielded, unload_upstream, yield_upstream};
 use crate::proxy::route::UpstreamRoute;
-use crate::proxy::shells::{UNLOAD_SKIPPED, Yielded, unload_upstream, yield_upstream};
 use crate::proxy::shutdown::stopped;
 use crate::traits::{CancelClaim, CancelItem, CancelOutcome, Reclaimer};
 

@@ -23,8 +23,8 @@ use crate::proxy::forward::{
 use crate::proxy::lender::{Admission, Decided, Lender};
 use crate::proxy::live::{CutSignal, cut_happens, cut_reason};
 use crate::proxy::metrics::Phase;
+use crate::proxy::observation::observe_upstream;
 use crate::proxy::route::UpstreamRoute;
-use crate::proxy::shells::observe_upstream;
 use crate::proxy::tracked::exchange_tracked;
 use crate::traits::{
     InspectContext, Reconsidered, RouteClass, RoutePolicy, WorkRoute, route_policy,

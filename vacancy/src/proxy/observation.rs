@@ -1,168 +1,17 @@
-//! The async loops around the engine: sampling, observation, presence.
+//! The observation loop: what each upstream holds (its models, its queue),
+//! its health for `/status`, and the yield and unload a reclaim asks of it.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use async_trait::async_trait;
-use tokio::sync::Notify;
 use tokio::sync::watch;
-use tracing::{debug, error, info, warn};
+use tracing::{debug, info, warn};
 
-use crate::engine::{ModelObservation, ObservedModel, OwnerPresence, ResidencyEvidence};
-use crate::presence::PresenceBackend;
+use crate::engine::{ModelObservation, ObservedModel, ResidencyEvidence};
 use crate::proxy::lender::Lender;
 use crate::proxy::route::UpstreamRoute;
 use crate::proxy::shutdown::stopped;
-use crate::traits::resource::{CapacitySample, Resource, ResourceKind, SampleError};
 use crate::traits::{ForeignWork, ObserveError, ReclaimError, UnloadAck};
-use crate::{Moment, MonotonicClock};
-
-/// How often the presence backend is asked.
-pub const PRESENCE_EVERY: Duration = Duration::from_secs(1);
-
-/// What the sampling and presence loops feed: the daemon's [`Lender`], or an
-/// engine embedded in another program (Python's `vacancy.Driver`), so both
-/// run the same loops.
-pub trait LoopSink: Send + Sync {
-    /// The clock samples are stamped with.
-    fn clock(&self) -> MonotonicClock;
-    /// What a resource's sampling loop waits on besides its interval: pulled
-    /// when a job on it ends (ADM-05).
-    fn sample_trigger(&self, resource: &str) -> Option<Arc<Notify>>;
-    /// A sampler's result, started at `started`; a failure makes the
-    /// resource's capacity unknown until a later success.
-    fn record_sample(
-        &self,
-        resource: &str,
-        result: Result<CapacitySample, SampleError>,
-        started: Moment,
-    );
-    /// What the presence backend said; returns whether it changed.
-    fn set_owner(&self, presence: OwnerPresence) -> bool;
-}
-
-impl LoopSink for Lender {
-    fn clock(&self) -> MonotonicClock {
-        Lender::clock(self)
-    }
-    fn sample_trigger(&self, resource: &str) -> Option<Arc<Notify>> {
-        Lender::sample_trigger(self, resource)
-    }
-    fn record_sample(
-        &self,
-        resource: &str,
-        result: Result<CapacitySample, SampleError>,
-        started: Moment,
-    ) {
-        Lender::record_sample(self, resource, result, started);
-    }
-    fn set_owner(&self, presence: OwnerPresence) -> bool {
-        Lender::set_owner(self, presence) // a change wakes the reclaim loop (OWN-01)
-    }
-}
-
-/// How long one sample of a resource polled every `poll` may take: the
-/// interval, within 2 to 10 s.
-pub fn sample_timeout(poll: Duration) -> Duration {
-    poll.max(Duration::from_secs(2))
-        .min(Duration::from_secs(10))
-}
-
-/// The sampler a `[[resource]]` configures; one that cannot be built here
-/// (no NVML, no card, a `manual` resource) fails every sample with the
-/// reason, so its capacity stays unknown and `/status` says why.
-pub fn sampler_for(
-    config: &crate::config::ResourceConfig,
-    clock: MonotonicClock,
-) -> Arc<dyn Resource> {
-    match crate::sample::from_config(config, clock) {
-        Ok(s) => s,
-        Err(e) => {
-            error!(resource = %config.name, error = %e, "cannot sample this resource; its work is refused with capacity_unknown");
-            Arc::new(UnavailableResource::new(&config.name, config.kind, &e))
-        }
-    }
-}
-
-/// Take one sample of `resource` within `timeout` and record it; returns the
-/// sample, or why it failed.
-pub async fn sample_once<S: LoopSink + ?Sized>(
-    sink: &S,
-    resource: &dyn Resource,
-    timeout: Duration,
-) -> Result<CapacitySample, String> {
-    let started = sink.clock().now();
-    let result = match tokio::time::timeout(timeout, resource.sample()).await {
-        Ok(r) => r,
-        Err(_) => Err(SampleError::Unreadable {
-            source_name: resource.id().to_owned(),
-            reason: format!("no answer within {} ms", timeout.as_millis()),
-        }),
-    };
-    let outcome = result.as_ref().copied().map_err(ToString::to_string);
-    sink.record_sample(resource.id(), result, started);
-    outcome
-}
-
-/// Sample `resource` every `poll` and whenever a job on it ends (ADM-05).
-/// The caller takes the first sample before the loop starts.
-///
-/// A sample that fails or does not answer within `timeout` is recorded as a
-/// failure: the resource's capacity is unknown until a later success.
-pub async fn sample_loop<S: LoopSink + ?Sized>(
-    sink: Arc<S>,
-    resource: Arc<dyn Resource>,
-    poll: Duration,
-    timeout: Duration,
-    mut shutdown: watch::Receiver<bool>,
-) {
-    let name = resource.id().to_owned();
-    let Some(trigger) = sink.sample_trigger(&name) else {
-        warn!(resource = %name, "no sample trigger for this resource; not sampling it");
-        return;
-    };
-    loop {
-        tokio::select! {
-            () = tokio::time::sleep(poll) => {}
-            () = trigger.notified() => debug!(resource = %name, "post-job sample"),
-            () = stopped(&mut shutdown) => return,
-        }
-        // A failure is recorded (capacity unknown) and logged by the sink.
-        let _ = sample_once(&*sink, &*resource, timeout).await;
-    }
-}
-
-/// A resource whose sampler could not be built: every sample fails with the
-/// reason, so its capacity stays unknown and `/status` says why.
-pub struct UnavailableResource {
-    name: String,
-    kind: ResourceKind,
-    reason: String,
-}
-
-impl UnavailableResource {
-    /// A stand-in for a sampler that failed to start.
-    pub fn new(name: &str, kind: ResourceKind, error: &SampleError) -> Self {
-        UnavailableResource {
-            name: name.to_owned(),
-            kind,
-            reason: error.to_string(),
-        }
-    }
-}
-
-#[async_trait]
-impl Resource for UnavailableResource {
-    fn id(&self) -> &str {
-        &self.name
-    }
-    fn kind(&self) -> ResourceKind {
-        self.kind
-    }
-    async fn sample(&self) -> Result<CapacitySample, SampleError> {
-        Err(SampleError::Unavailable(self.reason.clone()))
-    }
-}
 
 /// What `/status` shows about an upstream's server, from the observation loop.
 #[derive(Debug, Clone, Default, serde::Serialize)]
@@ -427,32 +276,5 @@ fn unreachable(error: String) -> UpstreamHealth {
         reachable: Some(false),
         error: Some(error),
         ..UpstreamHealth::default()
-    }
-}
-
-/// Ask the presence backend every `every` and give the answer to the engine;
-/// a change wakes the reclaim loop at once.
-pub async fn presence_loop<S: LoopSink + ?Sized>(
-    sink: Arc<S>,
-    backend: Arc<dyn PresenceBackend>,
-    every: Duration,
-    mut shutdown: watch::Receiver<bool>,
-) {
-    let mut last: Option<OwnerPresence> = None;
-    loop {
-        let presence = backend.presence().await;
-        sink.set_owner(presence);
-        if last != Some(presence) {
-            info!(
-                backend = backend.name(),
-                presence = presence.as_str(),
-                "owner presence"
-            );
-            last = Some(presence);
-        }
-        tokio::select! {
-            () = tokio::time::sleep(every) => {}
-            () = stopped(&mut shutdown) => return,
-        }
     }
 }
