@@ -8,6 +8,8 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
+use crate::client_error::ClientError;
+
 /// One admin action: the path, the `Vacancy-Intent`, and the body.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Action {
@@ -16,17 +18,17 @@ pub struct Action {
     body: serde_json::Value,
 }
 
-fn on_off(word: &str) -> Result<bool, String> {
+fn on_off(word: &str) -> Result<bool, ClientError> {
     match word {
         "on" => Ok(true),
         "off" => Ok(false),
-        other => Err(format!("expected on or off, not {other:?}")),
+        other => Err(ClientError::OnOff(other.to_owned())),
     }
 }
 
 impl Action {
     /// Parse `release_work <id> | lending on|off | resource <name> on|off | presence present|away`.
-    pub fn parse(words: &[String]) -> Result<Action, String> {
+    pub fn parse(words: &[String]) -> Result<Action, ClientError> {
         let w: Vec<&str> = words.iter().map(String::as_str).collect();
         match w.as_slice() {
             ["release_work", id] => Ok(Action {
@@ -54,51 +56,63 @@ impl Action {
                 intent: "presence",
                 body: serde_json::json!({"present": false}),
             }),
-            _ => Err(
-                "actions: release_work <id> | lending on|off | resource <name> on|off | presence present|away"
-                    .to_owned(),
-            ),
+            _ => Err(ClientError::Usage),
         }
     }
 }
 
 /// The token from `--token-file`, else `$VACANCYD_TOKEN`.
-pub fn token(file: Option<&Path>) -> Result<String, String> {
+pub fn token(file: Option<&Path>) -> Result<String, ClientError> {
     if let Some(f) = file {
-        let t = std::fs::read_to_string(f)
-            .map_err(|e| format!("cannot read the token file {}: {e}", f.display()))?;
+        let t = std::fs::read_to_string(f).map_err(|source| ClientError::TokenFile {
+            path: f.to_path_buf(),
+            source,
+        })?;
         let t = t.trim().to_owned();
         if t.is_empty() {
-            return Err(format!("the token file {} is empty", f.display()));
+            return Err(ClientError::EmptyTokenFile(f.to_path_buf()));
         }
         return Ok(t);
     }
     match std::env::var("VACANCYD_TOKEN") {
         Ok(t) if !t.trim().is_empty() => Ok(t.trim().to_owned()),
-        _ => Err("no token: pass --token-file FILE or set VACANCYD_TOKEN (create one with `vacancyd token new`)".to_owned()),
+        _ => Err(ClientError::NoToken),
     }
 }
 
 /// Send `action` to the control listener at `base`; the reply's body on success.
-pub async fn send(base: &str, token: &str, action: &Action) -> Result<String, String> {
+pub async fn send(base: &str, token: &str, action: &Action) -> Result<String, ClientError> {
     let url = format!("{}{}", base.trim_end_matches('/'), action.path);
     let req = http::Request::post(&url)
         .header(http::header::AUTHORIZATION, format!("Bearer {token}"))
         .header("vacancy-intent", action.intent)
         .header(http::header::CONTENT_TYPE, "application/json")
         .body(Full::new(Bytes::from(action.body.to_string())))
-        .map_err(|e| format!("cannot build the request to {url}: {e}"))?;
+        .map_err(|e| ClientError::Request {
+            url: url.clone(),
+            reason: e.to_string(),
+        })?;
     let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
     let resp = tokio::time::timeout(Duration::from_secs(10), client.request(req))
         .await
-        .map_err(|_| format!("no answer from {url} within 10 s"))?
-        .map_err(|e| format!("cannot reach vacancyd at {url}: {e}"))?;
+        .map_err(|_| ClientError::Timeout {
+            url: url.clone(),
+            secs: 10,
+        })?
+        .map_err(|e| ClientError::Unreachable {
+            url: url.clone(),
+            reason: e.to_string(),
+            hint: "",
+        })?;
     let status = resp.status();
     let body = resp
         .into_body()
         .collect()
         .await
-        .map_err(|e| format!("reading the reply: {e}"))?
+        .map_err(|e| ClientError::Reading {
+            what: "the reply".to_owned(),
+            reason: e.to_string(),
+        })?
         .to_bytes();
     let text = String::from_utf8_lossy(&body).into_owned();
     if status.is_success() {
@@ -108,14 +122,13 @@ pub async fn send(base: &str, token: &str, action: &Action) -> Result<String, St
             .ok()
             .and_then(|v| v["error"]["message"].as_str().map(str::to_owned))
             .unwrap_or(text);
-        Err(format!("{status}: {message}"))
+        Err(ClientError::Refused { status, message })
     }
 }
 
 /// The text `vacancyd token new` prints: the token once, then the lines to add.
-pub fn new_token_text(name: &str, scope: &str) -> Result<String, String> {
-    let token =
-        vacancy::auth::new_token().map_err(|e| format!("cannot draw a random token: {e}"))?;
+pub fn new_token_text(name: &str, scope: &str) -> Result<String, ClientError> {
+    let token = vacancy::auth::new_token().map_err(|e| ClientError::Random(e.to_string()))?;
     let hash = vacancy::auth::hash_token(&token);
     Ok(format!(
         "{token}\n\n# The token above is shown once: store it where the client reads it\n# (a file for --token-file, or VACANCYD_TOKEN). Add these lines to the configuration:\n[[server.token]]\nname = \"{name}\"\nscopes = [\"{scope}\"]\nsha256 = \"{hash}\"\n"

@@ -30,6 +30,7 @@ mod admin_cmd;
 mod calibrate;
 mod check_config;
 mod cli;
+mod client_error;
 mod console;
 mod control;
 mod daemon;

@@ -9,30 +9,46 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use serde_json::Value;
 
+use crate::client_error::ClientError;
+
 /// Fetch `/status` from the control listener at `base`.
-pub async fn fetch(base: &str) -> Result<Value, String> {
+pub async fn fetch(base: &str) -> Result<Value, ClientError> {
     let url = format!("{}/status", base.trim_end_matches('/'));
     let uri: http::Uri = url
         .parse()
-        .map_err(|e| format!("{url:?} is not a URL: {e}"))?;
+        .map_err(|e: http::uri::InvalidUri| ClientError::Url {
+            url: url.clone(),
+            reason: e.to_string(),
+        })?;
     let client: Client<_, Empty<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
     let resp = tokio::time::timeout(Duration::from_secs(5), client.get(uri))
         .await
-        .map_err(|_| format!("no answer from {url} within 5 s"))?
-        .map_err(|e| {
-            format!("cannot reach vacancyd at {url}: {e}; is it running (vacancyd run)?")
+        .map_err(|_| ClientError::Timeout {
+            url: url.clone(),
+            secs: 5,
+        })?
+        .map_err(|e| ClientError::Unreachable {
+            url: url.clone(),
+            reason: e.to_string(),
+            hint: "; is it running (vacancyd run)?",
         })?;
     let status = resp.status();
     let body = resp
         .into_body()
         .collect()
         .await
-        .map_err(|e| format!("reading {url}: {e}"))?
+        .map_err(|e| ClientError::Reading {
+            what: url.clone(),
+            reason: e.to_string(),
+        })?
         .to_bytes();
     if !status.is_success() {
-        return Err(format!("{url} answered {status}"));
+        return Err(ClientError::Status { url, status });
     }
-    serde_json::from_slice(&body).map_err(|e| format!("{url} did not answer JSON: {e}"))
+    serde_json::from_slice(&body).map_err(|e| ClientError::NotJson {
+        url,
+        reason: e.to_string(),
+    })
 }
 
 fn s(v: &Value) -> String {

@@ -212,6 +212,10 @@ pub fn state_record_error(py: Python<'_>, e: &vacancy::slots::StateRecordError) 
                 kwargs.set_item("detail", source.to_string())?;
                 "StateRecordIOError"
             }
+            other => {
+                kwargs.set_item("detail", other.to_string())?;
+                "StateRecordIOError"
+            }
         };
         let cls = py.import("vacancy._errors")?.getattr(name)?;
         Ok(PyErr::from_value(

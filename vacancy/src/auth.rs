@@ -44,6 +44,7 @@ pub fn new_token() -> Result<String, getrandom::Error> {
 
 /// Why a request was not authorized. The messages never say which tokens exist.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum AuthError {
     /// No `Authorization: Bearer` header, or a token that matches no configured hash (401).
     #[error(

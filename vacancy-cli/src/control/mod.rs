@@ -76,6 +76,8 @@ fn auth_error(e: AuthError) -> ApiError {
     match e {
         AuthError::Unauthenticated => fail(401, "unauthorized", e.to_string()),
         AuthError::Forbidden(_) => fail(403, "forbidden", e.to_string()),
+        // A kind of refusal this release does not know is still a refusal.
+        _ => fail(403, "forbidden", e.to_string()),
     }
 }
 
@@ -461,6 +463,7 @@ async fn release_work(
                 ),
             ))
         }
+        Err(e) => Err(fail(409, "conflict", e.to_string())),
     }
 }
 

@@ -191,6 +191,7 @@ impl Default for OwnerConfig {
 /// The owner-presence backend.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Deserialize)]
 #[serde(rename_all = "lowercase")]
+#[non_exhaustive]
 pub enum PresenceMode {
     /// logind on a machine with seats, otherwise `none` (logged).
     #[default]
@@ -309,6 +310,7 @@ impl Default for ResourceConfig {
 /// How a resource's capacity is read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Deserialize)]
 #[serde(rename_all = "lowercase")]
+#[non_exhaustive]
 pub enum SamplerKind {
     /// NVIDIA GPUs through NVML (feature `nvml`).
     Nvml,

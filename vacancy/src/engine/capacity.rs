@@ -6,6 +6,7 @@ use crate::time::Moment;
 /// What a resource is. The kind decides which checks admission applies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
+#[non_exhaustive]
 pub enum ResourceKind {
     /// A GPU: free memory is VRAM (plus GTT on AMD APUs).
     Gpu,

@@ -74,6 +74,7 @@ pub const OWN_WORK_TAIL: Duration = Duration::from_secs(1);
 
 /// A request the engine cannot act on.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum EngineError {
     /// No entry has this ID.
     #[error("no work entry {0}; it may have been released already")]

@@ -55,6 +55,7 @@ impl fmt::Display for ReclaimId {
 /// What started a reclaim.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "snake_case", tag = "kind")]
+#[non_exhaustive]
 pub enum ReclaimTrigger {
     /// Owner policy started refusing a host-scoped upstream (OWN-01).
     OwnerReturn {

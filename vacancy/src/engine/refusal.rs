@@ -9,6 +9,7 @@ use std::time::Duration;
 /// (DESIGN §4). `resource_busy` always carries `Retry-After: 2` (ADM-02).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum RefusalCode {
     /// Another job holds a resource the request needs, or a fresh sample is still due (ADM-02, ADM-06).
     ResourceBusy,

@@ -106,6 +106,7 @@ pub struct EngineSpec {
 /// A spec the engine cannot run: the configuration validator reports these
 /// earlier with line numbers; this guards library users who build specs by hand.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum SpecError {
     /// Two resources share a name.
     #[error("resource {0:?} is defined twice; give each [[resource]] a unique name")]

@@ -52,6 +52,7 @@ impl UpstreamId {
 /// How the end of a job is proven, which decides what may release it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum CompletionMethod {
     /// A clean end of the upstream response releases (DONE-01).
     ResponseEnd,

@@ -14,6 +14,7 @@ use crate::engine::EntryId;
 /// [`LedgerError::Unavailable`] during operation) stop vacancyd: the old work
 /// must not silently disappear (REC-08, REC-19, REC-20, REC-22, REC-25).
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum LedgerError {
     /// A file system operation failed.
     #[error("cannot {action} {path}: {source}")]

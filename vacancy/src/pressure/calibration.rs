@@ -17,6 +17,7 @@ const VERSION: u32 = 1;
 
 /// Why the calibration file could not be read or written.
 #[derive(Debug, Error)]
+#[non_exhaustive]
 pub enum CalibrationError {
     /// Reading or writing failed.
     #[error("GPU pressure calibration {path}: cannot {action}: {source}")]

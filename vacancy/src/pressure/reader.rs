@@ -12,6 +12,7 @@ use crate::engine::pressure::OwnerLoad;
 
 /// Why the owner's load on a GPU could not be read.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[non_exhaustive]
 pub enum PressureError {
     /// Nothing can measure this GPU's pressure here: this build has no NVML
     /// support, the driver library is missing, or there is no such device.

@@ -25,6 +25,7 @@ pub type ProxyBody = UnsyncBoxBody<Bytes, BoxError>;
 
 /// How an exchange failed.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ExchangeError {
     /// No connection was established: nothing reached the upstream (DONE-02).
     #[error("cannot connect to the upstream at {address}: {reason}")]
@@ -290,6 +291,7 @@ mod tests {
         assert!(
             Target::parse("https://h:1")
                 .unwrap_err()
+                .to_string()
                 .contains("http://")
         );
     }

@@ -676,6 +676,7 @@ impl Admission {
 
 /// A held entry could not be released.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum HeldReleaseError {
     /// The engine refused: unknown entry, or not held.
     #[error(transparent)]
@@ -687,6 +688,7 @@ pub enum HeldReleaseError {
 
 /// A change the engine made could not be recorded.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum RecordError {
     /// The engine refused: unknown entry.
     #[error(transparent)]

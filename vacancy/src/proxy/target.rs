@@ -14,29 +14,58 @@ pub struct Target {
     pub prefix: String,
 }
 
+/// Why a configured target is not one the proxy can reach.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum TargetError {
+    /// It does not parse as a URL.
+    #[error("target {target:?} is not a URL: {reason}")]
+    NotAUrl {
+        /// The configured target.
+        target: String,
+        /// The parser's reason.
+        reason: String,
+    },
+    /// Its scheme is not `http`.
+    #[error("target {target:?}: scheme {scheme:?} is not supported; use http://")]
+    Scheme {
+        /// The configured target.
+        target: String,
+        /// The scheme it gives.
+        scheme: String,
+    },
+    /// It has no scheme.
+    #[error("target {0:?} has no scheme; use http://host:port")]
+    NoScheme(String),
+    /// It has no host.
+    #[error("target {0:?} has no host")]
+    NoHost(String),
+}
+
 impl Target {
     /// Parse a configured `http://` target. HTTPS targets are not proxied by
     /// this release.
-    pub fn parse(target: &str) -> Result<Target, String> {
-        let uri: http::Uri = target
-            .parse()
-            .map_err(|e| format!("target {target:?} is not a URL: {e}"))?;
+    pub fn parse(target: &str) -> Result<Target, TargetError> {
+        let uri: http::Uri =
+            target
+                .parse()
+                .map_err(|e: http::uri::InvalidUri| TargetError::NotAUrl {
+                    target: target.to_owned(),
+                    reason: e.to_string(),
+                })?;
         match uri.scheme_str() {
             Some("http") => {}
             Some(other) => {
-                return Err(format!(
-                    "target {target:?}: scheme {other:?} is not supported; use http://"
-                ));
+                return Err(TargetError::Scheme {
+                    target: target.to_owned(),
+                    scheme: other.to_owned(),
+                });
             }
-            None => {
-                return Err(format!(
-                    "target {target:?} has no scheme; use http://host:port"
-                ));
-            }
+            None => return Err(TargetError::NoScheme(target.to_owned())),
         }
         let host = uri
             .host()
-            .ok_or_else(|| format!("target {target:?} has no host"))?
+            .ok_or_else(|| TargetError::NoHost(target.to_owned()))?
             .trim_start_matches('[')
             .trim_end_matches(']')
             .to_owned();

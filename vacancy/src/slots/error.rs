@@ -18,6 +18,7 @@ use serde_json::{Value, json};
 /// response body; [`SlotError::retry_after_s`] feeds the Retry-After header of
 /// a crash-loop refusal (SERR-05, BRK-08).
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
 pub enum SlotError {
     /// `SlotNotFound`, 404 (SERR-02).
     #[error("slot {slot:?} not found")]

@@ -19,6 +19,7 @@ use crate::slots::state::{SlotState, check_transition};
 
 /// Why a lifecycle step was refused.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
 pub enum LifecycleError {
     /// A slot error: the breaker's `SlotCrashLooping`, or an
     /// `IllegalSlotTransition` the table refuses.

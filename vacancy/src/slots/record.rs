@@ -48,6 +48,7 @@ pub struct SlotStateRecord {
 /// Every variant names the file (PERS-04: a reader gets a typed error, never a
 /// half-parsed record).
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum StateRecordError {
     /// A file system operation failed.
     #[error("cannot {action} {path}: {source}")]

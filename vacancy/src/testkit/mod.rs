@@ -60,11 +60,65 @@ pub struct KitUpstream {
     dir: std::path::PathBuf,
 }
 
+/// Why the kit could not set up what it tests an adapter in.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum KitError {
+    /// The kit's recovery directory could not be made.
+    #[error("cannot create the kit's directory {path}: {source}")]
+    Directory {
+        /// The directory.
+        path: std::path::PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The upstream's target is not a URL the kit can reach.
+    #[error("target {target:?}: {reason}")]
+    Target {
+        /// The target.
+        target: String,
+        /// Why it does not parse.
+        reason: String,
+    },
+    /// The factory did not build the adapter.
+    #[error("the factory did not build the adapter: {0}")]
+    Factory(#[source] crate::registry::BuildError),
+    /// The kit's engine refused its own spec.
+    #[error("the kit's engine: {0}")]
+    Engine(#[from] crate::engine::SpecError),
+    /// The kit's proxy could not listen.
+    #[error("the kit's proxy cannot listen: {0}")]
+    Listen(#[source] std::io::Error),
+    /// The kit's engine lost the upstream it was built with.
+    #[error("the kit's engine has no upstream {0:?}")]
+    NoUpstream(String),
+}
+
+impl From<crate::proxy::TargetError> for KitError {
+    fn from(e: crate::proxy::TargetError) -> Self {
+        let target = match &e {
+            crate::proxy::TargetError::NotAUrl { target, .. }
+            | crate::proxy::TargetError::Scheme { target, .. } => target.clone(),
+            crate::proxy::TargetError::NoScheme(t) | crate::proxy::TargetError::NoHost(t) => {
+                t.clone()
+            }
+        };
+        KitError::Target {
+            target,
+            reason: e.to_string(),
+        }
+    }
+}
+
 impl KitUpstream {
     /// An upstream reaching `target` (a base URL), with a fresh recovery directory.
-    pub fn new(target: &str) -> Result<Self, String> {
+    pub fn new(target: &str) -> Result<Self, KitError> {
         let dir = std::env::temp_dir().join(format!("vacancy-testkit-{}", uuid::Uuid::new_v4()));
-        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        std::fs::create_dir_all(&dir).map_err(|source| KitError::Directory {
+            path: dir.clone(),
+            source,
+        })?;
         Ok(KitUpstream {
             config: UpstreamConfig {
                 name: "under-test".to_owned(),
@@ -80,12 +134,15 @@ impl KitUpstream {
         &self,
         factory: &dyn AdapterFactory,
         clock: crate::MonotonicClock,
-    ) -> Result<Arc<dyn Adapter>, String> {
+    ) -> Result<Arc<dyn Adapter>, KitError> {
         let target = self
             .config
             .target
             .parse()
-            .map_err(|e| format!("target {:?}: {e}", self.config.target))?;
+            .map_err(|e: http::uri::InvalidUri| KitError::Target {
+                target: self.config.target.clone(),
+                reason: e.to_string(),
+            })?;
         let ctx = AdapterContext {
             upstream: &self.config,
             target,
@@ -93,9 +150,7 @@ impl KitUpstream {
             clock,
             state_dir: &self.dir,
         };
-        factory
-            .build(&ctx)
-            .map_err(|e| format!("the factory did not build the adapter: {e}"))
+        factory.build(&ctx).map_err(KitError::Factory)
     }
 }
 
@@ -315,14 +370,17 @@ impl ProxyUnderTest {
     /// are drained (`on_borrower_disconnect = "drain"`). The proxy reads a
     /// clock of its own: an adapter that observes should be built by
     /// [`ProxyUnderTest::build`] instead, with the proxy's clock.
-    pub async fn start(adapter: Arc<dyn Adapter>, upstream: SocketAddr) -> Result<Self, String> {
+    pub async fn start(adapter: Arc<dyn Adapter>, upstream: SocketAddr) -> Result<Self, KitError> {
         harness(adapter, upstream, crate::MonotonicClock::new()).await
     }
 
     /// Build the adapter with `factory` as the daemon would (the proxy's
     /// clock in its [`AdapterContext`]) and start the proxy for it in front
     /// of `upstream`.
-    pub async fn build(factory: &dyn AdapterFactory, upstream: SocketAddr) -> Result<Self, String> {
+    pub async fn build(
+        factory: &dyn AdapterFactory,
+        upstream: SocketAddr,
+    ) -> Result<Self, KitError> {
         let clock = kit_clock();
         let adapter = KitUpstream::new(&format!("http://{upstream}"))?.build(factory, clock)?;
         harness(adapter, upstream, clock).await
@@ -346,13 +404,13 @@ pub fn lone_upstream(
     adapter: Arc<dyn Adapter>,
     target: &str,
     clock: crate::MonotonicClock,
-) -> Result<(Arc<Lender>, Arc<UpstreamRoute>), String> {
+) -> Result<(Arc<Lender>, Arc<UpstreamRoute>), KitError> {
     let spec = EngineSpec {
         lending: true,
         resources: vec![ResourceSpec::new("testkit", ResourceKind::Memory, 0)],
         upstreams: vec![UpstreamSpec::new(name, "testkit", 0)],
     };
-    let mut engine = Engine::new(spec).map_err(|e| e.to_string())?;
+    let mut engine = Engine::new(spec)?;
     engine.set_owner(OwnerPresence::Away);
     let lender = Arc::new(Lender::new(
         engine,
@@ -365,7 +423,9 @@ pub fn lone_upstream(
         Ok(CapacitySample::memory(1 << 20, 1 << 21, clock.now())),
         clock.now(),
     );
-    let id = lender.upstream_id(name).ok_or("no upstream")?;
+    let id = lender
+        .upstream_id(name)
+        .ok_or_else(|| KitError::NoUpstream(name.to_owned()))?;
     let route = Arc::new(UpstreamRoute {
         name: name.to_owned(),
         id,
@@ -385,13 +445,13 @@ async fn harness(
     adapter: Arc<dyn Adapter>,
     upstream: SocketAddr,
     clock: crate::MonotonicClock,
-) -> Result<ProxyUnderTest, String> {
+) -> Result<ProxyUnderTest, KitError> {
     let (lender, route) =
         lone_upstream("under-test", adapter, &format!("http://{upstream}"), clock)?;
     let listener = TcpListener::bind("127.0.0.1:0")
         .await
-        .map_err(|e| e.to_string())?;
-    let addr = listener.local_addr().map_err(|e| e.to_string())?;
+        .map_err(KitError::Listen)?;
+    let addr = listener.local_addr().map_err(KitError::Listen)?;
     let (stop, rx) = watch::channel(false);
     tokio::spawn(crate::proxy::serve(
         listener,
@@ -457,7 +517,7 @@ pub async fn check_completion(
     let up = fake_upstream(Upstream::Clean).await.map_err(io)?;
     let h = ProxyUnderTest::build(factory, up)
         .await
-        .map_err(|e| vec![e])?;
+        .map_err(|e| vec![e.to_string()])?;
     match send(h.addr, sample).await {
         Ok((200, true)) => {
             let work = settle(&h.lender, |w| w.is_empty()).await;
@@ -478,7 +538,7 @@ pub async fn check_completion(
     let up = closed_port().await.map_err(io)?;
     let h = ProxyUnderTest::build(factory, up)
         .await
-        .map_err(|e| vec![e])?;
+        .map_err(|e| vec![e.to_string()])?;
     match send(h.addr, sample).await {
         Ok((502, _)) => {
             let work = settle(&h.lender, |w| w.is_empty()).await;
@@ -499,7 +559,7 @@ pub async fn check_completion(
     let up = fake_upstream(Upstream::BreaksOff).await.map_err(io)?;
     let h = ProxyUnderTest::build(factory, up)
         .await
-        .map_err(|e| vec![e])?;
+        .map_err(|e| vec![e.to_string()])?;
     match send(h.addr, sample).await {
         Ok((_, false)) | Err(_) => {
             let work = settle(&h.lender, |w| w.iter().any(|e| e.phase == Phase::Held)).await;

@@ -200,8 +200,8 @@ pub async fn check_observation(
         .await
         .map_err(|e| vec![e.to_string()])?;
     let clock = kit_clock();
-    let kit = KitUpstream::new(&format!("http://{}", up.addr)).map_err(|e| vec![e])?;
-    let adapter = kit.build(factory, clock).map_err(|e| vec![e])?;
+    let kit = KitUpstream::new(&format!("http://{}", up.addr)).map_err(|e| vec![e.to_string()])?;
+    let adapter = kit.build(factory, clock).map_err(|e| vec![e.to_string()])?;
     let mut problems = Vec::new();
     let observer = Observer {
         adapter: adapter.as_ref(),

@@ -68,6 +68,7 @@ pub struct InspectContext<'a> {
 
 /// An observation that could not be made.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum ObserveError {
     /// This adapter does not observe its upstream.
     #[error("this adapter does not observe its upstream")]

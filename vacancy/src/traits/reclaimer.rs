@@ -100,6 +100,7 @@ pub enum ForeignWork {
 
 /// A reclaim action that failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum ReclaimError {
     /// The upstream could not be reached.
     #[error("upstream unreachable: {0}")]

@@ -7,6 +7,7 @@ pub use crate::engine::{CapacitySample, ResourceKind};
 /// Why a resource could not be sampled. A failed sample is "capacity unknown":
 /// the engine refuses work on that resource with `capacity_unknown`, never guesses.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum SampleError {
     /// The source could not be read (file, sysfs, driver).
     #[error("cannot read {source_name}: {reason}")]
