@@ -1,14 +1,11 @@
 //! `vacancyd admin-request` and `vacancyd token new`.
 
 use std::path::Path;
-use std::time::Duration;
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
+use http_body_util::Full;
 
-use crate::client_error::ClientError;
+use crate::control_client::{ClientError, exchange};
 
 /// One admin action: the path, the `Vacancy-Intent`, and the body.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -92,28 +89,7 @@ pub async fn send(base: &str, token: &str, action: &Action) -> Result<String, Cl
             url: url.clone(),
             reason: e.to_string(),
         })?;
-    let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
-    let resp = tokio::time::timeout(Duration::from_secs(10), client.request(req))
-        .await
-        .map_err(|_| ClientError::Timeout {
-            url: url.clone(),
-            secs: 10,
-        })?
-        .map_err(|e| ClientError::Unreachable {
-            url: url.clone(),
-            reason: e.to_string(),
-            hint: "",
-        })?;
-    let status = resp.status();
-    let body = resp
-        .into_body()
-        .collect()
-        .await
-        .map_err(|e| ClientError::Reading {
-            what: "the reply".to_owned(),
-            reason: e.to_string(),
-        })?
-        .to_bytes();
+    let (status, body) = exchange(req, &url, 10, "", "the reply").await?;
     let text = String::from_utf8_lossy(&body).into_owned();
     if status.is_success() {
         Ok(text)

@@ -1,47 +1,22 @@
 //! `vacancyd status`: what the daemon is doing, for a person or a script.
 
 use std::fmt::Write as _;
-use std::time::Duration;
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Empty};
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
 use serde_json::Value;
 
-use crate::client_error::ClientError;
+use crate::control_client::{ClientError, exchange};
 
 /// Fetch `/status` from the control listener at `base`.
 pub async fn fetch(base: &str) -> Result<Value, ClientError> {
     let url = format!("{}/status", base.trim_end_matches('/'));
-    let uri: http::Uri = url
-        .parse()
-        .map_err(|e: http::uri::InvalidUri| ClientError::Url {
+    let req = http::Request::get(&url)
+        .body(http_body_util::Full::new(Bytes::new()))
+        .map_err(|e| ClientError::Url {
             url: url.clone(),
             reason: e.to_string(),
         })?;
-    let client: Client<_, Empty<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
-    let resp = tokio::time::timeout(Duration::from_secs(5), client.get(uri))
-        .await
-        .map_err(|_| ClientError::Timeout {
-            url: url.clone(),
-            secs: 5,
-        })?
-        .map_err(|e| ClientError::Unreachable {
-            url: url.clone(),
-            reason: e.to_string(),
-            hint: "; is it running (vacancyd run)?",
-        })?;
-    let status = resp.status();
-    let body = resp
-        .into_body()
-        .collect()
-        .await
-        .map_err(|e| ClientError::Reading {
-            what: url.clone(),
-            reason: e.to_string(),
-        })?
-        .to_bytes();
+    let (status, body) = exchange(req, &url, 5, "; is it running (vacancyd run)?", &url).await?;
     if !status.is_success() {
         return Err(ClientError::Status { url, status });
     }

@@ -1,6 +1,6 @@
-//! Why a CLI call to the control plane (`vacancyd status`, `vacancyd
-//! admin-request`, `vacancyd token new`) did not get its answer: each says
-//! what went wrong and what to do.
+//! The CLI as a client of the control plane (`vacancyd status`, `vacancyd
+//! admin-request`, `vacancyd token new`): one request helper, and why a call
+//! did not get its answer, each saying what went wrong and what to do.
 
 use std::path::PathBuf;
 
@@ -102,4 +102,42 @@ pub enum ClientError {
         /// Why.
         reason: String,
     },
+}
+
+/// One request to the control listener: its status and whole body, within
+/// `secs` seconds. `hint` follows the reason when the daemon is unreachable;
+/// `reading` names what was being read when the body broke off.
+pub(crate) async fn exchange(
+    req: http::Request<http_body_util::Full<bytes::Bytes>>,
+    url: &str,
+    secs: u64,
+    hint: &'static str,
+    reading: &str,
+) -> Result<(http::StatusCode, bytes::Bytes), ClientError> {
+    use http_body_util::BodyExt;
+    let client: hyper_util::client::legacy::Client<_, http_body_util::Full<bytes::Bytes>> =
+        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+            .build_http();
+    let resp = tokio::time::timeout(std::time::Duration::from_secs(secs), client.request(req))
+        .await
+        .map_err(|_| ClientError::Timeout {
+            url: url.to_owned(),
+            secs,
+        })?
+        .map_err(|e| ClientError::Unreachable {
+            url: url.to_owned(),
+            reason: e.to_string(),
+            hint,
+        })?;
+    let status = resp.status();
+    let body = resp
+        .into_body()
+        .collect()
+        .await
+        .map_err(|e| ClientError::Reading {
+            what: reading.to_owned(),
+            reason: e.to_string(),
+        })?
+        .to_bytes();
+    Ok((status, body))
 }
