@@ -539,12 +539,8 @@ pub async fn serve(
 ) {
     let mut backoff = AcceptBackoff::new("control");
     loop {
-        let next = async {
-            let permit = listening.budget.acquire().await;
-            (permit, backoff.accept(&listener).await)
-        };
         tokio::select! {
-            (permit, (stream, peer)) = next => {
+            (permit, (stream, peer)) = listening.next_connection(&mut backoff, &listener) => {
                 let state = Arc::clone(&state);
                 let limits = listening.limits;
                 tokio::spawn(async move {

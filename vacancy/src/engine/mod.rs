@@ -1074,8 +1074,9 @@ impl Engine {
 
     // ---- completion ----------------------------------------------------
 
-    /// The reply came and the adapter now tracks the job at the upstream.
-    pub fn start_tracking(&mut self, id: EntryId) -> Result<(), EngineError> {
+    /// A live entry that is not held: held work changes only by an
+    /// administrator's release (HELD-04).
+    fn unheld_entry(&mut self, id: EntryId) -> Result<&mut Entry, EngineError> {
         let e = self
             .entries
             .get_mut(&id)
@@ -1083,6 +1084,12 @@ impl Engine {
         if e.phase == Phase::Held {
             return Err(EngineError::EntryHeld(id));
         }
+        Ok(e)
+    }
+
+    /// The reply came and the adapter now tracks the job at the upstream.
+    pub fn start_tracking(&mut self, id: EntryId) -> Result<(), EngineError> {
+        let e = self.unheld_entry(id)?;
         e.phase = Phase::Tracking;
         Ok(())
     }
@@ -1116,13 +1123,7 @@ impl Engine {
         outcome: ReleaseOutcome,
         now: Moment,
     ) -> Result<ReleaseEffect, EngineError> {
-        let e = self
-            .entries
-            .get_mut(&id)
-            .ok_or(EngineError::UnknownEntry(id))?;
-        if e.phase == Phase::Held {
-            return Err(EngineError::EntryHeld(id));
-        }
+        let e = self.unheld_entry(id)?;
         match outcome {
             ReleaseOutcome::Completed => {
                 if let Some((model, kind)) = e.kind.take() {

@@ -143,23 +143,7 @@ impl RefusalCode {
     /// Sent as `vacancy-retry-elsewhere: true` only when, in addition, nothing
     /// of the request reached the upstream (docs/fleet.md).
     pub fn retry_elsewhere(self) -> bool {
-        match self {
-            RefusalCode::ResourceBusy
-            | RefusalCode::OwnerPresent
-            | RefusalCode::Pressure
-            | RefusalCode::InsufficientMemory
-            | RefusalCode::LendingPaused
-            | RefusalCode::ResourceDisabled
-            | RefusalCode::CapacityUnknown
-            | RefusalCode::LedgerUnavailable => true,
-            RefusalCode::InvalidRequest
-            | RefusalCode::InvalidSubmission
-            | RefusalCode::UnsupportedRequest
-            | RefusalCode::BodyTooLarge
-            | RefusalCode::RouteForbidden
-            | RefusalCode::RouteNotSupported
-            | RefusalCode::UpstreamUnreachable => false,
-        }
+        self.http_status() == 503
     }
 }
 

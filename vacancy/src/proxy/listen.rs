@@ -25,6 +25,22 @@ pub struct Listening {
     pub budget: conn::ConnBudget,
 }
 
+impl Listening {
+    /// The next connection on `listener`, once the budget has room for it:
+    /// the permit that holds its place, the stream and the peer.
+    pub async fn next_connection(
+        &self,
+        backoff: &mut conn::AcceptBackoff,
+        listener: &TcpListener,
+    ) -> (
+        tokio::sync::OwnedSemaphorePermit,
+        (tokio::net::TcpStream, std::net::SocketAddr),
+    ) {
+        let permit = self.budget.acquire().await;
+        (permit, backoff.accept(listener).await)
+    }
+}
+
 impl Default for Listening {
     fn default() -> Self {
         Listening {
@@ -47,12 +63,8 @@ pub async fn serve(
     let mut connections = JoinSet::new();
     let mut backoff = conn::AcceptBackoff::new(format!("upstream {}", route.name));
     loop {
-        let next = async {
-            let permit = listening.budget.acquire().await;
-            (permit, backoff.accept(&listener).await)
-        };
         tokio::select! {
-            (permit, (stream, peer)) = next => {
+            (permit, (stream, peer)) = listening.next_connection(&mut backoff, &listener) => {
                 let _ = stream.set_nodelay(true);
                 let (lender, route, stop) = (Arc::clone(&lender), Arc::clone(&route), shutdown.clone());
                 let limits = listening.limits;
