@@ -13,6 +13,7 @@ pub mod builtin;
 pub mod chatterbox;
 pub mod comfyui;
 pub mod common;
+pub mod json_stream;
 pub mod llamacpp;
 pub mod ollama;
 pub mod openai;
