@@ -64,6 +64,7 @@ use vacancy::traits::{
     RouteClass, RouteMethod, RouteSpec, RouteTable, WorkRoute, render_ollama,
 };
 
+use crate::common::routes::{OPENAI_V1, WORK};
 use crate::common::{
     AdapterSettings, FetchError, ObservationClient, inspect_json_body, request_path,
 };
@@ -75,8 +76,6 @@ pub use names::{Family, RequestKind, canonical_model};
 pub use ps::{MIN_UNLOAD_SECS, PsModel, parse_ps};
 pub use show::modelfile_num_ctx;
 pub use unload::OllamaUnloader;
-
-const WORK: RouteClass = RouteClass::Work(WorkRoute::response_end());
 
 /// Ollama's route table, as data.
 ///
@@ -101,19 +100,16 @@ const WORK: RouteClass = RouteClass::Work(WorkRoute::response_end());
 ///   rather than a model listing, so it is owner data, not discovery.
 /// - Anything else is unknown: a GET/HEAD is 403, any other method 501
 ///   (ROUTE-01..03, via `route_policy`).
-pub const ROUTES: &[RouteSpec] = &[
+pub const ROUTES: &[RouteSpec] = crate::join_routes![OWN_ROUTES, OPENAI_V1];
+
+/// The routes of its own, beside [`OPENAI_V1`].
+const OWN_ROUTES: &[RouteSpec] = &[
     RouteSpec::new(RouteMethod::Post, "/api/generate", WORK),
     RouteSpec::new(RouteMethod::Post, "/api/chat", WORK),
     RouteSpec::new(RouteMethod::Post, "/api/embed", WORK),
     RouteSpec::new(RouteMethod::Post, "/api/embeddings", WORK),
-    RouteSpec::new(RouteMethod::Post, "/v1/chat/completions", WORK),
-    RouteSpec::new(RouteMethod::Post, "/v1/completions", WORK),
-    RouteSpec::new(RouteMethod::Post, "/v1/embeddings", WORK),
-    RouteSpec::new(RouteMethod::Post, "/v1/responses", WORK),
     RouteSpec::new(RouteMethod::Get, "/api/tags", RouteClass::Discovery),
     RouteSpec::new(RouteMethod::Get, "/api/version", RouteClass::Discovery),
-    RouteSpec::new(RouteMethod::Get, "/v1/models", RouteClass::Discovery),
-    RouteSpec::new(RouteMethod::Get, "/v1/models/{id}", RouteClass::Discovery),
     RouteSpec::new(RouteMethod::Get, "/", RouteClass::Discovery),
     RouteSpec::new(RouteMethod::Post, "/api/pull", RouteClass::Management),
     RouteSpec::new(RouteMethod::Post, "/api/push", RouteClass::Management),
