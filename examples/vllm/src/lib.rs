@@ -29,12 +29,11 @@ use vacancy::traits::{
     ObserveError, ReclaimError, Reclaimer, RouteClass, RouteMethod, RouteSpec, RouteTable,
     UnloadAck, WorkRoute,
 };
-use vacancy_adapters::{AdapterSettings, FetchError, ObservationClient};
+use vacancy_adapters::common::routes::{OPENAI_AUDIO_INPUT, OPENAI_V1, WORK};
+use vacancy_adapters::common::{AdapterSettings, ObservationClient, inspect_request};
 
 /// The kind's name in configuration: `adapter = "vllm"`.
 pub const NAME: &str = "vllm";
-
-const WORK: RouteClass = RouteClass::Work(WorkRoute::response_end());
 
 /// vLLM's routes beyond the OpenAI `/v1` slice it shares.
 const VLLM_ROUTES: &[RouteSpec] = &[
@@ -71,12 +70,12 @@ const VLLM_ROUTES: &[RouteSpec] = &[
     ),
 ];
 
-/// The route table: the OpenAI slice vLLM serves (no images, no speech), then its own.
+/// The route table: the OpenAI slice vLLM serves (the shared `/v1` block and
+/// audio input; no images, no speech), then its own.
 pub fn route_table() -> Result<RouteTable, vacancy::traits::routes::RouteOverlap> {
-    let openai = vacancy_adapters::openai::ROUTES
-        .iter()
-        .filter(|r| !r.path.starts_with("/v1/images/") && r.path != "/v1/audio/speech");
-    RouteTable::new(openai.chain(VLLM_ROUTES).copied().collect())
+    RouteTable::new(
+        vacancy_adapters::join_routes![OPENAI_V1, OPENAI_AUDIO_INPUT, VLLM_ROUTES].to_vec(),
+    )
 }
 
 /// Builds `vllm` adapters; checks `[upstream.adapter_settings]`.
@@ -131,14 +130,6 @@ struct Server {
     metrics: bool,
 }
 
-/// 404 or 501: vLLM serves the endpoint only when started to (dev mode).
-fn absent(e: &FetchError) -> bool {
-    matches!(
-        e.status(),
-        Some(http::StatusCode::NOT_FOUND | http::StatusCode::NOT_IMPLEMENTED)
-    )
-}
-
 impl Server {
     /// Requests running plus waiting, from `vllm:num_requests_*` in `/metrics`;
     /// `Err(reason)` when that cannot be read.
@@ -177,7 +168,8 @@ impl Server {
             Ok(v) => v["is_sleeping"].as_bool().ok_or_else(|| {
                 ObserveError::Malformed("GET /is_sleeping: no boolean is_sleeping".to_owned())
             }),
-            Err(e) if absent(&e) => Ok(false),
+            // 404 or 501: vLLM serves the endpoint only when started to (dev mode).
+            Err(e) if e.is_absent() => Ok(false),
             Err(e) => Err(e.into()),
         }
     }
@@ -199,7 +191,7 @@ impl Adapter for VllmAdapter {
         ctx: InspectContext<'_>,
         body: &[u8],
     ) -> Result<Inspection, InspectError> {
-        vacancy_adapters::openai::inspect_request(route, ctx, body)
+        inspect_request(route, ctx, body)
     }
 
     async fn observe(&self) -> Result<ModelObservation, ObserveError> {
