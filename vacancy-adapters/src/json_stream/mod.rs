@@ -400,172 +400,195 @@ impl Lexer {
         flow
     }
 
+    /// Scans `chunk` byte by byte (plain string bytes a word at a time),
+    /// each byte handed to the step for the token it is in.
     fn feed_inner(&mut self, chunk: &[u8], sink: &mut impl Sink) -> Result<Flow, ScanError> {
         let mut i = 0;
         while i < chunk.len() {
-            match self.token {
+            let b = chunk[i];
+            let (used, flow) = match self.token {
                 Token::Str {
                     key,
                     esc: Esc::None,
-                } => {
-                    // The hot loop: skip to the next quote, backslash or
-                    // control byte.
-                    let rest = &chunk[i..];
-                    let n = plain_prefix(rest);
-                    if n > 0 {
-                        self.flush_high();
-                        self.keep_bytes(&rest[..n]);
-                        i += n;
-                        continue;
-                    }
-                    let b = rest[0];
-                    if b == b'\\' {
-                        self.token = Token::Str {
-                            key,
-                            esc: Esc::Backslash,
-                        };
-                        i += 1;
-                        continue;
-                    }
-                    if b < 0x20 {
-                        return Err(self.syntax(i, "a control character inside a string"));
-                    }
-                    // The closing quote.
-                    self.flush_high();
-                    self.token = Token::None;
-                    let text = if self.overlong {
-                        JsonStr::Overlong
-                    } else {
-                        JsonStr::Kept(
-                            std::str::from_utf8(&self.buf)
-                                .map_err(|_| self.syntax(i, "a string that is not UTF-8"))?,
-                        )
-                    };
-                    let depth = self.stack.len();
-                    let flow = if key {
-                        self.expect = Expect::Colon;
-                        self.emit(sink, i, depth, Event::Key(text))?
-                    } else {
-                        let flow = self.emit(sink, i, depth, Event::String(text))?;
-                        self.value_done();
-                        flow
-                    };
-                    self.buf.clear();
-                    self.overlong = false;
-                    i += 1;
-                    if flow == Flow::Stop {
-                        return Ok(Flow::Stop);
-                    }
-                }
+                } => self.string_bytes(key, &chunk[i..], i, sink)?,
                 Token::Str {
                     key,
                     esc: Esc::Backslash,
-                } => {
-                    let b = chunk[i];
-                    let simple = match b {
-                        b'"' | b'\\' | b'/' => Some(b),
-                        b'b' => Some(0x08),
-                        b'f' => Some(0x0c),
-                        b'n' => Some(b'\n'),
-                        b'r' => Some(b'\r'),
-                        b't' => Some(b'\t'),
-                        b'u' => None,
-                        _ => return Err(self.syntax(i, "an unknown escape in a string")),
-                    };
-                    let esc = match simple {
-                        Some(c) => {
-                            self.flush_high();
-                            self.keep_bytes(&[c]);
-                            Esc::None
-                        }
-                        None => Esc::Hex { n: 0, code: 0 },
-                    };
-                    self.token = Token::Str { key, esc };
-                    i += 1;
-                }
+                } => (self.escape(key, b, i)?, Flow::Continue),
                 Token::Str {
                     key,
                     esc: Esc::Hex { n, code },
-                } => {
-                    let b = chunk[i];
-                    let digit = match b {
-                        b'0'..=b'9' => b - b'0',
-                        b'a'..=b'f' => b - b'a' + 10,
-                        b'A'..=b'F' => b - b'A' + 10,
-                        _ => return Err(self.syntax(i, "a \\u escape without 4 hex digits")),
-                    };
-                    let code = (code << 4) | u16::from(digit);
-                    let esc = if n == 3 {
-                        self.unicode_escape(code);
-                        Esc::None
-                    } else {
-                        Esc::Hex { n: n + 1, code }
-                    };
-                    self.token = Token::Str { key, esc };
-                    i += 1;
-                }
-                Token::Num(state) => {
-                    let b = chunk[i];
-                    if let Some(next) = state.next(b) {
-                        self.token = Token::Num(next);
-                        i += 1;
-                        continue;
-                    }
-                    if state == Num::Minus && b == b'I' {
-                        self.token = Token::Lit {
-                            text: b"Infinity",
-                            at: 1,
-                        };
-                        i += 1;
-                        continue;
-                    }
-                    if !state.complete() {
-                        return Err(self.syntax(i, "a malformed number"));
-                    }
-                    // The byte after the number is scanned again as structure.
-                    self.token = Token::None;
-                    let flow = self.emit(sink, i, self.stack.len(), Event::Number)?;
-                    self.value_done();
-                    if flow == Flow::Stop {
-                        return Ok(Flow::Stop);
-                    }
-                }
-                Token::Lit { text, at } => {
-                    if chunk[i] != text[at] {
-                        return Err(self.syntax(i, "a malformed literal"));
-                    }
-                    i += 1;
-                    if at + 1 < text.len() {
-                        self.token = Token::Lit { text, at: at + 1 };
-                        continue;
-                    }
-                    self.token = Token::None;
-                    let event = match text {
-                        b"true" => Event::Bool(true),
-                        b"false" => Event::Bool(false),
-                        b"null" => Event::Null,
-                        _ => Event::Number,
-                    };
-                    let flow = self.emit(sink, i - 1, self.stack.len(), event)?;
-                    self.value_done();
-                    if flow == Flow::Stop {
-                        return Ok(Flow::Stop);
-                    }
-                }
-                Token::None => {
-                    let b = chunk[i];
-                    if is_ws(b) {
-                        i += 1;
-                        continue;
-                    }
-                    if self.structure(b, i, sink)? == Flow::Stop {
-                        return Ok(Flow::Stop);
-                    }
-                    i += 1;
-                }
+                } => (self.hex_digit(key, n, code, b, i)?, Flow::Continue),
+                Token::Num(state) => self.number_byte(state, b, i, sink)?,
+                Token::Lit { text, at } => self.literal_byte(text, at, b, i, sink)?,
+                Token::None if is_ws(b) => (1, Flow::Continue),
+                Token::None => (1, self.structure(b, i, sink)?),
+            };
+            if flow == Flow::Stop {
+                return Ok(Flow::Stop);
             }
+            i += used;
         }
         Ok(Flow::Continue)
+    }
+
+    /// Inside a string, no escape pending: `rest` starts at byte `i` of the
+    /// chunk. Gives the bytes used and the sink's answer at the closing quote.
+    fn string_bytes(
+        &mut self,
+        key: bool,
+        rest: &[u8],
+        i: usize,
+        sink: &mut impl Sink,
+    ) -> Result<(usize, Flow), ScanError> {
+        // The hot loop: skip to the next quote, backslash or control byte.
+        let n = plain_prefix(rest);
+        if n > 0 {
+            self.flush_high();
+            self.keep_bytes(&rest[..n]);
+            return Ok((n, Flow::Continue));
+        }
+        let b = rest[0];
+        if b == b'\\' {
+            self.token = Token::Str {
+                key,
+                esc: Esc::Backslash,
+            };
+            return Ok((1, Flow::Continue));
+        }
+        if b < 0x20 {
+            return Err(self.syntax(i, "a control character inside a string"));
+        }
+        // The closing quote.
+        self.flush_high();
+        self.token = Token::None;
+        let text = if self.overlong {
+            JsonStr::Overlong
+        } else {
+            JsonStr::Kept(
+                std::str::from_utf8(&self.buf)
+                    .map_err(|_| self.syntax(i, "a string that is not UTF-8"))?,
+            )
+        };
+        let depth = self.stack.len();
+        let flow = if key {
+            self.expect = Expect::Colon;
+            self.emit(sink, i, depth, Event::Key(text))?
+        } else {
+            let flow = self.emit(sink, i, depth, Event::String(text))?;
+            self.value_done();
+            flow
+        };
+        self.buf.clear();
+        self.overlong = false;
+        Ok((1, flow))
+    }
+
+    /// The byte after a backslash in a string.
+    fn escape(&mut self, key: bool, b: u8, i: usize) -> Result<usize, ScanError> {
+        let simple = match b {
+            b'"' | b'\\' | b'/' => Some(b),
+            b'b' => Some(0x08),
+            b'f' => Some(0x0c),
+            b'n' => Some(b'\n'),
+            b'r' => Some(b'\r'),
+            b't' => Some(b'\t'),
+            b'u' => None,
+            _ => return Err(self.syntax(i, "an unknown escape in a string")),
+        };
+        let esc = match simple {
+            Some(c) => {
+                self.flush_high();
+                self.keep_bytes(&[c]);
+                Esc::None
+            }
+            None => Esc::Hex { n: 0, code: 0 },
+        };
+        self.token = Token::Str { key, esc };
+        Ok(1)
+    }
+
+    /// One hex digit of a `\\u` escape, `n` digits read so far.
+    fn hex_digit(
+        &mut self,
+        key: bool,
+        n: u8,
+        code: u16,
+        b: u8,
+        i: usize,
+    ) -> Result<usize, ScanError> {
+        let digit = match b {
+            b'0'..=b'9' => b - b'0',
+            b'a'..=b'f' => b - b'a' + 10,
+            b'A'..=b'F' => b - b'A' + 10,
+            _ => return Err(self.syntax(i, "a \\u escape without 4 hex digits")),
+        };
+        let code = (code << 4) | u16::from(digit);
+        let esc = if n == 3 {
+            self.unicode_escape(code);
+            Esc::None
+        } else {
+            Esc::Hex { n: n + 1, code }
+        };
+        self.token = Token::Str { key, esc };
+        Ok(1)
+    }
+
+    /// A byte inside or just after a number; the byte after it is not used
+    /// here (it is scanned again as structure).
+    fn number_byte(
+        &mut self,
+        state: Num,
+        b: u8,
+        i: usize,
+        sink: &mut impl Sink,
+    ) -> Result<(usize, Flow), ScanError> {
+        if let Some(next) = state.next(b) {
+            self.token = Token::Num(next);
+            return Ok((1, Flow::Continue));
+        }
+        if state == Num::Minus && b == b'I' {
+            self.token = Token::Lit {
+                text: b"Infinity",
+                at: 1,
+            };
+            return Ok((1, Flow::Continue));
+        }
+        if !state.complete() {
+            return Err(self.syntax(i, "a malformed number"));
+        }
+        self.token = Token::None;
+        let flow = self.emit(sink, i, self.stack.len(), Event::Number)?;
+        self.value_done();
+        Ok((0, flow))
+    }
+
+    /// The byte at `at` of a literal (`true`, `false`, `null`, `NaN`, `Infinity`).
+    fn literal_byte(
+        &mut self,
+        text: &'static [u8],
+        at: usize,
+        b: u8,
+        i: usize,
+        sink: &mut impl Sink,
+    ) -> Result<(usize, Flow), ScanError> {
+        if b != text[at] {
+            return Err(self.syntax(i, "a malformed literal"));
+        }
+        if at + 1 < text.len() {
+            self.token = Token::Lit { text, at: at + 1 };
+            return Ok((1, Flow::Continue));
+        }
+        self.token = Token::None;
+        let event = match text {
+            b"true" => Event::Bool(true),
+            b"false" => Event::Bool(false),
+            b"null" => Event::Null,
+            _ => Event::Number,
+        };
+        let flow = self.emit(sink, i, self.stack.len(), event)?;
+        self.value_done();
+        Ok((1, flow))
     }
 
     /// One non-whitespace byte outside any token.
