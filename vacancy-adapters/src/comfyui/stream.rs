@@ -578,6 +578,42 @@ impl HistorySink {
             _ => None,
         }
     }
+
+    /// An event inside the entry's `status` object: `status_str` and
+    /// `completed` are kept, anything else there is skipped.
+    fn status_event(&mut self, event: Event<'_>) -> ShapeResult {
+        if let Event::Key(k) = event {
+            self.field = match k.as_str() {
+                Some("status_str") => StatusKey::StatusStr,
+                Some("completed") => StatusKey::Completed,
+                _ => StatusKey::Other,
+            };
+            return Ok(Flow::Continue);
+        }
+        if !event.is_value() {
+            return Ok(Flow::Continue);
+        }
+        let field = self.field;
+        let Some((status_str, completed)) = self.status_mut() else {
+            return Ok(Flow::Continue);
+        };
+        match (field, event) {
+            (StatusKey::StatusStr, Event::String(JsonStr::Kept(s))) => {
+                *status_str = Some(s.to_owned());
+            }
+            (StatusKey::StatusStr, Event::Null) => *status_str = None,
+            (StatusKey::StatusStr, _) => {
+                return Err("status.status_str is not a short string".into());
+            }
+            (StatusKey::Completed, Event::Bool(b)) => *completed = Some(b),
+            (StatusKey::Completed, Event::Null) => *completed = None,
+            (StatusKey::Completed, _) => {
+                return Err("status.completed is not a boolean".into());
+            }
+            (StatusKey::Other, _) => {}
+        }
+        Ok(Flow::Continue)
+    }
 }
 
 impl Sink for HistorySink {
@@ -628,38 +664,7 @@ impl Sink for HistorySink {
                 _ => {}
             },
             3.. if self.outputs.in_outputs => self.outputs.event(depth, &event),
-            3 if self.in_status => {
-                if let Event::Key(k) = event {
-                    self.field = match k.as_str() {
-                        Some("status_str") => StatusKey::StatusStr,
-                        Some("completed") => StatusKey::Completed,
-                        _ => StatusKey::Other,
-                    };
-                    return Ok(Flow::Continue);
-                }
-                if !event.is_value() {
-                    return Ok(Flow::Continue);
-                }
-                let field = self.field;
-                let Some((status_str, completed)) = self.status_mut() else {
-                    return Ok(Flow::Continue);
-                };
-                match (field, event) {
-                    (StatusKey::StatusStr, Event::String(JsonStr::Kept(s))) => {
-                        *status_str = Some(s.to_owned());
-                    }
-                    (StatusKey::StatusStr, Event::Null) => *status_str = None,
-                    (StatusKey::StatusStr, _) => {
-                        return Err("status.status_str is not a short string".into());
-                    }
-                    (StatusKey::Completed, Event::Bool(b)) => *completed = Some(b),
-                    (StatusKey::Completed, Event::Null) => *completed = None,
-                    (StatusKey::Completed, _) => {
-                        return Err("status.completed is not a boolean".into());
-                    }
-                    (StatusKey::Other, _) => {}
-                }
-            }
+            3 if self.in_status => return self.status_event(event),
             _ => {}
         }
         Ok(Flow::Continue)

@@ -256,6 +256,30 @@ fn log_failure(e: &ReadError, started: Instant) {
     );
 }
 
+/// The limit a wait for the next bytes broke: the whole read's (COMFY-34),
+/// the first byte's (COMFY-32) or the silence's (COMFY-33).
+fn timed_out(what: &str, limits: &ReadLimits, received: u64, whole_read: bool) -> ReadError {
+    let what = what.to_owned();
+    if whole_read {
+        ReadError::Total {
+            what,
+            limit: limits.total,
+            received,
+        }
+    } else if received == 0 {
+        ReadError::FirstByte {
+            what,
+            limit: limits.first_byte,
+        }
+    } else {
+        ReadError::Silence {
+            what,
+            limit: limits.silence,
+            received,
+        }
+    }
+}
+
 async fn read_inner<B, S>(
     what: &str,
     started: Instant,
@@ -286,25 +310,9 @@ where
         let deadline = wait_deadline.min(total_deadline);
         let frame = match tokio::time::timeout_at(deadline, body.frame()).await {
             Ok(frame) => frame,
-            Err(_) if deadline >= total_deadline => {
-                return Err(ReadError::Total {
-                    what: what.to_owned(),
-                    limit: limits.total,
-                    received,
-                });
-            }
-            Err(_) if received == 0 => {
-                return Err(ReadError::FirstByte {
-                    what: what.to_owned(),
-                    limit: limits.first_byte,
-                });
-            }
             Err(_) => {
-                return Err(ReadError::Silence {
-                    what: what.to_owned(),
-                    limit: limits.silence,
-                    received,
-                });
+                let whole_read = deadline >= total_deadline;
+                return Err(timed_out(what, limits, received, whole_read));
             }
         };
         let Some(frame) = frame else {
