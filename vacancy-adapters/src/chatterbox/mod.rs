@@ -28,7 +28,7 @@ mod observe;
 pub use inspect::GENERIC_ALIASES;
 
 use crate::common::routes::WORK;
-use crate::common::{AdapterSettings, ObservationClient};
+use crate::common::{AdapterCore, AdapterSettings};
 
 /// Whether a result-read ID may pass without management permission
 /// (VOICE-07): 8 to 80 ASCII letters, digits, `_` or `-`.
@@ -168,9 +168,7 @@ pub(super) fn engine_kind(engine: &str) -> String {
 ///   - a reply without a boolean `loaded` and `busy` is malformed (OBS-03).
 #[derive(Debug)]
 pub struct ChatterboxAdapter {
-    settings: AdapterSettings,
-    routes: RouteTable,
-    observer: ObservationClient,
+    core: AdapterCore,
 }
 
 impl ChatterboxAdapter {
@@ -188,9 +186,7 @@ impl ChatterboxAdapter {
     /// Builds and checks [`ROUTES`]; connects nothing.
     pub fn new(settings: AdapterSettings) -> Result<Self, RouteOverlap> {
         Ok(ChatterboxAdapter {
-            observer: ObservationClient::new(&settings),
-            routes: route_table()?,
-            settings,
+            core: AdapterCore::new(settings, ROUTES)?,
         })
     }
 
@@ -202,7 +198,7 @@ impl ChatterboxAdapter {
     /// See [`route_table_for`]; two paths that could match the same request
     /// are refused.
     pub fn with_routes(mut self, routes: &VoiceRoutesConfig) -> Result<Self, RouteOverlap> {
-        self.routes = route_table_for(routes)?;
+        self.core = self.core.with_table(route_table_for(routes)?);
         Ok(self)
     }
 
@@ -212,7 +208,7 @@ impl ChatterboxAdapter {
     ///
     /// As given to [`ChatterboxAdapter::new`].
     pub fn settings(&self) -> &AdapterSettings {
-        &self.settings
+        self.core.settings()
     }
 }
 
@@ -223,7 +219,7 @@ impl Adapter for ChatterboxAdapter {
     }
 
     fn routes(&self) -> &RouteTable {
-        &self.routes
+        self.core.routes()
     }
 
     fn inspect(

@@ -36,9 +36,10 @@ impl ChatterboxAdapter {
     /// [`vacancy::traits::Adapter::observe`]: `GET /status`, and `GET /v1/models`
     /// on a legacy server (VOICE-11..16).
     pub(super) async fn observe_now(&self) -> Result<ModelObservation, ObserveError> {
-        let taken_at = self.settings.clock.now();
+        let taken_at = self.core.settings().clock.now();
         let status = self
-            .observer
+            .core
+            .observer()
             .get_json("/status")
             .await
             .map_err(not_the_status)?;
@@ -77,7 +78,7 @@ impl ChatterboxAdapter {
     /// VOICE-15: a legacy server (no `engine` in `/status`) serves the fixed
     /// models `GET /v1/models` lists, resident while it is loaded and idle.
     async fn legacy_models(&self, busy: bool) -> Result<Vec<ObservedModel>, ObserveError> {
-        let listed = self.observer.get_json("/v1/models").await?;
+        let listed = self.core.observer().get_json("/v1/models").await?;
         let ids = listed
             .get("data")
             .and_then(Value::as_array)

@@ -52,7 +52,7 @@ impl BodyRule {
 /// # Behavior
 ///
 /// Only read, never logged.
-pub fn content_type<'h>(headers: &'h http::HeaderMap) -> &'h str {
+pub fn content_type(headers: &http::HeaderMap) -> &str {
     headers
         .get(http::header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())

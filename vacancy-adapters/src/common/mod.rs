@@ -8,6 +8,7 @@ use std::time::Duration;
 use vacancy::MonotonicClock;
 
 mod body;
+mod core;
 mod inspect;
 mod multipart;
 mod observe;
@@ -17,6 +18,7 @@ pub mod routes;
 pub(crate) mod testing;
 
 pub use body::{BodyRule, content_type, inspect_request};
+pub use core::AdapterCore;
 pub(crate) use inspect::kind as inspect_kind;
 pub use inspect::{RESPONSES_PATH, inspect_json_body, is_responses_path, request_path};
 pub use multipart::{is_multipart_form, multipart_model};

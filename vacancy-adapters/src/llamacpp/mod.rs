@@ -30,7 +30,7 @@ use vacancy::traits::{
 };
 
 use crate::common::routes::{OPENAI_V1, WORK};
-use crate::common::{AdapterSettings, ObservationClient, inspect_json_body};
+use crate::common::{AdapterCore, AdapterSettings, inspect_json_body};
 
 /// llama-server's route table, as data.
 ///
@@ -126,9 +126,7 @@ pub fn route_table() -> Result<RouteTable, RouteOverlap> {
 /// - Refusals render OpenAI-style (the default).
 #[derive(Debug)]
 pub struct LlamaCppAdapter {
-    settings: AdapterSettings,
-    routes: RouteTable,
-    observer: ObservationClient,
+    core: AdapterCore,
 }
 
 impl LlamaCppAdapter {
@@ -146,9 +144,7 @@ impl LlamaCppAdapter {
     /// Builds and checks [`ROUTES`] (DESIGN §8); connects nothing.
     pub fn new(settings: AdapterSettings) -> Result<Self, RouteOverlap> {
         Ok(LlamaCppAdapter {
-            observer: ObservationClient::new(&settings),
-            routes: route_table()?,
-            settings,
+            core: AdapterCore::new(settings, ROUTES)?,
         })
     }
 
@@ -158,7 +154,7 @@ impl LlamaCppAdapter {
     ///
     /// As given to [`LlamaCppAdapter::new`].
     pub fn settings(&self) -> &AdapterSettings {
-        &self.settings
+        self.core.settings()
     }
 }
 
@@ -169,7 +165,7 @@ impl Adapter for LlamaCppAdapter {
     }
 
     fn routes(&self) -> &RouteTable {
-        &self.routes
+        self.core.routes()
     }
 
     fn inspect(

@@ -11,7 +11,7 @@ use crate::common::FetchError;
 impl LlamaCppAdapter {
     /// Whether the server reports itself asleep; `false` when it has no `/props`.
     async fn sleeping(&self) -> Result<bool, ObserveError> {
-        match self.observer.fetch_json("/props").await {
+        match self.core.observer().fetch_json("/props").await {
             Ok(props) => Ok(is_sleeping(&props)?),
             Err(e) if e.is_absent() => Ok(false),
             Err(e) => Err(e.into()),
@@ -21,13 +21,13 @@ impl LlamaCppAdapter {
     /// [`vacancy::traits::Adapter::observe`]: `/props` first (a sleeping
     /// server is left asleep), then `/v1/models` and `/slots` together.
     pub(super) async fn observe_now(&self) -> Result<ModelObservation, ObserveError> {
-        let taken_at = self.settings.clock.now();
+        let taken_at = self.core.settings().clock.now();
         if self.sleeping().await? {
             return Ok(ModelObservation::empty(taken_at));
         }
         let (models, slots) = tokio::join!(
-            self.observer.fetch_json("/v1/models"),
-            self.observer.fetch_json("/slots"),
+            self.core.observer().fetch_json("/v1/models"),
+            self.core.observer().fetch_json("/slots"),
         );
         let models = parse_models(&models?)?;
         let slots = match slots {
@@ -45,7 +45,7 @@ impl LlamaCppAdapter {
         if self.sleeping().await? {
             return Ok(true);
         }
-        let slots = parse_slots(&self.observer.get_json("/slots").await?)?;
+        let slots = parse_slots(&self.core.observer().get_json("/slots").await?)?;
         Ok(slots.processing == 0)
     }
 }

@@ -62,7 +62,7 @@ use vacancy::traits::{
 };
 
 use crate::common::routes::{OPENAI_V1, WORK};
-use crate::common::{AdapterSettings, ObservationClient};
+use crate::common::{AdapterCore, AdapterSettings, ObservationClient};
 pub use cache::{CacheWriteError, ContextCache, FILE_NAME as LEARNED_CONTEXTS_FILE};
 pub use contexts::{
     LearnedContexts, LearnedKind, MAX_KINDS_PER_MODEL, MAX_MODELS, ModelContexts, Modelfile,
@@ -170,9 +170,7 @@ pub use inspect::RUNNER_OPTIONS;
 /// - Refusals render in Ollama's dialect, `{"error": "code: reason"}`.
 #[derive(Debug)]
 pub struct OllamaAdapter {
-    settings: AdapterSettings,
-    routes: RouteTable,
-    observer: ObservationClient,
+    core: AdapterCore,
     unloader: Arc<OllamaUnloader>,
     cache: Arc<ContextCache>,
     /// The cache key: the upstream's name.
@@ -202,13 +200,11 @@ impl OllamaAdapter {
                 .with_observe_timeout(OllamaUnloader::DEFAULT_BOUND),
         );
         Ok(OllamaAdapter {
-            observer: ObservationClient::new(&settings),
             unloader: Arc::new(OllamaUnloader::new(
                 unload_client,
                 OllamaUnloader::DEFAULT_BOUND,
             )),
-            routes: route_table()?,
-            settings,
+            core: AdapterCore::new(settings, ROUTES)?,
             cache: Arc::new(ContextCache::in_memory()),
             upstream: String::new(),
             modelfiles: Mutex::new(HashMap::new()),
@@ -233,7 +229,7 @@ impl OllamaAdapter {
     ///
     /// As given to [`OllamaAdapter::new`].
     pub fn settings(&self) -> &AdapterSettings {
-        &self.settings
+        self.core.settings()
     }
 
     /// The cache it learns into.
@@ -253,7 +249,7 @@ impl Adapter for OllamaAdapter {
     }
 
     fn routes(&self) -> &RouteTable {
-        &self.routes
+        self.core.routes()
     }
 
     fn inspect(

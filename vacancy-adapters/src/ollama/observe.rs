@@ -30,7 +30,8 @@ impl OllamaAdapter {
             return *known;
         }
         let read = match self
-            .observer
+            .core
+            .observer()
             .post_json("/api/show", &serde_json::json!({ "model": reported }))
             .await
         {
@@ -77,8 +78,8 @@ impl OllamaAdapter {
     /// [`vacancy::traits::Adapter::observe`]: `GET /api/ps`, then `POST /api/show`
     /// for each digest not read before (RES-09).
     pub(super) async fn observe_now(&self) -> Result<ModelObservation, ObserveError> {
-        let taken_at = self.settings.clock.now();
-        let ps = self.observer.get_json("/api/ps").await?;
+        let taken_at = self.core.settings().clock.now();
+        let ps = self.core.observer().get_json("/api/ps").await?;
         let listed = parse_ps(&ps, ps::unix_now())?;
         let mut models = Vec::with_capacity(listed.len());
         for m in &listed {

@@ -8,9 +8,9 @@ use vacancy::traits::{
     WorkRoute,
 };
 
-use crate::common::AdapterSettings;
 pub use crate::common::inspect_request;
 use crate::common::routes::{OPENAI_AUDIO_INPUT, OPENAI_V1, WORK};
+use crate::common::{AdapterCore, AdapterSettings};
 
 /// The OpenAI routes no other built-in adapter serves all of: speech and images.
 const SPEECH_AND_IMAGES: &[RouteSpec] = &[
@@ -67,8 +67,7 @@ pub fn route_table() -> Result<RouteTable, RouteOverlap> {
 /// - Refusals render OpenAI-style.
 #[derive(Debug)]
 pub struct OpenAiAdapter {
-    settings: AdapterSettings,
-    routes: RouteTable,
+    core: AdapterCore,
 }
 
 impl OpenAiAdapter {
@@ -86,8 +85,7 @@ impl OpenAiAdapter {
     /// Builds and checks [`ROUTES`] (DESIGN §8); connects nothing.
     pub fn new(settings: AdapterSettings) -> Result<Self, RouteOverlap> {
         Ok(OpenAiAdapter {
-            routes: route_table()?,
-            settings,
+            core: AdapterCore::new(settings, ROUTES)?,
         })
     }
 
@@ -97,7 +95,7 @@ impl OpenAiAdapter {
     ///
     /// As given to [`OpenAiAdapter::new`].
     pub fn settings(&self) -> &AdapterSettings {
-        &self.settings
+        self.core.settings()
     }
 }
 
@@ -108,7 +106,7 @@ impl Adapter for OpenAiAdapter {
     }
 
     fn routes(&self) -> &RouteTable {
-        &self.routes
+        self.core.routes()
     }
 
     fn inspect(
