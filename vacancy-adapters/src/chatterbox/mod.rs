@@ -149,9 +149,9 @@ pub(super) fn engine_kind(engine: &str) -> String {
 ///   authorization are added (VOICE-09, VOICE-20): an upstream error after
 ///   forwarding is passed to the borrower as it came, and the reservation
 ///   ends as the response does.
-/// - Inspection: JSON bodies by [`inspect_json_body`] (the top-level
+/// - Inspection: JSON bodies by [`inspect_json_body`](crate::common::inspect_json_body) (the top-level
 ///   `model` selects the budget exactly, VOICE-02, MEM-06), multipart uploads
-///   and transcriptions by [`multipart_model`]. A request naming an engine
+///   and transcriptions by [`multipart_model`](crate::common::multipart_model). A request naming an engine
 ///   carries that engine's kind; a [`GENERIC_ALIASES`] name (or none) cannot
 ///   reuse a loaded engine, so it is never credited (VOICE-14; on a legacy
 ///   server too, where it would prove no more).

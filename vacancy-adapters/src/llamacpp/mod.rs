@@ -105,10 +105,10 @@ pub fn route_table() -> Result<RouteTable, RouteOverlap> {
 ///   1. `GET /props`: `"is_sleeping": true` means the model is unloaded, so
 ///      the observation lists no model and nothing else is read (reading
 ///      `/slots` would reload it). 404/501 (no `/props`) is read as awake.
-///   2. `GET /v1/models`: each `data[].id` (and alias) is an [`ObservedModel`],
+///   2. `GET /v1/models`: each `data[].id` (and alias) is an [`ObservedModel`](vacancy::engine::ObservedModel),
 ///      ready unless router mode says it is still loading; router-mode
 ///      models that are not loaded are left out.
-///   3. `GET /slots`: every slot idle is [`ResidencyEvidence::Proven`]
+///   3. `GET /slots`: every slot idle is [`ResidencyEvidence::Proven`](vacancy::engine::ResidencyEvidence::Proven)
 ///      (RES-16); N slots processing are `visible_work` of N jobs, "N of M
 ///      slots processing" (ADM-09: the engine counts the jobs beyond its own,
 ///      and only when the observation is fresh and taken after vacancy's last

@@ -142,7 +142,7 @@ pub use inspect::RUNNER_OPTIONS;
 /// # Behavior
 ///
 /// - Routes: [`ROUTES`] (ROUTE-01..03, ROUTE-08, ROUTE-09, ROUTE-12).
-/// - Inspection: [`inspect_json_body`] on every work route: a JSON object,
+/// - Inspection: [`inspect_json_body`](crate::common::inspect_json_body) on every work route: a JSON object,
 ///   `model` a string kept exactly for configuration (MEM-06), and the
 ///   Responses background rule (ROUTE-05..07). The request's canonical
 ///   model is what observations and priors match. On the native `/api`
@@ -156,7 +156,7 @@ pub use inspect::RUNNER_OPTIONS;
 /// - Observation ([`Adapter::observe`]), with `[upstream.credential]` only
 ///   (OBS-01/02), stamped before the request: `GET /api/ps`, then
 ///   `POST /api/show` for each digest not read before (RES-09). Each loaded
-///   model is an [`ObservedModel`] (canonical name, digest, context) with
+///   model is an [`ObservedModel`](vacancy::engine::ObservedModel) (canonical name, digest, context) with
 ///   evidence `NotProven` when it unloads within [`MIN_UNLOAD_SECS`]
 ///   (RES-03) or lacks a digest or context, else `ProvenFor` the kinds known
 ///   to reuse it (RES-05). A malformed `/api/ps` is [`ObserveError::Malformed`],
