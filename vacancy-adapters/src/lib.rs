@@ -7,12 +7,19 @@
 //! and checked for overlaps when the adapter is built, request inspection
 //! built from the shared checks in [`common`], and, where the upstream can be
 //! observed, an observation made with vacancy's own credential only.
+//!
+//! Every adapter is a folder of the same files: `mod.rs` (the adapter and
+//! its route table), `inspect.rs`, `observe.rs` and `reclaim.rs` where it has
+//! them. What several share is in [`common`] (settings, [`common::AdapterCore`],
+//! the body rules, the OpenAI `/v1` route block) and [`json_stream`] (the
+//! streaming JSON scanner); `docs/adapter-guide.md` describes the shape.
 #![forbid(unsafe_code)]
 
 pub mod builtin;
 pub mod chatterbox;
 pub mod comfyui;
 pub mod common;
+pub mod json_stream;
 pub mod llamacpp;
 pub mod ollama;
 pub mod openai;

@@ -29,12 +29,11 @@ use vacancy::traits::{
     ObserveError, ReclaimError, Reclaimer, RouteClass, RouteMethod, RouteSpec, RouteTable,
     UnloadAck, WorkRoute,
 };
-use vacancy_adapters::{AdapterSettings, FetchError, ObservationClient};
+use vacancy_adapters::common::routes::{OPENAI_AUDIO_INPUT, OPENAI_V1, WORK};
+use vacancy_adapters::common::{AdapterCore, AdapterSettings, inspect_request};
 
 /// The kind's name in configuration: `adapter = "vllm"`.
 pub const NAME: &str = "vllm";
-
-const WORK: RouteClass = RouteClass::Work(WorkRoute::response_end());
 
 /// vLLM's routes beyond the OpenAI `/v1` slice it shares.
 const VLLM_ROUTES: &[RouteSpec] = &[
@@ -71,12 +70,14 @@ const VLLM_ROUTES: &[RouteSpec] = &[
     ),
 ];
 
-/// The route table: the OpenAI slice vLLM serves (no images, no speech), then its own.
+/// The routes: the OpenAI slice vLLM serves (the shared `/v1` block and
+/// audio input; no images, no speech), then its own.
+pub const ROUTES: &[RouteSpec] =
+    vacancy_adapters::join_routes![OPENAI_V1, OPENAI_AUDIO_INPUT, VLLM_ROUTES];
+
+/// [`ROUTES`] as a checked [`RouteTable`].
 pub fn route_table() -> Result<RouteTable, vacancy::traits::routes::RouteOverlap> {
-    let openai = vacancy_adapters::openai::ROUTES
-        .iter()
-        .filter(|r| !r.path.starts_with("/v1/images/") && r.path != "/v1/audio/speech");
-    RouteTable::new(openai.chain(VLLM_ROUTES).copied().collect())
+    RouteTable::new(ROUTES.to_vec())
 }
 
 /// Builds `vllm` adapters; checks `[upstream.adapter_settings]`.
@@ -106,37 +107,22 @@ impl AdapterFactory for VllmFactory {
             .and_then(toml::Value::as_bool)
             .unwrap_or(true);
         let settings = AdapterSettings::from_context(ctx);
-        let server = Arc::new(Server {
-            client: ObservationClient::new(&settings),
-            metrics,
-        });
-        Ok(Arc::new(VllmAdapter {
-            routes: route_table().map_err(BuildError::new)?,
-            settings,
-            server,
-        }))
+        let core = AdapterCore::new(settings, ROUTES).map_err(BuildError::new)?;
+        let server = Arc::new(Server { core, metrics });
+        Ok(Arc::new(VllmAdapter { server }))
     }
 }
 
 /// The adapter for one vLLM server.
 pub struct VllmAdapter {
-    routes: RouteTable,
-    settings: AdapterSettings,
     server: Arc<Server>,
 }
 
 /// What vacancy reads from the server, shared with the reclaimer.
 struct Server {
-    client: ObservationClient,
+    /// Settings, routes and the observation client, as the built-in adapters hold them.
+    core: AdapterCore,
     metrics: bool,
-}
-
-/// 404 or 501: vLLM serves the endpoint only when started to (dev mode).
-fn absent(e: &FetchError) -> bool {
-    matches!(
-        e.status(),
-        Some(http::StatusCode::NOT_FOUND | http::StatusCode::NOT_IMPLEMENTED)
-    )
 }
 
 impl Server {
@@ -147,7 +133,8 @@ impl Server {
             return Err("metrics = false: vacancy does not read /metrics".to_owned());
         }
         let text = self
-            .client
+            .core
+            .observer()
             .fetch_text("/metrics")
             .await
             .map_err(|e| e.to_string())?;
@@ -173,11 +160,12 @@ impl Server {
     /// Whether the server sleeps; `/is_sleeping` is absent unless the sleep
     /// endpoints are, so a server without it cannot have been put to sleep.
     async fn sleeping(&self) -> Result<bool, ObserveError> {
-        match self.client.fetch_json("/is_sleeping").await {
+        match self.core.observer().fetch_json("/is_sleeping").await {
             Ok(v) => v["is_sleeping"].as_bool().ok_or_else(|| {
                 ObserveError::Malformed("GET /is_sleeping: no boolean is_sleeping".to_owned())
             }),
-            Err(e) if absent(&e) => Ok(false),
+            // 404 or 501: vLLM serves the endpoint only when started to (dev mode).
+            Err(e) if e.is_absent() => Ok(false),
             Err(e) => Err(e.into()),
         }
     }
@@ -190,7 +178,7 @@ impl Adapter for VllmAdapter {
     }
 
     fn routes(&self) -> &RouteTable {
-        &self.routes
+        self.server.core.routes()
     }
 
     fn inspect(
@@ -199,12 +187,12 @@ impl Adapter for VllmAdapter {
         ctx: InspectContext<'_>,
         body: &[u8],
     ) -> Result<Inspection, InspectError> {
-        vacancy_adapters::openai::inspect_request(route, ctx, body)
+        inspect_request(route, ctx, body)
     }
 
     async fn observe(&self) -> Result<ModelObservation, ObserveError> {
-        let taken_at = self.settings.clock.now();
-        let models = self.server.client.get_json("/v1/models").await?;
+        let taken_at = self.server.core.settings().clock.now();
+        let models = self.server.core.observer().get_json("/v1/models").await?;
         let names: Vec<String> = models["data"]
             .as_array()
             .ok_or_else(|| ObserveError::Malformed("GET /v1/models: no data list".to_owned()))?

@@ -14,6 +14,8 @@
 //! - `GET /system_stats` answers `system.comfyui_version` (absent early 2024).
 
 pub mod follow;
+mod inspect;
+mod observe;
 pub mod reclaim;
 pub mod stream;
 pub mod submission;
@@ -25,7 +27,7 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use serde_json::{Value, json};
-use vacancy::engine::{ModelObservation, Refusal, RequestReuse, VisibleWork};
+use vacancy::engine::{ModelObservation, Refusal};
 use vacancy::traits::routes::RouteOverlap;
 use vacancy::traits::{
     Adapter, InspectContext, InspectError, Inspection, ObserveError, Reclaimer, Reconsidered,
@@ -35,6 +37,7 @@ use vacancy::traits::{
 
 use crate::common::{AdapterSettings, ObservationClient, request_path};
 use follow::PromptReads;
+pub use observe::allocator_free_mib;
 use reclaim::{ComfyReclaimer, ReclaimTimes};
 use stream::ReadLimits;
 use tracker::{History, Location, TrackingTimes};
@@ -606,65 +609,11 @@ impl Adapter for ComfyUiAdapter {
         ctx: InspectContext<'_>,
         body: &[u8],
     ) -> Result<Inspection, InspectError> {
-        let assigned = ctx.entry.to_string();
-        let rewritten = submission::with_prompt_id(body, &assigned).map_err(|why| InspectError {
-            code: vacancy::RefusalCode::InvalidSubmission,
-            message: format!(
-                "{why}; POST a JSON object such as {{\"prompt\": {{...}}}} (ComfyUI could never queue this)"
-            ),
-        })?;
-        {
-            let mut borrowed = lock(&self.shared.borrowed);
-            borrowed.remember(&assigned);
-            if let Some(asked) = &rewritten.requested {
-                borrowed.remember_requested(asked, &assigned);
-            }
-        }
-        Ok(Inspection {
-            model: None,
-            canonical_model: None,
-            reuse: RequestReuse::Cannot("ComfyUI work is charged as a load (RES-18)".to_owned()),
-            rewritten_body: Some(rewritten.body),
-            upstream_ref: Some(assigned),
-        })
+        self.inspect_submission(ctx, body)
     }
 
     async fn observe(&self) -> Result<ModelObservation, ObserveError> {
-        let taken_at = self.settings.clock.now();
-        // The release (COMFY-37) and the allocator's unused memory (RES-17);
-        // a failure here is not an observation failure: the queue count is.
-        let allocator_free_mib = match self.shared.observer.get_json("/system_stats").await {
-            Ok(stats) => {
-                if let Ok(v) = reported_version(&stats) {
-                    *lock(&self.shared.version) = Some(v);
-                }
-                allocator_free_mib(&stats)
-            }
-            Err(_) => None,
-        };
-        let prompt = self.shared.observer.get_json("/prompt").await?;
-        let remaining = prompt
-            .pointer("/exec_info/queue_remaining")
-            .and_then(Value::as_u64)
-            .ok_or_else(|| {
-                ObserveError::Malformed(
-                    "GET /prompt: no whole-number exec_info.queue_remaining".to_owned(),
-                )
-            })?;
-        // vacancy's own prompts are subtracted by the engine, which knows
-        // every entry on the server's resources (ADM-09).
-        let visible_work = (remaining > 0).then(|| {
-            VisibleWork::new(
-                u32::try_from(remaining).unwrap_or(u32::MAX),
-                format!("ComfyUI holds {remaining} queued or running prompts"),
-            )
-        });
-        Ok(ModelObservation {
-            taken_at,
-            models: Vec::new(),
-            visible_work,
-            allocator_free_mib,
-        })
+        self.observe_now().await
     }
 
     fn render_refusal(&self, refusal: &Refusal) -> RenderedRefusal {
@@ -852,19 +801,6 @@ fn history_of(lookup: &stream::HistoryLookup) -> History {
         } => History::Finished { success: true },
         _ => History::NotFinished,
     }
-}
-
-/// The memory ComfyUI's allocator holds unused on its GPU, in MiB (RES-17):
-/// `devices[0].torch_vram_free` of `/system_stats`, which ComfyUI computes as
-/// memory torch reserved minus memory in use. `None` on a CPU device (there
-/// it is the machine's free RAM, not the allocator's) or when it is missing.
-pub fn allocator_free_mib(system_stats: &Value) -> Option<u64> {
-    let device = system_stats.get("devices")?.as_array()?.first()?;
-    if device.get("type").and_then(Value::as_str) == Some("cpu") {
-        return None;
-    }
-    let bytes = device.get("torch_vram_free")?.as_u64()?;
-    Some(bytes / (1024 * 1024))
 }
 
 /// ComfyUI's error shape, with vacancy's code as `type` and `code`.

@@ -184,6 +184,43 @@ fn fetch_reason(e: &FetchError) -> String {
     e.to_string()
 }
 
+impl<R: PromptReads> ComfyReclaimer<R> {
+    /// A borrowed prompt the queue shows running: asked to stop, and
+    /// `Stopped` only when its end is seen within the window (RECL-26, RECL-29).
+    async fn stop_running(&self, item: &CancelItem, id: &str) -> CancelOutcome {
+        match self.stop(id).await {
+            // The caller logs it with the reason (RECL-26).
+            Ok(Stop::Unsafe(reason)) => CancelOutcome::LeftRunning {
+                entry: item.entry,
+                reason,
+            },
+            Ok(Stop::Requested) => {
+                info!(entry = %item.entry, "stop requested for a running borrowed prompt");
+                if self.ended_within_window(id).await {
+                    CancelOutcome::Stopped(item.entry)
+                } else {
+                    // RECL-29: its tracker releases it when the history shows the end.
+                    CancelOutcome::Requested(item.entry)
+                }
+            }
+            Err(reason) => CancelOutcome::Failed {
+                entry: item.entry,
+                reason: format!("stopping the running prompt failed: {reason}"),
+            },
+        }
+    }
+}
+
+/// Every claimed item failed for the same `reason` (RECL-21: the reservations stay).
+fn all_failed(ours: &[(&CancelItem, String)], reason: &str) -> Vec<CancelOutcome> {
+    ours.iter()
+        .map(|(item, _)| CancelOutcome::Failed {
+            entry: item.entry,
+            reason: reason.to_owned(),
+        })
+        .collect()
+}
+
 #[async_trait]
 impl<R: PromptReads + std::fmt::Debug> Reclaimer for ComfyReclaimer<R> {
     async fn cancel(&self, items: &[CancelItem], _deadline: Instant) -> Vec<CancelOutcome> {
@@ -217,24 +254,14 @@ impl<R: PromptReads + std::fmt::Debug> Reclaimer for ComfyReclaimer<R> {
                 fetch_reason(&e)
             );
             warn!(error = %reason, "cancellation failed; the reservations stay (RECL-21)");
-            for (item, _) in &ours {
-                outcomes.push(CancelOutcome::Failed {
-                    entry: item.entry,
-                    reason: reason.clone(),
-                });
-            }
+            outcomes.extend(all_failed(&ours, &reason));
             return outcomes;
         }
         let after = match self.listing().await {
             Ok(l) => l,
             Err(e) => {
                 let reason = format!("the queue could not be read after the delete: {e}");
-                for (item, _) in &ours {
-                    outcomes.push(CancelOutcome::Failed {
-                        entry: item.entry,
-                        reason: reason.clone(),
-                    });
-                }
+                outcomes.extend(all_failed(&ours, &reason));
                 return outcomes;
             }
         };
@@ -247,26 +274,7 @@ impl<R: PromptReads + std::fmt::Debug> Reclaimer for ComfyReclaimer<R> {
         };
         for (item, id) in ours {
             let outcome = if running.contains(id.as_str()) {
-                match self.stop(&id).await {
-                    // The caller logs it with the reason (RECL-26).
-                    Ok(Stop::Unsafe(reason)) => CancelOutcome::LeftRunning {
-                        entry: item.entry,
-                        reason,
-                    },
-                    Ok(Stop::Requested) => {
-                        info!(entry = %item.entry, "stop requested for a running borrowed prompt");
-                        if self.ended_within_window(&id).await {
-                            CancelOutcome::Stopped(item.entry)
-                        } else {
-                            // RECL-29: its tracker releases it when the history shows the end.
-                            CancelOutcome::Requested(item.entry)
-                        }
-                    }
-                    Err(reason) => CancelOutcome::Failed {
-                        entry: item.entry,
-                        reason: format!("stopping the running prompt failed: {reason}"),
-                    },
-                }
+                self.stop_running(item, &id).await
             } else if pending.contains(id.as_str()) {
                 CancelOutcome::Failed {
                     entry: item.entry,

@@ -4,6 +4,8 @@
 
 use serde_json::{Map, Value};
 
+use crate::common::inspect_kind;
+
 /// A submission as vacancy forwards it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Rewritten {
@@ -35,7 +37,7 @@ pub fn with_prompt_id(body: &[u8], assigned: &str) -> Result<Rewritten, String> 
     let Value::Object(members) = &parsed else {
         return Err(format!(
             "the submission must be a JSON object with a \"prompt\" workflow, not {}",
-            kind(&parsed)
+            inspect_kind(&parsed)
         ));
     };
     let requested = match members.get("prompt_id") {
@@ -93,17 +95,6 @@ struct Member {
     name: String,
     start: usize,
     end: usize,
-}
-
-fn kind(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
 }
 
 /// The top-level members of a JSON object text known to be valid.

@@ -1,4 +1,6 @@
 #![allow(clippy::unwrap_used, clippy::panic)]
+use vacancy::engine::RequestReuse;
+
 use super::*;
 use http::Method;
 use vacancy::config::Management;

@@ -1,18 +1,24 @@
-//! What every adapter shares: its settings, the observation client, and the
-//! body checks every work request passes before anything is reserved.
+//! What every adapter shares: its settings, the observation client, the
+//! body checks every work request passes before anything is reserved, and
+//! the route blocks several adapters serve ([`routes`]).
 
 use std::fmt;
 use std::time::Duration;
 
 use vacancy::MonotonicClock;
 
+mod body;
+mod core;
 mod inspect;
 mod multipart;
 mod observe;
+pub mod routes;
 
 #[cfg(test)]
 pub(crate) mod testing;
 
+pub use body::{BodyRule, content_type, inspect_request};
+pub use core::AdapterCore;
 pub(crate) use inspect::kind as inspect_kind;
 pub use inspect::{RESPONSES_PATH, inspect_json_body, is_responses_path, request_path};
 pub use multipart::{is_multipart_form, multipart_model};

@@ -64,6 +64,17 @@ impl FetchError {
             FetchError::Unreachable(_) | FetchError::Malformed(_) => None,
         }
     }
+
+    /// Whether the upstream says the endpoint does not exist or is switched
+    /// off (404 or 501), as servers answer for optional endpoints.
+    ///
+    /// Any other status, and every failure without a status, is `false`.
+    pub fn is_absent(&self) -> bool {
+        matches!(
+            self.status(),
+            Some(http::StatusCode::NOT_FOUND | http::StatusCode::NOT_IMPLEMENTED)
+        )
+    }
 }
 
 impl From<FetchError> for ObserveError {

@@ -8,6 +8,10 @@ use vacancy::config::Management;
 use vacancy::traits::{RoutePolicy, route_policy};
 use vacancy::{MonotonicClock, Refusal, RefusalCode};
 
+use serde_json::Value;
+use vacancy::engine::{ObservedModel, ResidencyEvidence};
+
+use super::observe::*;
 use super::*;
 use crate::common::testing::{Reply, TestServer, check_shared_inspection, closed_port};
 

@@ -43,40 +43,34 @@
 
 mod cache;
 mod contexts;
+mod inspect;
 mod names;
+mod observe;
 mod ps;
+mod reclaim;
 mod show;
-mod unload;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
-use serde::Deserialize;
-use serde_json::Value;
-use tracing::{debug, info, warn};
-use vacancy::engine::{
-    Lesson, ModelObservation, ObservedModel, Refusal, RequestReuse, ResidencyEvidence,
-};
+use vacancy::engine::{Lesson, ModelObservation, Refusal};
 use vacancy::traits::routes::RouteOverlap;
 use vacancy::traits::{
     Adapter, InspectContext, InspectError, Inspection, ObserveError, Reclaimer, RenderedRefusal,
     RouteClass, RouteMethod, RouteSpec, RouteTable, WorkRoute, render_ollama,
 };
 
-use crate::common::{
-    AdapterSettings, FetchError, ObservationClient, inspect_json_body, request_path,
-};
+use crate::common::routes::{OPENAI_V1, WORK};
+use crate::common::{AdapterCore, AdapterSettings, ObservationClient};
 pub use cache::{CacheWriteError, ContextCache, FILE_NAME as LEARNED_CONTEXTS_FILE};
 pub use contexts::{
     LearnedContexts, LearnedKind, MAX_KINDS_PER_MODEL, MAX_MODELS, ModelContexts, Modelfile,
 };
 pub use names::{Family, RequestKind, canonical_model};
 pub use ps::{MIN_UNLOAD_SECS, PsModel, parse_ps};
+pub use reclaim::OllamaUnloader;
 pub use show::modelfile_num_ctx;
-pub use unload::OllamaUnloader;
-
-const WORK: RouteClass = RouteClass::Work(WorkRoute::response_end());
 
 /// Ollama's route table, as data.
 ///
@@ -101,19 +95,16 @@ const WORK: RouteClass = RouteClass::Work(WorkRoute::response_end());
 ///   rather than a model listing, so it is owner data, not discovery.
 /// - Anything else is unknown: a GET/HEAD is 403, any other method 501
 ///   (ROUTE-01..03, via `route_policy`).
-pub const ROUTES: &[RouteSpec] = &[
+pub const ROUTES: &[RouteSpec] = crate::join_routes![OWN_ROUTES, OPENAI_V1];
+
+/// The routes of its own, beside [`OPENAI_V1`].
+const OWN_ROUTES: &[RouteSpec] = &[
     RouteSpec::new(RouteMethod::Post, "/api/generate", WORK),
     RouteSpec::new(RouteMethod::Post, "/api/chat", WORK),
     RouteSpec::new(RouteMethod::Post, "/api/embed", WORK),
     RouteSpec::new(RouteMethod::Post, "/api/embeddings", WORK),
-    RouteSpec::new(RouteMethod::Post, "/v1/chat/completions", WORK),
-    RouteSpec::new(RouteMethod::Post, "/v1/completions", WORK),
-    RouteSpec::new(RouteMethod::Post, "/v1/embeddings", WORK),
-    RouteSpec::new(RouteMethod::Post, "/v1/responses", WORK),
     RouteSpec::new(RouteMethod::Get, "/api/tags", RouteClass::Discovery),
     RouteSpec::new(RouteMethod::Get, "/api/version", RouteClass::Discovery),
-    RouteSpec::new(RouteMethod::Get, "/v1/models", RouteClass::Discovery),
-    RouteSpec::new(RouteMethod::Get, "/v1/models/{id}", RouteClass::Discovery),
     RouteSpec::new(RouteMethod::Get, "/", RouteClass::Discovery),
     RouteSpec::new(RouteMethod::Post, "/api/pull", RouteClass::Management),
     RouteSpec::new(RouteMethod::Post, "/api/push", RouteClass::Management),
@@ -142,42 +133,14 @@ pub fn route_table() -> Result<RouteTable, RouteOverlap> {
     RouteTable::new(ROUTES.to_vec())
 }
 
-/// The `options` keys that change how Ollama loads the model's runner
-/// (RES-04 Ambiguity reading), from Ollama's `api.Runner` options and the
-/// runner options earlier releases accepted.
-///
-/// # Behavior
-///
-/// A native request (`/api/...`) that sets any of these forfeits resident
-/// credit. `num_ctx` is not listed: it is the one runner option RES-04
-/// allows (its match with the loaded context is RES-05's concern). Sampling
-/// and prediction options (`temperature`, `top_k`, `top_p`, `min_p`, `seed`,
-/// `num_predict`, `stop`, `repeat_penalty`, `num_keep`, ...) are per request
-/// and never forfeit it; neither do keys Ollama does not know.
-pub const RUNNER_OPTIONS: &[&str] = &[
-    "num_batch",
-    "num_gpu",
-    "main_gpu",
-    "num_thread",
-    "use_mmap",
-    "use_mlock",
-    "low_vram",
-    "f16_kv",
-    "logits_all",
-    "vocab_only",
-    "numa",
-    "num_gqa",
-    "rope_frequency_base",
-    "rope_frequency_scale",
-    "embedding_only",
-];
+pub use inspect::RUNNER_OPTIONS;
 
 /// The adapter for Ollama (name `ollama`).
 ///
 /// # Behavior
 ///
 /// - Routes: [`ROUTES`] (ROUTE-01..03, ROUTE-08, ROUTE-09, ROUTE-12).
-/// - Inspection: [`inspect_json_body`] on every work route: a JSON object,
+/// - Inspection: [`inspect_json_body`](crate::common::inspect_json_body) on every work route: a JSON object,
 ///   `model` a string kept exactly for configuration (MEM-06), and the
 ///   Responses background rule (ROUTE-05..07). The request's canonical
 ///   model is what observations and priors match. On the native `/api`
@@ -191,7 +154,7 @@ pub const RUNNER_OPTIONS: &[&str] = &[
 /// - Observation ([`Adapter::observe`]), with `[upstream.credential]` only
 ///   (OBS-01/02), stamped before the request: `GET /api/ps`, then
 ///   `POST /api/show` for each digest not read before (RES-09). Each loaded
-///   model is an [`ObservedModel`] (canonical name, digest, context) with
+///   model is an [`ObservedModel`](vacancy::engine::ObservedModel) (canonical name, digest, context) with
 ///   evidence `NotProven` when it unloads within [`MIN_UNLOAD_SECS`]
 ///   (RES-03) or lacks a digest or context, else `ProvenFor` the kinds known
 ///   to reuse it (RES-05). A malformed `/api/ps` is [`ObserveError::Malformed`],
@@ -205,9 +168,7 @@ pub const RUNNER_OPTIONS: &[&str] = &[
 /// - Refusals render in Ollama's dialect, `{"error": "code: reason"}`.
 #[derive(Debug)]
 pub struct OllamaAdapter {
-    settings: AdapterSettings,
-    routes: RouteTable,
-    observer: ObservationClient,
+    core: AdapterCore,
     unloader: Arc<OllamaUnloader>,
     cache: Arc<ContextCache>,
     /// The cache key: the upstream's name.
@@ -233,13 +194,11 @@ impl OllamaAdapter {
                 .with_observe_timeout(OllamaUnloader::DEFAULT_BOUND),
         );
         Ok(OllamaAdapter {
-            observer: ObservationClient::new(&settings),
             unloader: Arc::new(OllamaUnloader::new(
                 unload_client,
                 OllamaUnloader::DEFAULT_BOUND,
             )),
-            routes: route_table()?,
-            settings,
+            core: AdapterCore::new(settings, ROUTES)?,
             cache: Arc::new(ContextCache::in_memory()),
             upstream: String::new(),
             modelfiles: Mutex::new(HashMap::new()),
@@ -260,7 +219,7 @@ impl OllamaAdapter {
     ///
     /// As given to [`OllamaAdapter::new`].
     pub fn settings(&self) -> &AdapterSettings {
-        &self.settings
+        self.core.settings()
     }
 
     /// The cache it learns into.
@@ -268,64 +227,6 @@ impl OllamaAdapter {
     /// Shared with the daemon's other Ollama adapters.
     pub fn context_cache(&self) -> &Arc<ContextCache> {
         &self.cache
-    }
-
-    fn modelfiles(&self) -> std::sync::MutexGuard<'_, HashMap<String, Modelfile>> {
-        match self.modelfiles.lock() {
-            Ok(g) => g,
-            Err(p) => p.into_inner(),
-        }
-    }
-
-    /// The Modelfile `num_ctx` of the model with `digest`, read from
-    /// `/api/show` the first time the digest is seen (RES-09).
-    async fn modelfile(&self, reported: &str, digest: &str) -> Modelfile {
-        if let Some(known) = self.modelfiles().get(digest) {
-            return *known;
-        }
-        let read = match self
-            .observer
-            .post_json("/api/show", &serde_json::json!({ "model": reported }))
-            .await
-        {
-            Ok(v) => modelfile_num_ctx(&v),
-            // Not reachable now: ask again on the next observation.
-            Err(FetchError::Unreachable(why)) => {
-                debug!(upstream = %self.upstream, model = %reported, error = %why, "POST /api/show unreachable; Modelfile num_ctx unknown for now");
-                return Modelfile::Unknown;
-            }
-            Err(e) => Err(e.to_string()),
-        };
-        let modelfile = read.unwrap_or_else(|why| {
-            warn!(upstream = %self.upstream, model = %reported, error = %why, "unusable /api/show answer; the Modelfile num_ctx rule gives no credit for this digest");
-            Modelfile::Unknown
-        });
-        self.modelfiles().insert(digest.to_owned(), modelfile);
-        modelfile
-    }
-
-    /// The evidence for one loaded model (RES-03, RES-05).
-    fn evidence(&self, m: &PsModel, modelfile: Modelfile) -> ResidencyEvidence {
-        if m.unloads_in < MIN_UNLOAD_SECS {
-            return ResidencyEvidence::NotProven(format!("unloads in {} s", m.unloads_in.max(0)));
-        }
-        let Some(loaded) = m.context_length else {
-            // Ollama added context_length to /api/ps in 0.10.0: on older
-            // releases (0.5.4, 0.9.3) nothing is ever credited.
-            return ResidencyEvidence::NotProven(format!(
-                "Ollama's /api/ps reports no context_length for {} (releases before 0.10.0 report none), so no request is known to reuse the loaded context",
-                m.name
-            ));
-        };
-        let Some(digest) = &m.digest else {
-            return ResidencyEvidence::NotProven(format!(
-                "Ollama's /api/ps reports no digest for {}, so what was learned of its contexts cannot be matched to this build",
-                m.name
-            ));
-        };
-        self.cache.read(&self.upstream, |c| {
-            c.evidence(&m.name, digest, loaded, modelfile)
-        })
     }
 }
 
@@ -336,7 +237,7 @@ impl Adapter for OllamaAdapter {
     }
 
     fn routes(&self) -> &RouteTable {
-        &self.routes
+        self.core.routes()
     }
 
     fn inspect(
@@ -345,111 +246,15 @@ impl Adapter for OllamaAdapter {
         ctx: InspectContext<'_>,
         body: &[u8],
     ) -> Result<Inspection, InspectError> {
-        let mut inspection = inspect_json_body(route, ctx.path, body)?;
-        if !route.inspect_body {
-            return Ok(inspection);
-        }
-        let family = if request_path(ctx.path).starts_with("/api/") {
-            Family::Api
-        } else {
-            Family::V1
-        };
-        let options = match family {
-            Family::Api => native_options(body)?,
-            Family::V1 => NativeOptions::default(),
-        };
-        let Some(model) = inspection.model.as_deref() else {
-            return Ok(inspection);
-        };
-        let canonical = canonical_model(model);
-        inspection.reuse = match options.runner_option {
-            Some(key) => RequestReuse::Cannot(format!("the request sets runner option {key}")),
-            None => RequestReuse::ReusesAs(
-                RequestKind {
-                    model: canonical.clone(),
-                    num_ctx: options.num_ctx,
-                    family,
-                }
-                .to_string(),
-            ),
-        };
-        if canonical != model {
-            inspection.canonical_model = Some(canonical);
-        }
-        Ok(inspection)
+        inspect::inspect(route, ctx, body)
     }
 
     async fn observe(&self) -> Result<ModelObservation, ObserveError> {
-        let taken_at = self.settings.clock.now();
-        let ps = self.observer.get_json("/api/ps").await?;
-        let listed = parse_ps(&ps, ps::unix_now())?;
-        let mut models = Vec::with_capacity(listed.len());
-        for m in &listed {
-            let modelfile = match &m.digest {
-                Some(digest) => {
-                    let forgot = self
-                        .cache
-                        .update(&self.upstream, |c| c.note_digest(&m.name, digest));
-                    if let Err(e) = forgot {
-                        warn!(upstream = %self.upstream, error = %e, "could not write the learned-contexts cache");
-                    }
-                    self.modelfile(&m.reported, digest).await
-                }
-                None => Modelfile::Unknown,
-            };
-            models.push(ObservedModel {
-                digest: m.digest.clone(),
-                context_length: m.context_length,
-                ..ObservedModel::new(m.name.clone(), self.evidence(m, modelfile))
-            });
-        }
-        Ok(ModelObservation {
-            taken_at,
-            models,
-            visible_work: None,
-            allocator_free_mib: None,
-        })
+        self.observe_now().await
     }
 
     async fn learn(&self, lesson: &Lesson, observation: &mut ModelObservation) {
-        let kind: RequestKind = match lesson.kind.parse() {
-            Ok(k) => k,
-            Err(e) => {
-                warn!(upstream = %self.upstream, error = %e, "a lesson with a kind this adapter did not write; nothing learned");
-                return;
-            }
-        };
-        let Some(m) = observation.models.iter_mut().find(|m| m.name == kind.model) else {
-            debug!(upstream = %self.upstream, kind = %kind, "the model was not loaded after the request; nothing learned");
-            return;
-        };
-        let (Some(digest), Some(loaded)) = (m.digest.clone(), m.context_length) else {
-            debug!(upstream = %self.upstream, kind = %kind, "no digest or context_length in /api/ps; nothing learned");
-            return;
-        };
-        let modelfile = self
-            .modelfiles()
-            .get(&digest)
-            .copied()
-            .unwrap_or(Modelfile::Unknown);
-        let mut learned = None;
-        let written = self.cache.update(&self.upstream, |c| {
-            learned = Some(c.learn(&kind, &digest, loaded, modelfile));
-            true
-        });
-        if let Err(e) = written {
-            warn!(upstream = %self.upstream, error = %e, "could not write the learned-contexts cache; the lesson is kept in memory");
-        }
-        if let Some(l) = learned {
-            info!(upstream = %self.upstream, kind = %kind, context = l.context, parallel = l.parallel, "learned the context a request kind leaves loaded");
-        }
-        // The evidence changes only where the other proofs (unload time,
-        // digest, context) already held.
-        if matches!(m.evidence, ResidencyEvidence::ProvenFor { .. }) {
-            m.evidence = self.cache.read(&self.upstream, |c| {
-                c.evidence(&m.name, &digest, loaded, modelfile)
-            });
-        }
+        self.learn_now(lesson, observation).await;
     }
 
     fn render_refusal(&self, refusal: &Refusal) -> RenderedRefusal {
@@ -461,73 +266,15 @@ impl Adapter for OllamaAdapter {
     }
 }
 
-/// What a native request's `options` say for residency.
-#[derive(Debug, Default)]
-struct NativeOptions {
-    /// `options.num_ctx`, when set.
-    num_ctx: Option<u64>,
-    /// The first runner option it sets (RES-04).
-    runner_option: Option<String>,
-}
-
-/// The top level of a native request, reading `options` only; every other
-/// member (prompt, messages) is skipped unparsed.
-#[derive(Deserialize)]
-struct NativeRequest {
-    #[serde(default)]
-    options: Option<std::collections::BTreeMap<String, Value>>,
-}
-
-/// RES-04, RES-06: a native request's runner options and `num_ctx`.
-fn native_options(body: &[u8]) -> Result<NativeOptions, InspectError> {
-    // The body already passed `inspect_json_body`: a JSON object in UTF-8.
-    let request: NativeRequest = serde_json::from_slice(body).map_err(|e| {
-        InspectError::invalid(format!(
-            "\"options\" must be an object of option names and values, named once: {e}"
-        ))
-    })?;
-    let options = request.options.unwrap_or_default();
-    let runner_option = options
-        .keys()
-        .find(|key| RUNNER_OPTIONS.contains(&key.as_str()))
-        .cloned();
-    let num_ctx = match options.get("num_ctx") {
-        None | Some(Value::Null) => None,
-        Some(v) => Some(num_ctx_value(v).ok_or_else(|| {
-            InspectError::invalid(format!(
-                "options.num_ctx must be a positive whole number of tokens, not {v}"
-            ))
-        })?),
-    };
-    Ok(NativeOptions {
-        num_ctx,
-        runner_option,
-    })
-}
-
-/// `num_ctx` as Ollama reads it: a JSON number, truncated to a whole number
-/// (Go's `int(float64)` in `api.Options.FromMap`), at least 1.
-fn num_ctx_value(v: &Value) -> Option<u64> {
-    if let Some(n) = v.as_u64() {
-        return (n > 0).then_some(n);
-    }
-    let f = v.as_f64()?;
-    if (1.0..1e15).contains(&f) {
-        // Truncation toward zero is Ollama's conversion; the range is checked above.
-        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-        let n = f as u64;
-        return Some(n);
-    }
-    None
-}
-
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
     use crate::common::testing::check_shared_inspection;
     use http::Method;
+    use serde_json::Value;
     use vacancy::config::Management;
+    use vacancy::engine::RequestReuse;
     use vacancy::traits::{RoutePolicy, route_policy};
     use vacancy::{EntryId, MonotonicClock, RefusalCode};
 

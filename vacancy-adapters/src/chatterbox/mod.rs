@@ -14,22 +14,21 @@
 //! their end could not be proven.
 
 use async_trait::async_trait;
-use serde_json::Value;
 use vacancy::config::VoiceRoutesConfig;
-use vacancy::engine::{
-    ModelObservation, ObservedModel, RequestReuse, ResidencyEvidence, VisibleWork,
-};
+use vacancy::engine::ModelObservation;
 use vacancy::traits::routes::RouteOverlap;
 use vacancy::traits::{
     Adapter, InspectContext, InspectError, Inspection, ObserveError, RouteClass, RouteMethod,
     RouteSpec, RouteTable, WorkRoute,
 };
 
-use crate::common::{
-    AdapterSettings, ObservationClient, inspect_json_body, is_multipart_form, multipart_model,
-};
+mod inspect;
+mod observe;
 
-const WORK: RouteClass = RouteClass::Work(WorkRoute::response_end());
+pub use inspect::GENERIC_ALIASES;
+
+use crate::common::routes::WORK;
+use crate::common::{AdapterCore, AdapterSettings};
 
 /// Whether a result-read ID may pass without management permission
 /// (VOICE-07): 8 to 80 ASCII letters, digits, `_` or `-`.
@@ -134,41 +133,10 @@ pub fn route_table_for(routes: &VoiceRoutesConfig) -> Result<RouteTable, RouteOv
     RouteTable::new(table)
 }
 
-/// Model names that do not name an engine: OpenAI's TTS model names, which
-/// compatible servers take as "the loaded or default engine", and
-/// `default`. On a server that reports its engine they never get resident
-/// credit, because they cannot prove which engine will be reused (VOICE-14).
-pub const GENERIC_ALIASES: &[&str] = &["default", "tts-1", "tts-1-hd", "gpt-4o-mini-tts"];
-
 /// The kind string an engine's requests carry: resident credit on an
 /// engine-reporting server needs the loaded engine's kind (VOICE-12).
-fn engine_kind(engine: &str) -> String {
+pub(super) fn engine_kind(engine: &str) -> String {
     format!("voice engine {engine}")
-}
-
-/// The longest engine name taken as valid.
-const MAX_ENGINE_LEN: usize = 128;
-
-/// What the adapter reads from `GET /status`, said when an answer is not it
-/// (a server without the route, such as local-tts-studio, answers its web
-/// page there).
-const STATUS_SHAPE: &str = "the chatterbox adapter reads GET /status as JSON {\"loaded\": true|false, \"engine\": \"NAME\", \"busy\": true|false}, so it cannot tell which engine is loaded or whether the server is busy";
-
-/// A `GET /status` answer that is not the status, said with what is expected.
-fn not_the_status(e: ObserveError) -> ObserveError {
-    match e {
-        ObserveError::Malformed(why) => ObserveError::Malformed(format!("{why}; {STATUS_SHAPE}")),
-        other => other,
-    }
-}
-
-/// Whether `/status` names an engine usably: a non-empty string of visible
-/// ASCII without spaces, at most 128 bytes (VOICE-16 calls anything else
-/// invalid).
-fn valid_engine(engine: &str) -> bool {
-    !engine.is_empty()
-        && engine.len() <= MAX_ENGINE_LEN
-        && engine.bytes().all(|b| b.is_ascii_graphic())
 }
 
 /// The adapter for compatible voice servers (name `chatterbox`).
@@ -179,9 +147,9 @@ fn valid_engine(engine: &str) -> bool {
 ///   authorization are added (VOICE-09, VOICE-20): an upstream error after
 ///   forwarding is passed to the borrower as it came, and the reservation
 ///   ends as the response does.
-/// - Inspection: JSON bodies by [`inspect_json_body`] (the top-level
+/// - Inspection: JSON bodies by [`inspect_json_body`](crate::common::inspect_json_body) (the top-level
 ///   `model` selects the budget exactly, VOICE-02, MEM-06), multipart uploads
-///   and transcriptions by [`multipart_model`]. A request naming an engine
+///   and transcriptions by [`multipart_model`](crate::common::multipart_model). A request naming an engine
 ///   carries that engine's kind; a [`GENERIC_ALIASES`] name (or none) cannot
 ///   reuse a loaded engine, so it is never credited (VOICE-14; on a legacy
 ///   server too, where it would prove no more).
@@ -198,9 +166,7 @@ fn valid_engine(engine: &str) -> bool {
 ///   - a reply without a boolean `loaded` and `busy` is malformed (OBS-03).
 #[derive(Debug)]
 pub struct ChatterboxAdapter {
-    settings: AdapterSettings,
-    routes: RouteTable,
-    observer: ObservationClient,
+    core: AdapterCore,
 }
 
 impl ChatterboxAdapter {
@@ -214,9 +180,7 @@ impl ChatterboxAdapter {
     /// Builds and checks [`ROUTES`]; connects nothing.
     pub fn new(settings: AdapterSettings) -> Result<Self, RouteOverlap> {
         Ok(ChatterboxAdapter {
-            observer: ObservationClient::new(&settings),
-            routes: route_table()?,
-            settings,
+            core: AdapterCore::new(settings, ROUTES)?,
         })
     }
 
@@ -226,7 +190,7 @@ impl ChatterboxAdapter {
     /// See [`route_table_for`]; two paths that could match the same request
     /// are refused.
     pub fn with_routes(mut self, routes: &VoiceRoutesConfig) -> Result<Self, RouteOverlap> {
-        self.routes = route_table_for(routes)?;
+        self.core = self.core.with_table(route_table_for(routes)?);
         Ok(self)
     }
 
@@ -234,7 +198,7 @@ impl ChatterboxAdapter {
     ///
     /// As given to [`ChatterboxAdapter::new`].
     pub fn settings(&self) -> &AdapterSettings {
-        &self.settings
+        self.core.settings()
     }
 }
 
@@ -245,7 +209,7 @@ impl Adapter for ChatterboxAdapter {
     }
 
     fn routes(&self) -> &RouteTable {
-        &self.routes
+        self.core.routes()
     }
 
     fn inspect(
@@ -254,111 +218,22 @@ impl Adapter for ChatterboxAdapter {
         ctx: InspectContext<'_>,
         body: &[u8],
     ) -> Result<Inspection, InspectError> {
-        let mut inspection = if is_multipart_form(ctx.headers) {
-            let content_type = ctx
-                .headers
-                .get(http::header::CONTENT_TYPE)
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or_default();
-            Inspection {
-                model: multipart_model(content_type, body)?,
-                ..Inspection::default()
-            }
-        } else {
-            inspect_json_body(route, ctx.path, body)?
-        };
-        inspection.reuse = match inspection.model.as_deref() {
-            Some(m) if !GENERIC_ALIASES.contains(&m) => RequestReuse::ReusesAs(engine_kind(m)),
-            Some(m) => RequestReuse::Cannot(format!(
-                "{m:?} is a generic alias, which cannot prove which engine will be reused"
-            )),
-            None => RequestReuse::Cannot(
-                "the request names no engine, so it cannot prove which engine will be reused"
-                    .to_owned(),
-            ),
-        };
-        Ok(inspection)
+        inspect::inspect(route, ctx, body)
     }
 
     async fn observe(&self) -> Result<ModelObservation, ObserveError> {
-        let taken_at = self.settings.clock.now();
-        let status = self
-            .observer
-            .get_json("/status")
-            .await
-            .map_err(not_the_status)?;
-        let malformed =
-            |why: &str| ObserveError::Malformed(format!("GET /status: {why}; {STATUS_SHAPE}"));
-        let loaded = status
-            .get("loaded")
-            .and_then(Value::as_bool)
-            .ok_or_else(|| malformed("no boolean \"loaded\""))?;
-        let busy = status
-            .get("busy")
-            .and_then(Value::as_bool)
-            .ok_or_else(|| malformed("no boolean \"busy\""))?;
-        let idle_evidence = |name: &str| {
-            if busy {
-                ResidencyEvidence::NotProven(format!(
-                    "the voice server is busy, so {name} is not idle"
-                ))
-            } else {
-                ResidencyEvidence::ProvenFor {
-                    kinds: vec![engine_kind(name)],
-                    otherwise: format!(
-                        "the voice server has engine {name} loaded; only a request naming {name} reuses it, and a generic alias cannot prove which engine runs"
-                    ),
-                }
-            }
-        };
-        let models = match status.get("engine") {
-            // VOICE-15: a legacy server serves its fixed models.
-            None => {
-                if loaded {
-                    let listed = self.observer.get_json("/v1/models").await?;
-                    let ids = listed
-                        .get("data")
-                        .and_then(Value::as_array)
-                        .ok_or_else(|| {
-                            ObserveError::Malformed("GET /v1/models: no \"data\" list".to_owned())
-                        })?;
-                    ids.iter()
-                        .filter_map(|m| m.get("id").and_then(Value::as_str))
-                        .map(|id| {
-                            let evidence = if busy {
-                                ResidencyEvidence::NotProven("the voice server is busy".to_owned())
-                            } else {
-                                ResidencyEvidence::Proven
-                            };
-                            ObservedModel::new(id, evidence)
-                        })
-                        .collect()
-                } else {
-                    Vec::new()
-                }
-            }
-            // VOICE-11/12: the loaded engine, named.
-            Some(Value::String(engine)) if loaded && valid_engine(engine) => {
-                vec![ObservedModel::new(engine.clone(), idle_evidence(engine))]
-            }
-            // VOICE-16: null, empty, non-string or invalid: no proof; or not loaded.
-            Some(_) => Vec::new(),
-        };
-        Ok(ModelObservation {
-            taken_at,
-            models,
-            visible_work: busy.then(|| VisibleWork::new(1, "the voice server reports busy")),
-            allocator_free_mib: None,
-        })
+        self.observe_now().await
     }
 }
 
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::panic)]
+    use super::observe::valid_engine;
     use super::*;
     use http::Method;
     use vacancy::config::Management;
+    use vacancy::engine::RequestReuse;
     use vacancy::traits::{RoutePolicy, route_policy};
     use vacancy::{EntryId, MonotonicClock, RefusalCode};
 

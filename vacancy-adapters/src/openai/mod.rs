@@ -4,15 +4,20 @@
 use async_trait::async_trait;
 use vacancy::traits::routes::RouteOverlap;
 use vacancy::traits::{
-    Adapter, InspectContext, InspectError, Inspection, RouteClass, RouteMethod, RouteSpec,
-    RouteTable, WorkRoute,
+    Adapter, InspectContext, InspectError, Inspection, RouteMethod, RouteSpec, RouteTable,
+    WorkRoute,
 };
 
-use crate::common::{
-    AdapterSettings, inspect_json_body, is_multipart_form, is_responses_path, multipart_model,
-};
+pub use crate::common::inspect_request;
+use crate::common::routes::{OPENAI_AUDIO_INPUT, OPENAI_V1, WORK};
+use crate::common::{AdapterCore, AdapterSettings};
 
-const WORK: RouteClass = RouteClass::Work(WorkRoute::response_end());
+/// The OpenAI routes no other built-in adapter serves all of: speech and images.
+const SPEECH_AND_IMAGES: &[RouteSpec] = &[
+    RouteSpec::new(RouteMethod::Post, "/v1/audio/speech", WORK),
+    RouteSpec::new(RouteMethod::Post, "/v1/images/generations", WORK),
+    RouteSpec::new(RouteMethod::Post, "/v1/images/edits", WORK),
+];
 
 /// The OpenAI-compatible route table, as data.
 ///
@@ -29,19 +34,8 @@ const WORK: RouteClass = RouteClass::Work(WorkRoute::response_end());
 /// - Anything else is unknown: a GET/HEAD is 403, any other method 501
 ///   (ROUTE-01..03, via `route_policy`). There is no management route: the
 ///   API has none vacancy forwards by name.
-pub const ROUTES: &[RouteSpec] = &[
-    RouteSpec::new(RouteMethod::Post, "/v1/chat/completions", WORK),
-    RouteSpec::new(RouteMethod::Post, "/v1/completions", WORK),
-    RouteSpec::new(RouteMethod::Post, "/v1/embeddings", WORK),
-    RouteSpec::new(RouteMethod::Post, "/v1/responses", WORK),
-    RouteSpec::new(RouteMethod::Post, "/v1/audio/speech", WORK),
-    RouteSpec::new(RouteMethod::Post, "/v1/audio/transcriptions", WORK),
-    RouteSpec::new(RouteMethod::Post, "/v1/audio/translations", WORK),
-    RouteSpec::new(RouteMethod::Post, "/v1/images/generations", WORK),
-    RouteSpec::new(RouteMethod::Post, "/v1/images/edits", WORK),
-    RouteSpec::new(RouteMethod::Get, "/v1/models", RouteClass::Discovery),
-    RouteSpec::new(RouteMethod::Get, "/v1/models/{id}", RouteClass::Discovery),
-];
+pub const ROUTES: &[RouteSpec] =
+    crate::join_routes![OPENAI_V1, OPENAI_AUDIO_INPUT, SPEECH_AND_IMAGES];
 
 /// [`ROUTES`] as a checked [`RouteTable`].
 ///
@@ -55,13 +49,14 @@ pub fn route_table() -> Result<RouteTable, RouteOverlap> {
 ///
 /// # Behavior
 ///
-/// - Routes: [`ROUTES`] (ROUTE-01..03, ROUTE-12).
+/// - Routes: [`ROUTES`] (ROUTE-01..03, ROUTE-12): [`OPENAI_V1`],
+///   [`OPENAI_AUDIO_INPUT`], speech and images.
 /// - Inspection: a `multipart/form-data` request (audio transcriptions and
 ///   translations, image edits) has its `model` field read by a small,
-///   bounded multipart reader ([`multipart_model`]); a form it cannot read
+///   bounded multipart reader ([`multipart_model`](crate::common::multipart_model)); a form it cannot read
 ///   is 400 `invalid_request`, a form without `model` names no model. Every
 ///   other request, and `/v1/responses` whatever its content type, goes
-///   through [`inspect_json_body`]: a JSON object, `model` a string kept
+///   through [`inspect_json_body`](crate::common::inspect_json_body): a JSON object, `model` a string kept
 ///   exactly (MEM-06), and the Responses background rule (ROUTE-05..07).
 /// - Completion: the clean end of the response (DONE-01).
 /// - No observation: the API has no standard way to show what is loaded or
@@ -70,8 +65,7 @@ pub fn route_table() -> Result<RouteTable, RouteOverlap> {
 /// - Refusals render OpenAI-style.
 #[derive(Debug)]
 pub struct OpenAiAdapter {
-    settings: AdapterSettings,
-    routes: RouteTable,
+    core: AdapterCore,
 }
 
 impl OpenAiAdapter {
@@ -85,8 +79,7 @@ impl OpenAiAdapter {
     /// Builds and checks [`ROUTES`] (DESIGN §8); connects nothing.
     pub fn new(settings: AdapterSettings) -> Result<Self, RouteOverlap> {
         Ok(OpenAiAdapter {
-            routes: route_table()?,
-            settings,
+            core: AdapterCore::new(settings, ROUTES)?,
         })
     }
 
@@ -94,7 +87,7 @@ impl OpenAiAdapter {
     ///
     /// As given to [`OpenAiAdapter::new`].
     pub fn settings(&self) -> &AdapterSettings {
-        &self.settings
+        self.core.settings()
     }
 }
 
@@ -105,7 +98,7 @@ impl Adapter for OpenAiAdapter {
     }
 
     fn routes(&self) -> &RouteTable {
-        &self.routes
+        self.core.routes()
     }
 
     fn inspect(
@@ -118,41 +111,6 @@ impl Adapter for OpenAiAdapter {
     }
 }
 
-/// Inspect a request of the OpenAI API, as [`OpenAiAdapter`] does: the
-/// building block for any adapter whose upstream speaks the `/v1` routes.
-///
-/// # Behavior
-///
-/// - A `multipart/form-data` request (audio transcriptions and translations,
-///   image edits) has its `model` field read by [`multipart_model`]; a form it
-///   cannot read is 400 `invalid_request`, a form without `model` names no model.
-/// - Every other request, and `/v1/responses` whatever its content type, goes
-///   through [`inspect_json_body`]: a JSON object, `model` one string kept
-///   exactly (MEM-06), the Responses background rule (ROUTE-05..07).
-/// - A route that does not read its body (`inspect_body == false`) is handed
-///   an empty body by the daemon and passes, except `/v1/responses`.
-pub fn inspect_request(
-    route: &WorkRoute,
-    ctx: InspectContext<'_>,
-    body: &[u8],
-) -> Result<Inspection, InspectError> {
-    if is_responses_path(ctx.path) || !is_multipart_form(ctx.headers) {
-        return inspect_json_body(route, ctx.path, body);
-    }
-    if !route.inspect_body {
-        return Ok(Inspection::default());
-    }
-    let content_type = ctx
-        .headers
-        .get(http::header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or_default();
-    Ok(Inspection {
-        model: multipart_model(content_type, body)?,
-        ..Inspection::default()
-    })
-}
-
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -160,6 +118,7 @@ mod tests {
     use crate::common::testing::check_shared_inspection;
     use http::Method;
     use vacancy::config::Management;
+    use vacancy::traits::RouteClass;
     use vacancy::traits::{ObserveError, RoutePolicy, route_policy};
     use vacancy::{MonotonicClock, RefusalCode};
 
