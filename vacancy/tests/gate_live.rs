@@ -62,7 +62,7 @@ fn gemma_model() -> PathBuf {
 fn start_llama_on(model: &std::path::Path) -> (ManagedProcess, String) {
     let venv = PythonVenv::ensure(LLAMA_VENV, LLAMA_PACKAGES).unwrap();
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../vacancy-test-support/scripts/llama_server.py");
+        .join("../tests/scripts/llama_server.py");
     let port = free_port().unwrap();
     let mut cmd = Command::new(PythonVenv::python(&venv));
     cmd.env("PYTHONUNBUFFERED", "1")

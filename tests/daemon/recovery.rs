@@ -15,7 +15,7 @@ use vacancy_test_support::{
 };
 
 fn run(config: &std::path::Path, env: &[(&str, &std::path::Path)]) -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_vacancyd"));
+    let mut cmd = Command::new(vacancy_test_support::vacancyd());
     cmd.arg("run")
         .arg("--config")
         .arg(config)

@@ -202,7 +202,7 @@ async fn borrowers_holding_every_descriptor_leave_the_control_plane_answering() 
     let mut cmd = Command::new("sh");
     cmd.arg("-c")
         .arg("ulimit -n 256 && exec \"$0\" run --config \"$1\"")
-        .arg(env!("CARGO_BIN_EXE_vacancyd"))
+        .arg(vacancy_test_support::vacancyd())
         .arg(&config)
         .env("VACANCYD_LOG", "info");
     let mut p = ManagedProcess::spawn("vacancyd", cmd).unwrap();
@@ -316,7 +316,7 @@ async fn ten_thousand_idle_and_slow_borrowers_never_stop_work_health_or_status()
     };
     let config = dir.path().join("vacancyd.toml");
     std::fs::write(&config, common::config(dir.path(), control, proxy, &setup)).unwrap();
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_vacancyd"));
+    let mut cmd = Command::new(vacancy_test_support::vacancyd());
     cmd.arg("run")
         .arg("--config")
         .arg(&config)

@@ -72,7 +72,7 @@ async fn admin(
 fn cli(d: &Daemon, token: &str, action: &[&str]) -> std::process::Output {
     let file = d.dir.path().join("token");
     std::fs::write(&file, token).unwrap();
-    Command::new(env!("CARGO_BIN_EXE_vacancyd"))
+    Command::new(vacancy_test_support::vacancyd())
         .args([
             "admin-request",
             "--url",

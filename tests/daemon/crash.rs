@@ -115,7 +115,7 @@ async fn kill_9_never_forgets_work_that_reached_the_upstream() {
         let incomplete = work.iter().filter(|r| !r.completed).count();
 
         // Restart on the same configuration and recovery directory.
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_vacancyd"));
+        let mut cmd = Command::new(vacancy_test_support::vacancyd());
         cmd.arg("run")
             .arg("--config")
             .arg(&config)

@@ -269,7 +269,7 @@ async fn an_upstream_killed_mid_stream_leaves_the_work_held() {
     assert_eq!(s["work"][0]["upstream"], "llama");
     assert_eq!(s["resources"][0]["reserved_by"], id.as_str());
     // vacancyd status prints a line for the held entry (HELD-03).
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_vacancyd"))
+    let out = std::process::Command::new(vacancy_test_support::vacancyd())
         .args(["status", "--url", &d.control])
         .output()
         .unwrap();

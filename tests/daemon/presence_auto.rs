@@ -35,7 +35,7 @@ async fn auto_shows_its_choice_in_status_and_the_startup_log() {
         log.contains("presence auto: ") && log.contains(line),
         "{log}"
     );
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_vacancyd"))
+    let out = std::process::Command::new(vacancy_test_support::vacancyd())
         .args(["status", "--url", &d.control])
         .output()
         .unwrap();

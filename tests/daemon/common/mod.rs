@@ -123,7 +123,7 @@ impl Daemon {
         proxy: u16,
         env: &[(&str, &str)],
     ) -> Daemon {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_vacancyd"));
+        let mut cmd = Command::new(vacancy_test_support::vacancyd());
         cmd.arg("run")
             .arg("--config")
             .arg(config)
