@@ -33,8 +33,12 @@ use crate::error::tail_lines;
 pub fn vacancyd() -> &'static Path {
     static VACANCYD: OnceLock<Result<PathBuf, String>> = OnceLock::new();
     let built = VACANCYD.get_or_init(|| {
-        build_bin("vacancy-cli", "vacancyd", cfg!(feature = "nvml").then_some("nvml"))
-            .map_err(|e| e.to_string())
+        build_bin(
+            "vacancy-cli",
+            "vacancyd",
+            cfg!(feature = "nvml").then_some("nvml"),
+        )
+        .map_err(|e| e.to_string())
     });
     match built {
         Ok(path) => path,
