@@ -34,12 +34,10 @@ fn daemon(target: &str, presence: &str, upstream: &str) -> Daemon {
     let server = tokens();
     Daemon::setup(Setup {
         target,
-        reserve: 1000,
-        need: 2000,
-        free: 20_000,
         server: &server,
         upstream,
         presence,
+        ..Setup::default()
     })
 }
 

@@ -403,12 +403,8 @@ async fn oversized_work_bodies_get_413_and_metrics_count_it() {
     let llama = LlamaServer::start(LlamaOptions::default()).unwrap();
     let d = Daemon::setup(common::Setup {
         target: &llama.base_url(),
-        reserve: 1000,
-        need: 2000,
-        free: 20_000,
         server: "max_body_mib = 1",
-        upstream: "",
-        presence: "none",
+        ..common::Setup::default()
     });
     let big = serde_json::json!({"prompt": "x".repeat(2 * 1024 * 1024), "n_predict": 1})
         .to_string()

@@ -26,12 +26,8 @@ fn exempt_config(dir: &Path, control: u16, proxy: u16) -> PathBuf {
     let target = format!("http://127.0.0.1:{}", free_port().unwrap());
     let setup = Setup {
         target: &target,
-        reserve: 1000,
-        need: 2000,
-        free: 20_000,
-        server: "",
         upstream: "owner_scope = \"resource\"",
-        presence: "none",
+        ..Setup::default()
     };
     common::write_capacity(&dir.join("gpu0.json"), 20_000, 64_000);
     let path = dir.join("vacancyd.toml");

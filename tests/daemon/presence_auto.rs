@@ -21,12 +21,8 @@ async fn auto_shows_its_choice_in_status_and_the_startup_log() {
     let closed = format!("http://127.0.0.1:{}", free_port().unwrap());
     let d = Daemon::setup(Setup {
         target: &closed,
-        reserve: 1000,
-        need: 2000,
-        free: 20_000,
-        server: "",
-        upstream: "",
         presence: "auto",
+        ..Setup::default()
     });
     let s = d.status().await;
     assert_eq!(s["presence_backend"], chosen, "{s:#}");
