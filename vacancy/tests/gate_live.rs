@@ -61,8 +61,7 @@ fn gemma_model() -> PathBuf {
 /// llama-server (the harness's xllamacpp venv and script) on `model`.
 fn start_llama_on(model: &std::path::Path) -> (ManagedProcess, String) {
     let venv = PythonVenv::ensure(LLAMA_VENV, LLAMA_PACKAGES).unwrap();
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../vacancy-test-support/scripts/llama_server.py");
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/scripts/llama_server.py");
     let port = free_port().unwrap();
     let mut cmd = Command::new(PythonVenv::python(&venv));
     cmd.env("PYTHONUNBUFFERED", "1")

@@ -579,7 +579,7 @@ fn previous(path: &Path) -> PathBuf {
 }
 
 fn check_config_passes(path: &Path) {
-    let out = Command::new(env!("CARGO_BIN_EXE_vacancyd"))
+    let out = Command::new(vacancy_test_support::vacancyd())
         .args(["check-config", "--no-sample", "--config"])
         .arg(path)
         .output()

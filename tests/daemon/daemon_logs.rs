@@ -26,12 +26,8 @@ fn exempt_config(dir: &Path, control: u16, proxy: u16) -> PathBuf {
     let target = format!("http://127.0.0.1:{}", free_port().unwrap());
     let setup = Setup {
         target: &target,
-        reserve: 1000,
-        need: 2000,
-        free: 20_000,
-        server: "",
         upstream: "owner_scope = \"resource\"",
-        presence: "none",
+        ..Setup::default()
     };
     common::write_capacity(&dir.join("gpu0.json"), 20_000, 64_000);
     let path = dir.join("vacancyd.toml");
@@ -48,7 +44,7 @@ fn start(env: &[(&str, &str)]) -> Daemon {
 }
 
 fn check_config(path: &Path) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_vacancyd"))
+    Command::new(vacancy_test_support::vacancyd())
         .args(["check-config", "--no-sample", "--config"])
         .arg(path)
         .output()
@@ -116,7 +112,7 @@ fn vacancyd_log_format_json_writes_one_object_per_line() {
 fn an_unknown_log_format_is_named_and_nothing_starts() {
     let dir = tempfile::tempdir().unwrap();
     let path = exempt_config(dir.path(), free_port().unwrap(), free_port().unwrap());
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_vacancyd"));
+    let mut cmd = Command::new(vacancy_test_support::vacancyd());
     cmd.args(["run", "--config"])
         .arg(&path)
         .env("VACANCYD_LOG_FORMAT", "logfmt");
@@ -141,7 +137,7 @@ fn run_on_a_terminal(no_color: Option<&str>) -> String {
     let path = exempt_config(dir.path(), free_port().unwrap(), proxy);
     let command = format!(
         "exec {} run --config {}",
-        env!("CARGO_BIN_EXE_vacancyd"),
+        vacancy_test_support::vacancyd().display(),
         path.display()
     );
     let mut cmd = Command::new("timeout");

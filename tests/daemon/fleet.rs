@@ -87,8 +87,7 @@ impl Fleet {
             .map(|l| CountingShim::start(l.addr()).unwrap())
             .collect();
         let urls: Vec<String> = shims.iter().map(CountingShim::base_url).collect();
-        let demo =
-            FleetDemo::start(Path::new(env!("CARGO_BIN_EXE_vacancyd")), "llamacpp", &urls).unwrap();
+        let demo = FleetDemo::start(vacancy_test_support::vacancyd(), "llamacpp", &urls).unwrap();
         Fleet {
             demo,
             shims,

@@ -55,12 +55,8 @@ async fn kill_9_never_forgets_work_that_reached_the_upstream() {
     // default one beside it (vacancyd.admission, REC-11).
     let first = Daemon::setup(Setup {
         target: &shim.base_url(),
-        reserve: 1000,
-        need: 2000,
-        free: 20_000,
         server: &server,
-        upstream: "",
-        presence: "none",
+        ..Setup::default()
     });
     let dir = first.dir;
     let config = dir.path().join("vacancyd.toml");
@@ -115,7 +111,7 @@ async fn kill_9_never_forgets_work_that_reached_the_upstream() {
         let incomplete = work.iter().filter(|r| !r.completed).count();
 
         // Restart on the same configuration and recovery directory.
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_vacancyd"));
+        let mut cmd = Command::new(vacancy_test_support::vacancyd());
         cmd.arg("run")
             .arg("--config")
             .arg(&config)

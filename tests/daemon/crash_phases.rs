@@ -265,7 +265,7 @@ impl Rig {
     }
 
     fn spawn(&self) -> ManagedProcess {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_vacancyd"));
+        let mut cmd = Command::new(vacancy_test_support::vacancyd());
         cmd.arg("run")
             .arg("--config")
             .arg(&self.config)

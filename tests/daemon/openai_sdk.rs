@@ -80,12 +80,8 @@ async fn the_openai_sdk_retries_only_what_a_retry_can_clear() {
     );
     let d = Daemon::setup(Setup {
         target: &llama.base_url(),
-        reserve: 1000,
-        need: 2000,
-        free: 20_000,
         server: &server,
-        upstream: "",
-        presence: "none",
+        ..Setup::default()
     });
     let base = format!("{}/v1", d.proxy);
 

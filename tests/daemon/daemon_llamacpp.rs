@@ -269,7 +269,7 @@ async fn an_upstream_killed_mid_stream_leaves_the_work_held() {
     assert_eq!(s["work"][0]["upstream"], "llama");
     assert_eq!(s["resources"][0]["reserved_by"], id.as_str());
     // vacancyd status prints a line for the held entry (HELD-03).
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_vacancyd"))
+    let out = std::process::Command::new(vacancy_test_support::vacancyd())
         .args(["status", "--url", &d.control])
         .output()
         .unwrap();
@@ -403,12 +403,8 @@ async fn oversized_work_bodies_get_413_and_metrics_count_it() {
     let llama = LlamaServer::start(LlamaOptions::default()).unwrap();
     let d = Daemon::setup(common::Setup {
         target: &llama.base_url(),
-        reserve: 1000,
-        need: 2000,
-        free: 20_000,
         server: "max_body_mib = 1",
-        upstream: "",
-        presence: "none",
+        ..common::Setup::default()
     });
     let big = serde_json::json!({"prompt": "x".repeat(2 * 1024 * 1024), "n_predict": 1})
         .to_string()

@@ -13,9 +13,7 @@ use std::time::{Duration, Instant};
 use common::{Daemon, JSON, Setup, completion, fds, rss_kib};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use vacancy_test_support::{
-    LlamaOptions, LlamaServer, ManagedProcess, TinyModel, free_port, http_request,
-};
+use vacancy_test_support::{LlamaOptions, LlamaServer, ManagedProcess, TinyModel, http_request};
 
 /// Short limits so that the test sees them act within seconds.
 const LIMITS: &str =
@@ -24,12 +22,8 @@ const LIMITS: &str =
 fn daemon(llama: &LlamaServer) -> Daemon {
     Daemon::setup(Setup {
         target: &llama.base_url(),
-        reserve: 1000,
-        need: 2000,
-        free: 20_000,
         server: LIMITS,
-        upstream: "",
-        presence: "none",
+        ..Setup::default()
     })
 }
 
@@ -186,29 +180,20 @@ async fn borrowers_holding_every_descriptor_leave_the_control_plane_answering() 
     // spin logging failed accepts.
     let llama = LlamaServer::start(LlamaOptions::default()).unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let (control, proxy) = (free_port().unwrap(), free_port().unwrap());
-    common::write_capacity(&dir.path().join("gpu0.json"), 20_000, 64_000);
     let setup = Setup {
         target: &llama.base_url(),
-        reserve: 1000,
-        need: 2000,
-        free: 20_000,
         server: "idle_timeout_s = 5\n",
-        upstream: "",
-        presence: "none",
+        ..Setup::default()
     };
-    let config = dir.path().join("vacancyd.toml");
-    std::fs::write(&config, common::config(dir.path(), control, proxy, &setup)).unwrap();
+    let (config, control, proxy) = setup.write_into(dir.path());
     let mut cmd = Command::new("sh");
     cmd.arg("-c")
         .arg("ulimit -n 256 && exec \"$0\" run --config \"$1\"")
-        .arg(env!("CARGO_BIN_EXE_vacancyd"))
+        .arg(vacancy_test_support::vacancyd())
         .arg(&config)
         .env("VACANCYD_LOG", "info");
-    let mut p = ManagedProcess::spawn("vacancyd", cmd).unwrap();
+    let p = common::spawn_daemon(cmd, control);
     let control = format!("http://127.0.0.1:{control}");
-    p.wait_http_ok(&format!("{control}/health"), Duration::from_secs(20))
-        .unwrap();
     let log = plain(&p.log());
     assert!(log.contains("borrower_connections=64"), "{log}");
 
@@ -301,30 +286,16 @@ async fn ten_thousand_idle_and_slow_borrowers_never_stop_work_health_or_status()
     let ours = vacancy::proxy::conn::raise_nofile_limit();
     let llama = LlamaServer::start(LlamaOptions::default()).unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let (control, proxy) = (free_port().unwrap(), free_port().unwrap());
-    common::write_capacity(&dir.path().join("gpu0.json"), 20_000, 64_000);
     let setup = Setup {
         target: &llama.base_url(),
-        reserve: 1000,
-        need: 2000,
-        free: 20_000,
         // Longer than the test, so that every connection stays open to the
         // end; the defaults (30 s, 75 s) act the same way, only sooner.
         server: "header_timeout_s = 900\nidle_timeout_s = 900\n",
-        upstream: "",
-        presence: "none",
+        ..Setup::default()
     };
-    let config = dir.path().join("vacancyd.toml");
-    std::fs::write(&config, common::config(dir.path(), control, proxy, &setup)).unwrap();
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_vacancyd"));
-    cmd.arg("run")
-        .arg("--config")
-        .arg(&config)
-        .env("VACANCYD_LOG", "info");
-    let mut p = ManagedProcess::spawn("vacancyd", cmd).unwrap();
+    let (config, control, proxy) = setup.write_into(dir.path());
+    let p = common::spawn_daemon(common::run_command(&config), control);
     let control = format!("http://127.0.0.1:{control}");
-    p.wait_http_ok(&format!("{control}/health"), Duration::from_secs(20))
-        .unwrap();
     let log = plain(&p.log());
     let budget: usize = log
         .split("borrower_connections=")

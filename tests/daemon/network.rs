@@ -229,7 +229,7 @@ default_min_free_mib = 2000
     );
     let path = dir.path().join("vacancyd.toml");
     std::fs::write(&path, config).unwrap();
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_vacancyd"));
+    let mut cmd = Command::new(vacancy_test_support::vacancyd());
     cmd.arg("run")
         .arg("--config")
         .arg(&path)

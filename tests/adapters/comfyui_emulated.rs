@@ -421,7 +421,7 @@ async fn failed_job_reads_on_0_6_0_never_release_an_absent_prompt() {
 
 fn fixture(name: &str) -> Value {
     let path = format!(
-        "{}/tests/fixtures/comfyui/{name}",
+        "{}/../vacancy-adapters/tests/fixtures/comfyui/{name}",
         env!("CARGO_MANIFEST_DIR")
     );
     serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap()

@@ -13,11 +13,11 @@ mod common;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::{Daemon, write_capacity};
+use common::Daemon;
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use vacancy_test_support::{
-    ComfyFlavor, ComfyUi, free_port, http_request, prompt_request, simple_workflow, slow_workflow,
+    ComfyFlavor, ComfyUi, http_request, prompt_request, simple_workflow, slow_workflow,
 };
 
 const JSON: (&str, &str) = ("content-type", "application/json");
@@ -58,12 +58,9 @@ fn start(comfy: &ComfyUi) -> Daemon {
 }
 
 fn prepare(comfy: &ComfyUi) -> (tempfile::TempDir, std::path::PathBuf, u16, u16) {
-    let dir = tempfile::tempdir().unwrap();
-    let (control, proxy) = (free_port().unwrap(), free_port().unwrap());
-    write_capacity(&dir.path().join("gpu0.json"), 20_000, 64_000);
-    let path = dir.path().join("vacancyd.toml");
-    std::fs::write(&path, config(dir.path(), control, proxy, &comfy.base_url())).unwrap();
-    (dir, path, control, proxy)
+    common::prepare(20_000, |dir, control, proxy| {
+        config(dir, control, proxy, &comfy.base_url())
+    })
 }
 
 async fn post_json(url: &str, body: &Value) -> (u16, Value, String) {

@@ -45,6 +45,81 @@ pub struct Setup<'a> {
     pub presence: &'a str,
 }
 
+impl Default for Setup<'_> {
+    /// No target yet; a 1000 MiB reserve, 2000 MiB needed, 20,000 MiB free,
+    /// no extra lines and no owner presence.
+    fn default() -> Self {
+        Setup {
+            target: "",
+            reserve: 1000,
+            need: 2000,
+            free: 20_000,
+            server: "",
+            upstream: "",
+            presence: "none",
+        }
+    }
+}
+
+impl Setup<'_> {
+    /// Writes this setup's capacity file and configuration into `dir` (see
+    /// [`write_config`]): (the config path, control port, proxy port).
+    pub fn write_into(&self, dir: &Path) -> (PathBuf, u16, u16) {
+        write_config(dir, self.free, |dir, control, proxy| {
+            config(dir, control, proxy, self)
+        })
+    }
+}
+
+/// Picks two fresh ports and writes into `dir` the capacity file `gpu0.json`
+/// (`free` MiB free of 64,000) and `vacancyd.toml` as `config(dir, control,
+/// proxy)` returns it: (the config path, control port, proxy port).
+pub fn write_config(
+    dir: &Path,
+    free: u64,
+    config: impl FnOnce(&Path, u16, u16) -> String,
+) -> (PathBuf, u16, u16) {
+    let (control, proxy) = (free_port().unwrap(), free_port().unwrap());
+    write_capacity(&dir.join("gpu0.json"), free, 64_000);
+    let path = dir.join("vacancyd.toml");
+    std::fs::write(&path, config(dir, control, proxy)).unwrap();
+    (path, control, proxy)
+}
+
+/// [`write_config`] into a fresh directory: (the directory, the config path,
+/// control port, proxy port).
+pub fn prepare(
+    free: u64,
+    config: impl FnOnce(&Path, u16, u16) -> String,
+) -> (tempfile::TempDir, PathBuf, u16, u16) {
+    let dir = tempfile::tempdir().unwrap();
+    let (path, control, proxy) = write_config(dir.path(), free, config);
+    (dir, path, control, proxy)
+}
+
+/// `vacancyd run --config <config>` logging at `info`, not yet started.
+pub fn run_command(config: &Path) -> Command {
+    let mut cmd = Command::new(vacancy_test_support::vacancyd());
+    cmd.arg("run")
+        .arg("--config")
+        .arg(config)
+        .env("VACANCYD_LOG", "info");
+    cmd
+}
+
+/// Starts `cmd` (a vacancyd) and waits until its control port `control`
+/// answers `/health`.
+pub fn spawn_daemon(cmd: Command, control: u16) -> ManagedProcess {
+    let mut process = ManagedProcess::spawn("vacancyd", cmd).unwrap();
+    process
+        .wait_http_ok(
+            &format!("http://127.0.0.1:{control}/health"),
+            Duration::from_secs(20),
+        )
+        .unwrap();
+    process
+}
+
 /// A configuration with one `file`-sampled resource `gpu0` (sampled every 60 s,
 /// so after a job only the post-job sample is fresh) and one llamacpp upstream
 /// `llama`.
@@ -103,10 +178,13 @@ impl Daemon {
     /// Start vacancyd on a fresh configuration.
     pub fn setup(s: Setup<'_>) -> Daemon {
         let dir = tempfile::tempdir().unwrap();
-        let (control, proxy) = (free_port().unwrap(), free_port().unwrap());
-        write_capacity(&dir.path().join("gpu0.json"), s.free, 64_000);
-        let path = dir.path().join("vacancyd.toml");
-        std::fs::write(&path, config(dir.path(), control, proxy, &s)).unwrap();
+        let (path, control, proxy) = s.write_into(dir.path());
+        Self::start_with(dir, &path, control, proxy)
+    }
+
+    /// Start vacancyd on the configuration [`prepare`] writes.
+    pub fn start_prepared(free: u64, config: impl FnOnce(&Path, u16, u16) -> String) -> Daemon {
+        let (dir, path, control, proxy) = prepare(free, config);
         Self::start_with(dir, &path, control, proxy)
     }
 
@@ -123,21 +201,12 @@ impl Daemon {
         proxy: u16,
         env: &[(&str, &str)],
     ) -> Daemon {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_vacancyd"));
-        cmd.arg("run")
-            .arg("--config")
-            .arg(config)
-            .env("VACANCYD_LOG", "info")
-            .envs(env.iter().copied());
-        let mut process = ManagedProcess::spawn("vacancyd", cmd).unwrap();
-        let control = format!("http://127.0.0.1:{control}");
-        process
-            .wait_http_ok(&format!("{control}/health"), Duration::from_secs(20))
-            .unwrap();
+        let mut cmd = run_command(config);
+        cmd.envs(env.iter().copied());
         Daemon {
-            process,
+            process: spawn_daemon(cmd, control),
             dir,
-            control,
+            control: format!("http://127.0.0.1:{control}"),
             proxy: format!("http://127.0.0.1:{proxy}"),
         }
     }

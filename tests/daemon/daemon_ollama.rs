@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 use common::{Daemon, write_capacity};
 use serde_json::{Value, json};
 use vacancy_test_support::{
-    HttpReply, OllamaEmulator, OllamaModel, OllamaOptions, free_port, http_request, http_stream,
+    HttpReply, OllamaEmulator, OllamaModel, OllamaOptions, http_request, http_stream,
 };
 
 const JSON: (&str, &str) = ("content-type", "application/json");
@@ -72,12 +72,9 @@ default_min_free_mib = 8000
 /// A fresh configuration directory for `target`, `gpu0` at `free` MiB free:
 /// (the directory, the config path, control port, proxy port).
 fn prepare(target: &str, free: u64) -> (tempfile::TempDir, PathBuf, u16, u16) {
-    let dir = tempfile::tempdir().unwrap();
-    let (control, proxy) = (free_port().unwrap(), free_port().unwrap());
-    write_capacity(&dir.path().join("gpu0.json"), free, 64_000);
-    let path = dir.path().join("vacancyd.toml");
-    std::fs::write(&path, config(dir.path(), control, proxy, target)).unwrap();
-    (dir, path, control, proxy)
+    common::prepare(free, |dir, control, proxy| {
+        config(dir, control, proxy, target)
+    })
 }
 
 fn start(target: &str, free: u64) -> Daemon {

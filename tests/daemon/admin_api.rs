@@ -34,12 +34,10 @@ fn daemon(target: &str, presence: &str, upstream: &str) -> Daemon {
     let server = tokens();
     Daemon::setup(Setup {
         target,
-        reserve: 1000,
-        need: 2000,
-        free: 20_000,
         server: &server,
         upstream,
         presence,
+        ..Setup::default()
     })
 }
 
@@ -72,7 +70,7 @@ async fn admin(
 fn cli(d: &Daemon, token: &str, action: &[&str]) -> std::process::Output {
     let file = d.dir.path().join("token");
     std::fs::write(&file, token).unwrap();
-    Command::new(env!("CARGO_BIN_EXE_vacancyd"))
+    Command::new(vacancy_test_support::vacancyd())
         .args([
             "admin-request",
             "--url",

@@ -289,7 +289,7 @@ fn the_debian_package_installs_runs_as_its_account_and_keeps_the_recovery_direct
 fn the_packaged_configuration_is_valid() {
     // What the package installs as /etc/vacancyd/vacancyd.toml.
     let config = Path::new(env!("CARGO_MANIFEST_DIR")).join("../packaging/vacancyd.toml");
-    let out = Command::new(env!("CARGO_BIN_EXE_vacancyd"))
+    let out = Command::new(vacancy_test_support::vacancyd())
         .args(["check-config", "--no-sample", "--config"])
         .arg(&config)
         .output()

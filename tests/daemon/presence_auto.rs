@@ -21,12 +21,8 @@ async fn auto_shows_its_choice_in_status_and_the_startup_log() {
     let closed = format!("http://127.0.0.1:{}", free_port().unwrap());
     let d = Daemon::setup(Setup {
         target: &closed,
-        reserve: 1000,
-        need: 2000,
-        free: 20_000,
-        server: "",
-        upstream: "",
         presence: "auto",
+        ..Setup::default()
     });
     let s = d.status().await;
     assert_eq!(s["presence_backend"], chosen, "{s:#}");
@@ -35,7 +31,7 @@ async fn auto_shows_its_choice_in_status_and_the_startup_log() {
         log.contains("presence auto: ") && log.contains(line),
         "{log}"
     );
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_vacancyd"))
+    let out = std::process::Command::new(vacancy_test_support::vacancyd())
         .args(["status", "--url", &d.control])
         .output()
         .unwrap();

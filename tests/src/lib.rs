@@ -42,6 +42,8 @@
 //! - [`Browser`]: a real headless Chromium (the Debian `chromium` and
 //!   `chromium-driver` packages) driven by Selenium, for the owner console.
 //! - [`http_request`], [`http_stream`], [`http_get_status`]: small HTTP clients.
+//! - [`vacancyd`]: the daemon built from this checkout, for the tests that
+//!   start it (built once per test process).
 //!
 //! Everything works from an empty cache; the cache only speeds up reruns. The first
 //! run needs PyPI (about 130 MB of wheels, ~9 s on two cores; later starts ~0.2 s;
@@ -68,6 +70,7 @@
 //! ```
 
 mod background;
+mod binaries;
 mod browser;
 pub mod comfyui;
 pub mod comfyui_emulator;
@@ -87,6 +90,7 @@ pub mod voice_emulator;
 
 use std::path::PathBuf;
 
+pub use binaries::vacancyd;
 pub use browser::{BROWSER_DEBIAN_PACKAGES, BROWSER_PACKAGES, BROWSER_VENV, Browser};
 pub use comfyui::{
     COMFY_CLIENT_PACKAGES, COMFY_CLIENT_VENV, COMFY_LOCK, COMFY_VENV, ComfyFlavor, ComfyInstall,

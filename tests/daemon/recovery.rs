@@ -15,7 +15,7 @@ use vacancy_test_support::{
 };
 
 fn run(config: &std::path::Path, env: &[(&str, &std::path::Path)]) -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_vacancyd"));
+    let mut cmd = Command::new(vacancy_test_support::vacancyd());
     cmd.arg("run")
         .arg("--config")
         .arg(config)
@@ -85,19 +85,11 @@ async fn under_systemd_the_recovery_directory_is_in_state_directory() {
     let state = dir.path().join("state");
     std::fs::create_dir(&state).unwrap();
     std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o700)).unwrap();
-    let (control, proxy) = (free_port().unwrap(), free_port().unwrap());
-    common::write_capacity(&dir.path().join("gpu0.json"), 20_000, 64_000);
-    let config = dir.path().join("vacancyd.toml");
     let setup = common::Setup {
         target: &llama.base_url(),
-        reserve: 1000,
-        need: 2000,
-        free: 20_000,
-        server: "",
-        upstream: "",
-        presence: "none",
+        ..common::Setup::default()
     };
-    std::fs::write(&config, common::config(dir.path(), control, proxy, &setup)).unwrap();
+    let (config, control, _proxy) = setup.write_into(dir.path());
     let mut p =
         ManagedProcess::spawn("vacancyd", run(&config, &[("STATE_DIRECTORY", &state)])).unwrap();
     p.wait_http_ok(
@@ -286,8 +278,6 @@ impl OnTmpfs {
         let path = rec.path.join("journal.jsonl");
         std::fs::write(&path, journal).unwrap();
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
-        let (control, proxy) = (free_port().unwrap(), free_port().unwrap());
-        common::write_capacity(&dir.path().join("gpu0.json"), 20_000, 64_000);
         let server = format!(
             "admission_state_dir = \"{}\"\n[[server.token]]\nname = \"ops\"\nscopes = [\"admin\"]\nsha256 = \"{}\"\n",
             rec.path.display(),
@@ -295,15 +285,10 @@ impl OnTmpfs {
         );
         let setup = common::Setup {
             target: &format!("http://127.0.0.1:{}", free_port().unwrap()),
-            reserve: 1000,
-            need: 2000,
-            free: 20_000,
             server: &server,
-            upstream: "",
-            presence: "none",
+            ..common::Setup::default()
         };
-        let config = dir.path().join("vacancyd.toml");
-        std::fs::write(&config, common::config(dir.path(), control, proxy, &setup)).unwrap();
+        let (config, control, proxy) = setup.write_into(dir.path());
         OnTmpfs {
             dir,
             rec,
@@ -482,23 +467,13 @@ async fn overlapping_unresolved_records_both_come_back_held_and_startup_goes_on(
         std::fs::Permissions::from_mode(0o600),
     )
     .unwrap();
-    let (control, proxy) = (free_port().unwrap(), free_port().unwrap());
-    common::write_capacity(&dir.path().join("gpu0.json"), 20_000, 64_000);
     let setup = common::Setup {
         target: &format!("http://127.0.0.1:{}", free_port().unwrap()),
-        reserve: 1000,
-        need: 2000,
-        free: 20_000,
-        server: "",
-        upstream: "",
-        presence: "none",
+        ..common::Setup::default()
     };
-    let config = dir.path().join("vacancyd.toml");
-    std::fs::write(&config, common::config(dir.path(), control, proxy, &setup)).unwrap();
-    let mut p = ManagedProcess::spawn("vacancyd", run(&config, &[])).unwrap();
+    let (config, control, _proxy) = setup.write_into(dir.path());
+    let p = common::spawn_daemon(run(&config, &[]), control);
     let control = format!("http://127.0.0.1:{control}");
-    p.wait_http_ok(&format!("{control}/health"), Duration::from_secs(20))
-        .unwrap();
     let s = http_request("GET", &format!("{control}/status"), &[], Vec::new())
         .await
         .unwrap()

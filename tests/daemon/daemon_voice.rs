@@ -11,11 +11,11 @@ mod common;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::{Daemon, write_capacity};
+use common::Daemon;
 use serde_json::{Value, json};
 use vacancy_test_support::{
     StatusEngineFault, SynthesisFailure, TtsServer, VoiceEmulator, VoiceEmulatorOptions,
-    VoiceFaults, free_port, http_request,
+    VoiceFaults, http_request,
 };
 
 const JSON: (&str, &str) = ("content-type", "application/json");
@@ -59,12 +59,9 @@ breeze = {{ min_free_mib = 11500 }}
 
 /// vacancyd in front of `target` with `free` MiB free on gpu0.
 fn start(target: &str, free: u64) -> Daemon {
-    let dir = tempfile::tempdir().unwrap();
-    let (control, proxy) = (free_port().unwrap(), free_port().unwrap());
-    write_capacity(&dir.path().join("gpu0.json"), free, 64_000);
-    let path = dir.path().join("vacancyd.toml");
-    std::fs::write(&path, config(dir.path(), control, proxy, target)).unwrap();
-    Daemon::start_with(dir, &path, control, proxy)
+    Daemon::start_prepared(free, |dir, control, proxy| {
+        config(dir, control, proxy, target)
+    })
 }
 
 async fn post(d: &Daemon, path: &str, body: &Value) -> vacancy_test_support::HttpReply {
@@ -472,11 +469,9 @@ async fn the_observation_keeps_the_engine_name_the_server_reports() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_status_page_that_is_not_the_voice_status_is_logged_once_with_the_reason() {
     let tts = TtsServer::start().unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let (control, proxy) = (free_port().unwrap(), free_port().unwrap());
-    write_capacity(&dir.path().join("gpu0.json"), 20_000, 64_000);
-    let path = dir.path().join("vacancyd.toml");
-    std::fs::write(&path, config(dir.path(), control, proxy, &tts.base_url())).unwrap();
+    let (dir, path, control, proxy) = common::prepare(20_000, |dir, control, proxy| {
+        config(dir, control, proxy, &tts.base_url())
+    });
     // Debug lines of the observation loop show each poll.
     let filter = [("VACANCYD_LOG", "info,vacancy::proxy::observation=debug")];
     let d = Daemon::start_with_env(dir, &path, control, proxy, &filter);

@@ -818,7 +818,7 @@ async fn a_changed_owner_scope_applies_only_after_a_restart() {
     assert_ne!(changed, config, "the edit changed the file");
     std::fs::write(&path, &changed).unwrap();
     // The edited file is valid and says the upstream is now exempt (SCOPE-18).
-    let check = std::process::Command::new(env!("CARGO_BIN_EXE_vacancyd"))
+    let check = std::process::Command::new(vacancy_test_support::vacancyd())
         .arg("check-config")
         .arg("--config")
         .arg(&path)

@@ -93,12 +93,8 @@ async fn a_full_disk_refuses_work_unforwarded_keeps_answering_and_recovers_when_
     let server = format!("admission_state_dir = \"{}\"", state.display());
     let d = Daemon::setup(Setup {
         target: &shim.base_url(),
-        reserve: 1000,
-        need: 2000,
-        free: 20_000,
         server: &server,
-        upstream: "",
-        presence: "none",
+        ..Setup::default()
     });
 
     // The journal is empty, so its first record needs a new page of the

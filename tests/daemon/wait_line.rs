@@ -40,12 +40,10 @@ async fn lined(target: &str, max_waiting: u32) -> Daemon {
     let upstream = format!("[upstream.queue]\nmax_waiting = {max_waiting}\nmax_wait_s = 120");
     let d = Daemon::setup(Setup {
         target,
-        reserve: 1000,
-        need: 2000,
-        free: 20_000,
         server: &server,
         upstream: &upstream,
         presence: "manual",
+        ..Setup::default()
     });
     presence(&d, false).await;
     d

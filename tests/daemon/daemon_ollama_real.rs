@@ -25,12 +25,12 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use common::{Daemon, write_capacity};
+use common::Daemon;
 use serde_json::{Value, json};
 use vacancy_test_support::ollama::modelfile;
 use vacancy_test_support::{
-    CountingShim, HttpReply, OllamaRelease, OllamaServer, PythonVenv, TinyModel, free_port,
-    http_request, http_stream,
+    CountingShim, HttpReply, OllamaRelease, OllamaServer, PythonVenv, TinyModel, http_request,
+    http_stream,
 };
 
 const JSON: (&str, &str) = ("content-type", "application/json");
@@ -74,12 +74,9 @@ default_min_free_mib = 8000
 /// A configuration directory for `target` with `gpu0` at `free` MiB free:
 /// (the directory, the config path, control port, proxy port).
 fn prepare(target: &str, free: u64) -> (tempfile::TempDir, PathBuf, u16, u16) {
-    let dir = tempfile::tempdir().unwrap();
-    let (control, proxy) = (free_port().unwrap(), free_port().unwrap());
-    write_capacity(&dir.path().join("gpu0.json"), free, 64_000);
-    let path = dir.path().join("vacancyd.toml");
-    std::fs::write(&path, config(dir.path(), control, proxy, target)).unwrap();
-    (dir, path, control, proxy)
+    common::prepare(free, |dir, control, proxy| {
+        config(dir, control, proxy, target)
+    })
 }
 
 fn start(target: &str, free: u64) -> Daemon {
