@@ -511,20 +511,32 @@ impl Lender {
     }
 
     /// The upstream named its own handle for an entry's work (REC-04): the
-    /// engine carries it from now on and the record is rewritten; resolves
-    /// once the rewrite is durable, or with why it is not (REC-06: tracking
-    /// goes on with the upstream's handle either way).
+    /// record is rewritten, and then the engine carries the handle, so
+    /// `/status` never shows a handle that a crash would lose (REC-03).
+    /// Resolves once the rewrite is durable, or with why it is not (REC-06:
+    /// the engine and the tracking go on with the upstream's handle either way).
     pub async fn set_upstream_ref(
         &self,
         entry: EntryId,
         upstream_ref: &str,
     ) -> Result<(), RecordError> {
-        let (set, writes) = self.engine_call(|e| e.set_upstream_ref(entry, upstream_ref));
-        set?;
+        // Queued under the engine lock, so the store keeps the engine's order.
+        let write = self.with_engine(|e| match e.phase(entry) {
+            Some(_) => Ok(self.store.rewrite_ref(entry, upstream_ref)),
+            None => Err(EngineError::UnknownEntry(entry)),
+        })?;
+        let written = write.await.map_err(RecordError::NotRecorded);
+        let recorded = Effect::RewriteRef {
+            entry,
+            upstream_ref: upstream_ref.to_owned(),
+        };
+        let (set, writes) =
+            self.engine_call_recorded(|e| e.set_upstream_ref(entry, upstream_ref), Some(&recorded));
         for write in writes {
-            write.write.await.map_err(RecordError::NotRecorded)?;
+            write.in_background();
         }
-        Ok(())
+        set?;
+        written
     }
 
     /// A snapshot of the engine.
