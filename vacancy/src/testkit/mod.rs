@@ -90,25 +90,12 @@ pub enum KitError {
     /// The kit's proxy could not listen.
     #[error("the kit's proxy cannot listen: {0}")]
     Listen(#[source] std::io::Error),
+    /// The proxy cannot reach the upstream's target.
+    #[error(transparent)]
+    Unreachable(#[from] crate::proxy::TargetError),
     /// The kit's engine lost the upstream it was built with.
     #[error("the kit's engine has no upstream {0:?}")]
     NoUpstream(String),
-}
-
-impl From<crate::proxy::TargetError> for KitError {
-    fn from(e: crate::proxy::TargetError) -> Self {
-        let target = match &e {
-            crate::proxy::TargetError::NotAUrl { target, .. }
-            | crate::proxy::TargetError::Scheme { target, .. } => target.clone(),
-            crate::proxy::TargetError::NoScheme(t) | crate::proxy::TargetError::NoHost(t) => {
-                t.clone()
-            }
-        };
-        KitError::Target {
-            target,
-            reason: e.to_string(),
-        }
-    }
 }
 
 impl KitUpstream {
