@@ -20,8 +20,8 @@ use vacancy::engine::{ModelObservation, ObservedModel, Refusal, ResidencyEvidenc
 use vacancy::registry::{AdapterContext, BuildError};
 use vacancy::testkit::{self, WorkSample};
 use vacancy::traits::{
-    Adapter, InspectContext, InspectError, Inspection, ObserveError, RenderedRefusal, RouteClass,
-    RouteMethod, RouteSpec, RouteTable, WorkRoute,
+    Adapter, InspectContext, InspectError, InspectResult, Inspection, ObserveError,
+    RenderedRefusal, RouteClass, RouteMethod, RouteSpec, RouteTable, WorkRoute,
 };
 
 /// The haiku server's dialect.
@@ -80,12 +80,7 @@ impl Adapter for HaikuAdapter {
         &self.routes
     }
 
-    fn inspect(
-        &self,
-        _route: &WorkRoute,
-        _ctx: InspectContext<'_>,
-        body: &[u8],
-    ) -> Result<Inspection, InspectError> {
+    fn inspect(&self, _route: &WorkRoute, _ctx: InspectContext<'_>, body: &[u8]) -> InspectResult {
         let json: serde_json::Value = serde_json::from_slice(body)
             .map_err(|e| InspectError::invalid(format!("the body is not JSON: {e}")))?;
         let obj = json

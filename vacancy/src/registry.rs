@@ -194,7 +194,7 @@ mod tests {
     use super::*;
     use crate::config::Config;
     use crate::traits::{
-        InspectContext, InspectError, Inspection, RouteClass, RouteMethod, RouteSpec, RouteTable,
+        InspectContext, InspectResult, Inspection, RouteClass, RouteMethod, RouteSpec, RouteTable,
         WorkRoute,
     };
 
@@ -212,7 +212,7 @@ mod tests {
             _route: &WorkRoute,
             _ctx: InspectContext<'_>,
             _body: &[u8],
-        ) -> Result<Inspection, InspectError> {
+        ) -> InspectResult {
             Ok(Inspection::default())
         }
     }

@@ -12,7 +12,7 @@ use tokio::net::{TcpListener, TcpStream};
 use vacancy::engine::{CompletionMethod, Phase};
 use vacancy::testkit::ProxyUnderTest;
 use vacancy::traits::{
-    Adapter, InspectContext, InspectError, Inspection, RouteClass, RouteMethod, RouteSpec,
+    Adapter, InspectContext, InspectResult, Inspection, RouteClass, RouteMethod, RouteSpec,
     RouteTable, WorkRoute,
 };
 
@@ -25,12 +25,7 @@ impl Adapter for Gated {
     fn routes(&self) -> &RouteTable {
         &self.0
     }
-    fn inspect(
-        &self,
-        _r: &WorkRoute,
-        _c: InspectContext<'_>,
-        _b: &[u8],
-    ) -> Result<Inspection, InspectError> {
+    fn inspect(&self, _r: &WorkRoute, _c: InspectContext<'_>, _b: &[u8]) -> InspectResult {
         Ok(Inspection::default())
     }
 }

@@ -19,7 +19,7 @@ use tokio::net::TcpListener;
 use vacancy::engine::CompletionMethod;
 use vacancy::testkit::ProxyUnderTest;
 use vacancy::traits::{
-    Adapter, InspectContext, InspectError, Inspection, RouteClass, RouteMethod, RouteSpec,
+    Adapter, InspectContext, InspectResult, Inspection, RouteClass, RouteMethod, RouteSpec,
     RouteTable, WorkRoute,
 };
 use vacancy_test_support::http_request;
@@ -33,12 +33,7 @@ impl Adapter for Reads {
     fn routes(&self) -> &RouteTable {
         &self.0
     }
-    fn inspect(
-        &self,
-        _r: &WorkRoute,
-        _c: InspectContext<'_>,
-        _b: &[u8],
-    ) -> Result<Inspection, InspectError> {
+    fn inspect(&self, _r: &WorkRoute, _c: InspectContext<'_>, _b: &[u8]) -> InspectResult {
         Ok(Inspection::default())
     }
 }

@@ -17,7 +17,7 @@ use tokio::sync::{mpsc, oneshot};
 use vacancy::engine::{CompletionMethod, Phase};
 use vacancy::testkit::ProxyUnderTest;
 use vacancy::traits::{
-    Adapter, InspectContext, InspectError, Inspection, RouteClass, RouteMethod, RouteSpec,
+    Adapter, InspectContext, InspectResult, Inspection, RouteClass, RouteMethod, RouteSpec,
     RouteTable, Submission, TrackedEnd, TrackedWork, Tracker, TrackingEvents, WorkRoute,
 };
 
@@ -56,12 +56,7 @@ impl Adapter for Queued {
     fn routes(&self) -> &RouteTable {
         &self.routes
     }
-    fn inspect(
-        &self,
-        _r: &WorkRoute,
-        _c: InspectContext<'_>,
-        _b: &[u8],
-    ) -> Result<Inspection, InspectError> {
+    fn inspect(&self, _r: &WorkRoute, _c: InspectContext<'_>, _b: &[u8]) -> InspectResult {
         Ok(Inspection {
             upstream_ref: Some("assigned-1".into()),
             ..Inspection::default()

@@ -14,8 +14,8 @@ use vacancy::testkit::{
     Canned, ObservationCase, WorkSample, check_inspection, check_observation, check_route_classes,
 };
 use vacancy::traits::{
-    Adapter, InspectContext, InspectError, Inspection, ObserveError, RouteClass, RouteMethod,
-    RouteSpec, RouteTable, WorkRoute,
+    Adapter, InspectContext, InspectError, InspectResult, Inspection, ObserveError, RouteClass,
+    RouteMethod, RouteSpec, RouteTable, WorkRoute,
 };
 use vacancy::{Moment, MonotonicClock};
 
@@ -115,12 +115,7 @@ impl Adapter for Tiny {
     fn routes(&self) -> &RouteTable {
         &self.routes
     }
-    fn inspect(
-        &self,
-        _route: &WorkRoute,
-        _ctx: InspectContext<'_>,
-        body: &[u8],
-    ) -> Result<Inspection, InspectError> {
+    fn inspect(&self, _route: &WorkRoute, _ctx: InspectContext<'_>, body: &[u8]) -> InspectResult {
         let v: serde_json::Value = match serde_json::from_slice(body) {
             Ok(v) => v,
             Err(_) if self.breaks.careless_inspection => return Ok(Inspection::default()),

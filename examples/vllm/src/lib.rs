@@ -25,9 +25,8 @@ use vacancy::config::{SettingProblem, UpstreamConfig};
 use vacancy::engine::{ModelObservation, ObservedModel, ResidencyEvidence, VisibleWork};
 use vacancy::registry::{AdapterContext, AdapterFactory, BuildError};
 use vacancy::traits::{
-    Adapter, CancelItem, CancelOutcome, ForeignWork, InspectContext, InspectError, Inspection,
-    ObserveError, ReclaimError, Reclaimer, RouteClass, RouteMethod, RouteSpec, RouteTable,
-    UnloadAck, WorkRoute,
+    Adapter, CancelItem, CancelOutcome, ForeignWork, InspectContext, InspectResult, ObserveError,
+    ReclaimError, Reclaimer, RouteClass, RouteSpec, RouteTable, UnloadAck, WorkRoute,
 };
 use vacancy_adapters::common::routes::{OPENAI_AUDIO_INPUT, OPENAI_V1, WORK};
 use vacancy_adapters::common::{AdapterCore, AdapterSettings, inspect_request};
@@ -36,38 +35,15 @@ use vacancy_adapters::common::{AdapterCore, AdapterSettings, inspect_request};
 pub const NAME: &str = "vllm";
 
 /// vLLM's routes beyond the OpenAI `/v1` slice it shares.
-const VLLM_ROUTES: &[RouteSpec] = &[
-    RouteSpec::new(RouteMethod::Post, "/pooling", WORK),
-    RouteSpec::new(RouteMethod::Post, "/classify", WORK),
-    RouteSpec::new(RouteMethod::Post, "/score", WORK),
-    RouteSpec::new(RouteMethod::Post, "/v1/score", WORK),
-    RouteSpec::new(RouteMethod::Post, "/rerank", WORK),
-    RouteSpec::new(RouteMethod::Post, "/v1/rerank", WORK),
-    RouteSpec::new(RouteMethod::Post, "/v2/rerank", WORK),
-    RouteSpec::new(RouteMethod::Post, "/tokenize", RouteClass::BorrowerRead),
-    RouteSpec::new(RouteMethod::Post, "/detokenize", RouteClass::BorrowerRead),
-    RouteSpec::new(RouteMethod::Get, "/health", RouteClass::Discovery),
-    RouteSpec::new(RouteMethod::Get, "/ping", RouteClass::Discovery),
-    RouteSpec::new(RouteMethod::Get, "/version", RouteClass::Discovery),
-    RouteSpec::new(RouteMethod::Get, "/metrics", RouteClass::Management),
-    RouteSpec::new(
-        RouteMethod::Post,
-        "/v1/load_lora_adapter",
-        RouteClass::Management,
-    ),
-    RouteSpec::new(
-        RouteMethod::Post,
-        "/v1/unload_lora_adapter",
-        RouteClass::Management,
-    ),
-    RouteSpec::new(RouteMethod::Post, "/sleep", RouteClass::Management),
-    RouteSpec::new(RouteMethod::Post, "/wake_up", RouteClass::Management),
-    RouteSpec::new(RouteMethod::Get, "/is_sleeping", RouteClass::Management),
-    RouteSpec::new(
-        RouteMethod::Post,
+const VLLM_ROUTES: &[RouteSpec] = vacancy_adapters::routes![
+    Post WORK => ["/pooling", "/classify", "/score", "/v1/score", "/rerank", "/v1/rerank", "/v2/rerank"];
+    Post RouteClass::BorrowerRead => ["/tokenize", "/detokenize"];
+    Get RouteClass::Discovery => ["/health", "/ping", "/version"];
+    Get RouteClass::Management => ["/metrics", "/is_sleeping"];
+    Post RouteClass::Management => [
+        "/v1/load_lora_adapter", "/v1/unload_lora_adapter", "/sleep", "/wake_up",
         "/reset_prefix_cache",
-        RouteClass::Management,
-    ),
+    ];
 ];
 
 /// The routes: the OpenAI slice vLLM serves (the shared `/v1` block and
@@ -181,12 +157,7 @@ impl Adapter for VllmAdapter {
         self.server.core.routes()
     }
 
-    fn inspect(
-        &self,
-        route: &WorkRoute,
-        ctx: InspectContext<'_>,
-        body: &[u8],
-    ) -> Result<Inspection, InspectError> {
+    fn inspect(&self, route: &WorkRoute, ctx: InspectContext<'_>, body: &[u8]) -> InspectResult {
         inspect_request(route, ctx, body)
     }
 

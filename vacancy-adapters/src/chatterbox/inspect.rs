@@ -1,7 +1,7 @@
 //! What a voice request names: its engine, from a JSON body or a form.
 
 use vacancy::engine::RequestReuse;
-use vacancy::traits::{InspectContext, InspectError, Inspection, WorkRoute};
+use vacancy::traits::{InspectContext, InspectResult, WorkRoute};
 
 use super::engine_kind;
 use crate::common::inspect_request;
@@ -14,11 +14,7 @@ pub const GENERIC_ALIASES: &[&str] = &["default", "tts-1", "tts-1-hd", "gpt-4o-m
 
 /// [`vacancy::traits::Adapter::inspect`] for a voice server: the shared
 /// OpenAI-style inspection, then the engine kind the request can reuse.
-pub(super) fn inspect(
-    route: &WorkRoute,
-    ctx: InspectContext<'_>,
-    body: &[u8],
-) -> Result<Inspection, InspectError> {
+pub(super) fn inspect(route: &WorkRoute, ctx: InspectContext<'_>, body: &[u8]) -> InspectResult {
     let mut inspection = inspect_request(route, ctx, body)?;
     inspection.reuse = match inspection.model.as_deref() {
         Some(m) if !GENERIC_ALIASES.contains(&m) => RequestReuse::ReusesAs(engine_kind(m)),

@@ -18,8 +18,8 @@ use vacancy::config::VoiceRoutesConfig;
 use vacancy::engine::ModelObservation;
 use vacancy::traits::routes::RouteOverlap;
 use vacancy::traits::{
-    Adapter, InspectContext, InspectError, Inspection, ObserveError, RouteClass, RouteMethod,
-    RouteSpec, RouteTable, WorkRoute,
+    Adapter, InspectContext, InspectResult, ObserveError, RouteClass, RouteMethod, RouteSpec,
+    RouteTable, WorkRoute,
 };
 
 mod inspect;
@@ -66,23 +66,19 @@ const fn result_read(path: &'static str) -> RouteSpec {
 /// - Discovery (ROUTE-12): `GET /health`, `/status`, `/v1/models`.
 /// - Everything else is unlisted: a read is 403 unless `management = "allow"`
 ///   (VOICE-08), another method 501 (ROUTE-03).
-pub const ROUTES: &[RouteSpec] = &[
-    RouteSpec::new(RouteMethod::Post, "/v1/audio/speech", WORK),
-    RouteSpec::new(RouteMethod::Post, "/v1/audio/speech/stream", WORK),
-    RouteSpec::new(RouteMethod::Post, "/v1/audio/speech/upload", WORK),
-    RouteSpec::new(RouteMethod::Post, "/v1/audio/speech/stream/upload", WORK),
-    RouteSpec::new(RouteMethod::Post, "/v1/audio/executions", WORK),
-    RouteSpec::new(RouteMethod::Post, "/v1/audio/transcriptions", WORK),
-    RouteSpec::new(
-        RouteMethod::Get,
-        "/v1/audio/capabilities",
-        RouteClass::BorrowerRead,
-    ),
-    result_read("/v1/audio/executions/{id}"),
-    result_read("/v1/audio/executions/{id}/audio"),
-    RouteSpec::new(RouteMethod::Get, "/health", RouteClass::Discovery),
-    RouteSpec::new(RouteMethod::Get, "/status", RouteClass::Discovery),
-    RouteSpec::new(RouteMethod::Get, "/v1/models", RouteClass::Discovery),
+pub const ROUTES: &[RouteSpec] = crate::join_routes![
+    crate::routes![
+        Post WORK => [
+            "/v1/audio/speech", "/v1/audio/speech/stream", "/v1/audio/speech/upload",
+            "/v1/audio/speech/stream/upload", "/v1/audio/executions", "/v1/audio/transcriptions",
+        ];
+        Get RouteClass::BorrowerRead => ["/v1/audio/capabilities"];
+    ],
+    &[
+        result_read("/v1/audio/executions/{id}"),
+        result_read("/v1/audio/executions/{id}/audio"),
+    ],
+    crate::routes![Get RouteClass::Discovery => ["/health", "/status", "/v1/models"]],
 ];
 
 /// [`ROUTES`] as a checked [`RouteTable`].
@@ -106,31 +102,39 @@ pub fn route_table_for(routes: &VoiceRoutesConfig) -> Result<RouteTable, RouteOv
     if *routes == VoiceRoutesConfig::default() {
         return route_table();
     }
-    let keep = |path: &str| -> &'static str { Box::leak(path.to_owned().into_boxed_str()) };
-    let speech = routes.speech.trim_end_matches('/');
-    let table = vec![
-        RouteSpec::new(RouteMethod::Post, keep(speech), WORK),
-        RouteSpec::new(RouteMethod::Post, keep(&format!("{speech}/stream")), WORK),
-        RouteSpec::new(RouteMethod::Post, keep(&format!("{speech}/upload")), WORK),
-        RouteSpec::new(
-            RouteMethod::Post,
-            keep(&format!("{speech}/stream/upload")),
-            WORK,
-        ),
-        RouteSpec::new(RouteMethod::Post, keep(&routes.executions), WORK),
-        RouteSpec::new(RouteMethod::Post, "/v1/audio/transcriptions", WORK),
-        RouteSpec::new(
-            RouteMethod::Get,
-            keep(&routes.capabilities),
-            RouteClass::BorrowerRead,
-        ),
-        result_read(keep(&routes.execution)),
-        result_read(keep(&routes.execution_audio)),
-        RouteSpec::new(RouteMethod::Get, "/health", RouteClass::Discovery),
-        RouteSpec::new(RouteMethod::Get, "/status", RouteClass::Discovery),
-        RouteSpec::new(RouteMethod::Get, "/v1/models", RouteClass::Discovery),
-    ];
+    let table = ROUTES
+        .iter()
+        .map(|spec| RouteSpec {
+            path: configured_path(spec.path, routes),
+            ..*spec
+        })
+        .collect();
     RouteTable::new(table)
+}
+
+/// `path`, an entry of [`ROUTES`], where `routes` puts it: the speech path's
+/// own entries follow the configured speech path, the executions, capability,
+/// lookup and replay paths are replaced, anything else stays.
+fn configured_path(path: &'static str, routes: &VoiceRoutesConfig) -> &'static str {
+    let defaults = VoiceRoutesConfig::default();
+    let replaced = [
+        (&defaults.executions, &routes.executions),
+        (&defaults.capabilities, &routes.capabilities),
+        (&defaults.execution, &routes.execution),
+        (&defaults.execution_audio, &routes.execution_audio),
+    ]
+    .into_iter()
+    .find(|(default, _)| default.as_str() == path)
+    .map(|(_, configured)| configured.clone())
+    .or_else(|| {
+        path.strip_prefix(defaults.speech.trim_end_matches('/'))
+            .filter(|rest| rest.is_empty() || rest.starts_with('/'))
+            .map(|rest| format!("{}{rest}", routes.speech.trim_end_matches('/')))
+    });
+    match replaced {
+        Some(configured) if configured != path => Box::leak(configured.into_boxed_str()),
+        _ => path,
+    }
 }
 
 /// The kind string an engine's requests carry: resident credit on an
@@ -212,12 +216,7 @@ impl Adapter for ChatterboxAdapter {
         self.core.routes()
     }
 
-    fn inspect(
-        &self,
-        route: &WorkRoute,
-        ctx: InspectContext<'_>,
-        body: &[u8],
-    ) -> Result<Inspection, InspectError> {
+    fn inspect(&self, route: &WorkRoute, ctx: InspectContext<'_>, body: &[u8]) -> InspectResult {
         inspect::inspect(route, ctx, body)
     }
 
@@ -234,6 +233,7 @@ mod tests {
     use http::Method;
     use vacancy::config::Management;
     use vacancy::engine::RequestReuse;
+    use vacancy::traits::Inspection;
     use vacancy::traits::{RoutePolicy, route_policy};
     use vacancy::{EntryId, MonotonicClock, RefusalCode};
 
@@ -280,6 +280,67 @@ mod tests {
             );
         }
         assert_eq!(a.name(), "chatterbox");
+    }
+
+    #[test]
+    fn configured_voice_routes_replace_the_default_paths_and_keep_the_rest() {
+        // VOICE-01, VOICE-05..07 under `[upstream.voice_routes]` (DESIGN §4)
+        let routes = VoiceRoutesConfig {
+            speech: "/tts/".to_owned(),
+            executions: "/jobs".to_owned(),
+            capabilities: "/caps".to_owned(),
+            execution: "/jobs/{id}".to_owned(),
+            execution_audio: "/jobs/{id}/wav".to_owned(),
+        };
+        let table = route_table_for(&routes).unwrap();
+        let work = RouteClass::Work(WorkRoute::response_end());
+        for path in [
+            "/tts",
+            "/tts/stream",
+            "/tts/upload",
+            "/tts/stream/upload",
+            "/jobs",
+            "/v1/audio/transcriptions",
+        ] {
+            assert_eq!(table.classify(&Method::POST, path), work, "{path}");
+        }
+        for path in [
+            "/caps",
+            "/jobs/exec_0123456789",
+            "/jobs/exec_0123456789/wav",
+        ] {
+            assert_eq!(
+                table.classify(&Method::GET, path),
+                RouteClass::BorrowerRead,
+                "{path}"
+            );
+        }
+        // The ID check stays with the lookup routes; discovery is unchanged.
+        assert_eq!(
+            table.classify(&Method::GET, "/jobs/short"),
+            RouteClass::Unknown
+        );
+        assert_eq!(
+            table.classify(&Method::GET, "/status"),
+            RouteClass::Discovery
+        );
+        for gone in [
+            "/v1/audio/speech",
+            "/v1/audio/executions",
+            "/v1/audio/capabilities",
+        ] {
+            assert_eq!(
+                table.classify(&Method::POST, gone),
+                RouteClass::Unknown,
+                "{gone}"
+            );
+            assert_eq!(
+                table.classify(&Method::GET, gone),
+                RouteClass::Unknown,
+                "{gone}"
+            );
+        }
+        assert_eq!(table.entries().len(), ROUTES.len());
     }
 
     #[test]

@@ -2,18 +2,14 @@
 //! assigns (its entry ID), remembered for the borrower's reads (COMFY-01..05).
 
 use vacancy::engine::RequestReuse;
-use vacancy::traits::{InspectContext, InspectError, Inspection};
+use vacancy::traits::{InspectContext, InspectError, InspectResult, Inspection};
 
 use super::{ComfyUiAdapter, lock, submission};
 
 impl ComfyUiAdapter {
     /// [`vacancy::traits::Adapter::inspect`] for `POST /prompt`: the body
     /// rewritten under the assigned `prompt_id`, or 400 `invalid_submission`.
-    pub(super) fn inspect_submission(
-        &self,
-        ctx: InspectContext<'_>,
-        body: &[u8],
-    ) -> Result<Inspection, InspectError> {
+    pub(super) fn inspect_submission(&self, ctx: InspectContext<'_>, body: &[u8]) -> InspectResult {
         let assigned = ctx.entry.to_string();
         let rewritten = submission::with_prompt_id(body, &assigned).map_err(|why| InspectError {
             code: vacancy::RefusalCode::InvalidSubmission,

@@ -30,9 +30,9 @@ use serde_json::{Value, json};
 use vacancy::engine::{ModelObservation, Refusal};
 use vacancy::traits::routes::RouteOverlap;
 use vacancy::traits::{
-    Adapter, InspectContext, InspectError, Inspection, ObserveError, Reclaimer, Reconsidered,
-    RenderedRefusal, RouteClass, RouteMethod, RouteSpec, RouteTable, Submission, TrackedEnd,
-    TrackedWork, Tracker, TrackingEvents, WorkRoute,
+    Adapter, InspectContext, InspectResult, ObserveError, Reclaimer, Reconsidered, RenderedRefusal,
+    RouteClass, RouteSpec, RouteTable, Submission, TrackedEnd, TrackedWork, Tracker,
+    TrackingEvents, WorkRoute,
 };
 
 use crate::common::{AdapterSettings, ObservationClient, request_path};
@@ -74,53 +74,21 @@ const SUBMIT: RouteClass = RouteClass::Work(WorkRoute {
 ///   delete), `GET /prompt` (the owner's queue count), `/upload/*`,
 ///   `/userdata*`, `/settings*`, `/models*` and every unlisted route
 ///   (ROUTE-02/03).
-pub const ROUTES: &[RouteSpec] = &[
-    RouteSpec::new(RouteMethod::Post, "/prompt", SUBMIT),
-    RouteSpec::new(RouteMethod::Post, "/api/prompt", SUBMIT),
-    RouteSpec::new(RouteMethod::Get, "/object_info", RouteClass::Discovery),
-    RouteSpec::new(
-        RouteMethod::Get,
-        "/object_info/{class}",
-        RouteClass::Discovery,
-    ),
-    RouteSpec::new(RouteMethod::Get, "/api/object_info", RouteClass::Discovery),
-    RouteSpec::new(
-        RouteMethod::Get,
-        "/api/object_info/{class}",
-        RouteClass::Discovery,
-    ),
-    RouteSpec::new(RouteMethod::Get, "/system_stats", RouteClass::Discovery),
-    RouteSpec::new(RouteMethod::Get, "/api/system_stats", RouteClass::Discovery),
-    RouteSpec::new(RouteMethod::Get, "/embeddings", RouteClass::Discovery),
-    RouteSpec::new(RouteMethod::Get, "/api/embeddings", RouteClass::Discovery),
-    RouteSpec::new(RouteMethod::Get, "/extensions", RouteClass::Discovery),
-    RouteSpec::new(RouteMethod::Get, "/api/extensions", RouteClass::Discovery),
-    RouteSpec::new(RouteMethod::Get, "/features", RouteClass::Discovery),
-    RouteSpec::new(RouteMethod::Get, "/api/features", RouteClass::Discovery),
-    RouteSpec::new(RouteMethod::Get, "/ws", RouteClass::Discovery),
-    RouteSpec::new(RouteMethod::Get, "/api/ws", RouteClass::Discovery),
-    RouteSpec::new(RouteMethod::Get, "/history/{id}", RouteClass::BorrowerRead),
-    RouteSpec::new(
-        RouteMethod::Get,
-        "/api/history/{id}",
-        RouteClass::BorrowerRead,
-    ),
-    RouteSpec::new(RouteMethod::Get, "/view", RouteClass::BorrowerRead),
-    RouteSpec::new(RouteMethod::Get, "/api/view", RouteClass::BorrowerRead),
-    RouteSpec::new(RouteMethod::Get, "/queue", RouteClass::Management),
-    RouteSpec::new(RouteMethod::Post, "/queue", RouteClass::Management),
-    RouteSpec::new(RouteMethod::Get, "/api/queue", RouteClass::Management),
-    RouteSpec::new(RouteMethod::Post, "/api/queue", RouteClass::Management),
-    RouteSpec::new(RouteMethod::Post, "/interrupt", RouteClass::Management),
-    RouteSpec::new(RouteMethod::Post, "/api/interrupt", RouteClass::Management),
-    RouteSpec::new(RouteMethod::Post, "/free", RouteClass::Management),
-    RouteSpec::new(RouteMethod::Post, "/api/free", RouteClass::Management),
-    RouteSpec::new(RouteMethod::Get, "/history", RouteClass::Management),
-    RouteSpec::new(RouteMethod::Post, "/history", RouteClass::Management),
-    RouteSpec::new(RouteMethod::Get, "/api/history", RouteClass::Management),
-    RouteSpec::new(RouteMethod::Post, "/api/history", RouteClass::Management),
-    RouteSpec::new(RouteMethod::Get, "/prompt", RouteClass::Management),
-    RouteSpec::new(RouteMethod::Get, "/api/prompt", RouteClass::Management),
+pub const ROUTES: &[RouteSpec] = crate::routes![
+    Post SUBMIT => ["/prompt", "/api/prompt"];
+    Get RouteClass::Discovery => [
+        "/object_info", "/object_info/{class}", "/api/object_info", "/api/object_info/{class}",
+        "/system_stats", "/api/system_stats", "/embeddings", "/api/embeddings",
+        "/extensions", "/api/extensions", "/features", "/api/features", "/ws", "/api/ws",
+    ];
+    Get RouteClass::BorrowerRead => ["/history/{id}", "/api/history/{id}", "/view", "/api/view"];
+    Get RouteClass::Management => [
+        "/queue", "/api/queue", "/history", "/api/history", "/prompt", "/api/prompt",
+    ];
+    Post RouteClass::Management => [
+        "/queue", "/api/queue", "/interrupt", "/api/interrupt", "/free", "/api/free",
+        "/history", "/api/history",
+    ];
 ];
 
 /// [`ROUTES`] as a checked [`RouteTable`].
@@ -603,12 +571,7 @@ impl Adapter for ComfyUiAdapter {
         }
     }
 
-    fn inspect(
-        &self,
-        _route: &WorkRoute,
-        ctx: InspectContext<'_>,
-        body: &[u8],
-    ) -> Result<Inspection, InspectError> {
+    fn inspect(&self, _route: &WorkRoute, ctx: InspectContext<'_>, body: &[u8]) -> InspectResult {
         self.inspect_submission(ctx, body)
     }
 

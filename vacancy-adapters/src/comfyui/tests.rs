@@ -15,7 +15,7 @@ fn adapter() -> ComfyUiAdapter {
     .unwrap()
 }
 
-fn inspect(a: &ComfyUiAdapter, entry: u128, body: &str) -> Result<Inspection, InspectError> {
+fn inspect(a: &ComfyUiAdapter, entry: u128, body: &str) -> InspectResult {
     let RouteClass::Work(route) = a.classify(&Method::POST, "/prompt") else {
         panic!("POST /prompt is not work");
     };

@@ -2,7 +2,7 @@
 //! OpenAI-style adapter runs: one place for what OpenAI, llama-server,
 //! chatterbox and vLLM each wrote before.
 
-use vacancy::traits::{InspectContext, InspectError, Inspection, WorkRoute};
+use vacancy::traits::{InspectContext, InspectResult, Inspection, WorkRoute};
 
 use super::inspect::{inspect_json_body, is_responses_path};
 use super::multipart::{is_multipart_form, multipart_model};
@@ -67,11 +67,7 @@ pub fn content_type(headers: &http::HeaderMap) -> &str {
 ///   (ROUTE-05..07).
 /// - A route that does not read its body (`inspect_body == false`) is handed
 ///   an empty body by the daemon and passes, except `/v1/responses`.
-pub fn inspect_request(
-    route: &WorkRoute,
-    ctx: InspectContext<'_>,
-    body: &[u8],
-) -> Result<Inspection, InspectError> {
+pub fn inspect_request(route: &WorkRoute, ctx: InspectContext<'_>, body: &[u8]) -> InspectResult {
     match BodyRule::of(&ctx) {
         BodyRule::Json | BodyRule::Responses => inspect_json_body(route, ctx.path, body),
         BodyRule::Multipart if !route.inspect_body => Ok(Inspection::default()),

@@ -7,7 +7,7 @@ use serde::de::{self, IgnoredAny, MapAccess, Visitor};
 use serde_json::Value;
 use serde_json::error::Category;
 use vacancy::RefusalCode;
-use vacancy::traits::{InspectError, Inspection, WorkRoute};
+use vacancy::traits::{InspectError, InspectResult, Inspection, WorkRoute};
 
 /// The OpenAI Responses route, whose background mode vacancy refuses (ROUTE-05).
 ///
@@ -68,11 +68,7 @@ const SEND_JSON: &str = "send the request body as one JSON object, as the upstre
 ///   passed through untouched, except `/v1/responses`, which is always read.
 /// - Nothing but `model` and `background` is kept: prompt contents are never
 ///   copied (other values are skipped while parsing).
-pub fn inspect_json_body(
-    route: &WorkRoute,
-    path: &str,
-    body: &[u8],
-) -> Result<Inspection, InspectError> {
+pub fn inspect_json_body(route: &WorkRoute, path: &str, body: &[u8]) -> InspectResult {
     let responses = is_responses_path(path);
     if !route.inspect_body && !responses {
         return Ok(Inspection::default());

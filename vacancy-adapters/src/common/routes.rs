@@ -1,6 +1,7 @@
 //! Route entries several adapters share, written once: the OpenAI `/v1`
 //! block that Ollama, llama-server, OpenAI-compatible servers and vLLM all
-//! serve, and [`join_routes!`](crate::join_routes) to build an adapter's
+//! serve, [`routes!`](crate::routes) to write a table as one line per method
+//! and class, and [`join_routes!`](crate::join_routes) to build an adapter's
 //! `const` table from such blocks and its own entries.
 
 use vacancy::traits::{RouteClass, RouteMethod, RouteSpec, WorkRoute};
@@ -19,21 +20,42 @@ pub const WORK: RouteClass = RouteClass::Work(WorkRoute::response_end());
 /// - Discovery (ROUTE-12): `GET` (and `HEAD`) `/v1/models` and
 ///   `/v1/models/{id}` (one path segment: an ID containing `/` is not
 ///   matched, and so refused as an unlisted read).
-pub const OPENAI_V1: &[RouteSpec] = &[
-    RouteSpec::new(RouteMethod::Post, "/v1/chat/completions", WORK),
-    RouteSpec::new(RouteMethod::Post, "/v1/completions", WORK),
-    RouteSpec::new(RouteMethod::Post, "/v1/embeddings", WORK),
-    RouteSpec::new(RouteMethod::Post, "/v1/responses", WORK),
-    RouteSpec::new(RouteMethod::Get, "/v1/models", RouteClass::Discovery),
-    RouteSpec::new(RouteMethod::Get, "/v1/models/{id}", RouteClass::Discovery),
+pub const OPENAI_V1: &[RouteSpec] = crate::routes![
+    Post WORK => ["/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses"];
+    Get RouteClass::Discovery => ["/v1/models", "/v1/models/{id}"];
 ];
 
 /// OpenAI's audio input routes, work sent as `multipart/form-data` uploads:
 /// `POST /v1/audio/transcriptions` and `/v1/audio/translations`.
-pub const OPENAI_AUDIO_INPUT: &[RouteSpec] = &[
-    RouteSpec::new(RouteMethod::Post, "/v1/audio/transcriptions", WORK),
-    RouteSpec::new(RouteMethod::Post, "/v1/audio/translations", WORK),
+pub const OPENAI_AUDIO_INPUT: &[RouteSpec] = crate::routes![
+    Post WORK => ["/v1/audio/transcriptions", "/v1/audio/translations"];
 ];
+
+/// A `&'static [RouteSpec]` written as one line per method and class: each
+/// line names a [`RouteMethod`] variant, a [`RouteClass`] and the paths that
+/// have both, in the order the entries take.
+///
+/// ```
+/// use vacancy::traits::RouteClass;
+/// use vacancy_adapters::common::routes::WORK;
+///
+/// const ROUTES: &[vacancy::traits::RouteSpec] = vacancy_adapters::routes![
+///     Post WORK => ["/generate", "/embed"];
+///     Get RouteClass::Discovery => ["/health"];
+/// ];
+/// assert_eq!(ROUTES.len(), 3);
+/// assert_eq!(ROUTES[1].path, "/embed");
+/// ```
+#[macro_export]
+macro_rules! routes {
+    ($($method:ident $class:expr => [$($path:literal),+ $(,)?]);+ $(;)?) => {
+        &[$($(::vacancy::traits::RouteSpec::new(
+            ::vacancy::traits::RouteMethod::$method,
+            $path,
+            $class,
+        ),)+)+]
+    };
+}
 
 /// The number of entries in `parts` together.
 ///

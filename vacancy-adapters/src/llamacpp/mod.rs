@@ -25,8 +25,8 @@ use async_trait::async_trait;
 use vacancy::engine::ModelObservation;
 use vacancy::traits::routes::RouteOverlap;
 use vacancy::traits::{
-    Adapter, InspectContext, InspectError, Inspection, ObserveError, RouteClass, RouteMethod,
-    RouteSpec, RouteTable, WorkRoute,
+    Adapter, InspectContext, InspectResult, ObserveError, RouteClass, RouteSpec, RouteTable,
+    WorkRoute,
 };
 
 use crate::common::routes::{OPENAI_V1, WORK};
@@ -57,26 +57,15 @@ use crate::common::{AdapterCore, AdapterSettings, inspect_json_body};
 pub const ROUTES: &[RouteSpec] = crate::join_routes![OWN_ROUTES, OPENAI_V1];
 
 /// The routes of its own, beside [`OPENAI_V1`].
-const OWN_ROUTES: &[RouteSpec] = &[
-    RouteSpec::new(RouteMethod::Post, "/completion", WORK),
-    RouteSpec::new(RouteMethod::Post, "/completions", WORK),
-    RouteSpec::new(RouteMethod::Post, "/chat/completions", WORK),
-    RouteSpec::new(RouteMethod::Post, "/embedding", WORK),
-    RouteSpec::new(RouteMethod::Post, "/embeddings", WORK),
-    RouteSpec::new(RouteMethod::Post, "/rerank", WORK),
-    RouteSpec::new(RouteMethod::Post, "/reranking", WORK),
-    RouteSpec::new(RouteMethod::Post, "/v1/rerank", WORK),
-    RouteSpec::new(RouteMethod::Post, "/infill", WORK),
-    RouteSpec::new(RouteMethod::Post, "/tokenize", RouteClass::BorrowerRead),
-    RouteSpec::new(RouteMethod::Post, "/detokenize", RouteClass::BorrowerRead),
-    RouteSpec::new(RouteMethod::Get, "/health", RouteClass::Discovery),
-    RouteSpec::new(RouteMethod::Get, "/models", RouteClass::Discovery),
-    RouteSpec::new(RouteMethod::Get, "/props", RouteClass::Discovery),
-    RouteSpec::new(RouteMethod::Get, "/slots", RouteClass::Management),
-    RouteSpec::new(RouteMethod::Post, "/slots", RouteClass::Management),
-    RouteSpec::new(RouteMethod::Post, "/slots/{id}", RouteClass::Management),
-    RouteSpec::new(RouteMethod::Post, "/props", RouteClass::Management),
-    RouteSpec::new(RouteMethod::Get, "/metrics", RouteClass::Management),
+const OWN_ROUTES: &[RouteSpec] = crate::routes![
+    Post WORK => [
+        "/completion", "/completions", "/chat/completions", "/embedding", "/embeddings",
+        "/rerank", "/reranking", "/v1/rerank", "/infill",
+    ];
+    Post RouteClass::BorrowerRead => ["/tokenize", "/detokenize"];
+    Get RouteClass::Discovery => ["/health", "/models", "/props"];
+    Get RouteClass::Management => ["/slots", "/metrics"];
+    Post RouteClass::Management => ["/slots", "/slots/{id}", "/props"];
 ];
 
 /// [`ROUTES`] as a checked [`RouteTable`].
@@ -160,12 +149,7 @@ impl Adapter for LlamaCppAdapter {
         self.core.routes()
     }
 
-    fn inspect(
-        &self,
-        route: &WorkRoute,
-        ctx: InspectContext<'_>,
-        body: &[u8],
-    ) -> Result<Inspection, InspectError> {
+    fn inspect(&self, route: &WorkRoute, ctx: InspectContext<'_>, body: &[u8]) -> InspectResult {
         inspect_json_body(route, ctx.path, body)
     }
 

@@ -14,6 +14,7 @@ use vacancy::engine::{ObservedModel, ResidencyEvidence};
 use super::observe::*;
 use super::*;
 use crate::common::testing::{Reply, TestServer, check_shared_inspection, closed_port};
+use vacancy::traits::Inspection;
 
 macro_rules! fixture {
     ($name:literal) => {

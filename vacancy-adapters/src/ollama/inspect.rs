@@ -4,7 +4,7 @@
 use serde::Deserialize;
 use serde_json::Value;
 use vacancy::engine::RequestReuse;
-use vacancy::traits::{InspectContext, InspectError, Inspection, WorkRoute};
+use vacancy::traits::{InspectContext, InspectError, InspectResult, WorkRoute};
 
 use super::names::{Family, RequestKind, canonical_model};
 use crate::common::{inspect_json_body, request_path};
@@ -41,11 +41,7 @@ pub const RUNNER_OPTIONS: &[&str] = &[
 
 /// [`vacancy::traits::Adapter::inspect`] for Ollama: the shared JSON checks,
 /// then the request's kind (RES-06) or why it cannot reuse the runner (RES-04).
-pub(super) fn inspect(
-    route: &WorkRoute,
-    ctx: InspectContext<'_>,
-    body: &[u8],
-) -> Result<Inspection, InspectError> {
+pub(super) fn inspect(route: &WorkRoute, ctx: InspectContext<'_>, body: &[u8]) -> InspectResult {
     let mut inspection = inspect_json_body(route, ctx.path, body)?;
     if !route.inspect_body {
         return Ok(inspection);

@@ -57,8 +57,8 @@ use async_trait::async_trait;
 use vacancy::engine::{Lesson, ModelObservation, Refusal};
 use vacancy::traits::routes::RouteOverlap;
 use vacancy::traits::{
-    Adapter, InspectContext, InspectError, Inspection, ObserveError, Reclaimer, RenderedRefusal,
-    RouteClass, RouteMethod, RouteSpec, RouteTable, WorkRoute, render_ollama,
+    Adapter, InspectContext, InspectResult, ObserveError, Reclaimer, RenderedRefusal, RouteClass,
+    RouteSpec, RouteTable, WorkRoute, render_ollama,
 };
 
 use crate::common::routes::{OPENAI_V1, WORK};
@@ -98,31 +98,14 @@ pub use show::modelfile_num_ctx;
 pub const ROUTES: &[RouteSpec] = crate::join_routes![OWN_ROUTES, OPENAI_V1];
 
 /// The routes of its own, beside [`OPENAI_V1`].
-const OWN_ROUTES: &[RouteSpec] = &[
-    RouteSpec::new(RouteMethod::Post, "/api/generate", WORK),
-    RouteSpec::new(RouteMethod::Post, "/api/chat", WORK),
-    RouteSpec::new(RouteMethod::Post, "/api/embed", WORK),
-    RouteSpec::new(RouteMethod::Post, "/api/embeddings", WORK),
-    RouteSpec::new(RouteMethod::Get, "/api/tags", RouteClass::Discovery),
-    RouteSpec::new(RouteMethod::Get, "/api/version", RouteClass::Discovery),
-    RouteSpec::new(RouteMethod::Get, "/", RouteClass::Discovery),
-    RouteSpec::new(RouteMethod::Post, "/api/pull", RouteClass::Management),
-    RouteSpec::new(RouteMethod::Post, "/api/push", RouteClass::Management),
-    RouteSpec::new(RouteMethod::Post, "/api/create", RouteClass::Management),
-    RouteSpec::new(RouteMethod::Post, "/api/copy", RouteClass::Management),
-    RouteSpec::new(RouteMethod::Delete, "/api/delete", RouteClass::Management),
-    RouteSpec::new(
-        RouteMethod::Post,
-        "/api/blobs/{digest}",
-        RouteClass::Management,
-    ),
-    RouteSpec::new(
-        RouteMethod::Get,
-        "/api/blobs/{digest}",
-        RouteClass::Management,
-    ),
-    RouteSpec::new(RouteMethod::Get, "/api/ps", RouteClass::Management),
-    RouteSpec::new(RouteMethod::Post, "/api/show", RouteClass::Management),
+const OWN_ROUTES: &[RouteSpec] = crate::routes![
+    Post WORK => ["/api/generate", "/api/chat", "/api/embed", "/api/embeddings"];
+    Get RouteClass::Discovery => ["/api/tags", "/api/version", "/"];
+    Post RouteClass::Management => [
+        "/api/pull", "/api/push", "/api/create", "/api/copy", "/api/blobs/{digest}", "/api/show",
+    ];
+    Delete RouteClass::Management => ["/api/delete"];
+    Get RouteClass::Management => ["/api/blobs/{digest}", "/api/ps"];
 ];
 
 /// [`ROUTES`] as a checked [`RouteTable`].
@@ -240,12 +223,7 @@ impl Adapter for OllamaAdapter {
         self.core.routes()
     }
 
-    fn inspect(
-        &self,
-        route: &WorkRoute,
-        ctx: InspectContext<'_>,
-        body: &[u8],
-    ) -> Result<Inspection, InspectError> {
+    fn inspect(&self, route: &WorkRoute, ctx: InspectContext<'_>, body: &[u8]) -> InspectResult {
         inspect::inspect(route, ctx, body)
     }
 
@@ -286,7 +264,7 @@ mod tests {
         .unwrap()
     }
 
-    fn inspect(a: &OllamaAdapter, path: &str, body: &str) -> Result<Inspection, InspectError> {
+    fn inspect(a: &OllamaAdapter, path: &str, body: &str) -> InspectResult {
         let RouteClass::Work(route) = a.classify(&Method::POST, path) else {
             panic!("POST {path} is not work");
         };

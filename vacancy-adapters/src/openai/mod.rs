@@ -3,20 +3,15 @@
 
 use async_trait::async_trait;
 use vacancy::traits::routes::RouteOverlap;
-use vacancy::traits::{
-    Adapter, InspectContext, InspectError, Inspection, RouteMethod, RouteSpec, RouteTable,
-    WorkRoute,
-};
+use vacancy::traits::{Adapter, InspectContext, InspectResult, RouteSpec, RouteTable, WorkRoute};
 
 pub use crate::common::inspect_request;
 use crate::common::routes::{OPENAI_AUDIO_INPUT, OPENAI_V1, WORK};
 use crate::common::{AdapterCore, AdapterSettings};
 
 /// The OpenAI routes no other built-in adapter serves all of: speech and images.
-const SPEECH_AND_IMAGES: &[RouteSpec] = &[
-    RouteSpec::new(RouteMethod::Post, "/v1/audio/speech", WORK),
-    RouteSpec::new(RouteMethod::Post, "/v1/images/generations", WORK),
-    RouteSpec::new(RouteMethod::Post, "/v1/images/edits", WORK),
+const SPEECH_AND_IMAGES: &[RouteSpec] = crate::routes![
+    Post WORK => ["/v1/audio/speech", "/v1/images/generations", "/v1/images/edits"];
 ];
 
 /// The OpenAI-compatible route table, as data.
@@ -101,12 +96,7 @@ impl Adapter for OpenAiAdapter {
         self.core.routes()
     }
 
-    fn inspect(
-        &self,
-        route: &WorkRoute,
-        ctx: InspectContext<'_>,
-        body: &[u8],
-    ) -> Result<Inspection, InspectError> {
+    fn inspect(&self, route: &WorkRoute, ctx: InspectContext<'_>, body: &[u8]) -> InspectResult {
         inspect_request(route, ctx, body)
     }
 }
@@ -210,7 +200,7 @@ mod tests {
         check_shared_inspection(&adapter());
     }
 
-    fn inspect(path: &str, content_type: &str, body: &[u8]) -> Result<Inspection, InspectError> {
+    fn inspect(path: &str, content_type: &str, body: &[u8]) -> InspectResult {
         let a = adapter();
         let RouteClass::Work(route) = a.classify(&Method::POST, path) else {
             panic!("{path}");

@@ -6,7 +6,7 @@
 use bytes::Bytes;
 
 use crate::engine::{EntryId, RefusalCode};
-use crate::traits::{Adapter, InspectContext, InspectError, Inspection, RouteClass, RouteMethod};
+use crate::traits::{Adapter, InspectContext, InspectResult, RouteClass, RouteMethod};
 
 use super::{WorkSample, outcome};
 
@@ -27,7 +27,7 @@ fn inspect(
     path: &str,
     content_type: &str,
     body: &[u8],
-) -> Result<Result<Inspection, InspectError>, String> {
+) -> Result<InspectResult, String> {
     let RouteClass::Work(route) = adapter.classify(method, path) else {
         return Err(format!("{method} {path} is not work in the route table"));
     };
@@ -234,7 +234,7 @@ fn background_rule(
     }
 }
 
-fn shown(r: &Result<Result<Inspection, InspectError>, String>) -> String {
+fn shown(r: &Result<InspectResult, String>) -> String {
     match r {
         Ok(Ok(i)) => format!("an inspection with model {:?}", i.model),
         Ok(Err(e)) => format!("a refusal ({e})"),

@@ -38,6 +38,10 @@ pub struct InspectError {
     pub message: String,
 }
 
+/// What [`Adapter::inspect`] answers: the request's [`Inspection`], or the
+/// [`InspectError`] that refuses it.
+pub type InspectResult = Result<Inspection, InspectError>;
+
 impl InspectError {
     /// A malformed body (400 `invalid_request`).
     pub fn invalid(message: impl Into<String>) -> Self {
@@ -184,12 +188,7 @@ pub trait Adapter: Send + Sync {
     }
 
     /// Inspect a work request's head and body.
-    fn inspect(
-        &self,
-        route: &WorkRoute,
-        ctx: InspectContext<'_>,
-        body: &[u8],
-    ) -> Result<Inspection, InspectError>;
+    fn inspect(&self, route: &WorkRoute, ctx: InspectContext<'_>, body: &[u8]) -> InspectResult;
 
     /// Observe the upstream: loaded models, residency evidence, foreign work.
     async fn observe(&self) -> Result<ModelObservation, ObserveError> {
@@ -277,7 +276,7 @@ mod tests {
             _route: &WorkRoute,
             _ctx: InspectContext<'_>,
             body: &[u8],
-        ) -> Result<Inspection, InspectError> {
+        ) -> InspectResult {
             let v: serde_json::Value = serde_json::from_slice(body)
                 .map_err(|e| InspectError::invalid(format!("body is not JSON: {e}")))?;
             Ok(Inspection {

@@ -9,8 +9,8 @@ pub mod routes;
 pub mod tracker;
 
 pub use adapter::{
-    Adapter, InspectContext, InspectError, Inspection, ObserveError, Reconsidered, RenderedRefusal,
-    render_ollama, render_openai, rendered,
+    Adapter, InspectContext, InspectError, InspectResult, Inspection, ObserveError, Reconsidered,
+    RenderedRefusal, render_ollama, render_openai, rendered,
 };
 pub use admission::Admission;
 pub use reclaimer::{
