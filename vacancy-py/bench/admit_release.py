@@ -15,29 +15,18 @@ import timeit
 
 import vacancy
 
-CONFIG = """
-[owner]
-presence = "none"
-
-[[resource]]
-name = "ram"
-kind = "memory"
-sampler = "system"
-reserve_mib = 4096
-
-[[upstream]]
-name = "llamacpp"
-adapter = "llamacpp"
-listen = "127.0.0.1:8081"
-target = "http://127.0.0.1:8080"
-resource = "ram"
-default_min_free_mib = 2048
-"""
+# The engine alone (Config.for_engine): one memory resource the bench feeds,
+# one upstream on it.
+CONFIG = {
+    "owner": {"presence": "none"},
+    "resource": [{"name": "ram", "kind": "memory", "reserve_mib": 4096}],
+    "upstream": [{"name": "llamacpp", "resource": "ram", "default_min_free_mib": 2048}],
+}
 
 
 def main() -> None:
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 100_000
-    engine = vacancy.Engine(vacancy.Config.from_toml(CONFIG))
+    engine = vacancy.Engine(vacancy.Config.for_engine(CONFIG))
     clock = [0.0]
     step = 1e-6
 

@@ -10,42 +10,6 @@ import typing
 
 from vacancy._types import ControlCode, RefusalCode
 
-__all__ = [
-    "ConfigError",
-    "ConfigProblem",
-    "EntryHeld",
-    "IllegalSlotTransition",
-    "NotHeld",
-    "NpuExclusivityViolation",
-    "Refused",
-    "ResourceBusy",
-    "SeamTimeout",
-    "SlotConfigError",
-    "SlotCrashLooping",
-    "SlotError",
-    "SlotHealthFailed",
-    "SlotIllegalTransition",
-    "SlotLlamaEnvDenied",
-    "SlotNotFound",
-    "SlotNotReady",
-    "SlotOutputSanityFailed",
-    "SlotPinned",
-    "SlotProfileMissing",
-    "SlotRemovedKeyDenied",
-    "SlotSpawnFailed",
-    "SlotTerminateTimeout",
-    "SlotTuningKeyDenied",
-    "SlotUnconverted",
-    "StateRecordCorrupt",
-    "StateRecordError",
-    "StateRecordIOError",
-    "TimelineError",
-    "UnknownEntry",
-    "UnknownResource",
-    "UnknownUpstream",
-    "VacancyError",
-    "WaitForSample",
-]
 
 
 class ConfigProblem(typing.TypedDict):

@@ -4,28 +4,6 @@ from __future__ import annotations
 
 import typing
 
-__all__ = [
-    "BreakerSnapshot",
-    "Charge",
-    "ControlCode",
-    "EngineStatus",
-    "Lesson",
-    "LineStatus",
-    "ObservedModel",
-    "OwnerVeto",
-    "PressureTriggerInfo",
-    "PressureUpdate",
-    "ReclaimAct",
-    "ReclaimCommand",
-    "ReclaimEnded",
-    "ReclaimStarted",
-    "ReclaimStatus",
-    "RefusalCode",
-    "ResourceStatus",
-    "UpstreamStatus",
-    "VacancyStatus",
-    "WorkStatus",
-]
 
 # A Union of one-value Literals (not one Literal) so that stubtest sees a Union at run time.
 RefusalCode: typing.TypeAlias = typing.Union[  # noqa: UP007

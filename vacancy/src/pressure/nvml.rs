@@ -31,39 +31,64 @@ pub struct NvmlPressureReader {
     inner: Inner,
 }
 
-#[cfg(not(feature = "nvml"))]
-type Inner = std::convert::Infallible;
-
-#[cfg(feature = "nvml")]
-use enabled::Inner;
-
-#[cfg(not(feature = "nvml"))]
 impl NvmlPressureReader {
-    /// Always fails: this build has no NVML support.
+    /// A reader for the GPU resource `name` on `device` (an index such as
+    /// `"0"` or a PCI bus id).
     ///
     /// # Errors
     ///
-    /// Always [`PressureError::Unavailable`], saying to rebuild with `--features nvml`.
+    /// [`PressureError::Unavailable`] when this build has no NVML support
+    /// (saying to rebuild with `--features nvml`), the driver library cannot
+    /// be loaded, NVML cannot start, or the device cannot be read.
     pub fn new(name: impl Into<String>, device: &str) -> Result<Self, PressureError> {
-        let _ = device;
-        Err(PressureError::Unavailable {
-            gpu: name.into(),
-            reason: "vacancyd was built without NVML support; rebuild with --features nvml"
-                .to_owned(),
-        })
+        let name = name.into();
+        let inner = Inner::open(&name, device)?;
+        Ok(NvmlPressureReader { name, inner })
     }
 }
 
-#[cfg(not(feature = "nvml"))]
 #[async_trait]
 impl PressureReader for NvmlPressureReader {
     fn name(&self) -> &str {
         &self.name
     }
 
-    async fn read(&self, _exclude_pids: &[u32]) -> Result<OwnerLoad, PressureError> {
-        // `Inner` is uninhabited here: no reader exists without the feature.
-        match self.inner {}
+    async fn read(&self, exclude_pids: &[u32]) -> Result<OwnerLoad, PressureError> {
+        self.inner.read(&self.name, exclude_pids).await
+    }
+}
+
+#[cfg(not(feature = "nvml"))]
+use disabled::Inner;
+
+#[cfg(feature = "nvml")]
+use enabled::Inner;
+
+/// A build without the feature: no [`NvmlPressureReader`] can exist.
+#[cfg(not(feature = "nvml"))]
+mod disabled {
+    use super::*;
+
+    /// Uninhabited: construction always fails.
+    #[derive(Debug)]
+    pub(super) enum Inner {}
+
+    impl Inner {
+        pub(super) fn open(gpu: &str, _device: &str) -> Result<Self, PressureError> {
+            Err(PressureError::Unavailable {
+                gpu: gpu.to_owned(),
+                reason: "vacancyd was built without NVML support; rebuild with --features nvml"
+                    .to_owned(),
+            })
+        }
+
+        pub(super) async fn read(
+            &self,
+            _gpu: &str,
+            _exclude_pids: &[u32],
+        ) -> Result<OwnerLoad, PressureError> {
+            match *self {}
+        }
     }
 }
 
@@ -184,18 +209,11 @@ mod enabled {
         ))
     }
 
-    impl NvmlPressureReader {
-        /// A reader for the GPU resource `name` on `device` (an index such as
-        /// `"0"` or a PCI bus id).
-        ///
-        /// # Errors
-        ///
-        /// [`PressureError::Unavailable`] when the driver library cannot be
-        /// loaded, NVML cannot start, or the device cannot be read.
-        pub fn new(name: impl Into<String>, device: &str) -> Result<Self, PressureError> {
-            let name = name.into();
+    impl Inner {
+        /// Starts NVML and reads `device` once, so a wrong device fails here.
+        pub(super) fn open(gpu: &str, device: &str) -> Result<Self, PressureError> {
             let unavailable = |reason: String| PressureError::Unavailable {
-                gpu: name.clone(),
+                gpu: gpu.to_owned(),
                 reason,
             };
             let nvml = Nvml::init().map_err(|e| {
@@ -204,13 +222,10 @@ mod enabled {
                 ))
             })?;
             match read(&nvml, device, &HashSet::new(), None) {
-                Ok((_, newest)) => Ok(NvmlPressureReader {
-                    name: name.clone(),
-                    inner: Inner {
-                        nvml: Arc::new(nvml),
-                        device: device.to_owned(),
-                        last_seen: Arc::new(Mutex::new(newest)),
-                    },
+                Ok((_, newest)) => Ok(Inner {
+                    nvml: Arc::new(nvml),
+                    device: device.to_owned(),
+                    last_seen: Arc::new(Mutex::new(newest)),
                 }),
                 Err(Failure::Nvml(e)) => Err(unavailable(format!(
                     "NVIDIA GPU {device} cannot be read: {e}"
@@ -219,18 +234,15 @@ mod enabled {
                 Err(Failure::Unattributable(reason)) => Err(unavailable(reason)),
             }
         }
-    }
 
-    #[async_trait]
-    impl PressureReader for NvmlPressureReader {
-        fn name(&self) -> &str {
-            &self.name
-        }
-
-        async fn read(&self, exclude_pids: &[u32]) -> Result<OwnerLoad, PressureError> {
-            let nvml = Arc::clone(&self.inner.nvml);
-            let device = self.inner.device.clone();
-            let last_seen = Arc::clone(&self.inner.last_seen);
+        pub(super) async fn read(
+            &self,
+            gpu: &str,
+            exclude_pids: &[u32],
+        ) -> Result<OwnerLoad, PressureError> {
+            let nvml = Arc::clone(&self.nvml);
+            let device = self.device.clone();
+            let last_seen = Arc::clone(&self.last_seen);
             let exclude: HashSet<u32> = exclude_pids.iter().copied().collect();
             let result = tokio::task::spawn_blocking(move || {
                 let mut last = last_seen.lock().unwrap_or_else(PoisonError::into_inner);
@@ -239,7 +251,7 @@ mod enabled {
                 Ok::<_, Failure>(load)
             })
             .await;
-            let gpu = self.name.clone();
+            let gpu = gpu.to_owned();
             match result {
                 Ok(Ok(load)) => Ok(load),
                 Ok(Err(Failure::Nvml(e))) => Err(PressureError::Read {

@@ -26,32 +26,29 @@ pub struct NvmlGpu {
     inner: Inner,
 }
 
-#[cfg(not(feature = "nvml"))]
-type Inner = std::convert::Infallible;
-
-#[cfg(feature = "nvml")]
-use enabled::Inner;
-
-#[cfg(not(feature = "nvml"))]
 impl NvmlGpu {
-    /// Always fails: this build has no NVML support.
+    /// An NVIDIA GPU sampler for the resource `name`, reading `device`
+    /// (an index such as `"0"` or a PCI bus id such as `"00000000:01:00.0"`).
     ///
     /// # Errors
     ///
-    /// Always [`SampleError::Unavailable`], saying to rebuild with `--features nvml`.
+    /// - [`SampleError::Unavailable`] when this build has no NVML support
+    ///   (saying to rebuild with `--features nvml`), or when the driver
+    ///   library cannot be loaded or NVML cannot start, naming `libnvidia-ml`.
+    /// - [`SampleError::Unreadable`] when no such device exists or its
+    ///   memory cannot be read: a wrong `device` fails at start, not later.
     pub fn new(
         name: impl Into<String>,
         device: &str,
         clock: MonotonicClock,
     ) -> Result<Self, SampleError> {
-        let _ = (name.into(), device, clock);
-        Err(SampleError::Unavailable(
-            "vacancyd was built without NVML support; rebuild with --features nvml".to_string(),
-        ))
+        Ok(NvmlGpu {
+            name: name.into(),
+            inner: Inner::open(device, clock)?,
+        })
     }
 }
 
-#[cfg(not(feature = "nvml"))]
 #[async_trait]
 impl Resource for NvmlGpu {
     fn id(&self) -> &str {
@@ -63,8 +60,35 @@ impl Resource for NvmlGpu {
     }
 
     async fn sample(&self) -> Result<CapacitySample, SampleError> {
-        // `Inner` is uninhabited here: no NvmlGpu exists without the feature.
-        match self.inner {}
+        self.inner.sample().await
+    }
+}
+
+#[cfg(not(feature = "nvml"))]
+use disabled::Inner;
+
+#[cfg(feature = "nvml")]
+use enabled::Inner;
+
+/// A build without the feature: no [`NvmlGpu`] can exist.
+#[cfg(not(feature = "nvml"))]
+mod disabled {
+    use super::*;
+
+    /// Uninhabited: construction always fails.
+    #[derive(Debug)]
+    pub(super) enum Inner {}
+
+    impl Inner {
+        pub(super) fn open(_device: &str, _clock: MonotonicClock) -> Result<Self, SampleError> {
+            Err(SampleError::Unavailable(
+                "vacancyd was built without NVML support; rebuild with --features nvml".to_string(),
+            ))
+        }
+
+        pub(super) async fn sample(&self) -> Result<CapacitySample, SampleError> {
+            match *self {}
+        }
     }
 }
 
@@ -121,22 +145,9 @@ mod enabled {
         }
     }
 
-    impl NvmlGpu {
-        /// An NVIDIA GPU sampler for the resource `name`, reading `device`
-        /// (an index such as `"0"` or a PCI bus id such as `"00000000:01:00.0"`).
-        ///
-        /// # Errors
-        ///
-        /// - [`SampleError::Unavailable`] when the driver library cannot be
-        ///   loaded or NVML cannot start, naming `libnvidia-ml`.
-        /// - [`SampleError::Unreadable`] when no such device exists or its
-        ///   memory cannot be read: a wrong `device` fails at start, not later.
-        pub fn new(
-            name: impl Into<String>,
-            device: &str,
-            clock: MonotonicClock,
-        ) -> Result<Self, SampleError> {
-            let name = name.into();
+    impl Inner {
+        /// Starts NVML and reads `device` once, so a wrong device fails here.
+        pub(super) fn open(device: &str, clock: MonotonicClock) -> Result<Self, SampleError> {
             let nvml = Nvml::init().map_err(|e| {
                 let what = match e {
                     NvmlError::LibloadingError(_) | NvmlError::LibraryNotFound => "not found",
@@ -152,43 +163,28 @@ mod enabled {
                 Err(_) => Selector::PciBusId(device.to_string()),
             };
             read(&nvml, &selector).map_err(|e| unreadable(device, e))?;
-            Ok(NvmlGpu {
-                name,
-                inner: Inner {
-                    nvml: Arc::new(nvml),
-                    selector,
-                    device: device.to_string(),
-                    clock,
-                },
+            Ok(Inner {
+                nvml: Arc::new(nvml),
+                selector,
+                device: device.to_string(),
+                clock,
             })
         }
-    }
 
-    #[async_trait]
-    impl Resource for NvmlGpu {
-        fn id(&self) -> &str {
-            &self.name
-        }
-
-        fn kind(&self) -> ResourceKind {
-            ResourceKind::Gpu
-        }
-
-        async fn sample(&self) -> Result<CapacitySample, SampleError> {
-            let inner = &self.inner;
-            let taken_at = inner.clock.now();
+        pub(super) async fn sample(&self) -> Result<CapacitySample, SampleError> {
+            let taken_at = self.clock.now();
             // NVML calls are usually fast but go through the kernel driver and
             // can stall (driver lock, GPU waking from a low-power state); on a
             // blocking thread such a stall cannot hold up the proxy's tasks.
-            let nvml = Arc::clone(&inner.nvml);
-            let selector = inner.selector.clone();
+            let nvml = Arc::clone(&self.nvml);
+            let selector = self.selector.clone();
             let (free, total) = tokio::task::spawn_blocking(move || read(&nvml, &selector))
                 .await
-                .map_err(|e| unreadable(&inner.device, e))?
-                .map_err(|e| unreadable(&inner.device, e))?;
+                .map_err(|e| unreadable(&self.device, e))?
+                .map_err(|e| unreadable(&self.device, e))?;
             if total == 0 || free > total {
                 return Err(SampleError::Malformed {
-                    source_name: format!("NVIDIA GPU {} (NVML)", inner.device),
+                    source_name: format!("NVIDIA GPU {} (NVML)", self.device),
                     reason: format!("free {free} bytes of total {total} bytes"),
                 });
             }
