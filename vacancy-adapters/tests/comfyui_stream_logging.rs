@@ -9,9 +9,13 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use bytes::Bytes;
 use hyper::body::{Body, Frame};
-use vacancy_adapters::comfyui::stream::{ListPrompts, QueueScan, ReadError, ReadLimits, read_body};
+use vacancy_adapters::comfyui::stream::{
+    ListPrompts, QueueScan, ReadError, ReadLimits, read_body_since,
+};
 
 /// Sends one chunk, then falls silent for ever.
 struct StallingBody {
@@ -63,8 +67,9 @@ async fn a_silent_reply_is_logged_as_comfy_33() {
     let body = StallingBody {
         first: Some(Bytes::from_static(b"{\"queue_running\": [")),
     };
-    let got = read_body(
+    let got = read_body_since(
         "GET /queue",
+        Instant::now(),
         body,
         &limits,
         QueueScan::new(ListPrompts::new()),

@@ -5,7 +5,7 @@
 //! so vacancyd never collects it: the bytes are pushed, chunk by chunk as they
 //! arrive, into a [`Scanner`] that keeps only prompt IDs, statuses and (for
 //! one history entry) at most [`MAX_OUTPUT_FILES`] output file names
-//! (COMFY-30), while [`read_body`] enforces the size and time limits of
+//! (COMFY-30), while [`read_body_since`] enforces the size and time limits of
 //! [`ReadLimits`] (COMFY-31..35).
 //!
 //! The scanner itself, and the bounded read, are [`crate::json_stream`]'s;
@@ -17,7 +17,7 @@ use super::OutputFile;
 use crate::json_stream::{Driver, Event, ShapeResult, Sink};
 pub use crate::json_stream::{
     Flow, JsonStr, MAX_DEPTH, MAX_KEPT_BYTES, ReadError, ReadLimits, ScanError, Scanner,
-    StreamFetchError, get_scanned, read_body, read_body_since,
+    StreamFetchError, get_scanned, read_body_since,
 };
 
 // ---------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 //! A streaming JSON scanner: bytes pushed chunk by chunk as they arrive,
 //! structure events handed to a sink that keeps only the few values it wants,
 //! in O(nesting depth + longest kept string) memory; and the bounded read
-//! ([`read_body`], [`get_scanned`]) that feeds a reply into it within size
+//! ([`read_body_since`], [`get_scanned`]) that feeds a reply into it within size
 //! and time limits ([`ReadLimits`]).
 //!
 //! ComfyUI's `/queue` and `/history/<id>` scans (`comfyui::stream`) are
@@ -24,7 +24,7 @@
 
 mod read;
 
-pub use read::{ReadError, ReadLimits, StreamFetchError, get_scanned, read_body, read_body_since};
+pub use read::{ReadError, ReadLimits, StreamFetchError, get_scanned, read_body_since};
 
 /// What a scan does next, as a visitor or the scanner answers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -135,24 +135,6 @@ impl ReadError {
     }
 }
 
-/// Reads `body` into `scanner` within `limits`, timed from now.
-///
-/// See [`read_body_since`]; use that one when the request went out earlier,
-/// so the wait for the response head counts towards COMFY-32 and COMFY-34.
-pub async fn read_body<B, S>(
-    what: &str,
-    body: B,
-    limits: &ReadLimits,
-    scanner: S,
-) -> Result<S::Output, ReadError>
-where
-    B: Body<Data = Bytes>,
-    B::Error: std::error::Error,
-    S: Scanner,
-{
-    read_body_since(what, Instant::now(), body, limits, scanner).await
-}
-
 /// Reads `body` into `scanner` as it arrives, within `limits` counted from
 /// `started` (when the request was sent).
 ///

@@ -16,12 +16,12 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::BodyExt;
-use hyper::body::{Body, Frame, Incoming, SizeHint};
+use hyper::body::{Body, Incoming, SizeHint};
 use tracing::{info, warn};
 
 use crate::config::OnBorrowerDisconnect;
 use crate::proxy::exchange::{Exchange, Observed};
-use crate::proxy::forward::BoxError;
+use crate::proxy::forward::{BoxError, FramePoll};
 use crate::proxy::live::{CutReason, CutSignal, cut_or_end, cut_reason};
 use crate::proxy::route::UpstreamRoute;
 
@@ -88,7 +88,7 @@ impl GuardedBody {
 
     /// The body ended (or broke off) after a cut: the watcher settles the
     /// entry (proof of the stop, or held); the borrower gets an error.
-    fn cut_end(&mut self, reason: &CutReason) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+    fn cut_end(&mut self, reason: &CutReason) -> FramePoll {
         self.inner = None;
         Poll::Ready(Some(Err(reason.to_string().into())))
     }
@@ -98,10 +98,7 @@ impl Body for GuardedBody {
     type Data = Bytes;
     type Error = BoxError;
 
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> FramePoll {
         let this = &mut *self;
         let Some(inner) = this.inner.as_mut() else {
             return Poll::Ready(None);

@@ -39,7 +39,7 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, watch};
 use tokio::time::{Instant, Sleep};
 use tracing::{debug, warn};
 
-use crate::proxy::forward::BoxError;
+use crate::proxy::forward::{BoxError, FramePoll};
 
 /// How long a connection may be slow or idle.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -315,10 +315,7 @@ where
     type Data = Bytes;
     type Error = BoxError;
 
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> FramePoll {
         let started = *self.started.get_or_insert_with(Instant::now);
         match Pin::new(&mut self.inner).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {

@@ -20,6 +20,10 @@ use crate::proxy::target::Target;
 /// Errors a body may carry through the proxy.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
+/// What a proxied body's `poll_frame` answers: the next frame, the error that
+/// cuts the body, or its end.
+pub type FramePoll = std::task::Poll<Option<Result<hyper::body::Frame<bytes::Bytes>, BoxError>>>;
+
 /// The body type the proxy sends both ways.
 pub type ProxyBody = UnsyncBoxBody<Bytes, BoxError>;
 
