@@ -43,18 +43,20 @@ pub struct AdapterContext<'a> {
     pub state_dir: &'a Path,
 }
 
+/// A credential as `Debug` output shows it: the header's name, never its
+/// value (which is a secret and must not reach a log).
+pub fn redacted(credential: &Option<(http::HeaderName, http::HeaderValue)>) -> Option<String> {
+    credential
+        .as_ref()
+        .map(|(name, _)| format!("{name}: <redacted>"))
+}
+
 impl fmt::Debug for AdapterContext<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("AdapterContext")
             .field("upstream", &self.upstream.name)
             .field("target", &self.target)
-            .field(
-                "credential",
-                &self
-                    .credential
-                    .as_ref()
-                    .map(|(name, _)| format!("{name}: <redacted>")),
-            )
+            .field("credential", &redacted(&self.credential))
             .field("clock", &self.clock)
             .field("state_dir", &self.state_dir)
             .finish()

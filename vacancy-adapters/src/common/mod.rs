@@ -125,13 +125,7 @@ impl fmt::Debug for AdapterSettings {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("AdapterSettings")
             .field("target", &self.target)
-            .field(
-                "credential",
-                &self
-                    .credential
-                    .as_ref()
-                    .map(|(name, _)| format!("{name}: <redacted>")),
-            )
+            .field("credential", &vacancy::registry::redacted(&self.credential))
             .field("clock", &self.clock)
             .field("observe_timeout", &self.observe_timeout)
             .finish()

@@ -19,12 +19,7 @@ pub struct ConfigError {
 
 impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        Located {
-            path: &self.path,
-            line: self.line,
-            message: &self.message,
-        }
-        .fmt(f)
+        write_located(f, &self.path, self.line, &self.message)
     }
 }
 
@@ -44,12 +39,7 @@ pub struct ConfigWarning {
 
 impl fmt::Display for ConfigWarning {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        Located {
-            path: &self.path,
-            line: self.line,
-            message: &self.message,
-        }
-        .fmt(f)
+        write_located(f, &self.path, self.line, &self.message)
     }
 }
 
@@ -94,20 +84,19 @@ impl ConfigErrors {
     }
 }
 
-struct Located<'a> {
-    path: &'a str,
+/// `line N: path: message`, leaving out what is not known: how errors and
+/// warnings both display.
+fn write_located(
+    f: &mut fmt::Formatter<'_>,
+    path: &str,
     line: Option<usize>,
-    message: &'a str,
-}
-
-impl fmt::Display for Located<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if let Some(line) = self.line {
-            write!(f, "line {line}: ")?;
-        }
-        if !self.path.is_empty() {
-            write!(f, "{}: ", self.path)?;
-        }
-        f.write_str(self.message)
+    message: &str,
+) -> fmt::Result {
+    if let Some(line) = line {
+        write!(f, "line {line}: ")?;
     }
+    if !path.is_empty() {
+        write!(f, "{path}: ")?;
+    }
+    f.write_str(message)
 }

@@ -42,8 +42,20 @@ impl NvmlPressureReader {
     /// be loaded, NVML cannot start, or the device cannot be read.
     pub fn new(name: impl Into<String>, device: &str) -> Result<Self, PressureError> {
         let name = name.into();
-        let inner = Inner::open(&name, device)?;
-        Ok(NvmlPressureReader { name, inner })
+        #[cfg(not(feature = "nvml"))]
+        {
+            let _ = device;
+            Err(PressureError::Unavailable {
+                gpu: name,
+                reason: "vacancyd was built without NVML support; rebuild with --features nvml"
+                    .to_owned(),
+            })
+        }
+        #[cfg(feature = "nvml")]
+        {
+            let inner = Inner::open(&name, device)?;
+            Ok(NvmlPressureReader { name, inner })
+        }
     }
 }
 
@@ -54,43 +66,19 @@ impl PressureReader for NvmlPressureReader {
     }
 
     async fn read(&self, exclude_pids: &[u32]) -> Result<OwnerLoad, PressureError> {
+        // Without the feature `Inner` is uninhabited: no reader exists.
+        #[cfg(not(feature = "nvml"))]
+        match (self.inner, exclude_pids) {}
+        #[cfg(feature = "nvml")]
         self.inner.read(&self.name, exclude_pids).await
     }
 }
 
 #[cfg(not(feature = "nvml"))]
-use disabled::Inner;
+type Inner = std::convert::Infallible;
 
 #[cfg(feature = "nvml")]
 use enabled::Inner;
-
-/// A build without the feature: no [`NvmlPressureReader`] can exist.
-#[cfg(not(feature = "nvml"))]
-mod disabled {
-    use super::*;
-
-    /// Uninhabited: construction always fails.
-    #[derive(Debug)]
-    pub(super) enum Inner {}
-
-    impl Inner {
-        pub(super) fn open(gpu: &str, _device: &str) -> Result<Self, PressureError> {
-            Err(PressureError::Unavailable {
-                gpu: gpu.to_owned(),
-                reason: "vacancyd was built without NVML support; rebuild with --features nvml"
-                    .to_owned(),
-            })
-        }
-
-        pub(super) async fn read(
-            &self,
-            _gpu: &str,
-            _exclude_pids: &[u32],
-        ) -> Result<OwnerLoad, PressureError> {
-            match *self {}
-        }
-    }
-}
 
 /// The owner's GPU memory in MiB: the memory of the processes not excluded,
 /// each counted once (a process may be both compute and graphics); memory

@@ -42,6 +42,14 @@ impl NvmlGpu {
         device: &str,
         clock: MonotonicClock,
     ) -> Result<Self, SampleError> {
+        #[cfg(not(feature = "nvml"))]
+        {
+            let _ = (name.into(), device, clock);
+            Err(SampleError::Unavailable(
+                "vacancyd was built without NVML support; rebuild with --features nvml".to_string(),
+            ))
+        }
+        #[cfg(feature = "nvml")]
         Ok(NvmlGpu {
             name: name.into(),
             inner: Inner::open(device, clock)?,
@@ -60,37 +68,19 @@ impl Resource for NvmlGpu {
     }
 
     async fn sample(&self) -> Result<CapacitySample, SampleError> {
+        // Without the feature `Inner` is uninhabited: no NvmlGpu exists.
+        #[cfg(not(feature = "nvml"))]
+        match self.inner {}
+        #[cfg(feature = "nvml")]
         self.inner.sample().await
     }
 }
 
 #[cfg(not(feature = "nvml"))]
-use disabled::Inner;
+type Inner = std::convert::Infallible;
 
 #[cfg(feature = "nvml")]
 use enabled::Inner;
-
-/// A build without the feature: no [`NvmlGpu`] can exist.
-#[cfg(not(feature = "nvml"))]
-mod disabled {
-    use super::*;
-
-    /// Uninhabited: construction always fails.
-    #[derive(Debug)]
-    pub(super) enum Inner {}
-
-    impl Inner {
-        pub(super) fn open(_device: &str, _clock: MonotonicClock) -> Result<Self, SampleError> {
-            Err(SampleError::Unavailable(
-                "vacancyd was built without NVML support; rebuild with --features nvml".to_string(),
-            ))
-        }
-
-        pub(super) async fn sample(&self) -> Result<CapacitySample, SampleError> {
-            match *self {}
-        }
-    }
-}
 
 #[cfg(feature = "nvml")]
 mod enabled {
