@@ -750,6 +750,8 @@ mod tests {
         order: Mutex<Vec<String>>,
         /// Writes of releases wait for this to be sent (or dropped: failure).
         gate: Mutex<Option<oneshot::Receiver<bool>>>,
+        /// Writes of upstream handles wait for this, likewise.
+        ref_gate: Mutex<Option<oneshot::Receiver<bool>>>,
     }
 
     impl Recorder {
@@ -770,6 +772,7 @@ mod tests {
             self.order.lock().unwrap().push(line);
             let gate = match change {
                 StoreChange::Release(_) => self.gate.lock().unwrap().take(),
+                StoreChange::Ref { .. } => self.ref_gate.lock().unwrap().take(),
                 _ => None,
             };
             Box::pin(async move {
@@ -810,6 +813,43 @@ mod tests {
     async fn admit(lender: &Lender, up: UpstreamId) -> Reservation {
         let req = WorkRequest::new(up, None, lender.clock().now());
         lender.admit(&req, "llm").await.unwrap()
+    }
+
+    fn upstream_ref_of(lender: &Lender, entry: EntryId) -> Option<String> {
+        let id = entry.to_string();
+        let status = lender.status();
+        let work = status.work.iter().find(|w| w.id == id).expect("the entry");
+        work.upstream_ref.clone()
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn an_upstream_handle_is_on_disk_before_the_engine_carries_it() {
+        // REC-03, REC-04: /status (and a reclaim) may use the upstream's
+        // handle only once a crash would keep it.
+        let store = Arc::new(Recorder::default());
+        let (written, wait) = oneshot::channel();
+        *store.ref_gate.lock().unwrap() = Some(wait);
+        let (lender, up) = lender(Arc::clone(&store));
+        let r = admit(&lender, up).await;
+        let setting = {
+            let lender = Arc::clone(&lender);
+            tokio::spawn(async move { lender.set_upstream_ref(r.id, "prompt-7").await })
+        };
+        let mut turns = 0;
+        while !store.order().iter().any(|l| l.starts_with("ref ")) {
+            assert!(turns < 1000, "the handle never reached the store");
+            turns += 1;
+            tokio::task::yield_now().await;
+        }
+        tokio::task::yield_now().await;
+        assert_eq!(
+            upstream_ref_of(&lender, r.id),
+            None,
+            "carried before it was on disk"
+        );
+        written.send(true).unwrap();
+        setting.await.unwrap().unwrap();
+        assert_eq!(upstream_ref_of(&lender, r.id).as_deref(), Some("prompt-7"));
     }
 
     #[tokio::test(flavor = "current_thread")]
