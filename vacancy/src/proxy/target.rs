@@ -1,5 +1,7 @@
 //! Where an upstream lives, parsed once from its configured URL.
 
+use crate::config::parse_target;
+
 /// Where an upstream lives: the address to connect to, the `Host` to send, and
 /// the path prefix of its base URL.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -18,14 +20,11 @@ pub struct Target {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum TargetError {
-    /// It does not parse as a URL.
-    #[error("target {target:?} is not a URL: {reason}")]
-    NotAUrl {
-        /// The configured target.
-        target: String,
-        /// The parser's reason.
-        reason: String,
-    },
+    /// It is not a base URL the configuration accepts (an absolute URL with
+    /// a host, an optional port from 1 to 65535 and path prefix, nothing
+    /// else): the sentence says what is wrong and what is expected.
+    #[error("target {0}")]
+    Invalid(String),
     /// Its scheme is not `http`.
     #[error("target {target:?}: scheme {scheme:?} is not supported; use http://")]
     Scheme {
@@ -34,52 +33,79 @@ pub enum TargetError {
         /// The scheme it gives.
         scheme: String,
     },
-    /// It has no scheme.
-    #[error("target {0:?} has no scheme; use http://host:port")]
-    NoScheme(String),
-    /// It has no host.
-    #[error("target {0:?} has no host")]
-    NoHost(String),
 }
 
 impl Target {
-    /// Parse a configured `http://` target. HTTPS targets are not proxied by
-    /// this release.
+    /// Parse a configured `http://` target, checked as the configuration
+    /// checks every `target` (one parser for both). HTTPS targets are not
+    /// proxied by this release.
     pub fn parse(target: &str) -> Result<Target, TargetError> {
-        let uri: http::Uri =
-            target
-                .parse()
-                .map_err(|e: http::uri::InvalidUri| TargetError::NotAUrl {
-                    target: target.to_owned(),
-                    reason: e.to_string(),
-                })?;
-        match uri.scheme_str() {
-            Some("http") => {}
-            Some(other) => {
-                return Err(TargetError::Scheme {
-                    target: target.to_owned(),
-                    scheme: other.to_owned(),
-                });
-            }
-            None => return Err(TargetError::NoScheme(target.to_owned())),
+        let checked = parse_target(target).map_err(TargetError::Invalid)?;
+        let uri: http::Uri = target
+            .parse()
+            .map_err(|e: http::uri::InvalidUri| TargetError::Invalid(e.to_string()))?;
+        let scheme = uri.scheme_str().unwrap_or_default();
+        if !scheme.eq_ignore_ascii_case("http") {
+            return Err(TargetError::Scheme {
+                target: target.to_owned(),
+                scheme: scheme.to_owned(),
+            });
         }
-        let host = uri
-            .host()
-            .ok_or_else(|| TargetError::NoHost(target.to_owned()))?
-            .trim_start_matches('[')
-            .trim_end_matches(']')
-            .to_owned();
-        let port = uri.port_u16().unwrap_or(80);
-        let authority = uri
-            .authority()
-            .map(|a| a.as_str().to_owned())
-            .unwrap_or_else(|| format!("{host}:{port}"));
-        let prefix = uri.path().trim_end_matches('/').to_owned();
+        let authority = uri.authority().map_or_else(
+            || format!("{}:{}", checked.host, checked.port),
+            |a| a.as_str().to_owned(),
+        );
         Ok(Target {
-            host,
-            port,
+            host: checked.host,
+            port: checked.port,
             authority,
-            prefix,
+            prefix: uri.path().trim_end_matches('/').to_owned(),
         })
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_target_the_configuration_refuses_is_refused_here_too() {
+        // CFG-02: one parser. Before, an out-of-range port became 80, and a
+        // target with user information or a query parsed.
+        for bad in [
+            "http://h:99999",
+            "http://h:0",
+            "http://user:secret@h:80",
+            "http://h:80/?q=1",
+            " http://h:80",
+            "h:80",
+            "http://",
+        ] {
+            let err = Target::parse(bad).unwrap_err();
+            assert!(matches!(err, TargetError::Invalid(_)), "{bad}: {err:?}");
+            assert!(parse_target(bad).is_err(), "{bad}");
+        }
+        // An https target is a valid configuration, but not proxied.
+        assert!(matches!(
+            Target::parse("https://h:443"),
+            Err(TargetError::Scheme { .. })
+        ));
+    }
+
+    #[test]
+    fn a_target_keeps_what_the_host_header_says() {
+        let t = Target::parse("http://[::1]:9000/base/").unwrap();
+        assert_eq!(
+            (
+                t.host.as_str(),
+                t.port,
+                t.authority.as_str(),
+                t.prefix.as_str()
+            ),
+            ("::1", 9000, "[::1]:9000", "/base")
+        );
+        let t = Target::parse("HTTP://Localhost").unwrap();
+        assert_eq!((t.port, t.authority.as_str()), (80, "Localhost"));
     }
 }
