@@ -35,8 +35,14 @@ pub fn canonical_model(name: &str) -> String {
         Some(i) if last_slash.is_none_or(|s| i > s) => (&base[..i], &base[i + 1..]),
         _ => (base, ""),
     };
+    // Whitespace around a part is not part of the name: trimming each part,
+    // not only the whole, keeps the result a fixed point (the fuzzer's
+    // `registry.ollama.ai/ ibrary/llama3` left " ibrary/llama3", which a
+    // second pass trimmed).
+    let tag = tag.trim();
     let tag = if tag.is_empty() { DEFAULT_TAG } else { tag };
-    let parts: Vec<&str> = path.split('/').collect();
+    let digest = digest.map(str::trim);
+    let parts: Vec<&str> = path.split('/').map(str::trim).collect();
     let (host, namespace, model) = match parts.as_slice() {
         [model] => (DEFAULT_HOST, DEFAULT_NAMESPACE, *model),
         [namespace, model] => (DEFAULT_HOST, *namespace, *model),
@@ -148,6 +154,24 @@ impl FromStr for RequestKind {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    #[test]
+    fn whitespace_around_a_part_is_trimmed_so_canonical_names_are_fixed_points() {
+        // RES-06: found by the ollama_model_name fuzz target (CI, 15 s run).
+        for (given, canonical) in [
+            (
+                "registry.ollama.ai/ ibrary/llama3:laxest",
+                "ibrary/llama3:laxest",
+            ),
+            ("registry.ollama.ai/library/ m", "m:latest"),
+            ("user / model : q4 ", "user/model:q4"),
+            ("m@ sha256:ab ", "m:latest@sha256:ab"),
+        ] {
+            let c = canonical_model(given);
+            assert_eq!(c, canonical, "{given:?}");
+            assert_eq!(canonical_model(&c), c, "{given:?}");
+        }
+    }
 
     #[test]
     fn names_resolve_as_ollama_resolves_them() {
