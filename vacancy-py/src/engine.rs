@@ -499,6 +499,18 @@ impl Engine {
             left: std::sync::atomic::AtomicBool::new(false),
         })
     }
+
+    /// A ticket for `args`, handed to `vacancy._aio.<entry>` (`admit`, the
+    /// coroutine, or `Admitting`, the async context manager).
+    fn to_aio(slf: &Bound<'_, Self>, args: AdmitArgs, entry: &str) -> PyResult<Py<PyAny>> {
+        let ticket = Self::ticket(slf, args)?;
+        Ok(slf
+            .py()
+            .import("vacancy._aio")?
+            .getattr(entry)?
+            .call1((ticket,))?
+            .unbind())
+    }
 }
 
 /// One `admit_async` call: its request (the same arrival and place in the
@@ -765,24 +777,16 @@ impl Engine {
         cannot_reuse: Option<String>,
         wait_s: Option<f64>,
     ) -> PyResult<Py<PyAny>> {
-        let py = slf.py();
-        let ticket = Self::ticket(
-            slf,
-            AdmitArgs::parse(
-                upstream,
-                model,
-                completion,
-                kind,
-                canonical_model,
-                cannot_reuse,
-                wait_s,
-            )?,
+        let args = AdmitArgs::parse(
+            upstream,
+            model,
+            completion,
+            kind,
+            canonical_model,
+            cannot_reuse,
+            wait_s,
         )?;
-        Ok(py
-            .import("vacancy._aio")?
-            .getattr("admit")?
-            .call1((ticket,))?
-            .unbind())
+        Self::to_aio(slf, args, "admit")
     }
 
     /// `async with engine.admitting(...) as job:`: `admit_async`, released as
@@ -799,24 +803,16 @@ impl Engine {
         cannot_reuse: Option<String>,
         wait_s: Option<f64>,
     ) -> PyResult<Py<PyAny>> {
-        let py = slf.py();
-        let ticket = Self::ticket(
-            slf,
-            AdmitArgs::parse(
-                upstream,
-                model,
-                completion,
-                kind,
-                canonical_model,
-                cannot_reuse,
-                wait_s,
-            )?,
+        let args = AdmitArgs::parse(
+            upstream,
+            model,
+            completion,
+            kind,
+            canonical_model,
+            cannot_reuse,
+            wait_s,
         )?;
-        Ok(py
-            .import("vacancy._aio")?
-            .getattr("Admitting")?
-            .call1((ticket,))?
-            .unbind())
+        Self::to_aio(slf, args, "Admitting")
     }
 
     /// Sample `resource` (default: every sampled resource) now with the
