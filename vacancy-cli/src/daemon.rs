@@ -447,11 +447,11 @@ fn control_state(
         manual,
         tokens: vacancy::auth::Tokens::new(config.server.tokens.clone()),
         ready: false.into(),
-        settings: crate::settings::Settings::new(
+        settings: Arc::new(crate::settings::Settings::new(
             config_path.map(Path::to_path_buf),
             config.clone(),
             Arc::clone(registry),
-        ),
+        )),
         pressure_gpus: measured_gpus(config),
         event_streams: 0.into(),
     }

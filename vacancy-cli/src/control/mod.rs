@@ -492,7 +492,21 @@ async fn save_settings(
             ..e
         })?;
     }
-    match state.settings.save(&edit, &who) {
+    // Reading, validating and writing the file (three fsyncs) blocks: off
+    // the runtime's threads, so the console and borrowers never wait on it.
+    let settings = Arc::clone(&state.settings);
+    let by = who.clone();
+    let outcome = tokio::task::spawn_blocking(move || settings.save(&edit, &by))
+        .await
+        .map_err(|e| {
+            warn!(token = %who, error = %e, "the settings save task failed");
+            fail(
+                500,
+                "not_saved",
+                "the settings were not saved; see the daemon's log",
+            )
+        })?;
+    match outcome {
         Ok(saved) => Ok(ok(serde_json::json!({
             "saved": true,
             "restart_required": !saved.pending.is_empty(),

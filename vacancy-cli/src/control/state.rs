@@ -42,8 +42,9 @@ pub struct ControlState {
     pub tokens: Tokens,
     /// True once every listener is bound and the ledger is loaded.
     pub ready: AtomicBool,
-    /// The configuration file and what a restart would change.
-    pub settings: Settings,
+    /// The configuration file and what a restart would change (shared with
+    /// the blocking task that saves it).
+    pub settings: Arc<Settings>,
     /// The GPUs whose pressure is measured, for `/metrics`.
     pub pressure_gpus: Vec<String>,
     /// Console event streams open now (bounded by [`MAX_EVENT_STREAMS`]).
