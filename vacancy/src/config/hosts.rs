@@ -8,10 +8,16 @@ pub const LOOPBACK: &str = "loopback";
 /// A parsed upstream `target`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Target {
+    /// The scheme as written (`http` or `https`, in any case).
+    pub scheme: String,
     /// The host as written, without IPv6 brackets.
     pub host: String,
     /// The explicit port, or 80/443 from the scheme.
     pub port: u16,
+    /// The authority as written (`host[:port]`, IPv6 hosts in brackets).
+    pub authority: String,
+    /// The path prefix without a trailing slash (`""` for none).
+    pub prefix: String,
 }
 
 /// Parse an upstream `target`: an absolute `http` or `https` URL with a host,
@@ -77,8 +83,11 @@ pub(crate) fn parse_target(target: &str) -> Result<Target, String> {
         ));
     }
     Ok(Target {
+        scheme: uri.scheme_str().unwrap_or_default().to_owned(),
         host: host.to_owned(),
         port,
+        authority: authority.as_str().to_owned(),
+        prefix: uri.path().trim_end_matches('/').to_owned(),
     })
 }
 

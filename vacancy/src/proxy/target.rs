@@ -41,25 +41,17 @@ impl Target {
     /// proxied by this release.
     pub fn parse(target: &str) -> Result<Target, TargetError> {
         let checked = parse_target(target).map_err(TargetError::Invalid)?;
-        let uri: http::Uri = target
-            .parse()
-            .map_err(|e: http::uri::InvalidUri| TargetError::Invalid(e.to_string()))?;
-        let scheme = uri.scheme_str().unwrap_or_default();
-        if !scheme.eq_ignore_ascii_case("http") {
+        if !checked.scheme.eq_ignore_ascii_case("http") {
             return Err(TargetError::Scheme {
                 target: target.to_owned(),
-                scheme: scheme.to_owned(),
+                scheme: checked.scheme,
             });
         }
-        let authority = uri.authority().map_or_else(
-            || format!("{}:{}", checked.host, checked.port),
-            |a| a.as_str().to_owned(),
-        );
         Ok(Target {
             host: checked.host,
             port: checked.port,
-            authority,
-            prefix: uri.path().trim_end_matches('/').to_owned(),
+            authority: checked.authority,
+            prefix: checked.prefix,
         })
     }
 }
