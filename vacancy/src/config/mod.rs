@@ -45,6 +45,7 @@ use std::path::Path;
 
 pub use edit::{ModelEdit, ResourceEdit, SettingsEdit, UpstreamEdit, pending_keys};
 pub use error::{ConfigError, ConfigErrors, ConfigWarning};
+#[cfg(feature = "runtime")]
 pub(crate) use hosts::parse_target;
 pub use hosts::{LOOPBACK, normalize_host, same_server_key};
 pub use kinds::{AdapterKinds, SettingProblem};
