@@ -7,7 +7,8 @@
 //! Every write the recovery directory sees goes through these two traits:
 //! the journal's appends, cut-backs and syncs, the compaction's file,
 //! rename and directory sync, and the replace-by-rename of the learned
-//! contexts and the pressure calibration ([`write_atomically`]). So a test
+//! contexts, the pressure calibration and hal0's slot state records
+//! ([`write_atomically`]). So a test
 //! can count them and fail each one in turn.
 
 use std::fmt;
@@ -15,6 +16,7 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::ledger::error::LedgerError;
 use crate::ledger::files::{self, PRIVATE_FILE_MODE};
@@ -151,10 +153,16 @@ pub struct AtomicWriteError {
     pub source: io::Error,
 }
 
+/// Distinguishes the temporary files of writers in one process, so two
+/// threads replacing the same file never share one.
+static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
+
 /// Replace `path` with `bytes` so that a crash or a failed write leaves the
 /// old file or the new one, never a mix: a private temporary file beside it
-/// (`.NAME.PID.tmp`), written and synced, renamed over `path`, then the directory
-/// synced. A failure removes the temporary file.
+/// (`.NAME.PID.N.tmp`, N counting this process's writes), written and synced,
+/// renamed over `path`, then the directory synced. A failure removes the
+/// temporary file. Readers see the old contents or the new, never a torn
+/// write, even with writers racing on one path (the last rename wins).
 ///
 /// # Errors
 ///
@@ -173,7 +181,8 @@ pub fn write_atomically(
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
+    let n = TEMP_COUNTER.fetch_add(1, Ordering::Relaxed);
+    let tmp = dir.join(format!(".{name}.{}.{n}.tmp", std::process::id()));
     let fail = |action: &'static str, path: &Path| {
         let path = path.to_owned();
         move |source| AtomicWriteError {

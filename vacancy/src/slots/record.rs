@@ -1,13 +1,13 @@
 //! The persisted slot state record (`state.json`), written atomically.
 
-use std::fs::{self, File, OpenOptions};
-use std::io::{self, Write};
+use std::fs;
+use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
+use crate::ledger::{RealDisk, write_atomically};
 use crate::slots::state::SlotState;
 
 /// The file name of a slot's state record inside its directory.
@@ -53,7 +53,7 @@ pub enum StateRecordError {
     /// A file system operation failed.
     #[error("cannot {action} {path}: {source}")]
     Io {
-        /// What was being done, e.g. `rename into place`.
+        /// What was being done, e.g. `replace`.
         action: &'static str,
         /// The file or directory.
         path: PathBuf,
@@ -99,69 +99,36 @@ pub fn state_record_path(slot_dir: &Path) -> PathBuf {
     slot_dir.join(STATE_FILE_NAME)
 }
 
-/// Distinguishes temp files of concurrent writers in one process.
-static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
-
 /// Writes `record` to `path` atomically.
 ///
 /// # Behavior
 ///
-/// Creates the parent directory if needed, writes the JSON to a fresh temp
-/// file in the same directory, fsyncs it, renames it over `path` and fsyncs
-/// the directory (PERS-02). A reader sees the old record or the new one, never
-/// a torn write (PERS-04). On failure the temp file is removed.
+/// Creates the parent directory if needed, then replaces `path` as the
+/// ledger replaces its files ([`write_atomically`]): the JSON goes to a fresh
+/// private (0600) temp file in the same directory, which is fsynced and
+/// renamed over `path`, and the directory is fsynced (PERS-02). A reader sees
+/// the old record or the new one, never a torn write (PERS-04). On failure
+/// the temp file is removed.
 pub fn write_state_record(path: &Path, record: &SlotStateRecord) -> Result<(), StateRecordError> {
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d.to_owned(),
         _ => PathBuf::from("."),
     };
-    let file_name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .ok_or_else(|| {
-            StateRecordError::io(
-                "name a state record at",
-                path,
-                io::Error::new(io::ErrorKind::InvalidInput, "the path has no file name"),
-            )
-        })?;
+    if path.file_name().is_none() {
+        return Err(StateRecordError::io(
+            "name a state record at",
+            path,
+            io::Error::new(io::ErrorKind::InvalidInput, "the path has no file name"),
+        ));
+    }
     fs::create_dir_all(&dir).map_err(|e| StateRecordError::io("create the directory", &dir, e))?;
     let mut bytes = serde_json::to_vec_pretty(record).map_err(|e| StateRecordError::Corrupt {
         path: path.to_owned(),
         detail: format!("cannot serialise the record: {e}"),
     })?;
     bytes.push(b'\n');
-
-    let n = TEMP_COUNTER.fetch_add(1, Ordering::Relaxed);
-    let temp = dir.join(format!(".{file_name}.{}.{n}.tmp", std::process::id()));
-    let result = write_synced(&temp, &bytes)
-        .and_then(|()| {
-            fs::rename(&temp, path).map_err(|e| StateRecordError::io("rename into place", path, e))
-        })
-        .and_then(|()| sync_dir(&dir));
-    if result.is_err() {
-        // Best effort: the temp file may not exist, or may already be renamed.
-        let _ = fs::remove_file(&temp);
-    }
-    result
-}
-
-fn write_synced(temp: &Path, bytes: &[u8]) -> Result<(), StateRecordError> {
-    let mut file = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .open(temp)
-        .map_err(|e| StateRecordError::io("create the temp file", temp, e))?;
-    file.write_all(bytes)
-        .map_err(|e| StateRecordError::io("write the temp file", temp, e))?;
-    file.sync_all()
-        .map_err(|e| StateRecordError::io("sync the temp file", temp, e))
-}
-
-fn sync_dir(dir: &Path) -> Result<(), StateRecordError> {
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(|e| StateRecordError::io("sync the directory", dir, e))
+    write_atomically(&RealDisk, path, &bytes)
+        .map_err(|e| StateRecordError::io(e.action, &e.path, e.source))
 }
 
 /// Reads the state record at `path`.
@@ -295,7 +262,7 @@ mod tests {
             matches!(
                 err,
                 StateRecordError::Io {
-                    action: "rename into place",
+                    action: "replace",
                     ..
                 }
             ),
@@ -303,6 +270,35 @@ mod tests {
         );
         assert_eq!(err.path(), path);
         assert_eq!(dir_entries(tmp.path()), vec!["state.json"]);
+    }
+
+    // PERS-02: two writers racing on one record each replace it whole (each
+    // its own temp file), and the record is private, as Python's mkstemp makes it.
+    #[test]
+    fn pers_02_writers_racing_on_one_record_each_replace_it_whole() {
+        use std::os::unix::fs::PermissionsExt;
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("state.json");
+        let writers: Vec<_> = ["a", "b"]
+            .into_iter()
+            .map(|who| {
+                let path = path.clone();
+                std::thread::spawn(move || {
+                    for i in 0..200 {
+                        let mut r = record();
+                        r.message = Some(format!("{who}{}", "x".repeat(i)));
+                        write_state_record(&path, &r).unwrap();
+                        read_state_record(&path).unwrap().unwrap();
+                    }
+                })
+            })
+            .collect();
+        for w in writers {
+            w.join().unwrap();
+        }
+        assert_eq!(dir_entries(tmp.path()), vec!["state.json"]);
+        let mode = fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
     }
 
     // PERS-04: a concurrent reader never sees a torn record.
