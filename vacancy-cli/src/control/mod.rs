@@ -224,10 +224,7 @@ async fn handle(
         },
         (&http::Method::GET, "/settings") => match read_allowed() {
             Err(e) => e.reply(),
-            Ok(()) => match serde_json::to_vec(&state.settings.form()) {
-                Ok(body) => respond(200, json, body),
-                Err(e) => error(500, "internal", format!("cannot render settings: {e}")),
-            },
+            Ok(()) => settings_form(state).await,
         },
         (&http::Method::GET, "/events") => match read_allowed() {
             Err(e) => e.reply(),
@@ -464,6 +461,24 @@ async fn release_work(
             ))
         }
         Err(e) => Err(fail(409, "conflict", e.to_string())),
+    }
+}
+
+/// The console's settings form. Reading and validating the file blocks, so
+/// it runs on tokio's blocking pool.
+async fn settings_form(state: &ControlState) -> Reply {
+    let settings = Arc::clone(&state.settings);
+    match tokio::task::spawn_blocking(move || serde_json::to_vec(&settings.form())).await {
+        Ok(Ok(body)) => respond(200, "application/json", body),
+        Ok(Err(e)) => error(500, "internal", format!("cannot render settings: {e}")),
+        Err(e) => {
+            warn!(error = %e, "the settings form task failed");
+            error(
+                500,
+                "internal",
+                "cannot read the settings; see the daemon's log",
+            )
+        }
     }
 }
 
