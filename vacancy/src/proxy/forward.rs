@@ -11,7 +11,6 @@ use http_body_util::BodyExt;
 use http_body_util::combinators::UnsyncBoxBody;
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
-use tokio::net::TcpStream;
 
 use crate::proxy::live::{CutSignal, cut_happens};
 use crate::proxy::origin::rewrite_own_origin;
@@ -142,27 +141,13 @@ pub async fn exchange_with_cut(
     cut: Option<CutSignal>,
     connected: Option<&OnceLock<Instant>>,
 ) -> Result<http::Response<Incoming>, ExchangeError> {
-    let address = format!("{}:{}", target.host, target.port);
-    let stream = match tokio::time::timeout(
-        connect_timeout,
-        TcpStream::connect((target.host.as_str(), target.port)),
-    )
-    .await
-    {
-        Ok(Ok(s)) => s,
-        Ok(Err(e)) => {
-            return Err(ExchangeError::Connect {
-                address,
-                reason: e.to_string(),
-            });
-        }
-        Err(_) => {
-            return Err(ExchangeError::Connect {
-                address,
-                reason: format!("no connection within {} s", connect_timeout.as_secs()),
-            });
-        }
-    };
+    let stream = target
+        .connect(connect_timeout)
+        .await
+        .map_err(|e| ExchangeError::Connect {
+            address: target.address(),
+            reason: e.to_string(),
+        })?;
     if let Some(at) = connected {
         let _ = at.set(Instant::now());
     }

@@ -71,29 +71,34 @@ impl ReadPool {
             .path_and_query()
             .map_or("/", |p| p.as_str())
             .to_owned();
-        let address = format!("{}:{}", target.host, target.port);
-        let host = if target.host.contains(':') {
-            format!("[{}]:{}", target.host, target.port)
-        } else {
-            address.clone()
-        };
+        // The resolved address, not the name: the connector then looks
+        // nothing up (the request's Host header names the target already).
+        let socket = target
+            .socket_address()
+            .await
+            .map_err(|e| ExchangeError::Connect {
+                address: target.address(),
+                reason: e.to_string(),
+            })?;
         *request.uri_mut() =
-            format!("http://{host}{path}")
+            format!("http://{socket}{path}")
                 .parse()
                 .map_err(|e| ExchangeError::Connect {
-                    address: address.clone(),
+                    address: target.address(),
                     reason: format!("cannot form the upstream URL: {e}"),
                 })?;
-        self.client.request(request).await.map_err(|e| {
-            if e.is_connect() {
-                ExchangeError::Connect {
-                    address,
+        match self.client.request(request).await {
+            Ok(resp) => Ok(resp),
+            Err(e) if e.is_connect() => {
+                // The name may have moved: the next request uses a fresh lookup.
+                let _ = target.resolve().await;
+                Err(ExchangeError::Connect {
+                    address: target.address(),
                     reason: error_chain(&e),
-                }
-            } else {
-                ExchangeError::AfterConnect(error_chain(&e))
+                })
             }
-        })
+            Err(e) => Err(ExchangeError::AfterConnect(error_chain(&e))),
+        }
     }
 }
 
