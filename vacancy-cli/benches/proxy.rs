@@ -981,7 +981,7 @@ fn main() {
         &dir.path().join("vacancyd"),
         up,
         sizes.workers,
-        false,
+        true,
     )];
     if let Some(base) = std::env::var_os("BENCH_BASELINE").filter(|b| !b.is_empty()) {
         daemons.push(vacancyd(

@@ -426,6 +426,7 @@ async fn open_upstream(
         completion_timeout: Duration::from_secs(u.completion_timeout_s),
         max_body_bytes,
         connect_timeout: Duration::from_secs(10),
+        overhead_header: config.server.overhead_header,
         reads: vacancy::proxy::pool::ReadPool::new(Duration::from_secs(10)),
     });
     let listener = bind(&format!("upstream {:?}", u.name), &u.listen).await?;

@@ -26,6 +26,13 @@ pub type FramePoll = std::task::Poll<Option<Result<hyper::body::Frame<bytes::Byt
 /// The body type the proxy sends both ways.
 pub type ProxyBody = UnsyncBoxBody<Bytes, BoxError>;
 
+/// How long the upstream had a request before its response head came: a
+/// proxied response carries it in its extensions until
+/// [`handle`](crate::proxy::service::handle) takes it to tell vacancyd's own
+/// time from the upstream's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UpstreamTook(pub Duration);
+
 /// How an exchange failed.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]

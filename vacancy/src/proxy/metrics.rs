@@ -219,7 +219,7 @@ impl Default for Metrics {
         );
         r.register(
             "vacancyd_added_seconds",
-            "vacancyd's own time per request before the upstream is asked (inspection, admission, the post-job sample wait, the ledger write), or to the refusal",
+            "vacancyd's own time per request to the response head: all of it but the upstream's (from the connection made, or the pooled request sent, to its response head): inspection, admission with any wait, the ledger write, connecting, relaying the head; all of a refusal. What vacancy-overhead-ms says",
             added.clone(),
         );
         r.register(
@@ -417,7 +417,7 @@ impl Metrics {
     }
 
     /// One borrower request answered: `total` from arrival to the response
-    /// head, `added` of it vacancyd's own.
+    /// head, `added` of it vacancyd's own (the `vacancy-overhead-ms` value).
     pub fn request(
         &self,
         upstream: &str,

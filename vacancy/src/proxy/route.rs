@@ -29,6 +29,8 @@ pub struct UpstreamRoute {
     pub max_body_bytes: usize,
     /// How long connecting to the upstream may take.
     pub connect_timeout: Duration,
+    /// Whether responses carry `vacancy-overhead-ms` (`[server] overhead_header`).
+    pub overhead_header: bool,
     /// Keep-alive connections for what reserves nothing (discovery, reads,
     /// allowed management): [`pool::ReadPool`].
     pub reads: pool::ReadPool,
