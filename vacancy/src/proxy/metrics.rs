@@ -229,7 +229,7 @@ impl Default for Metrics {
         );
         r.register(
             "vacancyd_request_phase_seconds",
-            "Where an admitted request's time goes, by phase: inspect (reading and inspecting the body), admit (the engine's decision), post_job_sample (waiting for the sample after the last job, ADM-06), persist (the durable record, REC-01), connect, upstream (to the response head) and relay (the head to the upstream's last byte)",
+            "Where an admitted request's time goes, by phase: inspect (reading and inspecting the body), admit (the engine's decision), post_job_sample (waiting for the sample after the last job, ADM-06), persist (the durable record, REC-01), connect, upstream (to the response head), first_chunk (the head to the first body byte relayed) and relay (the head to the upstream's last byte)",
             phases.clone(),
         );
         r.register(
@@ -643,6 +643,10 @@ pub enum Phase {
     Connect,
     /// From the request sent to the upstream's response head.
     Upstream,
+    /// From the upstream's response head to the first body byte relayed to
+    /// the borrower: the hand-over to the borrower's connection and the head
+    /// written (a stream's first chunk).
+    FirstChunk,
     /// From the response head to the upstream's last byte.
     Relay,
 }
@@ -657,6 +661,7 @@ impl Phase {
             Phase::Persist => "persist",
             Phase::Connect => "connect",
             Phase::Upstream => "upstream",
+            Phase::FirstChunk => "first_chunk",
             Phase::Relay => "relay",
         }
     }

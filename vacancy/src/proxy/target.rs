@@ -36,6 +36,8 @@ pub struct Target {
     pub prefix: String,
     /// What `host` resolves to, shared by every clone.
     addresses: Addresses,
+    /// `authority` as a `Host` header value, made once.
+    host_header: Option<http::HeaderValue>,
 }
 
 impl PartialEq for Target {
@@ -141,6 +143,7 @@ impl Target {
             .ok()
             .map(|ip| SocketAddr::new(ip, checked.port));
         Ok(Target {
+            host_header: http::HeaderValue::from_str(&checked.authority).ok(),
             host: checked.host,
             port: checked.port,
             authority: checked.authority,
@@ -150,6 +153,16 @@ impl Target {
                 resolved: Arc::new(Mutex::new(Arc::from(Vec::new()))),
                 lookup,
             },
+        })
+    }
+
+    /// The `Host` header the upstream is sent.
+    pub(crate) fn host_header(&self) -> Result<http::HeaderValue, String> {
+        self.host_header.clone().ok_or_else(|| {
+            format!(
+                "target authority {:?} is not a header value",
+                self.authority
+            )
         })
     }
 
