@@ -38,6 +38,8 @@ pub struct Target {
     addresses: Addresses,
     /// `authority` as a `Host` header value, made once.
     host_header: Option<http::HeaderValue>,
+    /// An IP address target's address as a URI authority, made once.
+    fixed_authority: Option<http::uri::Authority>,
 }
 
 impl PartialEq for Target {
@@ -143,6 +145,7 @@ impl Target {
             .ok()
             .map(|ip| SocketAddr::new(ip, checked.port));
         Ok(Target {
+            fixed_authority: fixed.and_then(|a| a.to_string().parse().ok()),
             host_header: http::HeaderValue::from_str(&checked.authority).ok(),
             host: checked.host,
             port: checked.port,
@@ -209,6 +212,19 @@ impl Target {
             .first()
             .copied()
             .ok_or_else(|| ConnectError::Lookup(format!("{} resolves to no address", self.host)))
+    }
+
+    /// [`socket_address`](Self::socket_address) as a URI authority (made
+    /// once for an IP address target).
+    pub async fn socket_authority(&self) -> Result<http::uri::Authority, ConnectError> {
+        if let Some(a) = &self.fixed_authority {
+            return Ok(a.clone());
+        }
+        let socket = self.socket_address().await?;
+        socket
+            .to_string()
+            .parse()
+            .map_err(|e| ConnectError::Failed(format!("{socket} is not a URI authority: {e}")))
     }
 
     /// A TCP connection to the target within `timeout`: to its known
