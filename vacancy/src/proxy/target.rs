@@ -229,7 +229,8 @@ impl Target {
 
     /// A TCP connection to the target within `timeout`: to its known
     /// addresses, and after they all fail, to what a fresh lookup gives if
-    /// that differs (see the [module docs](self)).
+    /// that differs: nothing was sent on a failed connection, so trying the
+    /// new addresses lends nothing twice (DONE-02).
     pub async fn connect(&self, timeout: Duration) -> Result<TcpStream, ConnectError> {
         let deadline = tokio::time::Instant::now() + timeout;
         if let Some(a) = self.addresses.fixed {
