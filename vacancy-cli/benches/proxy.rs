@@ -1469,5 +1469,10 @@ fn main() {
         println!("{l}");
     }
     drop(daemons);
+    // Killing nginx's master (as dropping it does) leaves its workers
+    // running: end them first.
+    for worker in children(ng_pid) {
+        let _ = Command::new("kill").arg(worker.to_string()).status();
+    }
     drop(ng);
 }
