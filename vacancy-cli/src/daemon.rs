@@ -285,6 +285,7 @@ pub async fn start(
     }
 
     let mut tasks = JoinSet::new();
+    spawn_terms(&config, &lender, &state_dir, &mut tasks, &shutdown).await?;
     spawn_samplers(&config, &lender, &mut tasks, &shutdown).await;
     tasks.spawn(presence_watch::presence_loop(
         Arc::clone(&lender),
@@ -336,6 +337,76 @@ pub async fn start(
     state.ready.store(true, Ordering::Release);
     info!(control = %control, "ready");
     Ok(Daemon { tasks })
+}
+
+/// The owner's terms beyond presence (issue 35), each with its first
+/// reading given to the engine before any listener opens: the lending hours,
+/// the power supply with `on_battery = "pause"`, and each GPU's power cap,
+/// whose limits a crash left lowered are restored first.
+async fn spawn_terms(
+    config: &Config,
+    lender: &Arc<Lender>,
+    state_dir: &Path,
+    tasks: &mut JoinSet<()>,
+    shutdown: &watch::Receiver<bool>,
+) -> Result<(), StartError> {
+    if let Some(hours) = &config.lending.hours {
+        let schedule = vacancy::hours::Schedule::parse(hours)
+            .map_err(|e| setup(format!("lending.hours: {e}")))?;
+        let projected = vacancy::proxy::hours_watch::project(&schedule, lender);
+        info!(schedule = %projected.schedule, "lending hours in force");
+        lender.set_lending_hours(Some(projected));
+        tasks.spawn(vacancy::proxy::hours_watch::hours_loop(
+            Arc::clone(lender),
+            schedule,
+            shutdown.clone(),
+        ));
+    }
+    if config.owner.on_battery == vacancy::config::OnBattery::Pause {
+        let supply: Arc<dyn vacancy::sample::PowerSupply> = Arc::from(
+            vacancy::sample::system_power_supply(&config.owner.power_supply_dir),
+        );
+        let first = vacancy::proxy::power_watch::read_once(&supply).await;
+        info!(supply = %supply.name(), power = first.as_str(), "on_battery = \"pause\": borrowed work is refused and reclaimed on battery");
+        lender.set_power(Some(first));
+        tasks.spawn(vacancy::proxy::power_watch::power_loop(
+            Arc::clone(lender),
+            supply,
+            vacancy::proxy::power_watch::POWER_EVERY,
+            shutdown.clone(),
+        ));
+    }
+    let mut caps = Vec::new();
+    for r in config
+        .resources
+        .iter()
+        .filter(|r| r.heat_limits().is_some())
+    {
+        info!(resource = %r.name, limits = %r.heat_limits().map(|l| l.describe()).unwrap_or_default(), "GPU heat and power limits in force");
+    }
+    for r in &config.resources {
+        let Some(cap_w) = r.power_cap_w else { continue };
+        match vacancy::sample::power_limit_for(r) {
+            Ok(control) => caps.push(vacancy::proxy::power_cap::PowerCap::new(
+                &r.name,
+                cap_w,
+                Arc::from(control),
+                state_dir,
+            )),
+            Err(e) => {
+                error!(resource = %r.name, error = %e, "power_cap_w cannot be applied to this GPU; borrowed work runs at its own limit");
+            }
+        }
+    }
+    vacancy::proxy::power_cap::restore_after_crash(&caps, state_dir);
+    if !caps.is_empty() {
+        tasks.spawn(vacancy::proxy::power_cap::power_cap_loop(
+            Arc::clone(lender),
+            caps,
+            shutdown.clone(),
+        ));
+    }
+    Ok(())
 }
 
 /// One sampling loop per resource, each after one sample taken before the

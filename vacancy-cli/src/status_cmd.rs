@@ -46,6 +46,7 @@ fn joined(v: &Value) -> String {
 pub fn render(status: &Value) -> String {
     let mut out = String::new();
     render_lending(&mut out, status);
+    render_terms(&mut out, status);
     render_resources(&mut out, status);
     render_upstreams(&mut out, status);
     render_work(&mut out, status);
@@ -85,6 +86,37 @@ fn render_lending(out: &mut String, status: &Value) {
                 exempt.join(", ")
             );
         }
+    }
+}
+
+/// The owner's terms in force beyond presence (issue 35), one line each:
+/// whether it refuses now (with the code), what it reads, what was set.
+fn render_terms(out: &mut String, status: &Value) {
+    let terms = status["terms"].as_array().cloned().unwrap_or_default();
+    if terms.is_empty() {
+        return;
+    }
+    let _ = writeln!(out, "terms:");
+    for t in &terms {
+        let name = match (t["term"].as_str(), t["resource"].as_str()) {
+            (Some("lending_hours"), _) => "lending hours".to_owned(),
+            (Some("heat"), Some(r)) => format!("heat {r}"),
+            (Some(other), _) => other.to_owned(),
+            (None, _) => "-".to_owned(),
+        };
+        let verdict = if t["refusing"].as_bool() == Some(true) {
+            format!("REFUSING {}", s(&t["code"]))
+        } else {
+            "admits".to_owned()
+        };
+        let _ = writeln!(
+            out,
+            "  {:<14} {}: {} ({})",
+            name,
+            verdict,
+            s(&t["now"]),
+            s(&t["in_force"])
+        );
     }
 }
 
@@ -245,6 +277,32 @@ fn render_reclaims_and_settings(out: &mut String, status: &Value) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_term_in_force_gets_one_line_saying_whether_it_refuses() {
+        // Issue 35 item 4.
+        let status = serde_json::json!({
+            "lending": true, "owner": "away", "presence_backend": "none",
+            "owner_veto": {"active": false, "reason": null, "exempt_upstreams": []},
+            "resources": [], "upstreams": [], "work": [], "reclaims": [],
+            "terms": [
+                {"term": "lending_hours", "resource": null, "state": "open", "refusing": false, "code": null,
+                 "now": "open; lending closes at Tue 2026-12-08 08:00 CET, in 9 h 0 min",
+                 "in_force": "[lending] hours: Mon-Fri 19:00-08:00; time zone Europe/Berlin"},
+                {"term": "battery", "resource": null, "state": "battery", "refusing": true, "code": "on_battery",
+                 "now": "on battery", "in_force": "[owner] on_battery = \"pause\""},
+                {"term": "heat", "resource": "gpu0", "state": "breach", "refusing": true, "code": "gpu_too_hot",
+                 "now": "85 °C (120 ms ago)", "in_force": "gpu0: max_temperature_c = 80 (resume_below_c = 75), hot_for_s = 30"}
+            ]
+        });
+        let text = render(&status);
+        assert!(text.contains("terms:\n  lending hours  admits: open; lending closes at Tue 2026-12-08 08:00 CET, in 9 h 0 min ([lending] hours: Mon-Fri 19:00-08:00; time zone Europe/Berlin)\n"), "{text}");
+        assert!(text.contains("  battery        REFUSING on_battery: on battery ([owner] on_battery = \"pause\")\n"), "{text}");
+        assert!(text.contains("  heat gpu0      REFUSING gpu_too_hot: 85 °C (120 ms ago) (gpu0: max_temperature_c = 80"), "{text}");
+        // No terms configured: no section.
+        let none = serde_json::json!({"lending": true, "owner": "away", "owner_veto": {"active": false}, "terms": []});
+        assert!(!render(&none).contains("terms:"));
+    }
 
     #[test]
     fn reclaims_under_way_get_a_line() {

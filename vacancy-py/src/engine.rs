@@ -627,6 +627,7 @@ impl Engine {
                 free_mib,
                 total_mib,
                 busy_pct,
+                heat: Default::default(),
                 taken_at,
             };
             g.engine.record_sample(resource, sample)?;

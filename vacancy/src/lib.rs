@@ -11,6 +11,8 @@ pub mod config;
 pub mod engine;
 #[cfg(feature = "runtime")]
 pub mod gate;
+#[cfg(feature = "config")]
+pub mod hours;
 #[cfg(feature = "runtime")]
 pub mod ledger;
 #[cfg(feature = "runtime")]

@@ -190,6 +190,36 @@ function sign(u) {
     : h("span", { class: "sign refusing", "data-sign": u.name }, v.code ?? "refusing");
 }
 
+// ---- the owner's terms beyond presence (issue 35) ----
+
+function termName(t) {
+  if (t.term === "lending_hours") return "Lending hours";
+  if (t.term === "battery") return "Battery";
+  return `Heat and power of ${t.resource}`;
+}
+
+/** Every term in force, whether it refuses now and why, what it reads. */
+function termsCard(s) {
+  const terms = s.terms ?? [];
+  if (!terms.length) return null;
+  return h("div", { class: "card", id: "terms" },
+    h("h3", {}, "The owner's terms"),
+    h("ul", { class: "terms" }, terms.map((t) => h("li", { "data-term": t.resource ? `${t.term}:${t.resource}` : t.term, class: t.refusing ? "refusing" : "" },
+      h("strong", {}, termName(t)), " ",
+      t.refusing ? h("span", { class: "sign refusing" }, t.code) : h("span", { class: "sign admitting" }, "admits"),
+      h("div", { class: "muted" }, t.now),
+      t.refusing && t.reason ? h("div", { class: "note", "data-term-reason": t.term }, t.reason) : null,
+      h("div", { class: "note" }, t.in_force)))));
+}
+
+/** When lending opens or closes next, under each vacancy sign. */
+function hoursNote(s) {
+  const hours = (s.terms ?? []).find((t) => t.term === "lending_hours");
+  if (!hours?.next_change) return null;
+  const n = hours.next_change;
+  return h("div", { class: "note", "data-hours": "" }, `Lending ${n.change} at ${n.at} (in ${age(n.in_s)})`);
+}
+
 function overview(s) {
   const admitting = s.upstreams.filter((u) => u.vacancy.admitting).map((u) => u.name);
   const exempt = s.owner_veto.exempt_upstreams;
@@ -213,6 +243,7 @@ function overview(s) {
     h("div", { class: "row spread" }, h("h3", {}, u.name), h("span", { class: "pill" }, u.adapter)),
     h("div", { class: "row" }, sign(u), u.owner_scope === "resource" ? h("span", { class: "pill" }, "exempt") : null),
     u.vacancy.admitting ? null : h("div", { class: "muted", "data-reason": u.name }, u.vacancy.reason ?? ""),
+    hoursNote(s),
     lineNote(u))));
   const hist = state.history;
   const resources = h("div", { class: "resources" }, s.resources.map((r) => {
@@ -233,7 +264,7 @@ function overview(s) {
       memoryChart(r, hist?.resources.find((x) => x.name === r.name), hist?.jobs ?? []));
   }));
   return [
-    h("div", { class: "grid" }, lendingCard, presenceCard),
+    h("div", { class: "grid" }, lendingCard, presenceCard, termsCard(s)),
     h("h2", {}, "Vacancy"),
     h("p", { class: "note", id: "sign-caption" },
       `Each sign reports whether the route's default budget was admitted at the last poll (${clock(state.seen)}). It is not a reservation and not proof that a given request will succeed: a requested model may need more memory, and capacity, owner presence, pressure or another route's work may change before the request arrives.`),

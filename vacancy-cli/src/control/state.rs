@@ -7,7 +7,9 @@ use std::sync::atomic::AtomicBool;
 
 use serde::Serialize;
 use vacancy::auth::Tokens;
-use vacancy::engine::{OwnerVetoStatus, ReclaimStatus, ResourceStatus, Vacancy, WorkStatus};
+use vacancy::engine::{
+    OwnerVetoStatus, ReclaimStatus, ResourceStatus, TermStatus, Vacancy, WorkStatus,
+};
 use vacancy::presence::ManualPresence;
 use vacancy::proxy::Lender;
 use vacancy::proxy::history::ReclaimLogEntry;
@@ -77,6 +79,9 @@ pub struct StatusDoc {
     pub settings: SettingsStatus,
     /// The GPUs whose pressure is measured (`[owner.gpu_pressure]` enabled).
     pub gpu_pressure: Vec<String>,
+    /// The owner's terms in force beyond presence (lending hours, the
+    /// battery, GPU heat and power limits) and which refuse now (issue 35).
+    pub terms: Vec<TermStatus>,
 }
 
 /// One upstream in `/status`.
@@ -148,6 +153,7 @@ impl ControlState {
             upstreams,
             work: s.work,
             reclaims: s.reclaims,
+            terms: s.terms,
         }
     }
 

@@ -3,10 +3,37 @@
 
 use std::time::Duration;
 
-use crate::config::Config;
+use crate::config::{Config, ResourceConfig};
 use crate::engine::{
-    EngineSpec, ModelBudget, QueueSpec, ReclaimPolicy, ResourceSpec, UpstreamSpec,
+    EngineSpec, HeatLimits, ModelBudget, QueueSpec, ReclaimPolicy, ResourceSpec, UpstreamSpec,
 };
+
+/// How far below `max_temperature_c` a GPU must cool before it lends again
+/// when `resume_below_c` is not set.
+pub const DEFAULT_RESUME_MARGIN_C: u32 = 5;
+
+impl ResourceConfig {
+    /// The GPU's heat and power limits (issue 35), if any is set.
+    pub fn heat_limits(&self) -> Option<HeatLimits> {
+        if self.max_temperature_c.is_none()
+            && self.max_power_w.is_none()
+            && self.max_fan_percent.is_none()
+        {
+            return None;
+        }
+        Some(HeatLimits {
+            temperature: self.max_temperature_c.map(|max| {
+                let resume = self
+                    .resume_below_c
+                    .unwrap_or_else(|| max.saturating_sub(DEFAULT_RESUME_MARGIN_C));
+                (max, resume)
+            }),
+            max_power_w: self.max_power_w,
+            max_fan_percent: self.max_fan_percent,
+            hot_for: Duration::from_secs(self.hot_for_s),
+        })
+    }
+}
 
 impl From<&Config> for EngineSpec {
     /// The engine's view of a validated configuration.
@@ -23,6 +50,7 @@ impl From<&Config> for EngineSpec {
                     enabled: r.enabled,
                     max_sample_age: Duration::from_millis(r.max_sample_age_ms),
                     busy_max_pct: r.busy_max_pct,
+                    heat: r.heat_limits(),
                 })
                 .collect(),
             upstreams: config

@@ -19,8 +19,8 @@ use toml::de::{DeString, DeTable, DeValue, ValueDeserializer};
 
 use super::error::ConfigError;
 use super::schema::{
-    Config, CredentialConfig, GpuPressureConfig, ModelRequirement, OwnerConfig, QueueConfig,
-    ResourceConfig, ResourceRequirement, ServerConfig, TokenConfig, UpstreamConfig,
+    Config, CredentialConfig, GpuPressureConfig, LendingConfig, ModelRequirement, OwnerConfig,
+    QueueConfig, ResourceConfig, ResourceRequirement, ServerConfig, TokenConfig, UpstreamConfig,
     VoiceRoutesConfig,
 };
 
@@ -314,6 +314,7 @@ fn check_root(w: &mut Walker, v: &Spanned<DeValue<'_>>, p: &KeyPath) {
         &[
             ("server", Nested::Table(check_server)),
             ("owner", Nested::Table(check_owner)),
+            ("lending", Nested::Table(check_struct_leaf::<LendingConfig>)),
             (
                 "resource",
                 Nested::Array(check_struct_leaf::<ResourceConfig>),
@@ -490,6 +491,7 @@ pub(crate) fn all_tables() -> Vec<(&'static str, &'static [&'static str])> {
         ("server.token", field_names::<TokenConfig>()),
         ("owner", field_names::<OwnerConfig>()),
         ("owner.gpu_pressure", field_names::<GpuPressureConfig>()),
+        ("lending", field_names::<LendingConfig>()),
         ("resource", field_names::<ResourceConfig>()),
         ("upstream", field_names::<UpstreamConfig>()),
         ("upstream.models.*", field_names::<ModelRequirement>()),
@@ -650,7 +652,7 @@ mod tests {
     fn field_probe_sees_renamed_keys() {
         assert_eq!(
             field_names::<Config>(),
-            &["server", "owner", "resource", "upstream"]
+            &["server", "owner", "resource", "upstream", "lending"]
         );
         assert!(field_names::<ServerConfig>().contains(&"token"));
     }

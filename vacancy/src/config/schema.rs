@@ -29,6 +29,8 @@ pub struct Config {
     /// `[[upstream]]`: the servers vacancyd lends, one listener each.
     #[serde(rename = "upstream")]
     pub upstreams: Vec<UpstreamConfig>,
+    /// `[lending]`: when the owner lends (issue 35).
+    pub lending: LendingConfig,
 }
 
 impl Config {
@@ -180,6 +182,11 @@ pub struct OwnerConfig {
     pub remote_sessions_count: bool,
     /// `[owner.gpu_pressure]`: attributed GPU pressure.
     pub gpu_pressure: GpuPressureConfig,
+    /// What happens on battery power. Default `lend` (the term is off).
+    pub on_battery: OnBattery,
+    /// Linux: where the kernel lists power supplies. Default
+    /// `/sys/class/power_supply` (a test points it at a fake tree).
+    pub power_supply_dir: String,
 }
 
 impl Default for OwnerConfig {
@@ -189,8 +196,31 @@ impl Default for OwnerConfig {
             command: String::new(),
             remote_sessions_count: false,
             gpu_pressure: GpuPressureConfig::default(),
+            on_battery: OnBattery::Lend,
+            power_supply_dir: "/sys/class/power_supply".to_owned(),
         }
     }
+}
+
+/// `[owner] on_battery`: whether a laptop lends on battery power.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnBattery {
+    /// Lend on battery as on mains (the term is off).
+    #[default]
+    Lend,
+    /// Refuse new work and reclaim accepted work while on battery (or while
+    /// the supply cannot be read); lend again after a reading on mains.
+    Pause,
+}
+
+/// `[lending]`: when the owner lends (issue 35).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LendingConfig {
+    /// Weekly windows in the machine's local time zone, e.g.
+    /// `["Mon-Fri 19:00-08:00", "Sat-Sun"]`. Absent: lend at all hours.
+    pub hours: Option<Vec<String>>,
 }
 
 /// The owner-presence backend.
@@ -291,6 +321,24 @@ pub struct ResourceConfig {
     pub sysfs_root: String,
     /// `sampler = "amdgpu"`: count free GTT as well as VRAM (APUs). Default `false`.
     pub include_gtt: bool,
+    /// A GPU's temperature limit in °C: above it new work is refused
+    /// `gpu_too_hot` (issue 35). Absent: none.
+    pub max_temperature_c: Option<u32>,
+    /// With `max_temperature_c`: the GPU lends again only below this.
+    /// Default 5 below `max_temperature_c`.
+    pub resume_below_c: Option<u32>,
+    /// A GPU's power limit in watts: above it new work is refused
+    /// `gpu_power_limit`. Absent: none.
+    pub max_power_w: Option<u32>,
+    /// A GPU's fan limit in percent: above it new work is refused
+    /// `gpu_too_hot`. Absent: none.
+    pub max_fan_percent: Option<u8>,
+    /// Seconds a GPU may stay above a limit (or without a reading) before
+    /// the accepted work on it is reclaimed. Default 30.
+    pub hot_for_s: u64,
+    /// Lower the GPU's power limit to this many watts while borrowed work
+    /// runs on it, and restore it afterwards. Absent: off.
+    pub power_cap_w: Option<u32>,
 }
 
 impl Default for ResourceConfig {
@@ -308,6 +356,12 @@ impl Default for ResourceConfig {
             busy_max_pct: 90,
             sysfs_root: "/sys/class/drm".to_owned(),
             include_gtt: false,
+            max_temperature_c: None,
+            resume_below_c: None,
+            max_power_w: None,
+            max_fan_percent: None,
+            hot_for_s: 30,
+            power_cap_w: None,
         }
     }
 }
@@ -576,6 +630,7 @@ names! {
     PresenceMode { Auto => "auto", Logind => "logind", Manual => "manual", Command => "command", None => "none" }
     SamplerKind { Nvml => "nvml", Amdgpu => "amdgpu", System => "system", File => "file", Manual => "manual" }
     OnBorrowerDisconnect { Drain => "drain", Cut => "cut" }
+    OnBattery { Lend => "lend", Pause => "pause" }
 }
 
 /// `[upstream.queue]`: the wait line (off unless the table is present).

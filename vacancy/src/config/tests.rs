@@ -1661,3 +1661,130 @@ fn manual_sampler_is_refused_by_the_daemon() {
     assert_eq!(loaded.config.resources[0].sampler, SamplerKind::Manual);
     assert_eq!(SamplerKind::Manual.as_str(), "manual");
 }
+
+// ---------------------------------------------------------------------------
+// The owner's terms beyond presence (issue 35)
+
+const AMD_GPU: &str =
+    "[[resource]]\nname = \"gpu0\"\nkind = \"gpu\"\nsampler = \"amdgpu\"\ndevice = \"card0\"\n";
+
+#[test]
+fn the_terms_are_off_unless_configured() {
+    let c = ok("[[resource]]\nname = \"ram\"\n").config;
+    assert_eq!(c.lending.hours, None);
+    assert_eq!(c.owner.on_battery, super::OnBattery::Lend);
+    assert_eq!(c.owner.power_supply_dir, "/sys/class/power_supply");
+    let r = &c.resources[0];
+    assert_eq!(
+        (
+            r.max_temperature_c,
+            r.resume_below_c,
+            r.max_power_w,
+            r.max_fan_percent,
+            r.hot_for_s,
+            r.power_cap_w
+        ),
+        (None, None, None, None, 30, None)
+    );
+    assert_eq!(r.heat_limits(), None);
+    assert!(
+        crate::engine::EngineSpec::from(&c).resources[0]
+            .heat
+            .is_none()
+    );
+}
+
+#[test]
+fn the_terms_parse_into_the_engines_limits() {
+    let text = format!(
+        "[owner]\non_battery = \"pause\"\npower_supply_dir = \"/tmp/ps\"\n\n[lending]\nhours = [\"Mon-Fri 19:00-08:00\", \"Sat-Sun\"]\n\n{AMD_GPU}max_temperature_c = 83\nmax_power_w = 250\nmax_fan_percent = 70\nhot_for_s = 12\npower_cap_w = 200\n"
+    );
+    let c = ok(&text).config;
+    assert_eq!(c.owner.on_battery, super::OnBattery::Pause);
+    assert_eq!(c.lending.hours.as_deref().map(<[String]>::len), Some(2));
+    let limits = c.resources[0].heat_limits().unwrap();
+    assert_eq!(
+        limits.temperature,
+        Some((83, 78)),
+        "resume_below_c defaults to 5 below"
+    );
+    assert_eq!(
+        (limits.max_power_w, limits.max_fan_percent),
+        (Some(250), Some(70))
+    );
+    assert_eq!(limits.hot_for, std::time::Duration::from_secs(12));
+    assert_eq!(c.resources[0].power_cap_w, Some(200));
+}
+
+#[test]
+fn bad_terms_are_refused_with_key_and_line() {
+    let text = "[lending]\nhours = [\"Mon-Fry 19:00-08:00\"]\n";
+    let errs = errors(text);
+    let e = find(&errs, "lending.hours", &["entry 1", "unknown day \"Fry\""]);
+    assert_eq!(e.line, Some(2));
+    find(
+        &errors("[lending]\nhours = []\n"),
+        "lending.hours",
+        &["empty", "remove the key"],
+    );
+    find(
+        &errors("[owner]\non_battery = \"maybe\"\n"),
+        "owner.on_battery",
+        &["\"lend\", \"pause\""],
+    );
+    let text = format!(
+        "{AMD_GPU}max_temperature_c = 80\nresume_below_c = 85\nmax_fan_percent = 120\nmax_power_w = 0\n"
+    );
+    let errs = errors(&text);
+    let e = find(
+        &errs,
+        "resource[0] (\"gpu0\").resume_below_c",
+        &["above max_temperature_c = 80"],
+    );
+    assert_eq!(e.line, Some(7));
+    find(
+        &errs,
+        "resource[0] (\"gpu0\").max_fan_percent",
+        &["percentage from 1 to 100"],
+    );
+    find(
+        &errs,
+        "resource[0] (\"gpu0\").max_power_w",
+        &["out of range"],
+    );
+    find(
+        &errors(&format!("{AMD_GPU}resume_below_c = 70\n")),
+        "resource[0] (\"gpu0\").resume_below_c",
+        &["needs max_temperature_c"],
+    );
+    // Only a GPU whose sampler reads heat can have limits.
+    let text = "[[resource]]\nname = \"egpu\"\nkind = \"gpu\"\nsampler = \"file\"\npath = \"/run/e.json\"\nmax_temperature_c = 80\n";
+    let errs = errors(text);
+    let e = find(
+        &errs,
+        "resource[0] (\"egpu\").max_temperature_c",
+        &["sampler = \"amdgpu\" or \"nvml\""],
+    );
+    assert_eq!(e.line, Some(6));
+}
+
+#[test]
+fn hot_for_s_is_bounded_naming_its_line_and_largest_value() {
+    // Issue 30 item 5's rule for every duration key, for issue 35's one.
+    let text = format!("{AMD_GPU}max_temperature_c = 80\nhot_for_s = 9223372036854775807\n");
+    let errs = errors(&text);
+    let e = find(
+        &errs,
+        "resource[0] (\"gpu0\").hot_for_s",
+        &["too large", "86400"],
+    );
+    assert_eq!(e.line, Some(7));
+    // Without a limit it has no effect, and says so.
+    let loaded = ok(&format!("{AMD_GPU}hot_for_s = 10\n"));
+    assert!(
+        loaded
+            .warnings
+            .iter()
+            .any(|w| w.path.ends_with("hot_for_s") && w.message.contains("ignored"))
+    );
+}

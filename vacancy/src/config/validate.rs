@@ -10,8 +10,8 @@ use super::hosts::{parse_target, same_server_key};
 use super::kinds::AdapterKinds;
 use super::parse::{KeyIndex, KeyPath, sort_by_line};
 use super::schema::{
-    AdapterKind, Config, OwnerScope, PresenceMode, ResourceConfig, SamplerKind, UpstreamConfig,
-    VoiceRoutesConfig,
+    AdapterKind, Config, OnBattery, OwnerScope, PresenceMode, ResourceConfig, SamplerKind,
+    UpstreamConfig, VoiceRoutesConfig,
 };
 use crate::ResourceKind;
 
@@ -32,6 +32,7 @@ pub(crate) fn validate(
     let root = KeyPath::root();
     let server_listen = cx.server(config, &root);
     cx.owner(config, &root);
+    cx.lending(config, &root);
     cx.resources(config, &root);
     cx.upstreams(config, &root, server_listen);
     cx.same_servers(config, &root);
@@ -51,6 +52,10 @@ struct Checker<'a> {
     errors: Vec<ConfigError>,
     warnings: Vec<ConfigWarning>,
 }
+
+/// The largest `hot_for_s`: one day, so that a deadline derived from it
+/// never overflows the clock.
+const HOT_FOR_MAX_S: u64 = 24 * 60 * 60;
 
 /// The example shown when a listen address does not parse.
 const LISTEN_FORM: &str = "expected an IP address and port such as \"127.0.0.1:11435\" (names like localhost are not accepted here)";
@@ -246,6 +251,119 @@ impl Checker<'_> {
                 "must be above 0 (milliseconds engaged pressure must be observed quiet before it releases)",
             );
         }
+        if owner.power_supply_dir.trim().is_empty() {
+            self.error(
+                &op.key("power_supply_dir"),
+                "must not be empty; the default is \"/sys/class/power_supply\"",
+            );
+        }
+        if owner.on_battery != OnBattery::Pause {
+            self.ignored(
+                &op.key("power_supply_dir"),
+                "used only with on_battery = \"pause\"",
+            );
+        }
+    }
+
+    /// `[lending] hours`: every window parses (issue 35 item 1).
+    fn lending(&mut self, config: &Config, root: &KeyPath) {
+        let Some(hours) = &config.lending.hours else {
+            return;
+        };
+        if let Err(e) = crate::hours::Schedule::parse(hours) {
+            let message = if e.index == 0 { e.why } else { format!("{e}") };
+            self.error(&root.key("lending").key("hours"), message);
+        }
+    }
+
+    /// A GPU's heat and power limits and its power cap (issue 35 item 3).
+    fn heat_limits(&mut self, r: &ResourceConfig, rp: &KeyPath) {
+        let hp = rp.key("hot_for_s");
+        if r.hot_for_s > HOT_FOR_MAX_S {
+            self.error(
+                &hp,
+                format!(
+                    "{} is too large: the largest accepted value is {HOT_FOR_MAX_S} (1 day; seconds a GPU may stay above a limit before its accepted work is reclaimed)",
+                    r.hot_for_s
+                ),
+            );
+        }
+        let set: Vec<&str> = [
+            ("max_temperature_c", r.max_temperature_c.is_some()),
+            ("resume_below_c", r.resume_below_c.is_some()),
+            ("max_power_w", r.max_power_w.is_some()),
+            ("max_fan_percent", r.max_fan_percent.is_some()),
+            ("power_cap_w", r.power_cap_w.is_some()),
+        ]
+        .iter()
+        .filter(|(_, on)| *on)
+        .map(|(k, _)| *k)
+        .collect();
+        if set.is_empty() {
+            self.ignored(
+                &hp,
+                "used only with max_temperature_c, max_power_w or max_fan_percent",
+            );
+            return;
+        }
+        let readable = r.kind == ResourceKind::Gpu
+            && matches!(r.sampler, SamplerKind::Amdgpu | SamplerKind::Nvml);
+        if !readable {
+            for key in &set {
+                self.error(
+                    &rp.key(key),
+                    format!(
+                        "heat and power limits need a GPU read by sampler = \"amdgpu\" or \"nvml\" (this resource is kind = \"{}\", sampler = \"{}\"): no other sampler reads a temperature, power or fan",
+                        r.kind.as_str(),
+                        r.sampler
+                    ),
+                );
+            }
+            return;
+        }
+        for (key, value, max, what) in [
+            (
+                "max_temperature_c",
+                r.max_temperature_c,
+                150,
+                "degrees Celsius",
+            ),
+            ("resume_below_c", r.resume_below_c, 150, "degrees Celsius"),
+            ("max_power_w", r.max_power_w, 5000, "watts"),
+            ("power_cap_w", r.power_cap_w, 5000, "watts"),
+        ] {
+            if let Some(v) = value
+                && !(1..=max).contains(&v)
+            {
+                self.error(
+                    &rp.key(key),
+                    format!("{v} is out of range: {what} from 1 to {max}"),
+                );
+            }
+        }
+        if let Some(f) = r.max_fan_percent
+            && !(1..=100).contains(&f)
+        {
+            self.error(
+                &rp.key("max_fan_percent"),
+                format!("{f} is not a percentage from 1 to 100"),
+            );
+        }
+        match (r.max_temperature_c, r.resume_below_c) {
+            (None, Some(_)) => self.error(
+                &rp.key("resume_below_c"),
+                "needs max_temperature_c: it is the temperature the GPU must cool below after going above that limit",
+            ),
+            (Some(max), Some(resume)) if resume > max => self.error(
+                &rp.key("resume_below_c"),
+                format!("{resume} is above max_temperature_c = {max}; it must be at or below it (the GPU lends again only once it cools below this)"),
+            ),
+            (Some(max), None) if max <= super::engine_spec::DEFAULT_RESUME_MARGIN_C => self.error(
+                &rp.key("max_temperature_c"),
+                format!("{max} leaves no room for the default resume_below_c ({} below it); set resume_below_c", super::engine_spec::DEFAULT_RESUME_MARGIN_C),
+            ),
+            _ => {}
+        }
     }
 
     fn resources(&mut self, config: &Config, root: &KeyPath) {
@@ -265,6 +383,7 @@ impl Checker<'_> {
                 }
             }
             self.sampler(r, &rp);
+            self.heat_limits(r, &rp);
             if r.poll_ms == 0 {
                 self.error(
                     &rp.key("poll_ms"),

@@ -1,6 +1,7 @@
 //! What a resource is and one reading of its capacity: the engine's input
 //! from the samplers (the [`Resource`](crate::traits::Resource) trait).
 
+use crate::engine::terms::HeatReading;
 use crate::time::Moment;
 
 /// What a resource is. The kind decides which checks admission applies.
@@ -42,6 +43,9 @@ pub struct CapacitySample {
     pub total_mib: u64,
     /// For a CPU resource: how busy it was, in percent (0–100).
     pub busy_pct: Option<u8>,
+    /// A GPU's temperature, power and fan, read with the sample where its
+    /// heat and power limits need them (issue 35); empty otherwise.
+    pub heat: HeatReading,
     /// When the reading started.
     pub taken_at: Moment,
 }
@@ -53,7 +57,13 @@ impl CapacitySample {
             free_mib,
             total_mib,
             busy_pct: None,
+            heat: HeatReading::default(),
             taken_at,
         }
+    }
+
+    /// The same sample with `heat` read beside it.
+    pub fn with_heat(self, heat: HeatReading) -> Self {
+        CapacitySample { heat, ..self }
     }
 }

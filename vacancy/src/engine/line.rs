@@ -202,7 +202,7 @@ impl Engine {
         };
         // Only a reserved resource stands in the way. The owner comes first:
         // anything else that would refuse answers now.
-        if let Some(hard) = self.hard_refusal(up) {
+        if let Some(hard) = self.hard_refusal(up, now) {
             if let Some(i) = seat {
                 self.leave_at(i);
             }
@@ -270,13 +270,15 @@ impl Engine {
     /// A refusal other than a reserved resource that applies to upstream
     /// `up` now: the owner's and the machine's reasons, which a waiter
     /// never waits out.
-    fn hard_refusal(&self, up: usize) -> Option<Refusal> {
-        if let Some(r) = self.presence_refusal(up) {
+    fn hard_refusal(&self, up: usize, now: Moment) -> Option<Refusal> {
+        if let Some(r) = self.presence_refusal(up, now) {
             return Some(r);
         }
         self.upstreams[up].deps.iter().find_map(|d| {
             let r = &self.resources[d.res];
-            r.disabled_refusal().or_else(|| r.pressure_refusal())
+            r.disabled_refusal()
+                .or_else(|| r.pressure_refusal())
+                .or_else(|| self.heat_refusal(d.res, now))
         })
     }
 

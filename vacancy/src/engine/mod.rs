@@ -26,6 +26,7 @@ mod refusal;
 mod spec;
 mod state;
 mod status;
+mod terms;
 mod work;
 
 use std::collections::HashMap;
@@ -47,6 +48,9 @@ pub use refusal::{Refusal, RefusalCode};
 pub use spec::{EngineSpec, ModelBudget, ResourceSpec, SpecError, UpstreamSpec};
 pub use status::{
     EngineStatus, OwnerVetoStatus, ResourceStatus, UpstreamStatus, Vacancy, WorkStatus,
+};
+pub use terms::{
+    HeatLimits, HeatReading, HoursChange, LendingHours, NextChange, PowerSource, TermStatus,
 };
 pub use work::{
     Charge, CompletionMethod, Decision, EntryId, HeldRelease, Phase, ReleaseOutcome, RequestReuse,
@@ -275,6 +279,10 @@ pub struct Engine {
     effects: Effects,
     /// Requests waiting for a reserved resource, in arrival order ([`line`]).
     line: Vec<Waiter>,
+    /// The owner's host-wide terms: lending hours and the battery (issue 35).
+    terms: terms::Terms,
+    /// The moment of the last reclaim step.
+    last_step: Moment,
 }
 
 impl Engine {
@@ -323,6 +331,8 @@ impl Engine {
             owner_edge: false,
             effects: Effects::default(),
             line: Vec::new(),
+            terms: terms::Terms::default(),
+            last_step: Moment::ZERO,
         })
     }
 
@@ -396,6 +406,13 @@ impl Engine {
     /// How many work entries (forwarding, tracking or held) exist.
     pub fn entry_count(&self) -> usize {
         self.entries.len()
+    }
+
+    /// Whether any work entry holds `resource` (`false` for an unknown name).
+    pub fn resource_held(&self, resource: &str) -> bool {
+        self.resource_index
+            .get(resource)
+            .is_some_and(|&i| self.resources[i].holder.is_some())
     }
 
     /// The phase of an entry.
@@ -522,6 +539,12 @@ impl Engine {
         let i = self.resource_idx(resource)?;
         let r = &mut self.resources[i];
         r.record_sample(sample);
+        if r.heat.limits.is_some() {
+            // A GPU's heat reading may refuse, resume or stand a reclaim down.
+            self.effects.push(Effect::WakeReclaims);
+            self.wake_waiters();
+        }
+        let r = &mut self.resources[i];
         if let Some(p) = &r.footprint
             && let Some(observed_at) = p.observed_at
             && sample.taken_at > observed_at
@@ -881,14 +904,18 @@ impl Engine {
         Some(prior.map_or(configured, |p| p.max(configured)))
     }
 
-    /// The owner's refusals of upstream `up`: lending paused, or for a
+    /// The owner's refusals of upstream `up`: lending paused, the owner's
+    /// host-wide terms (lending hours, the battery; issue 35), or for a
     /// host-scoped upstream the owner present or unknown (OWN-01).
-    fn presence_refusal(&self, up: usize) -> Option<Refusal> {
+    fn presence_refusal(&self, up: usize, now: Moment) -> Option<Refusal> {
         if !self.lending {
             return Some(Refusal::new(
                 RefusalCode::LendingPaused,
                 "the owner has paused lending; retry after lending is switched back on",
             ));
+        }
+        if let Some(refusal) = self.terms_refusal(now) {
+            return Some(refusal);
         }
         if self.upstreams[up].spec.owner_scope != OwnerScope::Host {
             return None;
@@ -919,9 +946,9 @@ impl Engine {
         now: Moment,
     ) -> Result<Vec<Charge>, Blocked> {
         let refusal = self
-            .presence_refusal(up)
+            .presence_refusal(up, now)
             .or_else(|| self.visible_work_refusal(up, now))
-            .or_else(|| self.dependency_refusal(up));
+            .or_else(|| self.dependency_refusal(up, now));
         if let Some(r) = refusal {
             return Err(Blocked::Refused(r));
         }
@@ -971,8 +998,9 @@ impl Engine {
     }
 
     /// The refusals on any dependency that come before waiting for a
-    /// sample: disabled, held for a reclaim, reserved, under pressure.
-    fn dependency_refusal(&self, up: usize) -> Option<Refusal> {
+    /// sample: disabled, held for a reclaim, reserved, under pressure, above
+    /// a heat or power limit (issue 35).
+    fn dependency_refusal(&self, up: usize, now: Moment) -> Option<Refusal> {
         for dep in &self.upstreams[up].deps {
             let r = &self.resources[dep.res];
             if let Some(refusal) = r.disabled_refusal() {
@@ -1005,6 +1033,9 @@ impl Engine {
                 );
             }
             if let Some(refusal) = r.pressure_refusal() {
+                return Some(refusal);
+            }
+            if let Some(refusal) = self.heat_refusal(dep.res, now) {
                 return Some(refusal);
             }
         }
@@ -1348,6 +1379,7 @@ impl Engine {
             upstreams,
             work,
             reclaims: self.reclaim_statuses(now),
+            terms: self.term_statuses(now),
         }
     }
 }

@@ -69,6 +69,26 @@ pub enum ReclaimTrigger {
         /// Why, as the pressure tracker said it.
         why: String,
     },
+    /// The owner's lending hours closed (issue 35 item 1).
+    LendingHours {
+        /// Why, in words.
+        why: String,
+    },
+    /// The machine left mains power, with `on_battery = "pause"` (issue 35 item 2).
+    Battery {
+        /// Why, in words.
+        why: String,
+    },
+    /// A GPU stayed above a heat or power limit, or unread, for `hot_for_s`
+    /// (issue 35 item 3).
+    Heat {
+        /// The GPU.
+        resources: Vec<String>,
+        /// `gpu_too_hot` or `gpu_power_limit`.
+        code: crate::engine::RefusalCode,
+        /// Why, as admission says it.
+        why: String,
+    },
 }
 
 impl ReclaimTrigger {
@@ -84,6 +104,11 @@ impl ReclaimTrigger {
                 } else {
                     format!("{on}: {why}")
                 }
+            }
+            ReclaimTrigger::LendingHours { why } => format!("lending hours: {why}"),
+            ReclaimTrigger::Battery { why } => format!("battery: {why}"),
+            ReclaimTrigger::Heat { resources, why, .. } => {
+                format!("heat and power limits of {}: {why}", resources.join(", "))
             }
         }
     }
@@ -275,11 +300,14 @@ impl Engine {
     }
 
     /// Whether a reclaim's trigger has cleared, judged by the checks
-    /// admission applies (RECL-04..07).
-    fn trigger_cleared(&self, rc: &ActiveReclaim) -> bool {
+    /// admission applies (RECL-04..07), the owner's terms included (issue 35).
+    fn trigger_cleared(&self, rc: &ActiveReclaim, now: Moment) -> bool {
         let up = rc.upstream;
         if self.owner_refuses(up) {
             return false; // RECL-05, and for a host-scoped upstream RECL-06's owner checks
+        }
+        if !self.terms_clear(up, now) {
+            return false;
         }
         self.upstreams[up].deps.iter().all(|d| {
             let r = &self.resources[d.res];
@@ -351,6 +379,14 @@ impl Engine {
                 self.start_reclaim(up, trigger, vec![res], now, &mut out);
             }
         }
+        // The owner's terms (issue 35): the lending hours closed, the
+        // battery, a GPU above a limit for hot_for_s.
+        for (upstreams, trigger) in self.term_edges(now) {
+            for up in upstreams {
+                self.start_reclaim(up, trigger.clone(), Vec::new(), now, &mut out);
+            }
+        }
+        self.last_step = now;
         // Advance waiting reclaims.
         let mut i = 0;
         while i < self.reclaims.len() {
@@ -360,7 +396,7 @@ impl Engine {
                 continue;
             }
             let elapsed = now.since(rc.started_at);
-            if rc.mode != OnOwnerReturn::Cancel && self.trigger_cleared(&rc) {
+            if rc.mode != OnOwnerReturn::Cancel && self.trigger_cleared(&rc, now) {
                 // RECL-04, RECL-08, RECL-10: nothing is cancelled or unloaded.
                 self.end_reclaim(i, now);
                 out.push(ReclaimCommand::StoodDown {
@@ -505,11 +541,13 @@ impl Engine {
             .collect()
     }
 
-    /// The earliest moment a waiting reclaim must be stepped again by time
-    /// alone (a drain deadline or a finish-mode unload), so a shell can sleep
-    /// until then.
+    /// The earliest moment a reclaim must be stepped again by time alone (a
+    /// drain deadline, a finish-mode unload, the lending hours' next change,
+    /// a GPU's `hot_for_s` running out), so a shell can sleep until then.
     pub fn next_reclaim_deadline(&self) -> Option<Moment> {
-        self.reclaims
+        let terms = self.next_term_deadline(self.last_step);
+        let reclaims = self
+            .reclaims
             .iter()
             .filter(|rc| !rc.acting)
             .filter_map(|rc| match rc.mode {
@@ -520,7 +558,11 @@ impl Engine {
                 ),
                 _ => None,
             })
-            .min()
+            .min();
+        match (reclaims, terms) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 }
 

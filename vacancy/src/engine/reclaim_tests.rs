@@ -538,7 +538,7 @@ proptest! {
             for cmd in e.reclaim_step(t(now)) {
                 match cmd {
                     ReclaimCommand::Started { id, upstream, trigger, .. } => {
-                        let pressured = match trigger { ReclaimTrigger::Pressure { resources, .. } => resources, ReclaimTrigger::OwnerReturn { .. } => Vec::new() };
+                        let pressured = match trigger { ReclaimTrigger::Pressure { resources, .. } => resources, _ => Vec::new() };
                         reclaim_upstream.insert(id, (upstream, pressured));
                     }
                     ReclaimCommand::StoodDown { id, .. } => {

@@ -41,11 +41,22 @@ pub enum RefusalCode {
     UpstreamUnreachable,
     /// The reservation could not be recorded, so nothing was forwarded (REC-01).
     LedgerUnavailable,
+    /// Outside the owner's lending hours (`[lending] hours`, issue 35); the
+    /// refusal's `Retry-After` is the next opening.
+    OutsideLendingHours,
+    /// The machine runs on battery, or its power supply cannot be read, and
+    /// the owner lends only on mains (`[owner] on_battery = "pause"`).
+    OnBattery,
+    /// A GPU is above its `max_temperature_c` (not yet back below
+    /// `resume_below_c`) or `max_fan_percent`, or has no such reading.
+    GpuTooHot,
+    /// A GPU draws more than its `max_power_w`, or has no power reading.
+    GpuPowerLimit,
 }
 
 impl RefusalCode {
     /// Every code, for tables and tests.
-    pub const ALL: [RefusalCode; 15] = [
+    pub const ALL: [RefusalCode; 19] = [
         RefusalCode::ResourceBusy,
         RefusalCode::OwnerPresent,
         RefusalCode::Pressure,
@@ -61,6 +72,10 @@ impl RefusalCode {
         RefusalCode::RouteNotSupported,
         RefusalCode::UpstreamUnreachable,
         RefusalCode::LedgerUnavailable,
+        RefusalCode::OutsideLendingHours,
+        RefusalCode::OnBattery,
+        RefusalCode::GpuTooHot,
+        RefusalCode::GpuPowerLimit,
     ];
 
     /// The stable machine-readable name, e.g. `resource_busy`.
@@ -81,6 +96,10 @@ impl RefusalCode {
             RefusalCode::RouteNotSupported => "route_not_supported",
             RefusalCode::UpstreamUnreachable => "upstream_unreachable",
             RefusalCode::LedgerUnavailable => "ledger_unavailable",
+            RefusalCode::OutsideLendingHours => "outside_lending_hours",
+            RefusalCode::OnBattery => "on_battery",
+            RefusalCode::GpuTooHot => "gpu_too_hot",
+            RefusalCode::GpuPowerLimit => "gpu_power_limit",
         }
     }
 
@@ -101,7 +120,11 @@ impl RefusalCode {
             RefusalCode::RouteForbidden => 403,
             RefusalCode::RouteNotSupported => 501,
             RefusalCode::UpstreamUnreachable => 502,
-            RefusalCode::LedgerUnavailable => 503,
+            RefusalCode::LedgerUnavailable
+            | RefusalCode::OutsideLendingHours
+            | RefusalCode::OnBattery
+            | RefusalCode::GpuTooHot
+            | RefusalCode::GpuPowerLimit => 503,
         }
     }
 
@@ -110,17 +133,21 @@ impl RefusalCode {
     /// # Behavior
     ///
     /// `resource_busy` is 2 s (ADM-02). Capacity and pressure refusals clear by
-    /// themselves and suggest a later retry; the owner's choices (presence, the
-    /// lending and resource switches) and malformed requests carry none.
+    /// themselves and suggest a later retry, as do a GPU's heat (30 s: it
+    /// cools slowly) and power (10 s) limits; the owner's choices (presence,
+    /// the lending and resource switches, the battery) and malformed requests
+    /// carry none. `outside_lending_hours` carries none here: each such
+    /// refusal carries its own, the next opening ([`Refusal::retry_after`]).
     pub fn retry_after(self) -> Option<Duration> {
         match self {
             RefusalCode::ResourceBusy => Some(Duration::from_secs(2)),
             RefusalCode::CapacityUnknown | RefusalCode::LedgerUnavailable => {
                 Some(Duration::from_secs(5))
             }
-            RefusalCode::Pressure | RefusalCode::InsufficientMemory => {
-                Some(Duration::from_secs(10))
-            }
+            RefusalCode::Pressure
+            | RefusalCode::InsufficientMemory
+            | RefusalCode::GpuPowerLimit => Some(Duration::from_secs(10)),
+            RefusalCode::GpuTooHot => Some(Duration::from_secs(30)),
             _ => None,
         }
     }
@@ -162,6 +189,9 @@ pub struct Refusal {
     pub reason: String,
     /// The resource the refusal is about, when it is about one.
     pub resource: Option<String>,
+    /// When a retry can succeed, where this refusal knows it better than its
+    /// code (the lending hours' next opening); `None`: the code's.
+    pub retry_in: Option<Duration>,
 }
 
 impl Refusal {
@@ -171,6 +201,7 @@ impl Refusal {
             code,
             reason: reason.into(),
             resource: None,
+            retry_in: None,
         }
     }
 
@@ -180,9 +211,10 @@ impl Refusal {
         self
     }
 
-    /// The `Retry-After` to send with it.
+    /// The `Retry-After` to send with it: its own where it knows when a
+    /// retry can succeed, else its code's.
     pub fn retry_after(&self) -> Option<Duration> {
-        self.code.retry_after()
+        self.retry_in.or(self.code.retry_after())
     }
 }
 

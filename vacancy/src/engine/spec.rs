@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use crate::engine::ResourceKind;
 use crate::engine::reclaim::{OwnerScope, ReclaimPolicy};
+use crate::engine::terms::HeatLimits;
 
 /// One resource the engine lends.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -24,6 +25,8 @@ pub struct ResourceSpec {
     pub max_sample_age: Duration,
     /// For a CPU resource: refuse new work while busier than this, in percent.
     pub busy_max_pct: u8,
+    /// A GPU's heat and power limits (issue 35); `None`: none.
+    pub heat: Option<HeatLimits>,
 }
 
 impl ResourceSpec {
@@ -36,6 +39,7 @@ impl ResourceSpec {
             enabled: true,
             max_sample_age: Duration::from_secs(5),
             busy_max_pct: 90,
+            heat: None,
         }
     }
 }

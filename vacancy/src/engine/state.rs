@@ -5,6 +5,7 @@ use crate::engine::priors::PendingFootprint;
 use crate::engine::refusal::{Refusal, RefusalCode};
 use crate::engine::spec::ResourceSpec;
 use crate::engine::status::ResourceStatus;
+use crate::engine::terms::HeatState;
 use crate::engine::work::EntryId;
 use crate::engine::{CapacitySample, ResourceKind};
 use crate::time::Moment;
@@ -35,11 +36,14 @@ pub(crate) struct ResourceState {
     /// The last job end or unload: residency and foreign-work evidence must be newer.
     pub last_disturbed: Moment,
     pub footprint: Option<PendingFootprint>,
+    /// Its heat and power limits' state (issue 35).
+    pub heat: HeatState,
 }
 
 impl ResourceState {
     pub fn new(spec: ResourceSpec) -> Self {
         ResourceState {
+            heat: HeatState::new(spec.heat),
             enabled: spec.enabled,
             spec,
             holder: None,
@@ -69,6 +73,12 @@ impl ResourceState {
         {
             self.failure = None;
         }
+        self.heat
+            .record(&self.spec.name, sample.taken_at, sample.heat);
+        if let Some((at, _)) = &self.failure {
+            // A failure at the same moment still stands (capacity unknown).
+            self.heat.failed(*at);
+        }
         if self
             .needs_sample_after
             .is_some_and(|after| sample.taken_at > after)
@@ -80,7 +90,23 @@ impl ResourceState {
     pub fn record_failure(&mut self, at: Moment, reason: &str) {
         if self.last_sample.is_none_or(|s| at >= s.taken_at) {
             self.failure = Some((at, reason.to_owned()));
+            self.heat.failed(at);
         }
+    }
+
+    /// Whether the last sample is trustworthy at `now` (no newer failure,
+    /// not older than `max_sample_age`), and why not.
+    pub fn fresh(&self, now: Moment) -> Result<(), String> {
+        match self.capacity(now) {
+            Capacity::Known(_) => Ok(()),
+            Capacity::Unknown(why) => Err(why),
+        }
+    }
+
+    /// When the last sample turns too old to trust.
+    pub fn stale_at(&self) -> Option<Moment> {
+        self.last_sample
+            .map(|s| s.taken_at.after(self.spec.max_sample_age))
     }
 
     /// A job ended or models were unloaded: a fresh sample is due, and older
@@ -217,6 +243,10 @@ impl ResourceState {
                 PressureVerdict::Refuses(why) => why.clone(),
             },
             reserved_by: self.holder.map(|h| h.to_string()),
+            heat: self
+                .heat
+                .limits
+                .map(|_| self.last_sample.map(|s| s.heat).unwrap_or_default()),
         }
     }
 }

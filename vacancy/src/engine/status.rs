@@ -5,6 +5,7 @@ use serde::Serialize;
 use crate::engine::inputs::OwnerPresence;
 use crate::engine::reclaim::ReclaimStatus;
 use crate::engine::refusal::RefusalCode;
+use crate::engine::terms::{HeatReading, TermStatus};
 use crate::engine::work::{CompletionMethod, Phase};
 
 /// The whole engine at one moment.
@@ -24,6 +25,9 @@ pub struct EngineStatus {
     pub work: Vec<WorkStatus>,
     /// Every reclaim under way.
     pub reclaims: Vec<ReclaimStatus>,
+    /// The owner's terms in force beyond presence (issue 35): lending
+    /// hours, the battery, each GPU's heat and power limits; which refuse now.
+    pub terms: Vec<TermStatus>,
 }
 
 /// The owner veto (SCOPE-13, SCOPE-14).
@@ -64,6 +68,9 @@ pub struct ResourceStatus {
     pub pressure: String,
     /// The entry holding it.
     pub reserved_by: Option<String>,
+    /// A GPU with heat or power limits: its last temperature, power and fan
+    /// reading (issue 35); `None` for a resource without limits.
+    pub heat: Option<HeatReading>,
 }
 
 /// Whether an upstream admits a request with its default budget now (UI-01).

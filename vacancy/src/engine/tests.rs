@@ -1010,6 +1010,7 @@ fn busy_cpu_refuses_the_next_request() {
         free_mib: 1000,
         total_mib: 2000,
         busy_pct: Some(pct),
+        heat: Default::default(),
         taken_at: t(1),
     };
     e.record_sample("cpu", busy(95)).unwrap();

@@ -8,9 +8,9 @@ use tokio::sync::Notify;
 use tracing::{debug, info, warn};
 
 use crate::engine::{
-    Decision, Effect, Engine, EngineError, EngineStatus, EntryId, HeldRelease, Lesson,
-    ModelObservation, OwnerPresence, Phase, Refusal, RefusalCode, ReleaseEffect, ReleaseOutcome,
-    Reservation, UpstreamId, Vacancy, WorkRequest,
+    Decision, Effect, Engine, EngineError, EngineStatus, EntryId, HeldRelease, LendingHours,
+    Lesson, ModelObservation, OwnerPresence, Phase, PowerSource, Refusal, RefusalCode,
+    ReleaseEffect, ReleaseOutcome, Reservation, UpstreamId, Vacancy, WorkRequest,
 };
 use crate::ledger::store::{ReservationStore, StoreError, StoreWrite};
 use crate::proxy::history::History;
@@ -41,6 +41,8 @@ pub struct Lender {
     history: History,
     live: LiveWork,
     reclaim_wake: Notify,
+    /// Pulled when work is admitted or ends: the power cap (issue 35) follows it.
+    work_changed: Notify,
 }
 
 impl std::fmt::Debug for Lender {
@@ -80,6 +82,7 @@ impl Lender {
             history: History::default(),
             live: LiveWork::default(),
             reclaim_wake: Notify::new(),
+            work_changed: Notify::new(),
         }
     }
 
@@ -113,6 +116,7 @@ impl Lender {
     ) -> (R, Vec<LedgerWrite>) {
         let mut writes = Vec::new();
         let mut wakes = Wakes::default();
+        let mut work_changed = false;
         let out = {
             let mut engine = self.lock();
             let out = f(&mut engine);
@@ -126,6 +130,7 @@ impl Lender {
                     Effect::WakeReclaims => wakes.reclaims = true,
                     Effect::WakeWaiters => wakes.waiters = true,
                     ledger => {
+                        work_changed |= matches!(ledger, Effect::Persist(_) | Effect::Forget(_));
                         if let Some((record, write)) = submit(self.store.as_ref(), ledger) {
                             writes.push(LedgerWrite { record, write });
                         }
@@ -144,6 +149,9 @@ impl Lender {
         }
         if wakes.reclaims {
             self.wake_reclaims();
+        }
+        if work_changed {
+            self.work_changed.notify_waiters();
         }
         if wakes.waiters {
             // Waiters wait on the same signal as a post-job sample: either
@@ -177,6 +185,33 @@ impl Lender {
     /// [`EngineError`] when no resource has that name.
     pub fn set_resource_enabled(&self, resource: &str, enabled: bool) -> Result<(), EngineError> {
         self.with_engine(|e| e.set_resource_enabled(resource, enabled))
+    }
+
+    /// The lending hours as the hours loop projected them (issue 35);
+    /// `None`: lend at all hours.
+    pub fn set_lending_hours(&self, hours: Option<LendingHours>) {
+        self.with_engine(|e| e.set_lending_hours(hours));
+    }
+
+    /// What the power supply reads (issue 35; `None`: the term is off).
+    /// Returns whether it changed.
+    pub fn set_power(&self, power: Option<PowerSource>) -> bool {
+        self.with_engine(|e| {
+            let changed = e.power() != power.as_ref();
+            e.set_power(power);
+            changed
+        })
+    }
+
+    /// Whether any work entry (forwarding, tracking or held) holds `resource`.
+    pub fn resource_held(&self, resource: &str) -> bool {
+        self.lock().resource_held(resource)
+    }
+
+    /// What the power cap waits on besides its interval: pulled when work
+    /// is admitted or ends.
+    pub fn work_changed(&self) -> &Notify {
+        &self.work_changed
     }
 
     /// The owner's presence now.

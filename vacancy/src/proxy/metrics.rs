@@ -54,6 +54,17 @@ struct ResourceLabel {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TermLabels {
+    term: &'static str,
+    resource: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct SourceLabel {
+    source: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct WorkLabels {
     upstream: String,
     phase: &'static str,
@@ -159,6 +170,14 @@ pub struct Metrics {
     reachable: Family<UpstreamLabel, Gauge>,
     line_waiting: Family<UpstreamLabel, Gauge>,
     line_waits: Family<CancelLabels, Histogram, Buckets>,
+    term_refusing: Family<TermLabels, Gauge>,
+    hours_open: Gauge,
+    hours_next_change: Gauge,
+    power_source: Family<SourceLabel, Gauge>,
+    gpu_temperature: Family<ResourceLabel, Gauge>,
+    gpu_power: Family<ResourceLabel, Gauge>,
+    gpu_fan: Family<ResourceLabel, Gauge>,
+    power_cap: Family<ResourceLabel, Gauge>,
     /// Scrapes set gauges and then encode: one at a time.
     scrape: Mutex<()>,
 }
@@ -196,6 +215,14 @@ impl Default for Metrics {
         let reachable = Family::default();
         let line_waiting = Family::default();
         let line_waits = Family::new_with_constructor(Buckets(LINE_BUCKETS));
+        let term_refusing = Family::default();
+        let hours_open = Gauge::default();
+        let hours_next_change = Gauge::default();
+        let power_source = Family::default();
+        let gpu_temperature = Family::default();
+        let gpu_power = Family::default();
+        let gpu_fan = Family::default();
+        let power_cap = Family::default();
         let r = &mut registry;
         r.register(
             "vacancyd_admissions",
@@ -249,7 +276,7 @@ impl Default for Metrics {
         );
         r.register(
             "vacancyd_reclaims",
-            "Reclaims ended, by trigger (owner_return, pressure), mode and outcome (stood_down, finished, acted)",
+            "Reclaims ended, by trigger (owner_return, pressure, lending_hours, battery, heat), mode and outcome (stood_down, finished, acted)",
             reclaims.clone(),
         );
         r.register(
@@ -312,6 +339,46 @@ impl Default for Metrics {
             "Time requests waited in line, by upstream and outcome (admitted, timed_out: still busy at max_wait_s, refused: the owner, pressure or a switch answered)",
             line_waits.clone(),
         );
+        r.register(
+            "vacancyd_term_refusing",
+            "1 while one of the owner's terms refuses new work (term: lending_hours, battery, heat; resource: the GPU of a heat term), 0 while it is in force and admits",
+            term_refusing.clone(),
+        );
+        r.register(
+            "vacancyd_lending_hours_open",
+            "1 inside the owner's lending hours, 0 outside ([lending] hours; absent when not configured)",
+            hours_open.clone(),
+        );
+        r.register(
+            "vacancyd_lending_hours_next_change_seconds",
+            "Seconds to the lending hours' next opening or closing",
+            hours_next_change.clone(),
+        );
+        r.register(
+            "vacancyd_power_source",
+            "1 for what the machine runs on (mains, battery, unknown) with on_battery = \"pause\"",
+            power_source.clone(),
+        );
+        r.register(
+            "vacancyd_gpu_temperature_celsius",
+            "A GPU's temperature in its last sample (GPUs with heat limits)",
+            gpu_temperature.clone(),
+        );
+        r.register(
+            "vacancyd_gpu_power_watts",
+            "A GPU's power draw in its last sample (GPUs with a power limit)",
+            gpu_power.clone(),
+        );
+        r.register(
+            "vacancyd_gpu_fan_percent",
+            "A GPU's fan speed in its last sample (GPUs with a fan limit)",
+            gpu_fan.clone(),
+        );
+        r.register(
+            "vacancyd_gpu_power_cap_watts",
+            "The power limit vacancyd set while borrowed work runs (power_cap_w), 0 while the GPU's own limit is in force",
+            power_cap.clone(),
+        );
         Metrics {
             registry,
             cache: RwLock::new(HashMap::new()),
@@ -338,6 +405,14 @@ impl Default for Metrics {
             reachable,
             line_waiting,
             line_waits,
+            term_refusing,
+            hours_open,
+            hours_next_change,
+            power_source,
+            gpu_temperature,
+            gpu_power,
+            gpu_fan,
+            power_cap,
             scrape: Mutex::new(()),
         }
     }
@@ -348,6 +423,9 @@ pub fn trigger_label(trigger: &crate::engine::ReclaimTrigger) -> &'static str {
     match trigger {
         crate::engine::ReclaimTrigger::OwnerReturn { .. } => "owner_return",
         crate::engine::ReclaimTrigger::Pressure { .. } => "pressure",
+        crate::engine::ReclaimTrigger::LendingHours { .. } => "lending_hours",
+        crate::engine::ReclaimTrigger::Battery { .. } => "battery",
+        crate::engine::ReclaimTrigger::Heat { .. } => "heat",
     }
 }
 
@@ -531,6 +609,15 @@ impl Metrics {
             .inc();
     }
 
+    /// A GPU's power cap was lowered to `watts`, or restored (`None`).
+    pub fn power_capped(&self, resource: &str, watts: Option<u32>) {
+        self.power_cap
+            .get_or_create(&ResourceLabel {
+                resource: resource.to_owned(),
+            })
+            .set(i64::from(watts.unwrap_or(0)));
+    }
+
     /// The Prometheus text exposition, with gauges taken from `status`.
     pub fn render(&self, status: &EngineStatus) -> String {
         self.render_with(status, &ScrapeFacts::default())
@@ -612,6 +699,7 @@ impl Metrics {
                 .set(i64::from(state == current));
         }
         self.lending.set(i64::from(status.lending));
+        self.set_term_gauges(status);
         for (name, reachable) in &facts.reachable {
             let labels = UpstreamLabel {
                 upstream: name.clone(),
@@ -622,6 +710,58 @@ impl Metrics {
                 }
                 None => {
                     self.reachable.remove(&labels);
+                }
+            }
+        }
+    }
+}
+
+impl Metrics {
+    /// The owner's terms (issue 35): each term's refusal, the lending hours,
+    /// the power source, each limited GPU's readings.
+    fn set_term_gauges(&self, status: &EngineStatus) {
+        for t in &status.terms {
+            self.term_refusing
+                .get_or_create(&TermLabels {
+                    term: t.term,
+                    resource: t.resource.clone().unwrap_or_default(),
+                })
+                .set(i64::from(t.refusing));
+            match t.term {
+                "lending_hours" => {
+                    self.hours_open.set(i64::from(t.state == "open"));
+                    if let Some(next) = &t.next_change {
+                        self.hours_next_change
+                            .set(i64::try_from(next.in_s).unwrap_or(i64::MAX));
+                    }
+                }
+                "battery" => {
+                    for source in ["mains", "battery", "unknown"] {
+                        self.power_source
+                            .get_or_create(&SourceLabel { source })
+                            .set(i64::from(source == t.state));
+                    }
+                }
+                _ => {}
+            }
+        }
+        for r in &status.resources {
+            let Some(heat) = r.heat else { continue };
+            let labels = ResourceLabel {
+                resource: r.name.clone(),
+            };
+            for (family, value) in [
+                (&self.gpu_temperature, heat.temperature_c),
+                (&self.gpu_power, heat.power_w),
+                (&self.gpu_fan, heat.fan_percent.map(u32::from)),
+            ] {
+                match value {
+                    Some(v) => {
+                        family.get_or_create(&labels).set(i64::from(v));
+                    }
+                    None => {
+                        family.remove(&labels);
+                    }
                 }
             }
         }

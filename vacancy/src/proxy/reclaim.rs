@@ -215,11 +215,20 @@ fn cut_reason(id: ReclaimId, trigger: &ReclaimTrigger, mode: OnOwnerReturn) -> C
     let code = match trigger {
         ReclaimTrigger::OwnerReturn { .. } => RefusalCode::OwnerPresent,
         ReclaimTrigger::Pressure { .. } => RefusalCode::Pressure,
+        ReclaimTrigger::LendingHours { .. } => RefusalCode::OutsideLendingHours,
+        ReclaimTrigger::Battery { .. } => RefusalCode::OnBattery,
+        ReclaimTrigger::Heat { code, .. } => *code,
+    };
+    let why = match trigger {
+        ReclaimTrigger::OwnerReturn { .. } | ReclaimTrigger::Pressure { .. } => {
+            "to give the machine back to its owner"
+        }
+        _ => "under the owner's terms",
     };
     CutReason {
         code,
         reason: format!(
-            "borrowed work was cancelled to give the machine back to its owner ({id}, {}, on_owner_return = {mode}); retry later",
+            "borrowed work was cancelled {why} ({id}, {}, on_owner_return = {mode}); retry later",
             trigger.describe()
         ),
     }

@@ -4,7 +4,8 @@ use std::path::{Path, PathBuf};
 
 use async_trait::async_trait;
 
-use super::mib;
+use super::{Hwmon, mib};
+use crate::engine::HeatLimits;
 use crate::time::MonotonicClock;
 use crate::traits::resource::{CapacitySample, Resource, ResourceKind, SampleError};
 
@@ -26,6 +27,8 @@ pub struct AmdGpu {
     device_dir: PathBuf,
     include_gtt: bool,
     clock: MonotonicClock,
+    /// The heat and power limits whose readings each sample carries (issue 35).
+    heat: Option<HeatLimits>,
 }
 
 impl AmdGpu {
@@ -61,7 +64,20 @@ impl AmdGpu {
             device_dir: sysfs_root.as_ref().join(card).join("device"),
             include_gtt,
             clock,
+            heat: None,
         })
+    }
+
+    /// The same sampler, reading with each sample the hwmon values `limits`
+    /// need (temperature, power, fan; issue 35).
+    pub fn with_heat_limits(mut self, limits: Option<HeatLimits>) -> Self {
+        self.heat = limits;
+        self
+    }
+
+    /// The card's hwmon files.
+    pub fn hwmon(&self) -> Hwmon {
+        Hwmon::new(&self.device_dir)
     }
 
     /// Read one `mem_info_*` file as a byte count.
@@ -130,7 +146,11 @@ impl Resource for AmdGpu {
         if total == 0 {
             return Err(self.malformed("total memory is 0"));
         }
-        Ok(CapacitySample::memory(mib(free), mib(total), taken_at))
+        let sample = CapacitySample::memory(mib(free), mib(total), taken_at);
+        Ok(match &self.heat {
+            Some(limits) => sample.with_heat(self.hwmon().read(limits).await),
+            None => sample,
+        })
     }
 }
 

@@ -10,6 +10,11 @@
 //! | `amdgpu` | [`AmdGpu`] | gpu | sysfs `mem_info_vram_*` (plus `mem_info_gtt_*` on APUs) |
 //! | `nvml` | [`NvmlGpu`] | gpu | NVIDIA's NVML (feature `nvml`) |
 //!
+//! A GPU with heat or power limits (issue 35) carries its temperature, power
+//! and fan with each sample: AMD's from its [`Hwmon`] files, NVIDIA's from NVML.
+//! Beside them, [`PowerSupply`] reads what the machine runs on and
+//! [`PowerLimit`] lowers and restores a GPU's power limit.
+//!
 //! # Behavior
 //!
 //! - Every sample is stamped with [`MonotonicClock::now`](crate::MonotonicClock::now)
@@ -23,12 +28,20 @@
 
 mod amdgpu;
 mod file;
+mod hwmon;
 mod nvml;
+mod power_limit;
+mod power_supply;
 mod system;
 
 pub use amdgpu::AmdGpu;
 pub use file::FileSampler;
+pub use hwmon::Hwmon;
 pub use nvml::NvmlGpu;
+#[cfg(feature = "nvml")]
+pub use nvml::NvmlPowerLimit;
+pub use power_limit::{PowerLimit, PowerLimitError, RecordedPowerLimit, SysfsPowerLimit};
+pub use power_supply::{PowerSupply, SysfsPowerSupply, system_power_supply};
 pub use system::{SystemCpu, SystemMemory};
 
 /// Bytes in one MiB.
@@ -61,20 +74,60 @@ pub fn from_config(
         (SamplerKind::System, ResourceKind::Cpu) => Arc::new(SystemCpu::new(name, clock)?),
         (SamplerKind::System, _) => Arc::new(SystemMemory::new(name, clock)?),
         (SamplerKind::File, kind) => Arc::new(FileSampler::new(name, kind, &config.path, clock)?),
-        (SamplerKind::Amdgpu, _) => Arc::new(AmdGpu::new(
-            name,
-            &config.sysfs_root,
-            &config.device,
-            config.include_gtt,
-            clock,
-        )?),
-        (SamplerKind::Nvml, _) => Arc::new(NvmlGpu::new(name, &config.device, clock)?),
+        (SamplerKind::Amdgpu, _) => Arc::new(
+            AmdGpu::new(
+                name,
+                &config.sysfs_root,
+                &config.device,
+                config.include_gtt,
+                clock,
+            )?
+            .with_heat_limits(config.heat_limits()),
+        ),
+        (SamplerKind::Nvml, _) => Arc::new(
+            NvmlGpu::new(name, &config.device, clock)?.with_heat_limits(config.heat_limits()),
+        ),
         (SamplerKind::Manual, _) => {
             return Err(crate::SampleError::Unavailable(format!(
                 "resource {name:?} has sampler = \"manual\": the program embedding the engine feeds its samples"
             )));
         }
     })
+}
+
+/// The power-limit control of a `[[resource]]` with `power_cap_w`: AMD's
+/// sysfs file or NVIDIA's NVML limit.
+///
+/// # Errors
+///
+/// The card has no hwmon directory, NVML cannot start (or this build has no
+/// NVML), or the sampler is neither `amdgpu` nor `nvml`.
+pub fn power_limit_for(
+    config: &crate::config::ResourceConfig,
+) -> Result<Box<dyn PowerLimit>, PowerLimitError> {
+    use crate::config::SamplerKind;
+    match config.sampler {
+        SamplerKind::Amdgpu => {
+            let device = std::path::PathBuf::from(&config.sysfs_root)
+                .join(&config.device)
+                .join("device");
+            Ok(Box::new(SysfsPowerLimit::new(&Hwmon::new(device))?))
+        }
+        #[cfg(feature = "nvml")]
+        SamplerKind::Nvml => {
+            let gpu = NvmlGpu::new(
+                config.name.clone(),
+                &config.device,
+                crate::MonotonicClock::new(),
+            )
+            .map_err(|e| PowerLimitError::new(&format!("NVIDIA GPU {}", config.device), e))?;
+            Ok(Box::new(gpu.power_limit()))
+        }
+        other => Err(PowerLimitError::new(
+            &format!("resource {}", config.name),
+            format!("sampler = \"{other}\" has no power limit to set"),
+        )),
+    }
 }
 
 #[cfg(test)]

@@ -24,6 +24,8 @@ use crate::traits::resource::{CapacitySample, Resource, ResourceKind, SampleErro
 pub struct NvmlGpu {
     name: String,
     inner: Inner,
+    /// The heat and power limits whose readings each sample carries (issue 35).
+    heat: Option<crate::engine::HeatLimits>,
 }
 
 impl NvmlGpu {
@@ -53,7 +55,21 @@ impl NvmlGpu {
         Ok(NvmlGpu {
             name: name.into(),
             inner: Inner::open(device, clock)?,
+            heat: None,
         })
+    }
+
+    /// The same sampler, reading with each sample the temperature (the GPU
+    /// die's), power draw and fan speed `limits` need (issue 35).
+    pub fn with_heat_limits(mut self, limits: Option<crate::engine::HeatLimits>) -> Self {
+        self.heat = limits;
+        self
+    }
+
+    /// The device's power-limit control, sharing this sampler's NVML handle.
+    #[cfg(feature = "nvml")]
+    pub fn power_limit(&self) -> NvmlPowerLimit {
+        self.inner.power_limit()
     }
 }
 
@@ -72,7 +88,7 @@ impl Resource for NvmlGpu {
         #[cfg(not(feature = "nvml"))]
         match self.inner {}
         #[cfg(feature = "nvml")]
-        self.inner.sample().await
+        self.inner.sample(self.heat).await
     }
 }
 
@@ -81,6 +97,8 @@ type Inner = std::convert::Infallible;
 
 #[cfg(feature = "nvml")]
 use enabled::Inner;
+#[cfg(feature = "nvml")]
+pub use enabled::NvmlPowerLimit;
 
 #[cfg(feature = "nvml")]
 mod enabled {
@@ -118,14 +136,83 @@ mod enabled {
         }
     }
 
+    fn device<'n>(
+        nvml: &'n Nvml,
+        selector: &Selector,
+    ) -> Result<nvml_wrapper::Device<'n>, NvmlError> {
+        match selector {
+            Selector::Index(index) => nvml.device_by_index(*index),
+            Selector::PciBusId(id) => nvml.device_by_pci_bus_id(id.as_str()),
+        }
+    }
+
     /// The NVIDIA device `selector` names: its memory as `(free, total)` bytes.
     fn read(nvml: &Nvml, selector: &Selector) -> Result<(u64, u64), NvmlError> {
-        let device = match selector {
-            Selector::Index(index) => nvml.device_by_index(*index)?,
-            Selector::PciBusId(id) => nvml.device_by_pci_bus_id(id.as_str())?,
-        };
-        let info = device.memory_info()?;
+        let info = device(nvml, selector)?.memory_info()?;
         Ok((info.free, info.total))
+    }
+
+    /// The readings `limits` need; each `None` where NVML cannot give it
+    /// (the engine counts that as unknown, not cool).
+    fn read_heat(
+        nvml: &Nvml,
+        selector: &Selector,
+        limits: &crate::engine::HeatLimits,
+    ) -> crate::engine::HeatReading {
+        use nvml_wrapper::enum_wrappers::device::TemperatureSensor;
+        let mut reading = crate::engine::HeatReading::default();
+        let Ok(device) = device(nvml, selector) else {
+            return reading;
+        };
+        if limits.temperature.is_some() {
+            reading.temperature_c = device.temperature(TemperatureSensor::Gpu).ok();
+        }
+        if limits.max_power_w.is_some() {
+            reading.power_w = device.power_usage().ok().map(|mw| mw.div_ceil(1000));
+        }
+        if limits.max_fan_percent.is_some() {
+            reading.fan_percent = device
+                .fan_speed(0)
+                .ok()
+                .map(|p| u8::try_from(p.min(100)).unwrap_or(100));
+        }
+        reading
+    }
+
+    /// An NVIDIA GPU's power limit through NVML (milliwatts there, watts
+    /// here). Setting it needs the rights NVML asks for (root, as a rule).
+    #[derive(Clone)]
+    pub struct NvmlPowerLimit {
+        nvml: Arc<Nvml>,
+        selector: Selector,
+        device: String,
+    }
+
+    impl std::fmt::Debug for NvmlPowerLimit {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.debug_struct("NvmlPowerLimit")
+                .field("device", &self.device)
+                .finish_non_exhaustive()
+        }
+    }
+
+    impl crate::sample::PowerLimit for NvmlPowerLimit {
+        fn name(&self) -> String {
+            format!("NVIDIA GPU {} power management limit (NVML)", self.device)
+        }
+
+        fn current_w(&self) -> Result<u32, crate::sample::PowerLimitError> {
+            device(&self.nvml, &self.selector)
+                .and_then(|d| d.power_management_limit())
+                .map(|mw| mw / 1000)
+                .map_err(|e| crate::sample::PowerLimitError::new(&self.name(), e))
+        }
+
+        fn set_w(&self, watts: u32) -> Result<(), crate::sample::PowerLimitError> {
+            device(&self.nvml, &self.selector)
+                .and_then(|mut d| d.set_power_management_limit(watts.saturating_mul(1000)))
+                .map_err(|e| crate::sample::PowerLimitError::new(&self.name(), e))
+        }
     }
 
     fn unreadable(device: &str, e: impl std::fmt::Display) -> SampleError {
@@ -161,24 +248,43 @@ mod enabled {
             })
         }
 
-        pub(super) async fn sample(&self) -> Result<CapacitySample, SampleError> {
+        pub(super) fn power_limit(&self) -> NvmlPowerLimit {
+            NvmlPowerLimit {
+                nvml: Arc::clone(&self.nvml),
+                selector: self.selector.clone(),
+                device: self.device.clone(),
+            }
+        }
+
+        pub(super) async fn sample(
+            &self,
+            heat: Option<crate::engine::HeatLimits>,
+        ) -> Result<CapacitySample, SampleError> {
             let taken_at = self.clock.now();
             // NVML calls are usually fast but go through the kernel driver and
             // can stall (driver lock, GPU waking from a low-power state); on a
             // blocking thread such a stall cannot hold up the proxy's tasks.
             let nvml = Arc::clone(&self.nvml);
             let selector = self.selector.clone();
-            let (free, total) = tokio::task::spawn_blocking(move || read(&nvml, &selector))
-                .await
-                .map_err(|e| unreadable(&self.device, e))?
-                .map_err(|e| unreadable(&self.device, e))?;
+            let ((free, total), reading) = tokio::task::spawn_blocking(move || {
+                let memory = read(&nvml, &selector)?;
+                let reading = heat.map(|limits| read_heat(&nvml, &selector, &limits));
+                Ok::<_, NvmlError>((memory, reading))
+            })
+            .await
+            .map_err(|e| unreadable(&self.device, e))?
+            .map_err(|e| unreadable(&self.device, e))?;
             if total == 0 || free > total {
                 return Err(SampleError::Malformed {
                     source_name: format!("NVIDIA GPU {} (NVML)", self.device),
                     reason: format!("free {free} bytes of total {total} bytes"),
                 });
             }
-            Ok(CapacitySample::memory(mib(free), mib(total), taken_at))
+            let sample = CapacitySample::memory(mib(free), mib(total), taken_at);
+            Ok(match reading {
+                Some(reading) => sample.with_heat(reading),
+                None => sample,
+            })
         }
     }
 }

@@ -173,6 +173,7 @@ impl Resource for SystemCpu {
             free_mib,
             total_mib,
             busy_pct: Some(busy_pct),
+            heat: Default::default(),
             taken_at,
         })
     }
