@@ -22,6 +22,10 @@ RefusalCode: typing.TypeAlias = typing.Union[  # noqa: UP007
     typing.Literal["route_not_supported"],
     typing.Literal["upstream_unreachable"],
     typing.Literal["ledger_unavailable"],
+    typing.Literal["outside_lending_hours"],
+    typing.Literal["on_battery"],
+    typing.Literal["gpu_too_hot"],
+    typing.Literal["gpu_power_limit"],
 ]
 """Every refusal code the engine and the daemon answer with (``Refused.code``)."""
 
@@ -100,6 +104,36 @@ class OwnerVeto(typing.TypedDict):
     exempt_upstreams: list[str]
 
 
+class HeatReading(typing.TypedDict):
+    """A GPU's temperature, power draw and fan with its last sample (issue 35)."""
+
+    temperature_c: int | None
+    power_w: int | None
+    fan_percent: int | None
+
+
+class NextChange(typing.TypedDict):
+    """The lending hours' next opening or closing."""
+
+    change: typing.Literal["opens", "closes"]
+    at: str
+    in_s: int
+
+
+class TermStatus(typing.TypedDict):
+    """One of the owner's terms in force beyond presence (issue 35)."""
+
+    term: typing.Literal["lending_hours", "battery", "heat"]
+    resource: str | None
+    in_force: str
+    state: str
+    now: str
+    refusing: bool
+    code: RefusalCode | None
+    reason: str | None
+    next_change: NextChange | None
+
+
 class ResourceStatus(typing.TypedDict):
     """One resource in ``Engine.status()["resources"]``."""
 
@@ -118,6 +152,8 @@ class ResourceStatus(typing.TypedDict):
     pressure: str
     reserved_by: str | None
     """The entry ID holding it."""
+    heat: HeatReading | None
+    """A GPU with heat or power limits: its last reading (``None`` without limits)."""
 
 
 class VacancyStatus(typing.TypedDict):
@@ -181,6 +217,8 @@ class EngineStatus(typing.TypedDict):
     upstreams: list[UpstreamStatus]
     work: list[WorkStatus]
     reclaims: list[ReclaimStatus]
+    terms: list[TermStatus]
+    """The owner's terms in force beyond presence and which refuse now."""
 
 
 # ---- Engine.reclaim_step() / pressure_sample() -------------------------------------

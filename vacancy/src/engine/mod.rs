@@ -998,12 +998,17 @@ impl Engine {
     }
 
     /// The refusals on any dependency that come before waiting for a
-    /// sample: disabled, held for a reclaim, reserved, under pressure, above
-    /// a heat or power limit (issue 35).
+    /// sample: disabled, above a heat or power limit (issue 35), held for a
+    /// reclaim, reserved, under pressure.
     fn dependency_refusal(&self, up: usize, now: Moment) -> Option<Refusal> {
         for dep in &self.upstreams[up].deps {
             let r = &self.resources[dep.res];
             if let Some(refusal) = r.disabled_refusal() {
+                return Some(refusal);
+            }
+            // The owner's heat and power limits come before a busy GPU: a
+            // borrower told gpu_too_hot waits for the GPU to cool (issue 35).
+            if let Some(refusal) = self.heat_refusal(dep.res, now) {
                 return Some(refusal);
             }
             if let Some(rc) = self.holding_reclaim(dep.res) {
@@ -1033,9 +1038,6 @@ impl Engine {
                 );
             }
             if let Some(refusal) = r.pressure_refusal() {
-                return Some(refusal);
-            }
-            if let Some(refusal) = self.heat_refusal(dep.res, now) {
                 return Some(refusal);
             }
         }
