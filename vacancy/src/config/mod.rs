@@ -48,6 +48,7 @@ pub use error::{ConfigError, ConfigErrors, ConfigWarning};
 #[cfg(feature = "runtime")]
 pub(crate) use hosts::parse_target;
 pub use hosts::{LOOPBACK, normalize_host, same_server_key};
+pub use validate::EXAMPLE_TOKEN_PLACEHOLDER;
 pub use kinds::{AdapterKinds, SettingProblem};
 pub use schema::{
     AdapterKind, Config, CredentialConfig, GpuPressureConfig, Management, ModelRequirement,

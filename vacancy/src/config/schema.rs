@@ -93,6 +93,12 @@ pub struct ServerConfig {
     /// Bytes per second a request body must average after `body_timeout_s`
     /// (each such amount extends the deadline by a second). Default 1024.
     pub body_min_rate_bytes: u64,
+    /// Seconds a WebSocket (or other upgraded) connection may carry no byte
+    /// either way before both sides are closed. ComfyUI's progress socket is
+    /// quiet between prompts and through a node that reports no progress, so
+    /// the default is long: 3600, the default `completion_timeout_s`, the
+    /// longest vacancyd awaits one job.
+    pub tunnel_idle_timeout_s: u64,
     /// `[[server.token]]`: admin/owner credentials (hashes only).
     #[serde(rename = "token")]
     pub tokens: Vec<TokenConfig>,
@@ -109,6 +115,7 @@ impl Default for ServerConfig {
             idle_timeout_s: 75,
             body_timeout_s: 30,
             body_min_rate_bytes: 1024,
+            tunnel_idle_timeout_s: 3600,
             tokens: Vec::new(),
         }
     }

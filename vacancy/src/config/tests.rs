@@ -1351,10 +1351,56 @@ fn errors_display_with_origin_line_and_path() {
     assert_eq!(bare.to_string(), "m");
 }
 
+/// examples/vacancyd.toml with its token placeholder replaced by a hash
+/// of the operator's own.
+fn example_with_own_token() -> String {
+    include_str!("../../../examples/vacancyd.toml").replace(
+        EXAMPLE_TOKEN_PLACEHOLDER,
+        "5f1c0b7e9a4d3c2b1a09f8e7d6c5b4a39281706f5e4d3c2b1a0f9e8d7c6b5a49",
+    )
+}
+
+#[test]
+fn example_file_ships_no_usable_token_and_refuses_public_hashes() {
+    // Issue 30 item 4: the example carried the hash of a token printed in
+    // its own comment, and check-config said ok. It now carries a
+    // placeholder that is refused naming its line, as is the old hash.
+    let text = include_str!("../../../examples/vacancyd.toml");
+    let errs = errors(text);
+    assert_eq!(errs.len(), 1, "{}", list(&errs));
+    let e = find(
+        &errs,
+        "server.token[0] (\"ops\").sha256",
+        &[
+            "placeholder of examples/vacancyd.toml",
+            "vacancyd token new --name ops --scope admin",
+        ],
+    );
+    assert_eq!(e.line, Some(line_of(text, "sha256 = ")));
+    assert!(text.contains("vacancyd token new"));
+    assert!(!text.contains("example-token-do-not-use"));
+    let old = format!(
+        "[server]\n\n[[server.token]]\nname = \"console\"\nscopes = [\"owner\"]\nsha256 = \"{}\"\n",
+        // sha256 of "example-token-do-not-use", upper case.
+        "3690A4A2ED3B26B46A696E9AB873A300D9DA3AE56BC84352E2BF724885C91DFD"
+    );
+    let errs = errors(&old);
+    let e = find(
+        &errs,
+        "server.token[0] (\"console\").sha256",
+        &[
+            "example-token-do-not-use",
+            "its token is public",
+            "vacancyd token new --name console --scope owner",
+        ],
+    );
+    assert_eq!(e.line, Some(6));
+}
+
 #[test]
 fn example_file_is_valid_without_warnings() {
-    let text = include_str!("../../../examples/vacancyd.toml");
-    let loaded = Config::parse(text, "examples/vacancyd.toml").unwrap_or_else(|e| panic!("{e}"));
+    let text = example_with_own_token();
+    let loaded = Config::parse(&text, "examples/vacancyd.toml").unwrap_or_else(|e| panic!("{e}"));
     assert!(loaded.warnings.is_empty(), "{}", list(&loaded.warnings));
     let c = &loaded.config;
     assert_eq!(c.resources.len(), 5);
@@ -1660,4 +1706,111 @@ fn manual_sampler_is_refused_by_the_daemon() {
     .unwrap();
     assert_eq!(loaded.config.resources[0].sampler, SamplerKind::Manual);
     assert_eq!(SamplerKind::Manual.as_str(), "manual");
+}
+
+#[test]
+fn every_duration_key_is_bounded_naming_its_line_and_largest_value() {
+    // Issue 30 item 5: `idle_timeout_s = 9223372036854775807` passed and every
+    // connection then panicked adding it to a clock. Each duration key is
+    // bounded; one past its bound is refused with the key, its line and the
+    // largest accepted value, and i64::MAX (TOML's largest integer) too.
+    let keys: &[(&str, &str, &str, u64)] = &[
+        ("[server]", "server", "header_timeout_s", 3600),
+        ("[server]", "server", "idle_timeout_s", 86_400),
+        ("[server]", "server", "body_timeout_s", 3600),
+        ("[server]", "server", "tunnel_idle_timeout_s", 604_800),
+        (
+            "[owner.gpu_pressure]",
+            "owner.gpu_pressure",
+            "poll_ms",
+            3_600_000,
+        ),
+        (
+            "[owner.gpu_pressure]",
+            "owner.gpu_pressure",
+            "engage_ms",
+            3_600_000,
+        ),
+        (
+            "[owner.gpu_pressure]",
+            "owner.gpu_pressure",
+            "quiet_ms",
+            86_400_000,
+        ),
+        (
+            "[[resource]]\nname = \"ram\"",
+            "resource[0] (\"ram\")",
+            "poll_ms",
+            3_600_000,
+        ),
+        (
+            "[[resource]]\nname = \"ram\"",
+            "resource[0] (\"ram\")",
+            "max_sample_age_ms",
+            86_400_000,
+        ),
+    ];
+    for &(table, path, key, max) in keys {
+        for value in [max + 1, i64::MAX as u64] {
+            let text = format!("{table}\n{key} = {value}\n");
+            let errs = errors(&text);
+            let e = find(
+                &errs,
+                &format!("{path}.{key}"),
+                &["too large", &format!("largest accepted value is {max} (")],
+            );
+            assert_eq!(e.line, Some(line_of(&text, key)), "{e}");
+        }
+        // The bound itself is accepted.
+        let text = format!("{table}\n{key} = {max}\n");
+        assert!(
+            Config::parse(&text, ORIGIN).is_ok_and(|l| !l
+                .warnings
+                .iter()
+                .any(|w| w.path.ends_with(key) && w.message.contains("too large"))),
+            "{text}"
+        );
+    }
+    let upstream_keys: &[(&str, u64)] = &[
+        ("drain_timeout_s", 86_400),
+        ("completion_timeout_s", 604_800),
+    ];
+    for &(key, max) in upstream_keys {
+        for value in [max + 1, i64::MAX as u64] {
+            let text = with(&[upstream(
+                "a",
+                9000,
+                "http://127.0.0.1:1",
+                "ram",
+                &[],
+                &format!("{key} = {value}\n"),
+            )]);
+            let errs = errors(&text);
+            let e = find(
+                &errs,
+                &format!("upstream[0] (\"a\").{key}"),
+                &[&format!("largest accepted value is {max} (")],
+            );
+            assert_eq!(e.line, Some(line_of(&text, key)), "{e}");
+        }
+    }
+    let text = with(&[upstream(
+        "a",
+        9000,
+        "http://127.0.0.1:1",
+        "ram",
+        &[],
+        "[upstream.queue]\nmax_wait_s = 3601\n",
+    )]);
+    find(
+        &errors(&text),
+        "upstream[0] (\"a\").queue.max_wait_s",
+        &["largest accepted value is 3600 (1 hour"],
+    );
+    // The message, whole, for the attack's value.
+    let errs = errors("[server]\nidle_timeout_s = 9223372036854775807\n");
+    assert_eq!(
+        errs[0].to_string(),
+        "line 2: server.idle_timeout_s: 9223372036854775807 is too large: the largest accepted value is 86400 (1 day; seconds an idle connection stays open)"
+    );
 }

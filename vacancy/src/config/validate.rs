@@ -10,8 +10,8 @@ use super::hosts::{parse_target, same_server_key};
 use super::kinds::AdapterKinds;
 use super::parse::{KeyIndex, KeyPath, sort_by_line};
 use super::schema::{
-    AdapterKind, Config, OwnerScope, PresenceMode, ResourceConfig, SamplerKind, UpstreamConfig,
-    VoiceRoutesConfig,
+    AdapterKind, Config, OwnerScope, PresenceMode, ResourceConfig, SamplerKind, Scope,
+    UpstreamConfig, VoiceRoutesConfig,
 };
 use crate::ResourceKind;
 
@@ -52,6 +52,142 @@ struct Checker<'a> {
     warnings: Vec<ConfigWarning>,
 }
 
+/// The range a duration key accepts: from `min` to `max` in `unit`s.
+///
+/// Every duration key is bounded (issue 30 item 5), so that nothing derived
+/// from one (a deadline, a timer, a sum of two) can overflow a clock: a
+/// value past `max` is an error naming the key, its line and `max`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct DurationBounds {
+    /// The smallest accepted value (0 where "at once" means something).
+    pub min: u64,
+    /// The largest accepted value.
+    pub max: u64,
+    /// `Seconds` for `_s` keys, `Millis` for `_ms` keys.
+    pub unit: Unit,
+    /// What the key is, for the message.
+    pub what: &'static str,
+}
+
+/// The unit of a duration key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Unit {
+    Seconds,
+    Millis,
+}
+
+const MINUTE: u64 = 60;
+const HOUR: u64 = 60 * MINUTE;
+const DAY: u64 = 24 * HOUR;
+
+const fn secs(min: u64, max: u64, what: &'static str) -> DurationBounds {
+    DurationBounds {
+        min,
+        max,
+        unit: Unit::Seconds,
+        what,
+    }
+}
+
+const fn millis(min: u64, max_secs: u64, what: &'static str) -> DurationBounds {
+    DurationBounds {
+        min,
+        max: max_secs * 1000,
+        unit: Unit::Millis,
+        what,
+    }
+}
+
+/// `[server] header_timeout_s`.
+const HEADER_TIMEOUT_S: DurationBounds =
+    secs(1, HOUR, "seconds a request head may take");
+/// `[server] idle_timeout_s`.
+const IDLE_TIMEOUT_S: DurationBounds =
+    secs(1, DAY, "seconds an idle connection stays open");
+/// `[server] body_timeout_s`.
+const BODY_TIMEOUT_S: DurationBounds = secs(
+    1,
+    HOUR,
+    "seconds a request body may take before its minimum rate applies",
+);
+/// `[server] tunnel_idle_timeout_s`.
+const TUNNEL_IDLE_TIMEOUT_S: DurationBounds = secs(
+    1,
+    7 * DAY,
+    "seconds an upgraded connection such as a WebSocket may carry nothing",
+);
+/// `[owner.gpu_pressure] poll_ms`.
+const PRESSURE_POLL_MS: DurationBounds =
+    millis(1, HOUR, "milliseconds between pressure samples");
+/// `[owner.gpu_pressure] engage_ms`.
+const ENGAGE_MS: DurationBounds = millis(
+    0,
+    HOUR,
+    "milliseconds the owner's load must stay above the threshold before pressure engages",
+);
+/// `[owner.gpu_pressure] quiet_ms`.
+const QUIET_MS: DurationBounds = millis(
+    1,
+    DAY,
+    "milliseconds engaged pressure must be observed quiet before it releases",
+);
+/// `[[resource]] poll_ms`.
+const RESOURCE_POLL_MS: DurationBounds = millis(1, HOUR, "milliseconds between samples");
+/// `[[resource]] max_sample_age_ms`.
+const MAX_SAMPLE_AGE_MS: DurationBounds = millis(
+    1,
+    DAY,
+    "milliseconds a sample counts as fresh; at 0 every sample would count as capacity unknown",
+);
+/// `[[upstream]] drain_timeout_s`.
+const DRAIN_TIMEOUT_S: DurationBounds = secs(
+    0,
+    DAY,
+    "seconds accepted work may drain after the owner returns",
+);
+/// `[[upstream]] completion_timeout_s`.
+const COMPLETION_TIMEOUT_S: DurationBounds =
+    secs(1, 7 * DAY, "seconds an unfinished job is awaited");
+/// `[upstream.queue] max_wait_s`.
+const MAX_WAIT_S: DurationBounds = secs(
+    1,
+    HOUR,
+    "seconds a request may wait for a reserved resource",
+);
+
+/// `n` seconds in words: "7 days", "1 hour", "90 seconds".
+fn in_words(seconds: u64) -> String {
+    let (n, unit) = if seconds >= DAY && seconds % DAY == 0 {
+        (seconds / DAY, "day")
+    } else if seconds >= HOUR && seconds % HOUR == 0 {
+        (seconds / HOUR, "hour")
+    } else if seconds >= MINUTE && seconds % MINUTE == 0 {
+        (seconds / MINUTE, "minute")
+    } else {
+        (seconds, "second")
+    };
+    format!("{n} {unit}{}", if n == 1 { "" } else { "s" })
+}
+
+/// Token hashes whose token anyone can read, refused wherever they appear
+/// (issue 30 item 4): with one configured, anyone could use the control plane.
+const PUBLIC_TOKEN_HASHES: &[(&str, &str)] = &[
+    (
+        "3690a4a2ed3b26b46a696e9ab873a300d9da3ae56bc84352e2bf724885c91dfd",
+        "the hash of \"example-token-do-not-use\", the token earlier copies of examples/vacancyd.toml carried",
+    ),
+    (
+        EXAMPLE_TOKEN_PLACEHOLDER,
+        "the placeholder of examples/vacancyd.toml",
+    ),
+];
+
+/// The `sha256` examples/vacancyd.toml ships: no token hashes to it that
+/// anyone knows, and validation refuses it so that a copied example never
+/// starts with a token table nobody filled in.
+pub const EXAMPLE_TOKEN_PLACEHOLDER: &str =
+    "0000000000000000000000000000000000000000000000000000000000000000";
+
 /// The example shown when a listen address does not parse.
 const LISTEN_FORM: &str = "expected an IP address and port such as \"127.0.0.1:11435\" (names like localhost are not accepted here)";
 
@@ -76,6 +212,23 @@ impl Checker<'_> {
     fn ignored(&mut self, path: &KeyPath, why: &str) {
         if self.index.has(path) {
             self.warn(path, format!("ignored: {why}"));
+        }
+    }
+
+    /// A duration key within its `bounds` (issue 30 item 5).
+    fn duration(&mut self, path: &KeyPath, value: u64, bounds: DurationBounds) {
+        let what = bounds.what;
+        if value < bounds.min {
+            self.error(path, format!("must be above {} ({what})", bounds.min - 1));
+        } else if value > bounds.max {
+            let (max, words) = match bounds.unit {
+                Unit::Seconds => (bounds.max, in_words(bounds.max)),
+                Unit::Millis => (bounds.max, in_words(bounds.max / 1000)),
+            };
+            self.error(
+                path,
+                format!("{value} is too large: the largest accepted value is {max} ({words}; {what})"),
+            );
         }
     }
 
@@ -134,31 +287,23 @@ impl Checker<'_> {
                 "must be at least 1 (MiB of a work request body read to inspect it)",
             );
         }
-        for (key, value, what) in [
+        for (key, value, bounds) in [
+            ("header_timeout_s", server.header_timeout_s, HEADER_TIMEOUT_S),
+            ("idle_timeout_s", server.idle_timeout_s, IDLE_TIMEOUT_S),
+            ("body_timeout_s", server.body_timeout_s, BODY_TIMEOUT_S),
             (
-                "header_timeout_s",
-                server.header_timeout_s,
-                "seconds a request head may take",
-            ),
-            (
-                "idle_timeout_s",
-                server.idle_timeout_s,
-                "seconds an idle connection stays open",
-            ),
-            (
-                "body_timeout_s",
-                server.body_timeout_s,
-                "seconds a request body may take before its minimum rate applies",
-            ),
-            (
-                "body_min_rate_bytes",
-                server.body_min_rate_bytes,
-                "bytes per second a request body must average",
+                "tunnel_idle_timeout_s",
+                server.tunnel_idle_timeout_s,
+                TUNNEL_IDLE_TIMEOUT_S,
             ),
         ] {
-            if value == 0 {
-                self.error(&sp.key(key), format!("must be at least 1 ({what})"));
-            }
+            self.duration(&sp.key(key), value, bounds);
+        }
+        if server.body_min_rate_bytes == 0 {
+            self.error(
+                &sp.key("body_min_rate_bytes"),
+                "must be at least 1 (bytes per second a request body must average)",
+            );
         }
 
         let mut seen: HashMap<&str, KeyPath> = HashMap::new();
@@ -203,6 +348,21 @@ impl Checker<'_> {
                     )
                 };
                 self.error(&tp.key("sha256"), message);
+            } else if let Some((_, what)) = PUBLIC_TOKEN_HASHES
+                .iter()
+                .find(|(hash, _)| hash.eq_ignore_ascii_case(&token.sha256))
+            {
+                self.error(
+                    &tp.key("sha256"),
+                    format!(
+                        "this is {what}: its token is public, so anyone could use it; make a token of your own with `vacancyd token new --name {name} --scope {scope}` and put the sha256 it prints here (or remove this [[server.token]] table)",
+                        name = if token.name.is_empty() { "ops" } else { &token.name },
+                        scope = [Scope::Admin, Scope::Owner, Scope::Read]
+                            .into_iter()
+                            .find(|s| token.scopes.contains(s))
+                            .unwrap_or(Scope::Admin),
+                    ),
+                );
             }
         }
         listen.map(|addr| (addr, listen_path))
@@ -218,13 +378,10 @@ impl Checker<'_> {
             );
         }
         let gp = op.key("gpu_pressure");
-        if owner.gpu_pressure.poll_ms == 0 {
-            self.error(
-                &gp.key("poll_ms"),
-                "must be above 0 (milliseconds between pressure samples)",
-            );
-        }
         let pressure = &owner.gpu_pressure;
+        self.duration(&gp.key("poll_ms"), pressure.poll_ms, PRESSURE_POLL_MS);
+        self.duration(&gp.key("engage_ms"), pressure.engage_ms, ENGAGE_MS);
+        self.duration(&gp.key("quiet_ms"), pressure.quiet_ms, QUIET_MS);
         if pressure.util_threshold_pct == 0 || pressure.util_threshold_pct > 100 {
             self.error(
                 &gp.key("util_threshold_pct"),
@@ -238,12 +395,6 @@ impl Checker<'_> {
             self.error(
                 &gp.key("memory_threshold_mib"),
                 "must be above 0 (MiB above the baseline); at 0 any allocation by the owner counts as pressure",
-            );
-        }
-        if pressure.quiet_ms == 0 {
-            self.error(
-                &gp.key("quiet_ms"),
-                "must be above 0 (milliseconds engaged pressure must be observed quiet before it releases)",
             );
         }
     }
@@ -265,18 +416,13 @@ impl Checker<'_> {
                 }
             }
             self.sampler(r, &rp);
-            if r.poll_ms == 0 {
-                self.error(
-                    &rp.key("poll_ms"),
-                    "must be above 0 (milliseconds between samples)",
-                );
-            }
-            if r.max_sample_age_ms == 0 {
-                self.error(
-                    &rp.key("max_sample_age_ms"),
-                    "must be above 0; every sample would count as capacity unknown",
-                );
-            } else if r.poll_ms > 0 && r.max_sample_age_ms < r.poll_ms {
+            self.duration(&rp.key("poll_ms"), r.poll_ms, RESOURCE_POLL_MS);
+            self.duration(
+                &rp.key("max_sample_age_ms"),
+                r.max_sample_age_ms,
+                MAX_SAMPLE_AGE_MS,
+            );
+            if r.max_sample_age_ms > 0 && r.poll_ms > 0 && r.max_sample_age_ms < r.poll_ms {
                 self.warn(
                     &rp.key("max_sample_age_ms"),
                     format!(
@@ -544,12 +690,16 @@ impl Checker<'_> {
                     "empty model name; keys are the exact model names requests carry",
                 );
             }
-            if u.completion_timeout_s == 0 {
-                self.error(
-                    &up.key("completion_timeout_s"),
-                    "must be above 0 (seconds an unfinished job is awaited)",
-                );
-            }
+            self.duration(
+                &up.key("drain_timeout_s"),
+                u.drain_timeout_s,
+                DRAIN_TIMEOUT_S,
+            );
+            self.duration(
+                &up.key("completion_timeout_s"),
+                u.completion_timeout_s,
+                COMPLETION_TIMEOUT_S,
+            );
             self.adapter_kind(u, &up);
             if let Some(routes) = &u.voice_routes {
                 self.voice_routes(u, routes, &up.key("voice_routes"));
@@ -562,12 +712,7 @@ impl Checker<'_> {
                         "must be above 0 (requests that may wait at once); remove [upstream.queue] to turn the line off",
                     );
                 }
-                if q.max_wait_s == 0 || q.max_wait_s > 3600 {
-                    self.error(
-                        &qp.key("max_wait_s"),
-                        "must be 1 to 3600 (seconds a request may wait for a reserved resource)",
-                    );
-                }
+                self.duration(&qp.key("max_wait_s"), q.max_wait_s, MAX_WAIT_S);
             }
             if let Some(c) = &u.credential {
                 let cp = up.key("credential");

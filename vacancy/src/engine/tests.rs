@@ -1373,8 +1373,10 @@ fn resident_credit_never_breaches_the_reserve_floor() {
 #[cfg(feature = "config")]
 #[test]
 fn example_configuration_builds_an_engine() {
-    let text = include_str!("../../../examples/vacancyd.toml");
-    let loaded = crate::config::Config::parse(text, "examples/vacancyd.toml").unwrap();
+    // With its token placeholder (refused, issue 30 item 4) filled in.
+    let text = include_str!("../../../examples/vacancyd.toml")
+        .replace(crate::config::EXAMPLE_TOKEN_PLACEHOLDER, &"ab".repeat(32));
+    let loaded = crate::config::Config::parse(&text, "examples/vacancyd.toml").unwrap();
     let spec = EngineSpec::from(&loaded.config);
     let ollama = spec.upstreams.iter().find(|u| u.name == "ollama").unwrap();
     assert!(!ollama.also_requires.is_empty());
