@@ -79,6 +79,14 @@ impl Default for ConnLimits {
     }
 }
 
+/// `at` moved `by` later; a sum past the clock's range (a limit set to
+/// `Duration::MAX`) reads as thirty years from now, which no connection
+/// reaches, instead of panicking (issue 30 item 5).
+fn later(at: Instant, by: Duration) -> Instant {
+    at.checked_add(by)
+        .unwrap_or_else(|| Instant::now() + Duration::from_secs(30 * 365 * 86_400))
+}
+
 /// A request body that fails when it falls behind its allowance.
 pub type BorrowerBody = ProgressBody<Incoming>;
 
@@ -167,11 +175,11 @@ impl Activity {
                 None
             } else if let Some(first) = s.head_started {
                 Some((
-                    first + limits.header,
+                    later(first, limits.header),
                     "the request head did not arrive in time",
                 ))
             } else {
-                Some((s.idle_since + limits.idle, "idle"))
+                Some((later(s.idle_since, limits.idle), "idle"))
             };
             match deadline {
                 None => changed.await,
@@ -303,7 +311,7 @@ impl<B> ProgressBody<B> {
 
     fn deadline(&self, started: Instant) -> Instant {
         let extra = self.received / self.limits.body_min_rate.max(1);
-        started + self.limits.body + Duration::from_secs(extra)
+        later(later(started, self.limits.body), Duration::from_secs(extra))
     }
 }
 
@@ -586,6 +594,43 @@ mod tests {
         assert_eq!(borrowers.size(), 448);
         assert_eq!(control.size(), 64);
         assert!(borrowers.size() * 2 + control.size() < 1024);
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn limits_past_the_clocks_range_never_panic_a_connection() {
+        // Issue 30 item 5: a limit of Duration::MAX (a library caller's, or
+        // an unchecked configuration's) was added to an Instant on every
+        // connection, which panicked before the first request was read.
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let limits = ConnLimits {
+            header: Duration::MAX,
+            idle: Duration::MAX,
+            body: Duration::MAX,
+            body_min_rate: 1,
+        };
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(async move {
+            let (stream, _) = listener.accept().await.unwrap();
+            let handler = |req: http::Request<BorrowerBody>| async move {
+                let body = req.into_body().collect().await.unwrap().to_bytes();
+                http::Response::new(http_body_util::Full::new(body))
+            };
+            serve_connection(stream, limits, handler, None).await
+        });
+        let mut client = TcpStream::connect(addr).await.unwrap();
+        client
+            .write_all(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
+            .await
+            .unwrap();
+        let mut reply = String::new();
+        tokio::time::timeout(Duration::from_secs(10), client.read_to_string(&mut reply))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+        assert!(reply.ends_with("ok"), "{reply}");
+        server.await.unwrap().unwrap();
     }
 
     #[tokio::test(flavor = "current_thread", start_paused = true)]
