@@ -144,6 +144,7 @@ async fn rig() -> Rig {
             completion_timeout: Duration::from_secs(60),
             max_body_bytes: 1 << 20,
             connect_timeout: Duration::from_secs(2),
+            tunnel_idle: Duration::from_secs(3600),
             reads: vacancy::proxy::pool::ReadPool::new(Duration::from_secs(2)),
         });
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -416,6 +416,7 @@ async fn open_upstream(
         completion_timeout: Duration::from_secs(u.completion_timeout_s),
         max_body_bytes,
         connect_timeout: Duration::from_secs(10),
+        tunnel_idle: Duration::from_secs(config.server.tunnel_idle_timeout_s),
         reads: vacancy::proxy::pool::ReadPool::new(Duration::from_secs(10)),
     });
     let listener = bind(&format!("upstream {:?}", u.name), &u.listen).await?;
@@ -491,6 +492,7 @@ fn serve_listeners(
         header_timeout_s = limits.header.as_secs(),
         idle_timeout_s = limits.idle.as_secs(),
         body_timeout_s = limits.body.as_secs(),
+        tunnel_idle_timeout_s = config.server.tunnel_idle_timeout_s,
         "connection limits"
     );
     for (listener, route) in servers {

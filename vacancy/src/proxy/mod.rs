@@ -39,6 +39,7 @@ pub(crate) mod shutdown;
 pub mod sink;
 pub(crate) mod target;
 pub(crate) mod tracked;
+pub mod tunnel;
 
 pub use crate::ledger::store::{
     ReservationStore, StoreChange, StoreError, StoreWrite, VolatileStore,

@@ -29,6 +29,9 @@ pub struct UpstreamRoute {
     pub max_body_bytes: usize,
     /// How long connecting to the upstream may take.
     pub connect_timeout: Duration,
+    /// How long an upgraded connection (a WebSocket) may carry nothing
+    /// before it is closed (`[server] tunnel_idle_timeout_s`).
+    pub tunnel_idle: Duration,
     /// Keep-alive connections for what reserves nothing (discovery, reads,
     /// allowed management): [`pool::ReadPool`].
     pub reads: pool::ReadPool,

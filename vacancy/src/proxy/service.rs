@@ -7,7 +7,6 @@ use std::time::Instant;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
-use hyper_util::rt::TokioIo;
 use tokio::sync::oneshot;
 use tracing::{debug, info, warn};
 
@@ -26,6 +25,7 @@ use crate::proxy::metrics::Phase;
 use crate::proxy::observation::observe_upstream;
 use crate::proxy::route::UpstreamRoute;
 use crate::proxy::tracked::exchange_tracked;
+use crate::proxy::tunnel::{BorrowerSide, tunnel};
 use crate::traits::{
     InspectContext, Reconsidered, RouteClass, RoutePolicy, WorkRoute, route_policy,
 };
@@ -152,7 +152,7 @@ async fn forward_unreserved(
     forwarded: &Forwarded,
 ) -> http::Response<ProxyBody> {
     let (mut parts, body) = req.into_parts();
-    let borrower_upgrade = parts.extensions.remove::<hyper::upgrade::OnUpgrade>();
+    let borrower = BorrowerSide::take(&mut parts);
     let upstream_req = match upstream_request(&route.target, &parts, streaming(body)) {
         Ok(r) => r,
         Err(e) => {
@@ -162,7 +162,7 @@ async fn forward_unreserved(
     let _ = forwarded.set(Instant::now());
     // Nothing is reserved: a pooled keep-alive connection (proxy::pool).
     match route.reads.send(&route.target, upstream_req).await {
-        Ok(resp) => relay(resp, borrower_upgrade, None, None),
+        Ok(resp) => relay(resp, borrower, None, None, route.tunnel_idle),
         Err(e) => exchange_failed(route, &e),
     }
 }
@@ -177,18 +177,26 @@ fn exchange_failed(route: &UpstreamRoute, e: &ExchangeError) -> http::Response<P
 }
 
 /// Hand an upstream response to the borrower: streamed, guarded when it is
-/// work, tunnelled when it switches protocols.
+/// work, tunnelled when it switches protocols (closed after `tunnel_idle`
+/// with nothing moving, [`tunnel`](crate::proxy::tunnel)).
 fn relay(
     mut resp: http::Response<Incoming>,
-    borrower_upgrade: Option<hyper::upgrade::OnUpgrade>,
+    borrower: BorrowerSide,
     exchange: Option<Exchange>,
     cut: Option<CutSignal>,
+    tunnel_idle: std::time::Duration,
 ) -> http::Response<ProxyBody> {
     if resp.status() == http::StatusCode::SWITCHING_PROTOCOLS {
         let upstream_upgrade = hyper::upgrade::on(&mut resp);
         let (mut parts, _) = resp.into_parts();
         prepare_response_head(&mut parts);
-        tokio::spawn(tunnel(borrower_upgrade, upstream_upgrade, exchange, cut));
+        tokio::spawn(tunnel(
+            borrower,
+            upstream_upgrade,
+            exchange,
+            cut,
+            tunnel_idle,
+        ));
         return http::Response::from_parts(parts, full(Bytes::new()));
     }
     let (mut parts, body) = resp.into_parts();
@@ -198,46 +206,6 @@ fn relay(
         None => streaming(body),
     };
     http::Response::from_parts(parts, head_first(body))
-}
-
-/// Copy bytes both ways after a protocol switch. A gated WebSocket has no
-/// completion guarantee, so its reservation is held after the close
-/// (ROUTE-10). A reclaim's cut closes both sides (RECL-15).
-async fn tunnel(
-    borrower: Option<hyper::upgrade::OnUpgrade>,
-    upstream: hyper::upgrade::OnUpgrade,
-    exchange: Option<Exchange>,
-    cut: Option<CutSignal>,
-) {
-    let copy = async {
-        let borrower = borrower
-            .ok_or("the borrower's connection cannot be upgraded")?
-            .await?;
-        let upstream = upstream.await?;
-        let mut b = TokioIo::new(borrower);
-        let mut u = TokioIo::new(upstream);
-        tokio::io::copy_bidirectional(&mut b, &mut u).await?;
-        Ok::<(), Box<dyn std::error::Error + Send + Sync>>(())
-    };
-    let cut = async {
-        match cut {
-            Some(signal) => cut_happens(signal).await,
-            None => std::future::pending().await,
-        }
-    };
-    let result = tokio::select! {
-        r = copy => r,
-        reason = cut => {
-            info!(reason = %reason, "gated WebSocket closed by a reclaim");
-            Ok(())
-        }
-    };
-    if let Err(e) = &result {
-        debug!(error = %e, "upgraded connection ended");
-    }
-    if let Some(x) = exchange {
-        x.finish(Observed::TunnelClosed);
-    }
 }
 
 /// Work: read the body within its bound, inspect it, decide, record the
@@ -331,10 +299,10 @@ async fn forward_work(
     forwarded: &Forwarded,
 ) -> http::Response<ProxyBody> {
     let entry = exchange.entry();
-    let borrower_upgrade = if is_upgrade(&parts.headers) {
-        parts.extensions.remove::<hyper::upgrade::OnUpgrade>()
+    let borrower = if is_upgrade(&parts.headers) {
+        BorrowerSide::take(&mut parts)
     } else {
-        None
+        BorrowerSide::default()
     };
     let upstream_req = match upstream_request(&route.target, &parts, full(body)) {
         Ok(r) => r,
@@ -362,7 +330,7 @@ async fn forward_work(
     let cut = exchange.cut_signal();
     tokio::spawn(async move {
         let response =
-            exchange_synchronous(exchange, cut, &task_route, upstream_req, borrower_upgrade).await;
+            exchange_synchronous(exchange, cut, &task_route, upstream_req, borrower).await;
         // A borrower who left gets nothing; dropping the response applies the
         // on_borrower_disconnect policy.
         drop(tx.send(response));
@@ -446,7 +414,7 @@ async fn exchange_synchronous(
     cut: CutSignal,
     route: &Arc<UpstreamRoute>,
     upstream_req: http::Request<ProxyBody>,
-    borrower_upgrade: Option<hyper::upgrade::OnUpgrade>,
+    borrower: BorrowerSide,
 ) -> http::Response<ProxyBody> {
     let entry = exchange.entry();
     exchange.forwarding();
@@ -469,7 +437,13 @@ async fn exchange_synchronous(
                 metrics.phase(Phase::Upstream, at.elapsed());
             }
             exchange.response_head();
-            relay(resp, borrower_upgrade, Some(exchange), Some(cut))
+            relay(
+                resp,
+                borrower,
+                Some(exchange),
+                Some(cut),
+                route.tunnel_idle,
+            )
         }
         Ok(Err(e @ ExchangeError::Connect { .. })) => {
             exchange.finish(Observed::ConnectFailed(e.to_string()));
