@@ -32,9 +32,9 @@ use crate::control::{ControlState, UpstreamInfo};
 
 /// How long open exchanges may finish after a shutdown signal.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
-/// Descriptors kept for the ledger, samplers, observation and the control
-/// plane while borrowers use the rest.
-const DESCRIPTOR_RESERVE: u64 = 128;
+/// Descriptors kept for the ledger, samplers and observation; the control
+/// plane's share and the borrowers' come from the rest ([`conn::budgets`]).
+const DESCRIPTOR_RESERVE: u64 = 64;
 /// How often upstreams are observed (fresh enough for RES-02's 4 s).
 const OBSERVE_EVERY: Duration = Duration::from_secs(2);
 /// Where login seats are listed on a systemd machine.
@@ -455,6 +455,8 @@ fn control_state(
         )),
         pressure_gpus: measured_gpus(config),
         event_streams: 0.into(),
+        hosts: vacancy::proxy::host::HostNames::new(&config.server.allowed_hosts),
+        failures: crate::control::failures::AuthFailures::default(),
     }
 }
 
@@ -485,10 +487,13 @@ fn serve_listeners(
     let limits = ConnLimits::from_config(&config.server);
     let nofile = conn::raise_nofile_limit();
     let (borrowers, control_budget) = conn::budgets(nofile, DESCRIPTOR_RESERVE);
+    let control_pools = crate::control::conns::Sizes::from_total(control_budget.size());
     info!(
         open_files = nofile,
         borrower_connections = borrowers.size(),
         control_connections = control_budget.size(),
+        control_reserve = control_pools.reserve,
+        control_per_peer = control_pools.per_peer,
         header_timeout_s = limits.header.as_secs(),
         idle_timeout_s = limits.idle.as_secs(),
         body_timeout_s = limits.body.as_secs(),

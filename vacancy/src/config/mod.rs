@@ -48,7 +48,6 @@ pub use error::{ConfigError, ConfigErrors, ConfigWarning};
 #[cfg(feature = "runtime")]
 pub(crate) use hosts::parse_target;
 pub use hosts::{LOOPBACK, normalize_host, same_server_key};
-pub use validate::EXAMPLE_TOKEN_PLACEHOLDER;
 pub use kinds::{AdapterKinds, SettingProblem};
 pub use schema::{
     AdapterKind, Config, CredentialConfig, GpuPressureConfig, Management, ModelRequirement,
@@ -56,6 +55,7 @@ pub use schema::{
     ResourceConfig, ResourceRequirement, SamplerKind, Scope, ServerConfig, TokenConfig,
     UpstreamConfig, VoiceRoutesConfig,
 };
+pub use validate::EXAMPLE_TOKEN_PLACEHOLDER;
 
 /// The configuration `vacancyd run` uses when no `--config` is given: system
 /// memory as the one resource, a local llama-server lent on 127.0.0.1:8081 and

@@ -99,6 +99,10 @@ pub struct ServerConfig {
     /// the default is long: 3600, the default `completion_timeout_s`, the
     /// longest vacancyd awaits one job.
     pub tunnel_idle_timeout_s: u64,
+    /// Host names the control listener answers to besides its own address
+    /// and `localhost` (a DNS-rebinding defence): the names clients or a
+    /// reverse proxy use for it, without ports. Default none.
+    pub allowed_hosts: Vec<String>,
     /// `[[server.token]]`: admin/owner credentials (hashes only).
     #[serde(rename = "token")]
     pub tokens: Vec<TokenConfig>,
@@ -116,6 +120,7 @@ impl Default for ServerConfig {
             body_timeout_s: 30,
             body_min_rate_bytes: 1024,
             tunnel_idle_timeout_s: 3600,
+            allowed_hosts: Vec::new(),
             tokens: Vec::new(),
         }
     }

@@ -99,11 +99,9 @@ const fn millis(min: u64, max_secs: u64, what: &'static str) -> DurationBounds {
 }
 
 /// `[server] header_timeout_s`.
-const HEADER_TIMEOUT_S: DurationBounds =
-    secs(1, HOUR, "seconds a request head may take");
+const HEADER_TIMEOUT_S: DurationBounds = secs(1, HOUR, "seconds a request head may take");
 /// `[server] idle_timeout_s`.
-const IDLE_TIMEOUT_S: DurationBounds =
-    secs(1, DAY, "seconds an idle connection stays open");
+const IDLE_TIMEOUT_S: DurationBounds = secs(1, DAY, "seconds an idle connection stays open");
 /// `[server] body_timeout_s`.
 const BODY_TIMEOUT_S: DurationBounds = secs(
     1,
@@ -117,8 +115,7 @@ const TUNNEL_IDLE_TIMEOUT_S: DurationBounds = secs(
     "seconds an upgraded connection such as a WebSocket may carry nothing",
 );
 /// `[owner.gpu_pressure] poll_ms`.
-const PRESSURE_POLL_MS: DurationBounds =
-    millis(1, HOUR, "milliseconds between pressure samples");
+const PRESSURE_POLL_MS: DurationBounds = millis(1, HOUR, "milliseconds between pressure samples");
 /// `[owner.gpu_pressure] engage_ms`.
 const ENGAGE_MS: DurationBounds = millis(
     0,
@@ -157,11 +154,11 @@ const MAX_WAIT_S: DurationBounds = secs(
 
 /// `n` seconds in words: "7 days", "1 hour", "90 seconds".
 fn in_words(seconds: u64) -> String {
-    let (n, unit) = if seconds >= DAY && seconds % DAY == 0 {
+    let (n, unit) = if seconds >= DAY && seconds.is_multiple_of(DAY) {
         (seconds / DAY, "day")
-    } else if seconds >= HOUR && seconds % HOUR == 0 {
+    } else if seconds >= HOUR && seconds.is_multiple_of(HOUR) {
         (seconds / HOUR, "hour")
-    } else if seconds >= MINUTE && seconds % MINUTE == 0 {
+    } else if seconds >= MINUTE && seconds.is_multiple_of(MINUTE) {
         (seconds / MINUTE, "minute")
     } else {
         (seconds, "second")
@@ -227,7 +224,9 @@ impl Checker<'_> {
             };
             self.error(
                 path,
-                format!("{value} is too large: the largest accepted value is {max} ({words}; {what})"),
+                format!(
+                    "{value} is too large: the largest accepted value is {max} ({words}; {what})"
+                ),
             );
         }
     }
@@ -288,7 +287,11 @@ impl Checker<'_> {
             );
         }
         for (key, value, bounds) in [
-            ("header_timeout_s", server.header_timeout_s, HEADER_TIMEOUT_S),
+            (
+                "header_timeout_s",
+                server.header_timeout_s,
+                HEADER_TIMEOUT_S,
+            ),
             ("idle_timeout_s", server.idle_timeout_s, IDLE_TIMEOUT_S),
             ("body_timeout_s", server.body_timeout_s, BODY_TIMEOUT_S),
             (
@@ -304,6 +307,17 @@ impl Checker<'_> {
                 &sp.key("body_min_rate_bytes"),
                 "must be at least 1 (bytes per second a request body must average)",
             );
+        }
+
+        for name in &server.allowed_hosts {
+            if !is_host_name(name) {
+                self.error(
+                    &sp.key("allowed_hosts"),
+                    format!(
+                        "{name:?} is not a host name or IP address; list the names clients use for the control listener, without scheme or port, such as \"lender1.lan\""
+                    ),
+                );
+            }
         }
 
         let mut seen: HashMap<&str, KeyPath> = HashMap::new();
@@ -895,6 +909,23 @@ impl Checker<'_> {
 fn set_text(set: &BTreeSet<&str>) -> String {
     let names: Vec<String> = set.iter().map(|n| format!("{n:?}")).collect();
     format!("{{{}}}", names.join(", "))
+}
+
+/// A DNS name (letters, digits, `-` and `.`) or an IP address (IPv6 with
+/// or without brackets): what `[server] allowed_hosts` lists.
+fn is_host_name(name: &str) -> bool {
+    let bare = name
+        .strip_prefix('[')
+        .and_then(|n| n.strip_suffix(']'))
+        .unwrap_or(name);
+    let dns = name.strip_suffix('.').unwrap_or(name);
+    bare.parse::<std::net::IpAddr>().is_ok()
+        || (!dns.is_empty()
+            && dns.len() <= 253
+            && dns
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
+            && dns.split('.').all(|label| !label.is_empty()))
 }
 
 /// `card0`, `card12`: a DRM card directory name.

@@ -546,10 +546,11 @@ impl ConnBudget {
 
 /// Split the process's descriptor limit between borrower connections (two
 /// descriptors each: the borrower's and the upstream's) and the control
-/// listener, keeping `reserve` for the ledger, samplers and observation.
+/// listener (a sixteenth, 64 to 2048: it grows with the limit, issue 30
+/// item 2), keeping `reserve` for the ledger, samplers and observation.
 pub fn budgets(nofile: u64, reserve: u64) -> (ConnBudget, ConnBudget) {
-    let spare = nofile.saturating_sub(reserve);
-    let control = (reserve / 2).clamp(8, 256);
+    let control = (nofile / 16).clamp(64, 2048);
+    let spare = nofile.saturating_sub(reserve).saturating_sub(control);
     let borrowers = usize::try_from(spare / 2).unwrap_or(usize::MAX).max(16);
     (
         ConnBudget::new("borrower", borrowers),
@@ -590,10 +591,14 @@ mod tests {
     fn budgets_keep_descriptors_for_the_control_plane() {
         // Issue 14 item 4: with systemd's default soft limit of 1,024, borrower
         // connections (two descriptors each) stop short of the limit.
-        let (borrowers, control) = budgets(1024, 128);
+        let (borrowers, control) = budgets(1024, 64);
         assert_eq!(borrowers.size(), 448);
         assert_eq!(control.size(), 64);
         assert!(borrowers.size() * 2 + control.size() < 1024);
+        // Issue 30 item 2: the control plane's share grows with the limit.
+        let (borrowers, control) = budgets(20_000, 64);
+        assert_eq!(control.size(), 1250);
+        assert!(borrowers.size() * 2 + control.size() + 64 <= 20_000);
     }
 
     #[tokio::test(flavor = "current_thread")]
@@ -620,7 +625,9 @@ mod tests {
         });
         let mut client = TcpStream::connect(addr).await.unwrap();
         client
-            .write_all(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
+            .write_all(
+                b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok",
+            )
             .await
             .unwrap();
         let mut reply = String::new();

@@ -78,6 +78,17 @@ struct CancelLabels {
     outcome: &'static str,
 }
 
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct AuthLabels {
+    scope: &'static str,
+    reason: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabel {
+    reason: &'static str,
+}
+
 /// Histogram buckets, in seconds.
 #[derive(Clone)]
 struct Buckets(&'static [f64]);
@@ -159,6 +170,8 @@ pub struct Metrics {
     reachable: Family<UpstreamLabel, Gauge>,
     line_waiting: Family<UpstreamLabel, Gauge>,
     line_waits: Family<CancelLabels, Histogram, Buckets>,
+    auth_failures: Family<AuthLabels, Counter>,
+    control_shed: Family<ReasonLabel, Counter>,
     /// Scrapes set gauges and then encode: one at a time.
     scrape: Mutex<()>,
 }
@@ -196,6 +209,8 @@ impl Default for Metrics {
         let reachable = Family::default();
         let line_waiting = Family::default();
         let line_waits = Family::new_with_constructor(Buckets(LINE_BUCKETS));
+        let auth_failures = Family::default();
+        let control_shed = Family::default();
         let r = &mut registry;
         r.register(
             "vacancyd_admissions",
@@ -312,6 +327,16 @@ impl Default for Metrics {
             "Time requests waited in line, by upstream and outcome (admitted, timed_out: still busy at max_wait_s, refused: the owner, pressure or a switch answered)",
             line_waits.clone(),
         );
+        r.register(
+            "vacancyd_auth_failures",
+            "Control-plane calls refused for their token, by the scope the call needed (read, owner, admin) and reason (wrong_token, missing_token, insufficient_scope)",
+            auth_failures.clone(),
+        );
+        r.register(
+            "vacancyd_control_connections_shed",
+            "Control connections closed or limited to make room, by reason (evicted_idle: an idle or slow connection closed for a newer one; to_reserve: a newcomer served health checks only; evicted_reserve: a reserve connection that had sent nothing closed for a newer one; refused: closed at once)",
+            control_shed.clone(),
+        );
         Metrics {
             registry,
             cache: RwLock::new(HashMap::new()),
@@ -338,6 +363,8 @@ impl Default for Metrics {
             reachable,
             line_waiting,
             line_waits,
+            auth_failures,
+            control_shed,
             scrape: Mutex::new(()),
         }
     }
@@ -528,6 +555,22 @@ impl Metrics {
                 upstream: upstream.to_owned(),
                 outcome,
             })
+            .inc();
+    }
+
+    /// One control-plane call refused for its token: the scope it needed
+    /// and why (`wrong_token`, `missing_token`, `insufficient_scope`).
+    pub fn auth_failed(&self, scope: &'static str, reason: &'static str) {
+        self.auth_failures
+            .get_or_create(&AuthLabels { scope, reason })
+            .inc();
+    }
+
+    /// One control connection closed or limited to make room (`reason` as
+    /// `vacancyd_control_connections_shed_total` lists them).
+    pub fn control_shed(&self, reason: &'static str) {
+        self.control_shed
+            .get_or_create(&ReasonLabel { reason })
             .inc();
     }
 

@@ -22,6 +22,7 @@ pub mod conn;
 pub(crate) mod exchange;
 pub(crate) mod forward;
 pub mod history;
+pub mod host;
 pub(crate) mod lender;
 pub(crate) mod listen;
 pub mod live;

@@ -19,6 +19,7 @@ use crate::proxy::forward::{
     ExchangeError, ProxyBody, exchange_with_cut, full, head_first, is_upgrade,
     prepare_response_head, streaming, upstream_request,
 };
+use crate::proxy::host::check_host;
 use crate::proxy::lender::{Admission, Decided, Lender};
 use crate::proxy::live::{CutSignal, cut_happens, cut_reason};
 use crate::proxy::metrics::Phase;
@@ -87,6 +88,13 @@ async fn answer_request(
     waited: &Waited,
 ) -> http::Response<ProxyBody> {
     let (lender, route) = (Arc::clone(lender), Arc::clone(route));
+    // RFC 9112 §3.2: no Host on HTTP/1.1, or two, is a malformed request
+    // (issue 30 item 8). Its body is not read, so the connection closes.
+    if let Err(e) = check_host(req.version(), req.headers()) {
+        let refusal = Refusal::new(RefusalCode::InvalidRequest, e.to_string());
+        lender.metrics().refused(&route.name, refusal.code);
+        return refusal_response(&route, &refusal, true);
+    }
     match route_policy(class, req.method(), route.management) {
         RoutePolicy::Refuse(code) => {
             let refusal = match route.adapter.reconsider_refusal(req.method(), &path).await {
@@ -95,7 +103,8 @@ async fn answer_request(
                 Reconsidered::Refuse(precise) => precise,
             };
             lender.metrics().refused(&route.name, refusal.code);
-            refuse_after_draining(&route, refusal, req.into_body()).await
+            let waits_to_send = expects_continue(req.headers());
+            refuse_after_draining(&route, refusal, req.into_body(), waits_to_send).await
         }
         RoutePolicy::Forward => forward_unreserved(&route, req, forwarded).await,
         RoutePolicy::Admit(work) => {
@@ -129,20 +138,35 @@ fn route_refusal(
     Refusal::new(code, reason)
 }
 
+/// Whether the client waits for `100 Continue` before sending its body.
+fn expects_continue(headers: &http::HeaderMap) -> bool {
+    headers
+        .get(http::header::EXPECT)
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"))
+}
+
 /// Refuse, draining a small unread body first so the connection stays usable
-/// (DESIGN §4); a larger body closes the connection instead.
+/// (DESIGN §4); a larger body closes the connection instead, and so does one
+/// the client has not sent yet because it waits for `100 Continue`: reading
+/// it would ask for it (issue 30 item 8).
 async fn refuse_after_draining(
     route: &UpstreamRoute,
     refusal: Refusal,
     body: BorrowerBody,
+    waits_to_send: bool,
 ) -> http::Response<ProxyBody> {
-    let drained = hyper::body::Body::is_end_stream(&body)
-        || tokio::time::timeout(
+    let drained = if hyper::body::Body::is_end_stream(&body) {
+        true
+    } else if waits_to_send {
+        false
+    } else {
+        tokio::time::timeout(
             std::time::Duration::from_millis(200),
             Limited::new(body, REFUSAL_DRAIN_BYTES).collect(),
         )
         .await
-        .is_ok_and(|r| r.is_ok());
+        .is_ok_and(|r| r.is_ok())
+    };
     refusal_response(route, &refusal, !drained)
 }
 
@@ -349,28 +373,41 @@ async fn read_work_body(
     if !inspect {
         return Ok(Bytes::new());
     }
-    let refusal = match Limited::new(body, route.max_body_bytes).collect().await {
-        Ok(collected) => return Ok(collected.to_bytes()),
-        Err(e) if e.is::<http_body_util::LengthLimitError>() => Refusal::new(
-            RefusalCode::BodyTooLarge,
-            format!(
-                "the request body is larger than the {} bytes vacancyd inspects for work (max_body_mib); send a smaller request",
-                route.max_body_bytes
-            ),
-        ),
-        Err(e) => {
-            let reason = match is_stalled(e.as_ref()) {
-                Some(stalled) => {
-                    info!(upstream = %route.name, received = stalled.received, elapsed_s = stalled.elapsed_s, "a request body arrived too slowly; closing the connection");
-                    stalled.to_string()
-                }
-                None => format!("the request body could not be read: {e}"),
-            };
-            Refusal::new(RefusalCode::InvalidRequest, reason)
+    // A declared Content-Length over the bound is refused before a byte is
+    // read, so a client sending `Expect: 100-continue` gets the 413 instead
+    // of `100 Continue` and uploads nothing (issue 30 item 8).
+    let declared = hyper::body::Body::size_hint(&body).lower();
+    let refusal = if declared > route.max_body_bytes as u64 {
+        too_large(route)
+    } else {
+        match Limited::new(body, route.max_body_bytes).collect().await {
+            Ok(collected) => return Ok(collected.to_bytes()),
+            Err(e) if e.is::<http_body_util::LengthLimitError>() => too_large(route),
+            Err(e) => {
+                let reason = match is_stalled(e.as_ref()) {
+                    Some(stalled) => {
+                        info!(upstream = %route.name, received = stalled.received, elapsed_s = stalled.elapsed_s, "a request body arrived too slowly; closing the connection");
+                        stalled.to_string()
+                    }
+                    None => format!("the request body could not be read: {e}"),
+                };
+                Refusal::new(RefusalCode::InvalidRequest, reason)
+            }
         }
     };
     lender.metrics().refused(&route.name, refusal.code);
     Err(refusal_response(route, &refusal, true))
+}
+
+/// 413 `body_too_large`.
+fn too_large(route: &UpstreamRoute) -> Refusal {
+    Refusal::new(
+        RefusalCode::BodyTooLarge,
+        format!(
+            "the request body is larger than the {} bytes vacancyd inspects for work (max_body_mib); send a smaller request",
+            route.max_body_bytes
+        ),
+    )
 }
 
 /// The engine's decision on a work request, after its wait in line (noted
@@ -437,13 +474,7 @@ async fn exchange_synchronous(
                 metrics.phase(Phase::Upstream, at.elapsed());
             }
             exchange.response_head();
-            relay(
-                resp,
-                borrower,
-                Some(exchange),
-                Some(cut),
-                route.tunnel_idle,
-            )
+            relay(resp, borrower, Some(exchange), Some(cut), route.tunnel_idle)
         }
         Ok(Err(e @ ExchangeError::Connect { .. })) => {
             exchange.finish(Observed::ConnectFailed(e.to_string()));
