@@ -167,6 +167,34 @@ async fn bind(what: &str, addr: &str) -> Result<TcpListener, StartError> {
         .map_err(|e| setup(format!("cannot listen on {addr} for {what}: {e}")))
 }
 
+/// The control listener's accept queue: deep enough that a burst of
+/// connections opened and closed by a flood does not overflow it, which
+/// would drop a health check's SYN and delay it by the client's one-second
+/// retransmission (issue 30 item 2). The kernel caps it at somaxconn.
+const CONTROL_BACKLOG: u32 = 4096;
+
+/// Bind the control listener with [`CONTROL_BACKLOG`].
+fn bind_control(addr: &str) -> Result<TcpListener, StartError> {
+    let fail = |e: std::io::Error| {
+        setup(format!(
+            "cannot listen on {addr} for the control plane: {e}"
+        ))
+    };
+    let at: SocketAddr = addr
+        .parse()
+        .map_err(|e| setup(format!("server.listen {addr:?}: {e}")))?;
+    let socket = if at.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()
+    } else {
+        tokio::net::TcpSocket::new_v6()
+    }
+    .map_err(fail)?;
+    // As TcpListener::bind does: a restart may bind while old connections linger.
+    socket.set_reuseaddr(true).map_err(fail)?;
+    socket.bind(at).map_err(fail)?;
+    socket.listen(CONTROL_BACKLOG).map_err(fail)
+}
+
 /// Find and open the recovery directory (REC-10..22, REC-25) and return every
 /// unresolved record to the engine as held (REC-02): restarting never
 /// releases work. A record the configuration no longer maps stops startup (REC-08).
@@ -312,7 +340,7 @@ pub async fn start(
         ReclaimTimes::default(),
         shutdown.clone(),
     ));
-    let control_listener = bind("the control plane", &config.server.listen).await?;
+    let control_listener = bind_control(&config.server.listen)?;
     let control = control_listener
         .local_addr()
         .map_err(|e| setup(format!("control listener: {e}")))?;
