@@ -227,9 +227,14 @@ async fn a_complete_but_corrupt_last_record_stops_startup_and_only_a_cut_one_is_
         text.push_str(&bad_last);
         text.push('\n');
         std::fs::write(&journal, &text).unwrap();
-        let out = run(&config, &[]).output().unwrap();
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success(), "started with {bad_last}:\n{err}");
+        // Bounded: a daemon that starts anyway is stopped when `p` drops.
+        let mut p = ManagedProcess::spawn("vacancyd", run(&config, &[])).unwrap();
+        let status = p.wait_exit(Duration::from_secs(20));
+        let err = p.log();
+        assert!(
+            status.is_some_and(|s| !s.success()),
+            "started with {bad_last}:\n{err}"
+        );
         assert!(err.contains("journal.jsonl"), "{err}");
         assert!(err.contains(&format!("line {line_no}")), "{err}");
         assert!(err.contains(why), "{err}");
