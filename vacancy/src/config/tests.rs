@@ -1390,7 +1390,7 @@ fn example_file_ships_no_usable_token_and_refuses_public_hashes() {
         "server.token[0] (\"console\").sha256",
         &[
             "example-token-do-not-use",
-            "its token is public",
+            "that token is public",
             "vacancyd token new --name console --scope owner",
         ],
     );

@@ -171,11 +171,11 @@ fn in_words(seconds: u64) -> String {
 const PUBLIC_TOKEN_HASHES: &[(&str, &str)] = &[
     (
         "3690a4a2ed3b26b46a696e9ab873a300d9da3ae56bc84352e2bf724885c91dfd",
-        "the hash of \"example-token-do-not-use\", the token earlier copies of examples/vacancyd.toml carried",
+        "this is the hash of \"example-token-do-not-use\", the token earlier copies of examples/vacancyd.toml carried: that token is public, so anyone could use it",
     ),
     (
         EXAMPLE_TOKEN_PLACEHOLDER,
-        "the placeholder of examples/vacancyd.toml",
+        "this is the placeholder of examples/vacancyd.toml, not a token of yours",
     ),
 ];
 
@@ -369,7 +369,7 @@ impl Checker<'_> {
                 self.error(
                     &tp.key("sha256"),
                     format!(
-                        "this is {what}: its token is public, so anyone could use it; make a token of your own with `vacancyd token new --name {name} --scope {scope}` and put the sha256 it prints here (or remove this [[server.token]] table)",
+                        "{what}; make a token of your own with `vacancyd token new --name {name} --scope {scope}` and put the sha256 it prints here (or remove this [[server.token]] table)",
                         name = if token.name.is_empty() { "ops" } else { &token.name },
                         scope = [Scope::Admin, Scope::Owner, Scope::Read]
                             .into_iter()
