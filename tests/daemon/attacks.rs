@@ -629,6 +629,19 @@ async fn the_control_listener_answers_only_its_own_host_names() {
             results.push(format!("{path} {host}: {status}"));
         }
     }
+    // An absolute-form target overrides Host (RFC 9112 section 3.2.2): it
+    // must name this listener too.
+    let reply = raw(
+        &addr(&d.control),
+        format!(
+            "GET http://attacker.example:{port}/status HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n"
+        )
+        .as_bytes(),
+        Duration::from_secs(5),
+    )
+    .await;
+    assert!(reply.starts_with("HTTP/1.1 421"), "{reply}");
+    results.push("absolute-form http://attacker.example/status: 421".to_owned());
     println!("{}", results.join("; "));
 }
 

@@ -249,11 +249,18 @@ fn host_refusal(state: &ControlState, conn: &Conn, head: &http::request::Parts) 
         Ok(host) => host,
         Err(e) => return Some(error(400, "invalid_request", e.to_string())),
     };
-    if state.hosts.allows(host, conn.local) {
-        return None;
-    }
-    let named = host
-        .and_then(|h| h.to_str().ok())
+    // An absolute-form target names the host too, and RFC 9112 §3.2.2 has
+    // it override Host: both must be this listener's.
+    let target = head
+        .uri
+        .authority()
+        .and_then(|a| http::HeaderValue::from_str(a.as_str()).ok());
+    let refused = [host, target.as_ref()]
+        .into_iter()
+        .flatten()
+        .find(|h| !state.hosts.allows(Some(h), conn.local))?;
+    let named = refused
+        .to_str()
         .map(vacancy::proxy::host::host_part)
         .unwrap_or_default();
     Some(error(
