@@ -17,9 +17,28 @@ fn text(bytes: &[u8]) -> String {
 }
 
 #[test]
-fn the_example_configuration_is_valid() {
+fn the_example_configuration_is_valid_once_its_token_is_the_operators() {
+    // Issue 30 item 4: as shipped, the example's token placeholder is its
+    // one problem; with a hash of the operator's own, it is valid.
     let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/vacancyd.toml");
     let out = check_config(&["--config", example.to_str().unwrap(), "--no-sample"]);
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(err.contains("1 problem found"), "{err}");
+    assert!(
+        err.contains("placeholder of examples/vacancyd.toml"),
+        "{err}"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let own = dir.path().join("vacancyd.toml");
+    std::fs::write(
+        &own,
+        std::fs::read_to_string(&example)
+            .unwrap()
+            .replace(vacancy::config::EXAMPLE_TOKEN_PLACEHOLDER, &"5e".repeat(32)),
+    )
+    .unwrap();
+    let out = check_config(&["--config", own.to_str().unwrap(), "--no-sample"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(text(&out.stdout).contains("ok: "), "{}", text(&out.stdout));
 }

@@ -1814,3 +1814,50 @@ fn every_duration_key_is_bounded_naming_its_line_and_largest_value() {
         "line 2: server.idle_timeout_s: 9223372036854775807 is too large: the largest accepted value is 86400 (1 day; seconds an idle connection stays open)"
     );
 }
+
+#[test]
+fn no_duration_key_is_left_unbounded() {
+    // Issue 30 item 5: every key named as a duration (`_s`, `_ms`) in any
+    // table, including keys added later, refuses TOML's largest integer.
+    let max = i64::MAX;
+    for (table, keys) in super::parse::all_tables() {
+        for key in keys
+            .iter()
+            .filter(|k| k.ends_with("_s") || k.ends_with("_ms"))
+        {
+            let (text, path) = match table {
+                "server" | "owner.gpu_pressure" => (
+                    format!("[{table}]\n{key} = {max}\n"),
+                    format!("{table}.{key}"),
+                ),
+                "resource" => (
+                    format!("[[resource]]\nname = \"ram\"\n{key} = {max}\n"),
+                    format!("resource[0] (\"ram\").{key}"),
+                ),
+                "upstream" | "upstream.queue" => {
+                    let extra = if table == "upstream" {
+                        format!("{key} = {max}\n")
+                    } else {
+                        format!("[upstream.queue]\n{key} = {max}\n")
+                    };
+                    let sub = table.strip_prefix("upstream").unwrap_or_default();
+                    (
+                        with(&[upstream(
+                            "a",
+                            9000,
+                            "http://127.0.0.1:1",
+                            "ram",
+                            &[],
+                            &extra,
+                        )]),
+                        format!("upstream[0] (\"a\"){sub}.{key}"),
+                    )
+                }
+                other => panic!(
+                    "{other}.{key} is a duration in a table this test has no template for: add one, and a bound in validate.rs"
+                ),
+            };
+            find(&errors(&text), &path, &["too large"]);
+        }
+    }
+}
