@@ -144,6 +144,7 @@ async fn rig() -> Rig {
             completion_timeout: Duration::from_secs(60),
             max_body_bytes: 1 << 20,
             connect_timeout: Duration::from_secs(2),
+            overhead_header: false,
             tunnel_idle: Duration::from_secs(3600),
             reads: vacancy::proxy::pool::ReadPool::new(Duration::from_secs(2)),
         });

@@ -7,7 +7,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{Daemon, JSON, completion};
+use common::{Daemon, JSON, Setup, completion};
 use vacancy_test_support::{
     CountingShim, LlamaOptions, LlamaServer, Record, TinyModel, http_request, http_stream,
 };
@@ -611,5 +611,78 @@ async fn refusal_texts_say_which_case_they_are() {
     assert!(
         message.contains("send the request body as one JSON object"),
         "{message}"
+    );
+}
+
+/// The sum of every `vacancyd_added_seconds` series on /metrics, in ms.
+async fn added_ms(d: &Daemon) -> f64 {
+    let r = http_request("GET", &format!("{}/metrics", d.control), &[], Vec::new())
+        .await
+        .unwrap();
+    r.text()
+        .lines()
+        .filter(|l| l.starts_with("vacancyd_added_seconds_sum{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>()
+        * 1e3
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_overhead_header_says_vacancyds_own_time_where_the_owner_asks() {
+    // Issue 31 item 6: off by default; with `[server] overhead_header = true`
+    // every response (work, a read, a refusal) says vacancyd's own time in
+    // vacancy-overhead-ms, never more than the whole request took, and
+    // /metrics's vacancyd_added_seconds counts the same times.
+    let llama = LlamaServer::start(LlamaOptions::default()).unwrap();
+    let plain = Daemon::start(&llama.base_url(), 1000, 2000, 20_000, "");
+    let r = plain.complete(4).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(
+        !r.headers.contains_key("vacancy-overhead-ms"),
+        "off by default"
+    );
+    drop(plain);
+
+    let d = Daemon::setup(Setup {
+        target: &llama.base_url(),
+        server: "overhead_header = true",
+        ..Setup::default()
+    });
+    // One request first: the metrics' series exist from then on.
+    assert_eq!(d.complete(4).await.status, 200);
+    let before = added_ms(&d).await;
+    let mut said = 0.0;
+    let cases = [
+        ("POST", "/completion", completion(16, false), 200),
+        ("GET", "/health", Vec::new(), 200),
+        ("GET", "/slots", Vec::new(), 403),
+        ("POST", "/completion", completion(16, true), 200),
+    ];
+    for (method, path, body, status) in cases {
+        let started = std::time::Instant::now();
+        let r = http_request(method, &format!("{}{path}", d.proxy), &[JSON], body)
+            .await
+            .unwrap();
+        let took_ms = started.elapsed().as_secs_f64() * 1e3;
+        assert_eq!(r.status, status, "{method} {path}: {}", r.text());
+        let ms: f64 = r
+            .headers
+            .get("vacancy-overhead-ms")
+            .unwrap_or_else(|| panic!("{method} {path}: no vacancy-overhead-ms in {:?}", r.headers))
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!(
+            (0.0..=took_ms).contains(&ms),
+            "{method} {path}: {ms} ms of a request that took {took_ms} ms"
+        );
+        said += ms;
+    }
+    // The header and the histogram are one measurement (rounded to µs).
+    let counted = added_ms(&d).await - before;
+    assert!(
+        (counted - said).abs() < 0.01,
+        "the headers said {said} ms, vacancyd_added_seconds grew {counted} ms"
     );
 }

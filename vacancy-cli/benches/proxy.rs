@@ -1,36 +1,59 @@
 //! The proxy path side by side with its anchors, in one run: the direct path,
 //! nginx `proxy_pass` (a keep-alive upstream pool, `proxy_buffering off`) and
 //! vacancyd, all in front of the same fixed upstream. Not a test: it prints
-//! numbers. Run it with `scripts/bench-proxy` (which installs nginx and wrk).
+//! numbers, and at the end each target of issue 31 beside what was measured.
+//! Run it with `scripts/bench-proxy` (which installs nginx and wrk).
+//!
+//! Fairness: nginx runs as many worker processes as vacancyd has runtime
+//! threads (`BENCH_WORKERS`, default the machine's cores; vacancyd gets it
+//! as `TOKIO_WORKER_THREADS`), and the run prints both counts as it found
+//! them in `/proc`.
 //!
 //! What it measures, each for direct / nginx / vacancyd where it applies:
-//! - `GET /v1/models` at 32 connections (wrk): requests/s and p99 (no admission);
+//! - memory first, on a fresh daemon: RSS per idle borrower connection
+//!   (`BENCH_IDLE_CONNECTIONS` opened, nothing sent), per connection once
+//!   each has made one request and sits in keep-alive, and RSS
+//!   `BENCH_RECOVERY_SECONDS` after they all close, against the RSS before;
+//! - `GET /v1/models` (wrk) at each of `BENCH_READ_CONNECTIONS`: requests/s,
+//!   p99, and CPU time per request of the proxy's processes;
 //! - admitted `POST /v1/chat/completions`, one after another on one
-//!   keep-alive connection: p50 and p99, and the added p50 over direct;
-//! - SSE streams (20 chunks, 10 ms apart): added time to the first chunk and
-//!   added per-chunk delay;
-//! - refusals (a switched-off resource) at 64 and at 1,000 connections (wrk);
-//! - one 64-byte append + `fdatasync` on the disk of vacancyd's recovery
-//!   directory, and vacancyd's idle resident memory.
+//!   keep-alive connection: p50 and p99, the added p50 over direct, and the
+//!   `vacancy-overhead-ms` header vacancyd put on each against that;
+//! - SSE streams: the first chunk's added time (p50, p90), and the delay of
+//!   each later chunk from the upstream's write to the client's read (p50,
+//!   p99) in streams of 200 chunks 5 ms apart;
+//! - refusals (a switched-off resource) at 64 and 1,000 connections (wrk);
+//! - one 300-byte append + `fdatasync` on the disk of vacancyd's recovery
+//!   directory (about one ledger record).
 //!
-//! Sizes: `BENCH_SECONDS` (each wrk run, default 8), `BENCH_REQUESTS`
-//! (sequential requests, default 2000), `BENCH_STREAMS` (default 30).
+//! Sizes (environment): `BENCH_SECONDS` (each wrk run, default 8),
+//! `BENCH_REQUESTS` (sequential requests, 2000), `BENCH_STREAMS` (streams for
+//! the first chunk, 200), `BENCH_CHUNK_STREAMS` (streams of 200 chunks, 5),
+//! `BENCH_READ_CONNECTIONS` (`1,32,1000`), `BENCH_IDLE_CONNECTIONS` (10000,
+//! or what the descriptor limit allows), `BENCH_RECOVERY_SECONDS` (60),
+//! `BENCH_WORKERS`. `BENCH_QUICK=1` (or `--quick`) makes every size small;
+//! `BENCH_ONLY=memory,reads,admitted,first_chunk,chunks,refusals` runs those
+//! sections only. `BENCH_BASELINE=/path/to/vacancyd` adds a second vacancyd
+//! (an older build) as one more column, measured in the same run.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
     clippy::panic,
     missing_docs,
     clippy::print_stdout,
-    clippy::cast_precision_loss
+    clippy::cast_precision_loss,
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss
 )]
 
 use std::convert::Infallible;
 use std::fs::OpenOptions;
-use std::io::Write;
+use std::io::{Read, Write};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::process::Command;
+use std::sync::OnceLock;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -51,14 +74,93 @@ const REQUEST: &str =
     r#"{"model":"fixed","messages":[{"role":"user","content":"hi"}],"max_tokens":1}"#;
 const STREAM_REQUEST: &str =
     r#"{"model":"fixed","messages":[{"role":"user","content":"hi"}],"max_tokens":1,"stream":true}"#;
-const CHUNKS: usize = 20;
-const CHUNK_GAP: Duration = Duration::from_millis(10);
+/// The header vacancyd puts its own time on (issue 31 item 6).
+const OVERHEAD_HEADER: &str = "vacancy-overhead-ms";
+/// How many chunks the upstream streams, and how far apart (request headers).
+const CHUNKS_HEADER: &str = "x-bench-chunks";
+const GAP_HEADER: &str = "x-bench-gap-us";
 
 fn env_usize(name: &str, default: usize) -> usize {
     std::env::var(name)
         .ok()
-        .and_then(|v| v.parse().ok())
+        .and_then(|v| v.trim().replace('_', "").parse().ok())
         .unwrap_or(default)
+}
+
+/// The moment every chunk's timestamp counts from: the upstream writes
+/// microseconds since it into each chunk, the client reads them back.
+fn origin() -> Instant {
+    static ORIGIN: OnceLock<Instant> = OnceLock::new();
+    *ORIGIN.get_or_init(Instant::now)
+}
+
+fn since_origin_us() -> f64 {
+    origin().elapsed().as_secs_f64() * 1e6
+}
+
+// ---- sizes ------------------------------------------------------------------
+
+#[derive(Debug, Clone)]
+struct Sizes {
+    seconds: usize,
+    requests: usize,
+    first_streams: usize,
+    chunk_streams: usize,
+    chunks: usize,
+    chunk_gap: Duration,
+    read_connections: Vec<usize>,
+    idle_connections: usize,
+    recovery: Duration,
+    workers: usize,
+    only: Option<Vec<String>>,
+}
+
+impl Sizes {
+    fn from_env(test_mode: bool, quick: bool) -> Sizes {
+        let cores = std::thread::available_parallelism().map_or(2, std::num::NonZero::get);
+        let (seconds, requests, first, chunk_streams, reads, idle, recovery) = if test_mode {
+            (1, 20, 4, 1, "32", 200, 1)
+        } else if quick {
+            (2, 300, 40, 1, "32", 1000, 5)
+        } else {
+            (8, 2000, 200, 5, "1,32,1000", 10_000, 60)
+        };
+        let reads = std::env::var("BENCH_READ_CONNECTIONS").unwrap_or_else(|_| reads.to_owned());
+        let only = std::env::var("BENCH_ONLY")
+            .ok()
+            .filter(|s| !s.trim().is_empty())
+            .map(|s| s.split(',').map(|p| p.trim().to_owned()).collect());
+        let fixed = |name: &str, default: usize| {
+            if test_mode {
+                default
+            } else {
+                env_usize(name, default)
+            }
+        };
+        Sizes {
+            seconds: fixed("BENCH_SECONDS", seconds),
+            requests: fixed("BENCH_REQUESTS", requests),
+            first_streams: fixed("BENCH_STREAMS", first),
+            chunk_streams: fixed("BENCH_CHUNK_STREAMS", chunk_streams),
+            chunks: if test_mode { 10 } else { 200 },
+            chunk_gap: Duration::from_millis(5),
+            read_connections: reads
+                .split(',')
+                .filter_map(|c| c.trim().replace('_', "").parse().ok())
+                .filter(|&c: &usize| c > 0)
+                .collect(),
+            idle_connections: fixed("BENCH_IDLE_CONNECTIONS", idle),
+            recovery: Duration::from_secs(fixed("BENCH_RECOVERY_SECONDS", recovery) as u64),
+            workers: env_usize("BENCH_WORKERS", cores).max(1),
+            only,
+        }
+    }
+
+    fn runs(&self, section: &str) -> bool {
+        self.only
+            .as_ref()
+            .is_none_or(|o| o.iter().any(|s| s == section))
+    }
 }
 
 // ---- the fixed upstream ------------------------------------------------
@@ -88,8 +190,17 @@ fn json(body: &'static str) -> Reply {
     r
 }
 
+fn header_usize(req: &http::Request<Incoming>, name: &str) -> Option<usize> {
+    req.headers()
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
+}
+
 async fn answer(req: http::Request<Incoming>) -> Result<Reply, Infallible> {
     let path = req.uri().path().to_owned();
+    let chunks = header_usize(&req, CHUNKS_HEADER).unwrap_or(20);
+    let gap = Duration::from_micros(header_usize(&req, GAP_HEADER).unwrap_or(10_000) as u64);
     let body = req
         .into_body()
         .collect()
@@ -104,15 +215,15 @@ async fn answer(req: http::Request<Incoming>) -> Result<Reply, Infallible> {
     }
     let (tx, rx) = mpsc::channel(4);
     tokio::spawn(async move {
-        for i in 0..CHUNKS {
-            if tx
-                .send(Bytes::from(format!("data: {{\"i\":{i}}}\n\n")))
-                .await
-                .is_err()
-            {
+        for i in 0..chunks {
+            if i > 0 {
+                tokio::time::sleep(gap).await;
+            }
+            // The timestamp is taken as the chunk is handed to hyper.
+            let chunk = format!("data: {{\"i\":{i},\"t\":{:.1}}}\n\n", since_origin_us());
+            if tx.send(Bytes::from(chunk)).await.is_err() {
                 return;
             }
-            tokio::time::sleep(CHUNK_GAP).await;
         }
         let _ = tx.send(Bytes::from_static(b"data: [DONE]\n\n")).await;
     });
@@ -140,21 +251,31 @@ async fn upstream(listener: TcpListener) {
 
 // ---- the paths under test ------------------------------------------------
 
-fn nginx(dir: &Path, port: u16, upstream: SocketAddr) -> ManagedProcess {
+fn nginx(
+    dir: &Path,
+    port: u16,
+    upstream: SocketAddr,
+    workers: usize,
+    conns: usize,
+) -> ManagedProcess {
     let conf = dir.join("nginx.conf");
     std::fs::create_dir_all(dir.join("nginx-tmp")).unwrap();
+    // Every worker may hold every client connection and its upstream one.
+    let worker_connections = (conns + 1024).max(4096);
     std::fs::write(
         &conf,
         format!(
-            r#"worker_processes 1;
+            r#"worker_processes {workers};
+worker_rlimit_nofile {nofile};
 pid {dir}/nginx.pid;
 error_log {dir}/nginx-error.log warn;
-events {{ worker_connections 4096; }}
+events {{ worker_connections {worker_connections}; }}
 http {{
   access_log off;
   # nginx closes a keep-alive connection after 1,000 requests by default;
   # the sequential run sends more on one.
   keepalive_requests 1000000;
+  keepalive_timeout 900s;
   client_body_temp_path {dir}/nginx-tmp;
   proxy_temp_path {dir}/nginx-tmp;
   upstream fixed {{ server {upstream}; keepalive 64; keepalive_requests 1000000; }}
@@ -169,7 +290,8 @@ http {{
   }}
 }}
 "#,
-            dir = dir.display()
+            dir = dir.display(),
+            nofile = worker_connections * 2 + 64,
         ),
     )
     .unwrap();
@@ -184,23 +306,49 @@ http {{
 }
 
 /// vacancyd lending the fixed upstream on `proxy` (openai adapter) and
-/// refusing everything on `refusing` (its resource switched off).
-fn vacancyd(
-    dir: &Path,
+/// refusing everything on `refusing` (its resource switched off), with
+/// `server_extra` added to `[server]`.
+struct Vacancyd {
+    name: String,
+    process: ManagedProcess,
     control: u16,
     proxy: u16,
     refusing: u16,
+    /// It was asked to put its own time on responses.
+    overhead_header: bool,
+}
+
+fn vacancyd(
+    name: &str,
+    binary: &Path,
+    dir: &Path,
     upstream: SocketAddr,
-) -> ManagedProcess {
+    workers: usize,
+    overhead_header: bool,
+) -> Vacancyd {
+    std::fs::create_dir_all(dir).unwrap();
+    let (control, proxy, refusing) = (
+        free_port().unwrap(),
+        free_port().unwrap(),
+        free_port().unwrap(),
+    );
     let capacity = dir.join("gpu.json");
     std::fs::write(&capacity, r#"{"free_mib": 60000, "total_mib": 64000}"#).unwrap();
     let config = dir.join("vacancyd.toml");
+    let server_extra = if overhead_header {
+        "overhead_header = true\n"
+    } else {
+        ""
+    };
     std::fs::write(
         &config,
         format!(
             r#"[server]
 listen = "127.0.0.1:{control}"
-[owner]
+# Longer than the memory section takes, as nginx's keepalive_timeout.
+idle_timeout_s = 900
+header_timeout_s = 900
+{server_extra}[owner]
 presence = "none"
 [[resource]]
 name = "gpu0"
@@ -238,18 +386,121 @@ default_min_free_mib = 1000
         ),
     )
     .unwrap();
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_vacancyd"));
+    let mut cmd = Command::new(binary);
     cmd.arg("run")
         .arg("--config")
         .arg(&config)
-        .env("VACANCYD_LOG", "warn");
-    let mut p = ManagedProcess::spawn("vacancyd", cmd).unwrap();
-    p.wait_http_ok(
-        &format!("http://127.0.0.1:{control}/health"),
-        Duration::from_secs(20),
-    )
-    .unwrap();
-    p
+        .env("VACANCYD_LOG", "warn")
+        .env("TOKIO_WORKER_THREADS", workers.to_string());
+    let mut process = ManagedProcess::spawn(name, cmd).unwrap();
+    process
+        .wait_http_ok(
+            &format!("http://127.0.0.1:{control}/health"),
+            Duration::from_secs(20),
+        )
+        .unwrap();
+    Vacancyd {
+        name: name.to_owned(),
+        process,
+        control,
+        proxy,
+        refusing,
+        overhead_header,
+    }
+}
+
+/// One column of the tables.
+struct Column {
+    name: String,
+    port: u16,
+    /// The processes whose CPU time and memory count for it (none: direct).
+    pids: Vec<u32>,
+}
+
+// ---- /proc ---------------------------------------------------------------
+
+fn proc_status_kib(pid: u32, key: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix(key))
+                .and_then(|v| v.split_whitespace().next().map(str::to_owned))
+        })
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+fn rss_kib(pids: &[u32]) -> u64 {
+    pids.iter().map(|&p| proc_status_kib(p, "VmRSS:")).sum()
+}
+
+fn fds(pids: &[u32]) -> usize {
+    pids.iter()
+        .map(|p| {
+            std::fs::read_dir(format!("/proc/{p}/fd"))
+                .map(Iterator::count)
+                .unwrap_or(0)
+        })
+        .sum()
+}
+
+/// User + system CPU time of `pids` so far, in seconds.
+fn cpu_seconds(pids: &[u32]) -> f64 {
+    static TICKS: OnceLock<f64> = OnceLock::new();
+    let ticks = *TICKS.get_or_init(|| {
+        Command::new("getconf")
+            .arg("CLK_TCK")
+            .output()
+            .ok()
+            .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
+            .unwrap_or(100.0)
+    });
+    pids.iter()
+        .map(|p| {
+            let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).unwrap_or_default();
+            // Fields after the command's closing parenthesis; utime and stime
+            // are the 14th and 15th of the line.
+            let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+            let f: Vec<&str> = rest.split_whitespace().collect();
+            let num = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+            (num(11) + num(12)) / ticks
+        })
+        .sum()
+}
+
+/// The processes whose parent is `pid` (nginx's workers).
+fn children(pid: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(child) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let stat = std::fs::read_to_string(format!("/proc/{child}/stat")).unwrap_or_default();
+        let ppid = stat
+            .rsplit_once(')')
+            .and_then(|(_, r)| r.split_whitespace().nth(1))
+            .and_then(|v| v.parse::<u32>().ok());
+        if ppid == Some(pid) {
+            out.push(child);
+        }
+    }
+    out
+}
+
+/// Threads of `pid` whose name starts with `prefix` (tokio names its
+/// workers `tokio-rt-worker`, older releases `tokio-runtime-worker`).
+fn threads_named(pid: u32, prefix: &str) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .map(|d| {
+            d.flatten()
+                .filter(|t| {
+                    std::fs::read_to_string(t.path().join("comm"))
+                        .is_ok_and(|c| c.trim().starts_with(prefix))
+                })
+                .count()
+        })
+        .unwrap_or(0)
 }
 
 // ---- measurements --------------------------------------------------------
@@ -257,20 +508,21 @@ default_min_free_mib = 1000
 #[derive(Debug, Clone, Copy, Default)]
 struct Wrk {
     rps: f64,
-    p50_us: f64,
     p99_us: f64,
+    requests: u64,
     non_2xx: u64,
+    /// CPU time of the path's processes per request, µs.
+    cpu_us: f64,
 }
 
-fn wrk(url: &str, connections: usize, seconds: usize, post: bool) -> Wrk {
+fn wrk(url: &str, connections: usize, seconds: usize, post: bool, pids: &[u32]) -> Wrk {
     let mut cmd = Command::new("wrk");
-    cmd.arg("-t2")
+    cmd.arg(format!("-t{}", connections.min(2)))
         .arg(format!("-c{connections}"))
         .arg(format!("-d{seconds}s"))
         .arg("--latency");
-    let script;
     if post {
-        script = std::env::temp_dir().join(format!("bench-post-{}.lua", std::process::id()));
+        let script = std::env::temp_dir().join(format!("bench-post-{}.lua", std::process::id()));
         std::fs::write(
             &script,
             format!(
@@ -281,22 +533,31 @@ fn wrk(url: &str, connections: usize, seconds: usize, post: bool) -> Wrk {
         cmd.arg("-s").arg(&script);
     }
     cmd.arg(url);
+    let cpu_before = cpu_seconds(pids);
     let out = cmd
         .output()
         .expect("wrk runs (scripts/bench-proxy installs it)");
+    let cpu = cpu_seconds(pids) - cpu_before;
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     let mut w = Wrk::default();
     for line in text.lines() {
         let t = line.trim();
         if let Some(v) = t.strip_prefix("Requests/sec:") {
             w.rps = v.trim().parse().unwrap_or(0.0);
-        } else if let Some(v) = t.strip_prefix("50%") {
-            w.p50_us = micros(v.trim());
         } else if let Some(v) = t.strip_prefix("99%") {
             w.p99_us = micros(v.trim());
         } else if let Some(v) = t.strip_prefix("Non-2xx or 3xx responses:") {
             w.non_2xx = v.trim().parse().unwrap_or(0);
+        } else if t.contains(" requests in ") {
+            w.requests = t
+                .split_whitespace()
+                .next()
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(0);
         }
+    }
+    if w.requests > 0 && !pids.is_empty() {
+        w.cpu_us = cpu * 1e6 / w.requests as f64;
     }
     w
 }
@@ -321,6 +582,11 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[i.min(sorted.len() - 1)]
 }
 
+fn sorted(mut v: Vec<f64>) -> Vec<f64> {
+    v.sort_by(f64::total_cmp);
+    v
+}
+
 async fn connect(addr: SocketAddr) -> hyper::client::conn::http1::SendRequest<Full<Bytes>> {
     let stream = TcpStream::connect(addr).await.unwrap();
     stream.set_nodelay(true).unwrap();
@@ -339,10 +605,12 @@ fn post(body: &'static str) -> http::Request<Full<Bytes>> {
         .unwrap()
 }
 
-/// Sequential admitted requests on one keep-alive connection: latencies (µs).
-async fn sequential(addr: SocketAddr, n: usize) -> Vec<f64> {
+/// Sequential admitted requests on one keep-alive connection: latencies
+/// (µs, sorted) and the overhead each response's header gave (µs, sorted).
+async fn sequential(addr: SocketAddr, n: usize) -> (Vec<f64>, Vec<f64>) {
     let mut sender = connect(addr).await;
     let mut out = Vec::with_capacity(n);
+    let mut said = Vec::new();
     for i in 0..n {
         if let Err(e) = sender.ready().await {
             panic!("{addr}: the connection closed before request {i}: {e}");
@@ -353,43 +621,75 @@ async fn sequential(addr: SocketAddr, n: usize) -> Vec<f64> {
             Err(e) => panic!("{addr}: request {i} failed: {e}"),
         };
         let status = resp.status();
+        if let Some(ms) = resp
+            .headers()
+            .get(OVERHEAD_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<f64>().ok())
+        {
+            said.push(ms * 1e3);
+        }
         resp.into_body().collect().await.unwrap();
         assert!(status.is_success(), "sequential request answered {status}");
         out.push(started.elapsed().as_secs_f64() * 1e6);
     }
-    out.sort_by(f64::total_cmp);
-    out
+    (sorted(out), sorted(said))
 }
 
-/// Streams: time to the first chunk and each later chunk's gap (µs).
-async fn streams(addr: SocketAddr, n: usize) -> (Vec<f64>, Vec<f64>) {
+/// Streams of `chunks` chunks `gap` apart, one after another on one
+/// connection: the time to each first chunk (µs, sorted), and the delay of
+/// every later chunk from the upstream's write to its arrival here (µs,
+/// sorted).
+async fn streams(addr: SocketAddr, n: usize, chunks: usize, gap: Duration) -> (Vec<f64>, Vec<f64>) {
     let mut sender = connect(addr).await;
-    let (mut first, mut gaps) = (Vec::new(), Vec::new());
+    let (mut first, mut delays) = (Vec::new(), Vec::new());
     for _ in 0..n {
         sender.ready().await.unwrap();
+        let mut req = post(STREAM_REQUEST);
+        req.headers_mut()
+            .insert(CHUNKS_HEADER, http::HeaderValue::from(chunks));
+        req.headers_mut()
+            .insert(GAP_HEADER, http::HeaderValue::from(gap.as_micros() as u64));
         let started = Instant::now();
-        let resp = sender.send_request(post(STREAM_REQUEST)).await.unwrap();
+        let resp = sender.send_request(req).await.unwrap();
         assert!(resp.status().is_success());
         let mut body = resp.into_body();
-        let mut last: Option<Instant> = None;
+        let mut seen_first = false;
         while let Some(frame) = body.frame().await {
             let frame = frame.unwrap();
-            if frame.data_ref().is_some_and(|d| !d.is_empty()) {
-                let now = Instant::now();
-                match last {
-                    None => first.push((now - started).as_secs_f64() * 1e6),
-                    Some(t) => gaps.push((now - t).as_secs_f64() * 1e6),
+            let Some(data) = frame.data_ref().filter(|d| !d.is_empty()) else {
+                continue;
+            };
+            let now_us = since_origin_us();
+            if !seen_first {
+                first.push(started.elapsed().as_secs_f64() * 1e6);
+                seen_first = true;
+            }
+            // Each chunk says which it is and when the upstream wrote it; a
+            // frame may carry more than one.
+            let text = String::from_utf8_lossy(data);
+            for event in text.split("{\"i\":").skip(1) {
+                let number = |s: &str| -> Option<f64> {
+                    let end = s.find(|c: char| !(c.is_ascii_digit() || c == '.'));
+                    s[..end.unwrap_or(s.len())].parse().ok()
+                };
+                let i = number(event);
+                let t = event
+                    .split_once("\"t\":")
+                    .and_then(|(_, rest)| number(rest));
+                if let (Some(i), Some(t)) = (i, t)
+                    && i > 0.0
+                {
+                    delays.push(now_us - t);
                 }
-                last = Some(now);
             }
         }
     }
-    first.sort_by(f64::total_cmp);
-    gaps.sort_by(f64::total_cmp);
-    (first, gaps)
+    (sorted(first), sorted(delays))
 }
 
-/// One 64-byte append + fdatasync in `dir`, p50 over `n` (µs).
+/// One 300-byte append (about one ledger record) + fdatasync in `dir`, p50
+/// over `n` (µs).
 fn fdatasync_cost(dir: &Path, n: usize) -> f64 {
     let path = dir.join("fsync-probe");
     let mut f = OpenOptions::new()
@@ -397,7 +697,7 @@ fn fdatasync_cost(dir: &Path, n: usize) -> f64 {
         .append(true)
         .open(&path)
         .unwrap();
-    let line = [b'x'; 63];
+    let line = [b'x'; 299];
     let mut times = Vec::with_capacity(n);
     for _ in 0..n {
         let started = Instant::now();
@@ -406,267 +706,773 @@ fn fdatasync_cost(dir: &Path, n: usize) -> f64 {
         f.sync_data().unwrap();
         times.push(started.elapsed().as_secs_f64() * 1e6);
     }
-    times.sort_by(f64::total_cmp);
-    percentile(&times, 0.5)
+    percentile(&sorted(times), 0.5)
 }
 
-fn rss_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("VmRSS:"))
-                .and_then(|v| v.split_whitespace().next().map(str::to_owned))
-        })
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
-}
-
-/// vacancyd's own account of where an admitted request's time went: the
-/// mean of each phase of `vacancyd_request_phase_seconds` so far (µs), in
-/// the order a request passes them.
-fn phase_means(control: u16) -> Vec<(&'static str, f64, f64)> {
-    use std::io::Read;
+/// `vacancyd_request_phase_seconds`: (phase, sum in seconds, count), in the
+/// order /metrics lists them.
+fn phases(control: u16) -> Vec<(String, f64, f64)> {
     let mut s = std::net::TcpStream::connect(addr(control)).unwrap();
     s.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
         .unwrap();
     let mut text = String::new();
     s.read_to_string(&mut text).unwrap();
-    let value = |series: &str, phase: &str| -> f64 {
-        let key = format!("vacancyd_request_phase_seconds_{series}{{phase=\"{phase}\"}} ");
-        text.lines()
-            .find_map(|l| l.strip_prefix(key.as_str()))
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(0.0)
-    };
-    [
-        "inspect",
-        "admit",
-        "post_job_sample",
-        "persist",
-        "connect",
-        "upstream",
-        "relay",
-    ]
-    .into_iter()
-    .map(|phase| {
-        let (sum, count) = (value("sum", phase), value("count", phase));
-        let mean = if count > 0.0 { sum / count * 1e6 } else { 0.0 };
-        (phase, mean, count)
-    })
-    .collect()
+    let mut out: Vec<(String, f64, f64)> = Vec::new();
+    for line in text.lines() {
+        for (series, is_sum) in [
+            ("vacancyd_request_phase_seconds_sum{phase=\"", true),
+            ("vacancyd_request_phase_seconds_count{phase=\"", false),
+        ] {
+            let Some(rest) = line.strip_prefix(series) else {
+                continue;
+            };
+            let Some((phase, value)) = rest.split_once("\"} ") else {
+                continue;
+            };
+            let value: f64 = value.trim().parse().unwrap_or(0.0);
+            let i = match out.iter().position(|(p, _, _)| p == phase) {
+                Some(i) => i,
+                None => {
+                    out.push((phase.to_owned(), 0.0, 0.0));
+                    out.len() - 1
+                }
+            };
+            if is_sum {
+                out[i].1 = value;
+            } else {
+                out[i].2 = value;
+            }
+        }
+    }
+    out
+}
+
+/// The phases' means between two snapshots (µs), with their counts.
+fn print_phases(title: &str, before: &[(String, f64, f64)], after: &[(String, f64, f64)]) {
+    println!("{title}");
+    for (phase, sum, count) in after {
+        let (s0, c0) = before
+            .iter()
+            .find(|(p, _, _)| p == phase)
+            .map_or((0.0, 0.0), |(_, s, c)| (*s, *c));
+        let n = count - c0;
+        if n <= 0.0 {
+            continue;
+        }
+        println!(
+            "  {phase:<20} {:>10.0}µs  ({n:.0} requests)",
+            (sum - s0) / n * 1e6
+        );
+    }
 }
 
 fn addr(port: u16) -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], port))
 }
 
+// ---- memory per connection -----------------------------------------------
+
+#[derive(Debug, Default, Clone, Copy)]
+struct Memory {
+    before_kib: u64,
+    idle_kib_per_conn: f64,
+    after_request_kib_per_conn: f64,
+    closed_kib: u64,
+    recovered_kib: u64,
+    connections: usize,
+}
+
+/// Wait until `pids` hold `want` descriptors (or 30 s pass).
+fn wait_fds(pids: &[u32], want: usize, rising: bool) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < deadline {
+        let n = fds(pids);
+        if (rising && n >= want) || (!rising && n <= want) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Read one HTTP/1.1 response (content-length or chunked) from `s`.
+fn read_response(s: &mut std::net::TcpStream) -> bool {
+    let mut buf = Vec::with_capacity(1024);
+    let mut chunk = [0u8; 4096];
+    loop {
+        let Ok(n) = s.read(&mut chunk) else {
+            return false;
+        };
+        if n == 0 {
+            return false;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+        let Some(head_end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
+            continue;
+        };
+        let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
+        let body = buf.len() - head_end - 4;
+        if let Some(len) = head
+            .lines()
+            .find_map(|l| l.strip_prefix("content-length:"))
+            .and_then(|v| v.trim().parse::<usize>().ok())
+        {
+            if body >= len {
+                return true;
+            }
+        } else if buf.ends_with(b"0\r\n\r\n") {
+            return true;
+        }
+    }
+}
+
+/// RSS per idle connection, per connection after one request each, and
+/// RSS after they all close, of the proxy at `port` run by `pids`.
+fn memory(port: u16, pids: &dyn Fn() -> Vec<u32>, n: usize, recovery: Duration) -> Memory {
+    // Warm up: the first requests allocate what every later one reuses.
+    for _ in 0..3 {
+        let mut s = std::net::TcpStream::connect(addr(port)).unwrap();
+        s.write_all(b"GET /v1/models HTTP/1.1\r\nHost: bench\r\n\r\n")
+            .unwrap();
+        assert!(read_response(&mut s), "warm-up request on {port}");
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let p = pids();
+    let fds_before = fds(&p);
+    let before = rss_kib(&p);
+    let mut conns = Vec::with_capacity(n);
+    while conns.len() < n {
+        let batch = (n - conns.len()).min(250);
+        for _ in 0..batch {
+            let s = std::net::TcpStream::connect(addr(port)).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            conns.push(s);
+        }
+        wait_fds(&pids(), fds_before + conns.len(), true);
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let idle = rss_kib(&pids()).saturating_sub(before) as f64 / n as f64;
+    // One request each, one connection at a time; then all sit in keep-alive.
+    for s in &mut conns {
+        s.write_all(b"GET /v1/models HTTP/1.1\r\nHost: bench\r\n\r\n")
+            .unwrap();
+        assert!(
+            read_response(s),
+            "a request on an open connection to {port}"
+        );
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let after_request = rss_kib(&pids()).saturating_sub(before) as f64 / n as f64;
+    drop(conns);
+    wait_fds(&pids(), fds_before + 16, false);
+    std::thread::sleep(Duration::from_millis(200));
+    let closed = rss_kib(&pids());
+    let deadline = Instant::now() + recovery;
+    while Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    Memory {
+        before_kib: before,
+        idle_kib_per_conn: idle,
+        after_request_kib_per_conn: after_request,
+        closed_kib: closed,
+        recovered_kib: rss_kib(&pids()),
+        connections: n,
+    }
+}
+
+// ---- the report ----------------------------------------------------------
+
+/// One row: a value per column, and vacancyd's ratio to nginx.
+fn row(name: &str, values: &[Option<f64>], unit: &str, nginx: usize, ours: &[usize]) {
+    let mut line = format!("{name:<48}");
+    for v in values {
+        match v {
+            Some(v) => line.push_str(&format!(" {:>11.1}{unit:<2}", v)),
+            None => line.push_str(&format!(" {:>13}", "—")),
+        }
+    }
+    for &i in ours {
+        match (
+            values.get(i).copied().flatten(),
+            values.get(nginx).copied().flatten(),
+        ) {
+            (Some(v), Some(n)) if n > 0.0 => line.push_str(&format!(" {:>9.2}×", v / n)),
+            _ => line.push_str(&format!(" {:>10}", "")),
+        }
+    }
+    println!("{line}");
+}
+
+struct Verdict {
+    lines: Vec<String>,
+}
+
+impl Verdict {
+    fn check(&mut self, what: &str, measured: String, target: String, met: bool) {
+        self.lines.push(format!(
+            "  [{}] {what}: {measured} (target {target})",
+            if met { "meets " } else { "misses" }
+        ));
+    }
+}
+
+// Long: the run in the order it measures, each section printing its own table.
+#[allow(clippy::too_many_lines)]
 fn main() {
     // `cargo bench` passes --bench; the test-mode run of scripts/test passes
-    // --test too, and then only the setup is exercised.
-    let test_mode = std::env::args().any(|a| a == "--test");
-    let seconds = if test_mode {
-        1
-    } else {
-        env_usize("BENCH_SECONDS", 8)
-    };
-    let requests = if test_mode {
-        20
-    } else {
-        env_usize("BENCH_REQUESTS", 2000)
-    };
-    let stream_count = if test_mode {
-        2
-    } else {
-        env_usize("BENCH_STREAMS", 30)
-    };
+    // --test too, and then only the setup and a tiny run are exercised.
+    let args: Vec<String> = std::env::args().collect();
+    let test_mode = args.iter().any(|a| a == "--test");
+    let quick = args.iter().any(|a| a == "--quick")
+        || std::env::var("BENCH_QUICK").is_ok_and(|v| v == "1" || v == "true");
+    let sizes = Sizes::from_env(test_mode, quick);
     let have = |tool: &str| Command::new(tool).arg("-v").output().is_ok();
     if !have("wrk") || !have("nginx") {
         panic!(
             "bench-proxy needs wrk and nginx (Debian packages; scripts/bench-proxy installs them)"
         );
     }
+    let nofile = vacancy::proxy::conn::raise_nofile_limit();
+    // vacancyd budgets two descriptors a borrower connection and keeps 128;
+    // this process holds one per connection plus the upstream's.
+    let idle_n = sizes
+        .idle_connections
+        .min((nofile.saturating_sub(128) / 2).saturating_sub(128) as usize);
+    let _ = origin();
 
-    let rt = tokio::runtime::Builder::new_multi_thread()
+    let upstream_rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
+        .thread_name("bench-upstream")
+        .enable_all()
+        .build()
+        .unwrap();
+    // The clients run on this thread, apart from the upstream.
+    let client_rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
     let dir = tempfile::tempdir().unwrap();
     let up_port = free_port().unwrap();
     let up = addr(up_port);
-    let listener = rt.block_on(TcpListener::bind(up)).unwrap();
-    rt.spawn(upstream(listener));
-    let (ng_port, ctl, vc_port, refuse_port) = (
-        free_port().unwrap(),
-        free_port().unwrap(),
-        free_port().unwrap(),
-        free_port().unwrap(),
+    let listener = upstream_rt.block_on(TcpListener::bind(up)).unwrap();
+    upstream_rt.spawn(upstream(listener));
+    let ng_port = free_port().unwrap();
+    let mut ng = nginx(
+        &dir.path().join("nginx"),
+        ng_port,
+        up,
+        sizes.workers,
+        idle_n,
     );
-    let mut ng = nginx(&dir.path().join("nginx"), ng_port, up);
     ng.wait_http_ok(
         &format!("http://127.0.0.1:{ng_port}/health"),
         Duration::from_secs(10),
     )
     .unwrap();
-    let vc_dir: PathBuf = dir.path().join("vacancyd");
-    std::fs::create_dir_all(&vc_dir).unwrap();
-    let vc = vacancyd(&vc_dir, ctl, vc_port, refuse_port, up);
-    std::thread::sleep(Duration::from_secs(1));
-    let idle_rss = rss_kib(vc.pid());
-
-    let paths = [
-        ("direct", up_port),
-        ("nginx", ng_port),
-        ("vacancyd", vc_port),
-    ];
-    println!(
-        "bench-proxy: one run, every path in front of the same fixed upstream (2 wrk threads)"
-    );
-
-    // Reads: GET /v1/models at c=32.
-    let reads: Vec<Wrk> = paths
-        .iter()
-        .map(|(_, port)| {
-            wrk(
-                &format!("http://127.0.0.1:{port}/v1/models"),
-                32,
-                seconds,
-                false,
-            )
-        })
-        .collect();
-    // Admitted requests, one after another.
-    let seq: Vec<Vec<f64>> = paths
-        .iter()
-        .map(|(_, port)| rt.block_on(sequential(addr(*port), requests)))
-        .collect();
-    // Read before the streams add their own requests.
-    let phases = phase_means(ctl);
-    // Streams.
-    let st: Vec<(Vec<f64>, Vec<f64>)> = paths
-        .iter()
-        .map(|(_, port)| rt.block_on(streams(addr(*port), stream_count)))
-        .collect();
-    // Refusals.
-    let refuse_url = format!("http://127.0.0.1:{refuse_port}/v1/chat/completions");
-    let refusals_64 = wrk(&refuse_url, 64, seconds, true);
-    let refusals_1000 = wrk(&refuse_url, 1000, seconds, true);
-    let fsync_us = fdatasync_cost(&vc_dir, if test_mode { 5 } else { 200 });
-
-    println!();
-    println!(
-        "{:<46} {:>12} {:>12} {:>12} {:>10}",
-        "", "direct", "nginx", "vacancyd", "vs nginx"
-    );
-    let row = |name: &str, v: [f64; 3], unit: &str, higher_is_better: bool| {
-        let ratio = if v[1] > 0.0 { v[2] / v[1] } else { 0.0 };
-        let _ = higher_is_better;
-        println!(
-            "{:<46} {:>10.0}{unit:>2} {:>10.0}{unit:>2} {:>10.0}{unit:>2} {:>9.2}×",
-            name, v[0], v[1], v[2], ratio
-        );
+    let ng_pid = ng.pid();
+    let nginx_pids = move || {
+        let mut p = vec![ng_pid];
+        p.extend(children(ng_pid));
+        p
     };
-    row(
-        "GET /v1/models c=32, requests/s",
-        [reads[0].rps, reads[1].rps, reads[2].rps],
-        "",
+    let mut daemons = vec![vacancyd(
+        "vacancyd",
+        Path::new(env!("CARGO_BIN_EXE_vacancyd")),
+        &dir.path().join("vacancyd"),
+        up,
+        sizes.workers,
         true,
-    );
-    row(
-        "GET /v1/models c=32, p99 µs",
-        [reads[0].p99_us, reads[1].p99_us, reads[2].p99_us],
-        "",
-        false,
-    );
-    let p50: Vec<f64> = seq.iter().map(|s| percentile(s, 0.5)).collect();
-    let p99: Vec<f64> = seq.iter().map(|s| percentile(s, 0.99)).collect();
-    row(
-        "admitted POST sequential, p50 µs",
-        [p50[0], p50[1], p50[2]],
-        "",
-        false,
-    );
-    row(
-        "admitted POST sequential, p99 µs",
-        [p99[0], p99[1], p99[2]],
-        "",
-        false,
-    );
-    let added = |i: usize| p50[i] - p50[0];
+    )];
+    if let Some(base) = std::env::var_os("BENCH_BASELINE").filter(|b| !b.is_empty()) {
+        daemons.push(vacancyd(
+            "baseline",
+            &PathBuf::from(base),
+            &dir.path().join("baseline"),
+            up,
+            sizes.workers,
+            false,
+        ));
+    }
+    // tokio names its blocking-pool threads as its workers: this counts both.
+    let runtime_threads: Vec<usize> = daemons
+        .iter()
+        .map(|d| threads_named(d.process.pid(), "tokio-r"))
+        .collect();
+    std::thread::sleep(Duration::from_secs(1));
+    let idle_rss: Vec<u64> = daemons
+        .iter()
+        .map(|d| rss_kib(&[d.process.pid()]))
+        .collect();
+
+    let mut paths = vec![
+        Column {
+            name: "direct".to_owned(),
+            port: up_port,
+            pids: Vec::new(),
+        },
+        Column {
+            name: "nginx".to_owned(),
+            port: ng_port,
+            pids: nginx_pids(),
+        },
+    ];
+    for d in &daemons {
+        paths.push(Column {
+            name: d.name.clone(),
+            port: d.proxy,
+            pids: vec![d.process.pid()],
+        });
+    }
+    let (nginx_col, ours): (usize, Vec<usize>) = (1, (2..paths.len()).collect());
+    let ours_proxy_cols: Vec<usize> = (1..paths.len()).collect();
+    let nginx_workers = nginx_pids().len().saturating_sub(1);
     println!(
-        "{:<46} {:>12} {:>10.0}µs {:>10.0}µs {:>9.2}×",
-        "admitted POST, added p50 over direct",
-        "—",
-        added(1),
-        added(2),
-        if added(1) > 0.0 {
-            added(2) / added(1)
-        } else {
-            0.0
+        "bench-proxy: one run, every path in front of the same fixed upstream (one upstream thread; wrk with up to 2 threads)"
+    );
+    println!(
+        "fairness: nginx {nginx_workers} worker processes (in /proc); {}",
+        daemons
+            .iter()
+            .zip(&runtime_threads)
+            .map(|(d, n)| format!(
+                "{} TOKIO_WORKER_THREADS={} ({n} tokio threads in /proc with the blocking pool's)",
+                d.name, sizes.workers
+            ))
+            .collect::<Vec<_>>()
+            .join(", "),
+    );
+    let mut header = format!("{:<48}", "");
+    for p in &paths {
+        header.push_str(&format!(" {:>13}", p.name));
+    }
+    for &i in &ours {
+        header.push_str(&format!(
+            " {:>10}",
+            format!("{} vs nginx", &paths[i].name[..1])
+        ));
+    }
+    let mut verdict = Verdict { lines: Vec::new() };
+    let fsync_us = fdatasync_cost(
+        &dir.path().join("vacancyd"),
+        if test_mode { 5 } else { 200 },
+    );
+
+    // Memory first, on daemons nothing has loaded yet.
+    if sizes.runs("memory") && idle_n > 0 {
+        println!();
+        println!(
+            "memory: {idle_n} borrower connections opened and left idle, then one GET /v1/models each (kept alive), then all closed; RSS {} s after",
+            sizes.recovery.as_secs()
+        );
+        let mut mem: Vec<Option<Memory>> = vec![None];
+        mem.push(Some(memory(ng_port, &nginx_pids, idle_n, sizes.recovery)));
+        for d in &daemons {
+            let pid = d.process.pid();
+            mem.push(Some(memory(
+                d.proxy,
+                &move || vec![pid],
+                idle_n,
+                sizes.recovery,
+            )));
         }
-    );
-    let first: Vec<f64> = st.iter().map(|(f, _)| percentile(f, 0.5)).collect();
-    let gap: Vec<f64> = st.iter().map(|(_, g)| percentile(g, 0.5)).collect();
-    println!(
-        "{:<46} {:>12} {:>10.0}µs {:>10.0}µs {:>9.2}×",
-        "stream first chunk, added p50 over direct",
-        "—",
-        first[1] - first[0],
-        first[2] - first[0],
-        if first[1] > first[0] {
-            (first[2] - first[0]) / (first[1] - first[0])
-        } else {
-            0.0
+        println!("{header}");
+        let pick = |f: &dyn Fn(&Memory) -> f64| -> Vec<Option<f64>> {
+            mem.iter().map(|m| m.as_ref().map(f)).collect()
+        };
+        row(
+            "RSS before, MiB",
+            &pick(&|m| m.before_kib as f64 / 1024.0),
+            "",
+            nginx_col,
+            &ours,
+        );
+        row(
+            "RSS per idle connection, KiB",
+            &pick(&|m| m.idle_kib_per_conn),
+            "",
+            nginx_col,
+            &ours,
+        );
+        row(
+            "RSS per connection after one request, KiB",
+            &pick(&|m| m.after_request_kib_per_conn),
+            "",
+            nginx_col,
+            &ours,
+        );
+        row(
+            "RSS once all closed, MiB",
+            &pick(&|m| m.closed_kib as f64 / 1024.0),
+            "",
+            nginx_col,
+            &ours,
+        );
+        row(
+            &format!("RSS {} s after they closed, MiB", sizes.recovery.as_secs()),
+            &pick(&|m| m.recovered_kib as f64 / 1024.0),
+            "",
+            nginx_col,
+            &ours,
+        );
+        if let Some(m) = mem[2] {
+            verdict.check(
+                "idle borrower connection",
+                format!("{:.2} KiB", m.idle_kib_per_conn),
+                "≤ 4 KiB".to_owned(),
+                m.idle_kib_per_conn <= 4.0,
+            );
+            let ratio = m.recovered_kib as f64 / m.before_kib.max(1) as f64;
+            verdict.check(
+                &format!(
+                    "RSS {} s after {} connections closed",
+                    sizes.recovery.as_secs(),
+                    m.connections
+                ),
+                format!(
+                    "{:.1} MiB, {:.2}× the {:.1} MiB before",
+                    m.recovered_kib as f64 / 1024.0,
+                    ratio,
+                    m.before_kib as f64 / 1024.0
+                ),
+                "≤ 1.2×".to_owned(),
+                ratio <= 1.2,
+            );
         }
-    );
-    println!(
-        "{:<46} {:>12} {:>10.0}µs {:>10.0}µs {:>9.2}×",
-        "stream per-chunk gap, added p50 over direct",
-        "—",
-        gap[1] - gap[0],
-        gap[2] - gap[0],
-        if gap[1] > gap[0] {
-            (gap[2] - gap[0]) / (gap[1] - gap[0])
-        } else {
-            0.0
+    }
+
+    // Reads at each concurrency.
+    if sizes.runs("reads") {
+        println!();
+        println!("{header}");
+        for &c in &sizes.read_connections {
+            let reads: Vec<Wrk> = paths
+                .iter()
+                .map(|p| {
+                    wrk(
+                        &format!("http://127.0.0.1:{}/v1/models", p.port),
+                        c,
+                        sizes.seconds,
+                        false,
+                        &p.pids,
+                    )
+                })
+                .collect();
+            row(
+                &format!("GET /v1/models c={c}, requests/s"),
+                &reads.iter().map(|w| Some(w.rps)).collect::<Vec<_>>(),
+                "",
+                nginx_col,
+                &ours,
+            );
+            row(
+                &format!("GET /v1/models c={c}, p99 µs"),
+                &reads.iter().map(|w| Some(w.p99_us)).collect::<Vec<_>>(),
+                "",
+                nginx_col,
+                &ours,
+            );
+            row(
+                &format!("GET /v1/models c={c}, proxy CPU µs/request"),
+                &reads
+                    .iter()
+                    .enumerate()
+                    .map(|(i, w)| ours_proxy_cols.contains(&i).then_some(w.cpu_us))
+                    .collect::<Vec<_>>(),
+                "",
+                nginx_col,
+                &ours,
+            );
+            if c == 32 || sizes.read_connections.len() == 1 {
+                let (n, v) = (reads[nginx_col], reads[2]);
+                verdict.check(
+                    &format!("GET /v1/models c={c} requests/s"),
+                    format!("{:.2}× nginx", v.rps / n.rps.max(1.0)),
+                    "≥ 1.0×".to_owned(),
+                    v.rps >= n.rps,
+                );
+                verdict.check(
+                    &format!("GET /v1/models c={c} p99"),
+                    format!("{:.2}× nginx", v.p99_us / n.p99_us.max(1.0)),
+                    "≤ 1.2×".to_owned(),
+                    v.p99_us <= 1.2 * n.p99_us,
+                );
+            }
         }
-    );
-    println!(
-        "{:<46} {:>12} {:>12} {:>10.0}/s",
-        "refusals (resource off) c=64, keep-alive", "—", "—", refusals_64.rps
-    );
-    println!(
-        "{:<46} {:>12} {:>12} {:>10.0}/s {:>9.2}× of c=64",
-        "refusals c=1000",
-        "—",
-        "—",
-        refusals_1000.rps,
-        if refusals_64.rps > 0.0 {
-            refusals_1000.rps / refusals_64.rps
-        } else {
-            0.0
+    }
+
+    // Admitted requests, one after another.
+    let mut control_phases = Vec::new();
+    if sizes.runs("admitted") {
+        let before = phases(daemons[0].control);
+        let seq: Vec<(Vec<f64>, Vec<f64>)> = paths
+            .iter()
+            .map(|p| client_rt.block_on(sequential(addr(p.port), sizes.requests)))
+            .collect();
+        control_phases.push(("admitted POST", before, phases(daemons[0].control)));
+        println!();
+        println!("{header}");
+        let p50: Vec<f64> = seq.iter().map(|s| percentile(&s.0, 0.5)).collect();
+        let p99: Vec<f64> = seq.iter().map(|s| percentile(&s.0, 0.99)).collect();
+        row(
+            "admitted POST sequential, p50 µs",
+            &p50.iter().map(|v| Some(*v)).collect::<Vec<_>>(),
+            "",
+            nginx_col,
+            &ours,
+        );
+        row(
+            "admitted POST sequential, p99 µs",
+            &p99.iter().map(|v| Some(*v)).collect::<Vec<_>>(),
+            "",
+            nginx_col,
+            &ours,
+        );
+        let added: Vec<Option<f64>> = p50
+            .iter()
+            .enumerate()
+            .map(|(i, v)| (i > 0).then_some(v - p50[0]))
+            .collect();
+        row(
+            "admitted POST, added p50 over direct, µs",
+            &added,
+            "",
+            nginx_col,
+            &ours,
+        );
+        let nginx_added = p50[nginx_col] - p50[0];
+        let ours_added = p50[2] - p50[0];
+        verdict.check(
+            "admitted POST added p50",
+            format!(
+                "{ours_added:.0} µs = {:.2}× (nginx added {nginx_added:.0} + fdatasync {fsync_us:.0})",
+                ours_added / (nginx_added + fsync_us).max(1.0)
+            ),
+            "≤ 1.5×".to_owned(),
+            ours_added <= 1.5 * (nginx_added + fsync_us),
+        );
+        for (i, d) in daemons.iter().enumerate() {
+            let said = &seq[2 + i].1;
+            if !d.overhead_header {
+                continue;
+            }
+            if said.is_empty() {
+                println!("{}: no response carried {OVERHEAD_HEADER}", d.name);
+                continue;
+            }
+            let (h50, h99) = (percentile(said, 0.5), percentile(said, 0.99));
+            let measured = p50[2 + i] - p50[0];
+            println!(
+                "{}: {OVERHEAD_HEADER} p50 {h50:.0} µs, p99 {h99:.0} µs, on {} of {} responses; this run measured {measured:.0} µs added at p50 (the header is {:.0}% of it; the rest is the extra hop: the kernel's loopback and hyper's parsing before vacancyd's clock starts)",
+                d.name,
+                said.len(),
+                sizes.requests,
+                h50 / measured.max(1.0) * 100.0
+            );
+            verdict.check(
+                &format!("{OVERHEAD_HEADER} against this run's added p50"),
+                format!("{h50:.0} µs of {measured:.0} µs"),
+                "present on every response, and neither above the measured added time nor below half of it".to_owned(),
+                said.len() == sizes.requests && h50 <= measured * 1.1 + 20.0 && h50 >= measured * 0.5,
+            );
         }
-    );
-    println!(
-        "{:<46} {:>10.0}µs",
-        "one 64-byte append + fdatasync (same disk)", fsync_us
-    );
+    }
+
+    // Streams: the first chunk (short streams, one after another).
+    if sizes.runs("first_chunk") {
+        let before = phases(daemons[0].control);
+        let st: Vec<Vec<f64>> = paths
+            .iter()
+            .map(|p| {
+                client_rt
+                    .block_on(streams(
+                        addr(p.port),
+                        sizes.first_streams,
+                        3,
+                        Duration::from_millis(1),
+                    ))
+                    .0
+            })
+            .collect();
+        control_phases.push(("streamed completion", before, phases(daemons[0].control)));
+        println!();
+        println!("{header}");
+        let p50: Vec<f64> = st.iter().map(|s| percentile(s, 0.5)).collect();
+        let p90: Vec<f64> = st.iter().map(|s| percentile(s, 0.9)).collect();
+        row(
+            "stream first chunk, p50 µs",
+            &p50.iter().map(|v| Some(*v)).collect::<Vec<_>>(),
+            "",
+            nginx_col,
+            &ours,
+        );
+        row(
+            "stream first chunk, p90 µs",
+            &p90.iter().map(|v| Some(*v)).collect::<Vec<_>>(),
+            "",
+            nginx_col,
+            &ours,
+        );
+        let added = |p: &[f64]| -> Vec<Option<f64>> {
+            p.iter()
+                .enumerate()
+                .map(|(i, v)| (i > 0).then_some(v - p[0]))
+                .collect()
+        };
+        row(
+            "stream first chunk, added p50 over direct, µs",
+            &added(&p50),
+            "",
+            nginx_col,
+            &ours,
+        );
+        row(
+            "stream first chunk, added p90 over direct, µs",
+            &added(&p90),
+            "",
+            nginx_col,
+            &ours,
+        );
+        let (n_add, v_add) = (p50[nginx_col] - p50[0], p50[2] - p50[0]);
+        verdict.check(
+            "first chunk added p50",
+            format!("{v_add:.0} µs (nginx added {n_add:.0}, fdatasync {fsync_us:.0})"),
+            format!(
+                "≤ {:.0} µs: nginx + fdatasync + 100",
+                n_add + fsync_us + 100.0
+            ),
+            v_add <= n_add + fsync_us + 100.0,
+        );
+        verdict.check(
+            "first chunk p90 against p50",
+            format!("{:.0} µs against {:.0} µs", p90[2], p50[2]),
+            "p90 ≤ 2× p50".to_owned(),
+            p90[2] <= 2.0 * p50[2],
+        );
+    }
+
+    // Streams: every chunk after the first.
+    if sizes.runs("chunks") {
+        let st: Vec<Vec<f64>> = paths
+            .iter()
+            .map(|p| {
+                client_rt
+                    .block_on(streams(
+                        addr(p.port),
+                        sizes.chunk_streams,
+                        sizes.chunks,
+                        sizes.chunk_gap,
+                    ))
+                    .1
+            })
+            .collect();
+        println!();
+        println!(
+            "{} streams of {} chunks {} ms apart; each chunk's delay from the upstream's write to the client's read",
+            sizes.chunk_streams,
+            sizes.chunks,
+            sizes.chunk_gap.as_millis()
+        );
+        println!("{header}");
+        let p50: Vec<f64> = st.iter().map(|s| percentile(s, 0.5)).collect();
+        let p99: Vec<f64> = st.iter().map(|s| percentile(s, 0.99)).collect();
+        row(
+            "per-chunk delay, p50 µs",
+            &p50.iter().map(|v| Some(*v)).collect::<Vec<_>>(),
+            "",
+            nginx_col,
+            &ours,
+        );
+        row(
+            "per-chunk delay, p99 µs",
+            &p99.iter().map(|v| Some(*v)).collect::<Vec<_>>(),
+            "",
+            nginx_col,
+            &ours,
+        );
+        for (q, v) in [("p50", &p50), ("p99", &p99)] {
+            verdict.check(
+                &format!("per-chunk delay {q}"),
+                format!(
+                    "{:.0} µs (nginx {:.0}, direct {:.0})",
+                    v[2], v[nginx_col], v[0]
+                ),
+                format!("≤ {:.0} µs: nginx + 10", v[nginx_col] + 10.0),
+                v[2] <= v[nginx_col] + 10.0,
+            );
+        }
+    }
+
+    // Refusals.
+    if sizes.runs("refusals") {
+        println!();
+        for d in &daemons {
+            let url = format!("http://127.0.0.1:{}/v1/chat/completions", d.refusing);
+            let pids = [d.process.pid()];
+            let r64 = wrk(&url, 64, sizes.seconds, true, &pids);
+            let r1000 = wrk(&url, 1000, sizes.seconds, true, &pids);
+            println!(
+                "{:<48} {:>10.0}/s  {:>6.1} CPU µs/refusal",
+                format!("{}: refusals (resource off) c=64, keep-alive", d.name),
+                r64.rps,
+                r64.cpu_us
+            );
+            println!(
+                "{:<48} {:>10.0}/s  {:>6.1} CPU µs/refusal  {:.2}× of c=64",
+                format!("{}: refusals c=1000", d.name),
+                r1000.rps,
+                r1000.cpu_us,
+                r1000.rps / r64.rps.max(1.0)
+            );
+            if r64.non_2xx == 0 && !test_mode {
+                println!("warning: no refusal was counted as non-2xx; check the refusing upstream");
+            }
+            if d.name == "vacancyd" {
+                verdict.check(
+                    "refusals c=64",
+                    format!("{:.0}/s", r64.rps),
+                    "≥ 100,000/s".to_owned(),
+                    r64.rps >= 100_000.0,
+                );
+                verdict.check(
+                    "refusals c=1000",
+                    format!("{:.2}× of c=64", r1000.rps / r64.rps.max(1.0)),
+                    "≥ 0.9×".to_owned(),
+                    r1000.rps >= 0.9 * r64.rps,
+                );
+            }
+        }
+    }
+
     println!();
     println!(
-        "where vacancyd's admitted POST time goes (its own phases, mean over the sequential run):"
+        "{:<48} {:>10.0}µs",
+        "one 300-byte append + fdatasync (same disk)", fsync_us
     );
-    for (phase, mean_us, count) in &phases {
-        println!("  {phase:<20} {mean_us:>10.0}µs  ({count:.0} requests)");
+    for (d, rss) in daemons.iter().zip(&idle_rss) {
+        println!(
+            "{:<48} {:>10.1}MiB",
+            format!("{} idle RSS at start", d.name),
+            *rss as f64 / 1024.0
+        );
     }
-    println!(
-        "{:<46} {:>10.1}MiB",
-        "vacancyd idle RSS",
-        idle_rss as f64 / 1024.0
-    );
-    if refusals_64.non_2xx == 0 && !test_mode {
-        println!("warning: no refusal was counted as non-2xx; check the refusing upstream");
+    for (what, before, after) in &control_phases {
+        println!();
+        print_phases(
+            &format!("where vacancyd's time went on each {what} (its own phases, mean):"),
+            before,
+            after,
+        );
     }
-    drop(vc);
+    println!();
+    println!("issue 31's targets (one run; take the acceptance numbers on an idle machine):");
+    for l in &verdict.lines {
+        println!("{l}");
+    }
+    drop(daemons);
+    // Killing nginx's master (as dropping it does) leaves its workers
+    // running: end them first.
+    for worker in children(ng_pid) {
+        let _ = Command::new("kill").arg(worker.to_string()).status();
+    }
     drop(ng);
 }

@@ -434,6 +434,16 @@ async fn open_upstream(
         .ok_or_else(|| setup(format!("upstream {:?} is missing from the engine", u.name)))?;
     let target =
         Target::parse(&u.target).map_err(|e| setup(format!("upstream {:?}: {e}", u.name)))?;
+    // Looked up once now, and again only when connecting fails (issue 31 item 5).
+    match tokio::time::timeout(Duration::from_secs(5), target.resolve()).await {
+        Ok(Ok(_)) => {}
+        Ok(Err(e)) => {
+            warn!(upstream = %u.name, target = %u.target, error = %e, "cannot resolve the upstream's host now; it is looked up again at its first connection");
+        }
+        Err(_) => {
+            warn!(upstream = %u.name, target = %u.target, "resolving the upstream's host took over 5 s; it is looked up again at its first connection");
+        }
+    }
     let route = Arc::new(UpstreamRoute {
         name: u.name.clone(),
         id,
@@ -444,6 +454,7 @@ async fn open_upstream(
         completion_timeout: Duration::from_secs(u.completion_timeout_s),
         max_body_bytes,
         connect_timeout: Duration::from_secs(10),
+        overhead_header: config.server.overhead_header,
         tunnel_idle: Duration::from_secs(config.server.tunnel_idle_timeout_s),
         reads: vacancy::proxy::pool::ReadPool::new(Duration::from_secs(10)),
     });

@@ -93,6 +93,10 @@ pub struct ServerConfig {
     /// Bytes per second a request body must average after `body_timeout_s`
     /// (each such amount extends the deadline by a second). Default 1024.
     pub body_min_rate_bytes: u64,
+    /// Whether every proxied response carries `vacancy-overhead-ms`, the
+    /// time vacancyd itself added to it in milliseconds (issue 31 item 6).
+    /// Default false.
+    pub overhead_header: bool,
     /// Seconds a WebSocket (or other upgraded) connection may carry no byte
     /// either way before both sides are closed. ComfyUI's progress socket is
     /// quiet between prompts and through a node that reports no progress, so
@@ -119,6 +123,7 @@ impl Default for ServerConfig {
             idle_timeout_s: 75,
             body_timeout_s: 30,
             body_min_rate_bytes: 1024,
+            overhead_header: false,
             tunnel_idle_timeout_s: 3600,
             allowed_hosts: Vec::new(),
             tokens: Vec::new(),

@@ -12,7 +12,7 @@
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, ready};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http_body_util::BodyExt;
@@ -22,7 +22,9 @@ use tracing::{info, warn};
 use crate::config::OnBorrowerDisconnect;
 use crate::proxy::exchange::{Exchange, Observed};
 use crate::proxy::forward::{BoxError, FramePoll};
+use crate::proxy::lender::Lender;
 use crate::proxy::live::{CutReason, CutSignal, cut_or_end, cut_reason};
+use crate::proxy::metrics::Phase;
 use crate::proxy::route::UpstreamRoute;
 
 /// A response body that releases its reservation on a proven clean end.
@@ -39,6 +41,9 @@ pub struct GuardedBody {
     /// while a stalled borrower leaves the body unpolled.
     guard: SharedGuard,
     cut: Option<CutSignal>,
+    /// The response head's arrival, until the first body byte is relayed
+    /// (the `first_chunk` phase).
+    first_chunk: Option<(Instant, Arc<Lender>)>,
 }
 
 type SharedGuard = Arc<Mutex<Option<Exchange>>>;
@@ -53,6 +58,7 @@ fn take(guard: &SharedGuard) -> Option<Exchange> {
 impl GuardedBody {
     /// Guard `inner` with its exchange; `cut` is the response's cut signal.
     pub fn new(inner: Incoming, guard: Exchange, cut: Option<CutSignal>) -> Self {
+        let first_chunk = guard.head_at().map(|at| (at, Arc::clone(guard.lender())));
         let shared: SharedGuard = Arc::new(Mutex::new(Some(guard)));
         if let Some(signal) = cut.clone() {
             let watched = Arc::clone(&shared);
@@ -70,6 +76,7 @@ impl GuardedBody {
             inner: Some(inner),
             guard: shared,
             cut,
+            first_chunk,
         }
     }
 
@@ -107,6 +114,11 @@ impl Body for GuardedBody {
         let cut = this.cut.as_ref().and_then(cut_reason);
         match (polled, cut) {
             (Some(Ok(frame)), None) => {
+                if frame.data_ref().is_some_and(|d| !d.is_empty())
+                    && let Some((head, lender)) = this.first_chunk.take()
+                {
+                    lender.metrics().phase(Phase::FirstChunk, head.elapsed());
+                }
                 if inner.is_end_stream() {
                     // The upstream's last byte is read: release before handing it on.
                     this.finish(Observed::Ended);

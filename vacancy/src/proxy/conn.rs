@@ -23,8 +23,8 @@
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
@@ -35,7 +35,7 @@ use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, watch};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio::time::{Instant, Sleep};
 use tracing::{debug, warn};
 
@@ -92,105 +92,105 @@ pub type BorrowerBody = ProgressBody<Incoming>;
 
 /// A connection's requests in flight and when it last went idle, shared by
 /// its I/O, its service and its watchdog.
+///
+/// Plain atomics, written where a request starts and ends and where bytes
+/// arrive, and read only when the watchdog's one timer fires: a request
+/// costs no lock, no notification and no timer work.
 #[derive(Debug)]
 struct Activity {
-    state: Mutex<ActivityState>,
-    changed: Notify,
-}
-
-#[derive(Debug, Clone, Copy)]
-struct ActivityState {
-    in_flight: usize,
-    idle_since: Instant,
-    /// The first byte of a new request head, while none is in flight.
-    head_started: Option<Instant>,
+    /// What the times below count from.
+    origin: Instant,
+    in_flight: AtomicUsize,
+    /// When the last request ended (µs since `origin`).
+    idle_since: AtomicU64,
+    /// The first byte of a new request head while none is in flight (µs
+    /// since `origin`, plus one; 0 for none).
+    head_started: AtomicU64,
 }
 
 impl Activity {
     fn new() -> Self {
         Activity {
-            state: Mutex::new(ActivityState {
-                in_flight: 0,
-                idle_since: Instant::now(),
-                head_started: None,
-            }),
-            changed: Notify::new(),
+            origin: Instant::now(),
+            in_flight: AtomicUsize::new(0),
+            idle_since: AtomicU64::new(0),
+            head_started: AtomicU64::new(0),
         }
     }
 
-    fn update(&self, f: impl FnOnce(&mut ActivityState) -> bool) {
-        let changed = match self.state.lock() {
-            Ok(mut s) => f(&mut s),
-            Err(p) => f(&mut p.into_inner()),
-        };
-        if changed {
-            self.changed.notify_one();
-        }
+    fn now(&self) -> u64 {
+        u64::try_from(self.origin.elapsed().as_micros()).unwrap_or(u64::MAX - 1)
     }
 
-    fn snapshot(&self) -> ActivityState {
-        match self.state.lock() {
-            Ok(s) => *s,
-            Err(p) => *p.into_inner(),
-        }
+    fn at(&self, micros: u64) -> Instant {
+        self.origin + Duration::from_micros(micros)
     }
 
     fn bytes_read(&self) {
-        self.update(|s| {
-            if s.in_flight == 0 && s.head_started.is_none() {
-                s.head_started = Some(Instant::now());
-                return true;
-            }
-            false
-        });
+        if self.in_flight.load(Ordering::Relaxed) == 0
+            && self.head_started.load(Ordering::Relaxed) == 0
+        {
+            self.head_started.store(self.now() + 1, Ordering::Relaxed);
+        }
     }
 
     fn request_started(&self) {
-        self.update(|s| {
-            s.in_flight += 1;
-            s.head_started = None;
-            true
-        });
+        self.in_flight.fetch_add(1, Ordering::Relaxed);
+        self.head_started.store(0, Ordering::Relaxed);
     }
 
     fn request_ended(&self) {
-        self.update(|s| {
-            s.in_flight = s.in_flight.saturating_sub(1);
-            if s.in_flight == 0 {
-                s.idle_since = Instant::now();
-                s.head_started = None;
-            }
-            true
-        });
+        if self.in_flight.fetch_sub(1, Ordering::Relaxed) <= 1 {
+            self.in_flight.store(0, Ordering::Relaxed);
+            self.idle_since.store(self.now(), Ordering::Relaxed);
+            self.head_started.store(0, Ordering::Relaxed);
+        }
+    }
+
+    /// When the connection should close and why, as things stand; `None`
+    /// while a request is in flight.
+    fn deadline(&self, limits: ConnLimits) -> Option<(Instant, &'static str)> {
+        if self.in_flight.load(Ordering::Relaxed) > 0 {
+            return None;
+        }
+        match self.head_started.load(Ordering::Relaxed) {
+            0 => Some((
+                later(
+                    self.at(self.idle_since.load(Ordering::Relaxed)),
+                    limits.idle,
+                ),
+                "idle",
+            )),
+            first => Some((
+                later(self.at(first - 1), limits.header),
+                "the request head did not arrive in time",
+            )),
+        }
     }
 
     /// Resolves with why the connection should close.
+    ///
+    /// One timer, armed no later than any limit could run out from what is
+    /// known when it is armed, and re-armed when it fires: a request that
+    /// starts or ends moves a limit only later, except a head's first byte,
+    /// whose limit is never earlier than `header` from the moment the timer
+    /// was armed while none had come.
     async fn expired(&self, limits: ConnLimits) -> &'static str {
+        let soonest = limits.idle.min(limits.header);
+        let timer = tokio::time::sleep(soonest);
+        tokio::pin!(timer);
         loop {
-            let changed = self.changed.notified();
-            tokio::pin!(changed);
-            changed.as_mut().enable();
-            let s = self.snapshot();
-            let deadline = if s.in_flight > 0 {
-                None
-            } else if let Some(first) = s.head_started {
-                Some((
-                    later(first, limits.header),
-                    "the request head did not arrive in time",
-                ))
-            } else {
-                Some((later(s.idle_since, limits.idle), "idle"))
-            };
-            match deadline {
-                None => changed.await,
-                Some((at, _)) if at > Instant::now() => {
-                    tokio::select! {
-                        () = &mut changed => {}
-                        () = tokio::time::sleep_until(at) => {}
-                    }
+            timer.as_mut().await;
+            let now = Instant::now();
+            let next = match self.deadline(limits) {
+                None => later(now, soonest),
+                Some((at, why)) if at <= now => return why,
+                Some((at, _)) if self.head_started.load(Ordering::Relaxed) == 0 => {
+                    at.min(later(now, limits.header))
                 }
-                Some((_, why)) => return why,
-            }
+                Some((at, _)) => at,
+            };
+            timer.as_mut().reset(next);
         }
     }
 }
@@ -384,7 +384,51 @@ pub fn is_stalled(e: &(dyn std::error::Error + 'static)) -> Option<BodyStalled> 
 /// Serve one HTTP/1.1 connection with `limits`: requests go to `handler`
 /// with their bodies under the progress deadline; the connection closes when
 /// it is too slow or idle, or, gracefully, when `stop` turns true.
+///
+/// Until its first byte arrives a connection is only its socket, one timer
+/// and this small task: hyper's buffers (two of 8 KiB) and its state are
+/// made with the first byte, so an idle borrower costs a few hundred bytes
+/// (issue 31 item 4).
 pub async fn serve_connection<H, Fut, B>(
+    stream: TcpStream,
+    limits: ConnLimits,
+    handler: H,
+    mut stop: Option<watch::Receiver<bool>>,
+) -> Result<(), hyper::Error>
+where
+    H: Fn(http::Request<BorrowerBody>) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = http::Response<B>> + Send + 'static,
+    B: Body<Data = Bytes> + Unpin + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    let mut peeked = [0u8; 1];
+    let first_byte = {
+        let stopped = async {
+            match stop.as_mut() {
+                Some(s) => crate::proxy::stopped(s).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            // A peek, not `readable()`: tokio takes an accepted socket as
+            // readable at first. It ends also when the peer closed (hyper
+            // then sees the end) or failed.
+            r = stream.peek(&mut peeked) => r.is_ok(),
+            () = tokio::time::sleep(limits.idle) => {
+                debug!(reason = "idle", "closing a connection");
+                false
+            }
+            () = stopped => false,
+        }
+    };
+    if !first_byte {
+        return Ok(());
+    }
+    Box::pin(serve_started(stream, limits, handler, stop)).await
+}
+
+/// [`serve_connection`] from the connection's first byte on.
+async fn serve_started<H, Fut, B>(
     stream: TcpStream,
     limits: ConnLimits,
     handler: H,
@@ -424,6 +468,7 @@ where
         }
     };
     tokio::select! {
+        biased;
         r = conn.as_mut() => r,
         why = activity.expired(limits) => {
             debug!(reason = why, "closing a connection");

@@ -163,6 +163,11 @@ impl Exchange {
         self.head_at = Some(Instant::now());
     }
 
+    /// When the upstream's response head came, once it has.
+    pub fn head_at(&self) -> Option<Instant> {
+        self.head_at
+    }
+
     /// The reply came and the adapter's tracker follows the job now (the
     /// engine's phase turns `tracking`).
     pub fn tracking(&mut self) {

@@ -11,7 +11,6 @@ use http_body_util::BodyExt;
 use http_body_util::combinators::UnsyncBoxBody;
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
-use tokio::net::TcpStream;
 
 use crate::proxy::live::{CutSignal, cut_happens};
 use crate::proxy::origin::rewrite_own_origin;
@@ -26,6 +25,13 @@ pub type FramePoll = std::task::Poll<Option<Result<hyper::body::Frame<bytes::Byt
 
 /// The body type the proxy sends both ways.
 pub type ProxyBody = UnsyncBoxBody<Bytes, BoxError>;
+
+/// How long the upstream had a request before its response head came: a
+/// proxied response carries it in its extensions until
+/// [`handle`](crate::proxy::service::handle) takes it to tell vacancyd's own
+/// time from the upstream's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UpstreamTook(pub Duration);
 
 /// How an exchange failed.
 #[derive(Debug, thiserror::Error)]
@@ -97,10 +103,13 @@ pub fn upstream_request(
     parts: &http::request::Parts,
     body: ProxyBody,
 ) -> Result<http::Request<ProxyBody>, String> {
-    let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
-    let uri: http::Uri = format!("{}{}", target.prefix, path)
-        .parse()
-        .map_err(|e| format!("cannot form the upstream path: {e}"))?;
+    let uri: http::Uri = match parts.uri.path_and_query() {
+        // No prefix: the borrower's path as it came (no copy, no parse).
+        Some(pq) if target.prefix.is_empty() => http::Uri::from(pq.clone()),
+        pq => format!("{}{}", target.prefix, pq.map_or("/", |p| p.as_str()))
+            .parse()
+            .map_err(|e| format!("cannot form the upstream path: {e}"))?,
+    };
     let mut headers = parts.headers.clone();
     strip_hop_by_hop(&mut headers);
     headers.remove(header::CONTENT_LENGTH);
@@ -110,9 +119,7 @@ pub fn upstream_request(
         .and_then(|h| h.to_str().ok())
         .or_else(|| parts.uri.authority().map(|a| a.as_str()));
     rewrite_own_origin(&mut headers, borrower_host, target);
-    let host = HeaderValue::from_str(&target.authority)
-        .map_err(|e| format!("target authority is not a header value: {e}"))?;
-    headers.insert(header::HOST, host);
+    headers.insert(header::HOST, target.host_header()?);
     let mut req = http::Request::new(body);
     *req.method_mut() = parts.method.clone();
     *req.uri_mut() = uri;
@@ -142,27 +149,13 @@ pub async fn exchange_with_cut(
     cut: Option<CutSignal>,
     connected: Option<&OnceLock<Instant>>,
 ) -> Result<http::Response<Incoming>, ExchangeError> {
-    let address = format!("{}:{}", target.host, target.port);
-    let stream = match tokio::time::timeout(
-        connect_timeout,
-        TcpStream::connect((target.host.as_str(), target.port)),
-    )
-    .await
-    {
-        Ok(Ok(s)) => s,
-        Ok(Err(e)) => {
-            return Err(ExchangeError::Connect {
-                address,
-                reason: e.to_string(),
-            });
-        }
-        Err(_) => {
-            return Err(ExchangeError::Connect {
-                address,
-                reason: format!("no connection within {} s", connect_timeout.as_secs()),
-            });
-        }
-    };
+    let stream = target
+        .connect(connect_timeout)
+        .await
+        .map_err(|e| ExchangeError::Connect {
+            address: target.address(),
+            reason: e.to_string(),
+        })?;
     if let Some(at) = connected {
         let _ = at.set(Instant::now());
     }
@@ -214,25 +207,31 @@ pub fn prepare_response_head(parts: &mut http::response::Parts) {
     }
 }
 
-/// A relayed response body whose first poll yields once, so that hyper
-/// writes the response head to the borrower before it polls the body again.
+/// A relayed response body that never fails on its first poll, so that
+/// hyper writes the response head to the borrower before the body breaks.
 ///
 /// Without it, a body that fails on its first poll (the upstream sent its
 /// head, then broke off inside the first chunk-size line) makes hyper close
 /// the borrower's connection with the head still unwritten: the borrower
-/// would get no answer at all. With it the borrower gets the head and a body
-/// that breaks off, as for a break later in the body (issue 18 item 2).
+/// would get no answer at all. With it that error waits one poll (the head
+/// is written meanwhile) and the borrower gets the head and a body that
+/// breaks off, as for a break later in the body (issue 18 item 2). A first
+/// poll with data or nothing yet passes straight through: no extra trip
+/// through the scheduler for every response (issue 31).
 pub fn head_first(body: ProxyBody) -> ProxyBody {
     HeadFirst {
         inner: body,
-        yielded: false,
+        polled: false,
+        held_back: None,
     }
     .boxed_unsync()
 }
 
 struct HeadFirst {
     inner: ProxyBody,
-    yielded: bool,
+    polled: bool,
+    /// The first poll's error, answered at the next poll.
+    held_back: Option<BoxError>,
 }
 
 impl hyper::body::Body for HeadFirst {
@@ -243,16 +242,23 @@ impl hyper::body::Body for HeadFirst {
         mut self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, BoxError>>> {
-        if !self.yielded {
-            self.yielded = true;
-            cx.waker().wake_by_ref();
-            return std::task::Poll::Pending;
+        if let Some(e) = self.held_back.take() {
+            return std::task::Poll::Ready(Some(Err(e)));
         }
-        std::pin::Pin::new(&mut self.inner).poll_frame(cx)
+        let first = !self.polled;
+        self.polled = true;
+        match std::pin::Pin::new(&mut self.inner).poll_frame(cx) {
+            std::task::Poll::Ready(Some(Err(e))) if first => {
+                self.held_back = Some(e);
+                cx.waker().wake_by_ref();
+                std::task::Poll::Pending
+            }
+            other => other,
+        }
     }
 
     fn is_end_stream(&self) -> bool {
-        self.yielded && self.inner.is_end_stream()
+        self.polled && self.held_back.is_none() && self.inner.is_end_stream()
     }
 
     fn size_hint(&self) -> hyper::body::SizeHint {

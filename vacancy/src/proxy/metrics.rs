@@ -234,7 +234,7 @@ impl Default for Metrics {
         );
         r.register(
             "vacancyd_added_seconds",
-            "vacancyd's own time per request before the upstream is asked (inspection, admission, the post-job sample wait, the ledger write), or to the refusal",
+            "vacancyd's own time per request to the response head: all of it but the upstream's (from the connection made, or the pooled request sent, to its response head): inspection, admission with any wait, the ledger write, connecting, relaying the head; all of a refusal. What vacancy-overhead-ms says",
             added.clone(),
         );
         r.register(
@@ -244,7 +244,7 @@ impl Default for Metrics {
         );
         r.register(
             "vacancyd_request_phase_seconds",
-            "Where an admitted request's time goes, by phase: inspect (reading and inspecting the body), admit (the engine's decision), post_job_sample (waiting for the sample after the last job, ADM-06), persist (the durable record, REC-01), connect, upstream (to the response head) and relay (the head to the upstream's last byte)",
+            "Where an admitted request's time goes, by phase: inspect (reading and inspecting the body), admit (the engine's decision), post_job_sample (waiting for the sample after the last job, ADM-06), persist (the durable record, REC-01), connect, upstream (to the response head), first_chunk (the head to the first body byte relayed) and relay (the head to the upstream's last byte)",
             phases.clone(),
         );
         r.register(
@@ -444,7 +444,7 @@ impl Metrics {
     }
 
     /// One borrower request answered: `total` from arrival to the response
-    /// head, `added` of it vacancyd's own.
+    /// head, `added` of it vacancyd's own (the `vacancy-overhead-ms` value).
     pub fn request(
         &self,
         upstream: &str,
@@ -686,6 +686,10 @@ pub enum Phase {
     Connect,
     /// From the request sent to the upstream's response head.
     Upstream,
+    /// From the upstream's response head to the first body byte relayed to
+    /// the borrower: the hand-over to the borrower's connection and the head
+    /// written (a stream's first chunk).
+    FirstChunk,
     /// From the response head to the upstream's last byte.
     Relay,
 }
@@ -700,6 +704,7 @@ impl Phase {
             Phase::Persist => "persist",
             Phase::Connect => "connect",
             Phase::Upstream => "upstream",
+            Phase::FirstChunk => "first_chunk",
             Phase::Relay => "relay",
         }
     }

@@ -50,4 +50,4 @@ pub use lender::{Admission, Decided, HeldReleaseError, Lender, RecordError};
 pub use listen::{Listening, serve};
 pub use route::UpstreamRoute;
 pub use shutdown::stopped;
-pub use target::{Target, TargetError};
+pub use target::{ConnectError, Target, TargetError};

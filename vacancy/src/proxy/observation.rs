@@ -213,19 +213,12 @@ pub async fn observe_loop(
                 residency: obs.models.iter().map(describe_residency).collect(),
             },
             Err(ObserveError::Unsupported) => {
-                let addr = (route.target.host.as_str(), route.target.port);
-                match tokio::time::timeout(
-                    Duration::from_secs(2),
-                    tokio::net::TcpStream::connect(addr),
-                )
-                .await
-                {
-                    Ok(Ok(_)) => UpstreamHealth {
+                match route.target.connect(Duration::from_secs(2)).await {
+                    Ok(_) => UpstreamHealth {
                         reachable: Some(true),
                         ..UpstreamHealth::default()
                     },
-                    Ok(Err(e)) => unreachable(e.to_string()),
-                    Err(_) => unreachable("no connection within 2 s".to_owned()),
+                    Err(e) => unreachable(e.to_string()),
                 }
             }
             Err(ObserveError::Unreachable(e)) => unreachable(e),

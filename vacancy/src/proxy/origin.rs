@@ -34,6 +34,9 @@ pub fn rewrite_own_origin(headers: &mut HeaderMap, borrower_host: Option<&str>, 
     let Some(host) = borrower_host else {
         return;
     };
+    if !headers.contains_key(header::ORIGIN) && !headers.contains_key(header::REFERER) {
+        return; // most requests: nothing to rewrite, nothing to format
+    }
     let target_origin = format!("http://{}", target.authority);
     if let Some(url) = single(headers, &header::ORIGIN)
         && let Some((scheme, authority, rest)) = split_url(&url)

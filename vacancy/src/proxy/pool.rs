@@ -66,34 +66,37 @@ impl ReadPool {
         target: &Target,
         mut request: http::Request<ProxyBody>,
     ) -> Result<http::Response<Incoming>, ExchangeError> {
-        let path = request
-            .uri()
-            .path_and_query()
-            .map_or("/", |p| p.as_str())
-            .to_owned();
-        let address = format!("{}:{}", target.host, target.port);
-        let host = if target.host.contains(':') {
-            format!("[{}]:{}", target.host, target.port)
-        } else {
-            address.clone()
-        };
-        *request.uri_mut() =
-            format!("http://{host}{path}")
-                .parse()
-                .map_err(|e| ExchangeError::Connect {
-                    address: address.clone(),
-                    reason: format!("cannot form the upstream URL: {e}"),
-                })?;
-        self.client.request(request).await.map_err(|e| {
-            if e.is_connect() {
-                ExchangeError::Connect {
-                    address,
+        // The resolved address, not the name: the connector then looks
+        // nothing up (the request's Host header names the target already).
+        let authority = target
+            .socket_authority()
+            .await
+            .map_err(|e| ExchangeError::Connect {
+                address: target.address(),
+                reason: e.to_string(),
+            })?;
+        let mut uri = std::mem::take(request.uri_mut()).into_parts();
+        uri.scheme = Some(http::uri::Scheme::HTTP);
+        uri.authority = Some(authority);
+        if uri.path_and_query.is_none() {
+            uri.path_and_query = Some(http::uri::PathAndQuery::from_static("/"));
+        }
+        *request.uri_mut() = http::Uri::from_parts(uri).map_err(|e| ExchangeError::Connect {
+            address: target.address(),
+            reason: format!("cannot form the upstream URL: {e}"),
+        })?;
+        match self.client.request(request).await {
+            Ok(resp) => Ok(resp),
+            Err(e) if e.is_connect() => {
+                // The name may have moved: the next request uses a fresh lookup.
+                let _ = target.resolve().await;
+                Err(ExchangeError::Connect {
+                    address: target.address(),
                     reason: error_chain(&e),
-                }
-            } else {
-                ExchangeError::AfterConnect(error_chain(&e))
+                })
             }
-        })
+            Err(e) => Err(ExchangeError::AfterConnect(error_chain(&e))),
+        }
     }
 }
 

@@ -29,6 +29,8 @@ pub struct UpstreamRoute {
     pub max_body_bytes: usize,
     /// How long connecting to the upstream may take.
     pub connect_timeout: Duration,
+    /// Whether responses carry `vacancy-overhead-ms` (`[server] overhead_header`).
+    pub overhead_header: bool,
     /// How long an upgraded connection (a WebSocket) may carry nothing
     /// before it is closed (`[server] tunnel_idle_timeout_s`).
     pub tunnel_idle: Duration,

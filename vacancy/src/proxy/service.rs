@@ -2,7 +2,7 @@
 //! classify → (inspect → admit → persist) → forward → complete.
 
 use std::sync::{Arc, OnceLock};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Limited};
@@ -16,7 +16,7 @@ use crate::proxy::completion::{GuardedBody, verify_cut};
 use crate::proxy::conn::{BorrowerBody, is_stalled};
 use crate::proxy::exchange::{Exchange, Observed};
 use crate::proxy::forward::{
-    ExchangeError, ProxyBody, exchange_with_cut, full, head_first, is_upgrade,
+    ExchangeError, ProxyBody, UpstreamTook, exchange_with_cut, full, head_first, is_upgrade,
     prepare_response_head, streaming, upstream_request,
 };
 use crate::proxy::host::check_host;
@@ -34,26 +34,27 @@ use crate::traits::{
 /// How much of an unread request body a refusal drains to keep the connection alive.
 const REFUSAL_DRAIN_BYTES: usize = 256 * 1024;
 
-/// When the upstream was asked: the end of vacancyd's own time on a request.
-type Forwarded = OnceLock<Instant>;
-
 /// The header that says how long a request waited in its upstream's wait
 /// line, in milliseconds (issue 22); absent when it did not wait.
 pub const WAITED_HEADER: &str = "vacancy-waited-ms";
+
+/// The header that says how long vacancyd itself took on a request, in
+/// milliseconds (issue 31 item 6; `[server] overhead_header`, off by default).
+pub const OVERHEAD_HEADER: &str = "vacancy-overhead-ms";
 
 /// How long the request waited in line, once decided.
 type Waited = OnceLock<std::time::Duration>;
 
 /// Answer one borrower request, timing it for the metrics: the whole time to
-/// the response head, and vacancyd's own part of it (everything before the
-/// upstream is asked; all of it for a refusal).
+/// the response head, and vacancyd's own part of it (all of it but the
+/// upstream's, [`UpstreamTook`]; all of it for a refusal), which
+/// `vacancy-overhead-ms` says where the configuration asks for it.
 pub async fn handle(
     lender: Arc<Lender>,
     route: Arc<UpstreamRoute>,
     req: http::Request<BorrowerBody>,
 ) -> http::Response<ProxyBody> {
     let arrived = Instant::now();
-    let forwarded = Forwarded::new();
     let waited = Waited::new();
     let path = req
         .uri()
@@ -62,7 +63,7 @@ pub async fn handle(
         .to_owned();
     let class = route.adapter.classify(req.method(), &path);
     let label = class.label();
-    let mut response = answer_request(&lender, &route, req, class, path, &forwarded, &waited).await;
+    let mut response = answer_request(&lender, &route, req, class, path, &waited).await;
     if let Some(w) = waited.get()
         && let Ok(v) = http::HeaderValue::from_str(&w.as_millis().to_string())
     {
@@ -70,11 +71,20 @@ pub async fn handle(
             .headers_mut()
             .insert(http::HeaderName::from_static(WAITED_HEADER), v);
     }
+    let upstream = response
+        .extensions_mut()
+        .remove::<UpstreamTook>()
+        .map_or(Duration::ZERO, |t| t.0);
     let total = arrived.elapsed();
-    let added = forwarded
-        .get()
-        .map_or(total, |at| at.saturating_duration_since(arrived));
-    lender.metrics().request(&route.name, label, total, added);
+    let own = total.saturating_sub(upstream);
+    if route.overhead_header
+        && let Ok(v) = http::HeaderValue::from_str(&format!("{:.3}", own.as_secs_f64() * 1e3))
+    {
+        response
+            .headers_mut()
+            .insert(http::HeaderName::from_static(OVERHEAD_HEADER), v);
+    }
+    lender.metrics().request(&route.name, label, total, own);
     response
 }
 
@@ -84,7 +94,6 @@ async fn answer_request(
     req: http::Request<BorrowerBody>,
     class: RouteClass,
     path: String,
-    forwarded: &Forwarded,
     waited: &Waited,
 ) -> http::Response<ProxyBody> {
     let (lender, route) = (Arc::clone(lender), Arc::clone(route));
@@ -99,17 +108,15 @@ async fn answer_request(
         RoutePolicy::Refuse(code) => {
             let refusal = match route.adapter.reconsider_refusal(req.method(), &path).await {
                 Reconsidered::Stands => route_refusal(&route, class, code, req.method(), &path),
-                Reconsidered::Forward => return forward_unreserved(&route, req, forwarded).await,
+                Reconsidered::Forward => return forward_unreserved(&route, req).await,
                 Reconsidered::Refuse(precise) => precise,
             };
             lender.metrics().refused(&route.name, refusal.code);
             let waits_to_send = expects_continue(req.headers());
             refuse_after_draining(&route, refusal, req.into_body(), waits_to_send).await
         }
-        RoutePolicy::Forward => forward_unreserved(&route, req, forwarded).await,
-        RoutePolicy::Admit(work) => {
-            work_request(lender, route, req, work, &path, forwarded, waited).await
-        }
+        RoutePolicy::Forward => forward_unreserved(&route, req).await,
+        RoutePolicy::Admit(work) => work_request(lender, route, req, work, &path, waited).await,
     }
 }
 
@@ -173,7 +180,6 @@ async fn refuse_after_draining(
 async fn forward_unreserved(
     route: &UpstreamRoute,
     req: http::Request<BorrowerBody>,
-    forwarded: &Forwarded,
 ) -> http::Response<ProxyBody> {
     let (mut parts, body) = req.into_parts();
     let borrower = BorrowerSide::take(&mut parts);
@@ -183,10 +189,15 @@ async fn forward_unreserved(
             return refusal_response(route, &Refusal::new(RefusalCode::InvalidRequest, e), true);
         }
     };
-    let _ = forwarded.set(Instant::now());
     // Nothing is reserved: a pooled keep-alive connection (proxy::pool).
+    let sent = Instant::now();
     match route.reads.send(&route.target, upstream_req).await {
-        Ok(resp) => relay(resp, borrower, None, None, route.tunnel_idle),
+        Ok(resp) => {
+            let took = UpstreamTook(sent.elapsed());
+            let mut resp = relay(resp, borrower, None, None, route.tunnel_idle);
+            resp.extensions_mut().insert(took);
+            resp
+        }
         Err(e) => exchange_failed(route, &e),
     }
 }
@@ -240,7 +251,6 @@ async fn work_request(
     req: http::Request<BorrowerBody>,
     work: WorkRoute,
     path: &str,
-    forwarded: &Forwarded,
     waited: &Waited,
 ) -> http::Response<ProxyBody> {
     let arrived_at = lender.clock().now();
@@ -298,16 +308,7 @@ async fn work_request(
         }
     };
     let body = inspection.rewritten_body.map_or(body, Bytes::from);
-    forward_work(
-        exchange,
-        route,
-        parts,
-        body,
-        &reservation,
-        work.completion,
-        forwarded,
-    )
-    .await
+    forward_work(exchange, route, parts, body, &reservation, work.completion).await
 }
 
 /// Forward recorded work apart from the borrower's connection, so a borrower
@@ -320,7 +321,6 @@ async fn forward_work(
     body: Bytes,
     reservation: &Reservation,
     completion: CompletionMethod,
-    forwarded: &Forwarded,
 ) -> http::Response<ProxyBody> {
     let entry = exchange.entry();
     let borrower = if is_upgrade(&parts.headers) {
@@ -336,7 +336,6 @@ async fn forward_work(
         }
     };
     let (tx, rx) = oneshot::channel();
-    let _ = forwarded.set(Instant::now());
     if completion == CompletionMethod::Tracked {
         let assigned = reservation
             .upstream_ref
@@ -468,13 +467,20 @@ async fn exchange_synchronous(
     };
     match exchanged {
         Ok(Ok(resp)) => {
-            if let Some(at) = connected.get() {
+            // The upstream's own time: from the connection made (vacancyd's
+            // fresh connection counts as vacancyd's) to its response head.
+            let took = connected.get().map(|at| {
                 let metrics = exchange.lender().metrics();
                 metrics.phase(Phase::Connect, at.saturating_duration_since(sent));
                 metrics.phase(Phase::Upstream, at.elapsed());
-            }
+                UpstreamTook(at.elapsed())
+            });
             exchange.response_head();
-            relay(resp, borrower, Some(exchange), Some(cut), route.tunnel_idle)
+            let mut resp = relay(resp, borrower, Some(exchange), Some(cut), route.tunnel_idle);
+            if let Some(took) = took {
+                resp.extensions_mut().insert(took);
+            }
+            resp
         }
         Ok(Err(e @ ExchangeError::Connect { .. })) => {
             exchange.finish(Observed::ConnectFailed(e.to_string()));

@@ -135,6 +135,7 @@ pub(crate) async fn exchange_tracked(
     let bound = route.completion_timeout;
     let entry = exchange.entry();
     let claim = lender.live().register_submission(entry, route.id);
+    let sent = std::time::Instant::now();
     let exchanged = tokio::time::timeout(bound, async {
         match forward::exchange(&route.target, request, route.connect_timeout).await {
             Err(e @ ExchangeError::Connect { .. }) => Err(e),
@@ -145,7 +146,11 @@ pub(crate) async fn exchange_tracked(
     match exchanged {
         Ok(Ok(ex)) => {
             follow(exchange, assigned, admitted_at, ex.submission, claim);
-            ex.response
+            let mut response = ex.response;
+            response
+                .extensions_mut()
+                .insert(forward::UpstreamTook(sent.elapsed()));
+            response
         }
         Ok(Err(e)) => {
             // DONE-02: nothing reached the upstream.

@@ -423,6 +423,7 @@ pub fn lone_upstream(
         completion_timeout: Duration::from_secs(5),
         max_body_bytes: 1 << 20,
         connect_timeout: Duration::from_secs(2),
+        overhead_header: false,
         tunnel_idle: Duration::from_secs(3600),
         reads: crate::proxy::pool::ReadPool::new(Duration::from_secs(2)),
     });
