@@ -649,12 +649,13 @@ mod tests {
     #[tokio::test(flavor = "current_thread")]
     async fn limits_past_the_clocks_range_never_panic_a_connection() {
         // Issue 30 item 5: a limit of Duration::MAX (a library caller's, or
-        // an unchecked configuration's) was added to an Instant on every
-        // connection, which panicked before the first request was read.
+        // an unchecked configuration's) was added to an Instant: by the
+        // watchdog when it re-armed after a request, and by a request body
+        // that had to wait for its bytes. Either panicked the connection.
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let limits = ConnLimits {
             header: Duration::MAX,
-            idle: Duration::MAX,
+            idle: Duration::from_millis(1500),
             body: Duration::MAX,
             body_min_rate: 1,
         };
@@ -669,17 +670,21 @@ mod tests {
             serve_connection(stream, limits, handler, None).await
         });
         let mut client = TcpStream::connect(addr).await.unwrap();
+        // A head, then its body later: the body's deadline is computed.
         client
-            .write_all(
-                b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok",
-            )
+            .write_all(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n")
             .await
             .unwrap();
-        let mut reply = String::new();
-        tokio::time::timeout(Duration::from_secs(10), client.read_to_string(&mut reply))
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        client.write_all(b"ok").await.unwrap();
+        // The reply, then idle: the watchdog fires at 1.5 s with the idle
+        // limit moved by the request, and re-arms with the header limit.
+        let mut reply = Vec::new();
+        tokio::time::timeout(Duration::from_secs(10), client.read_to_end(&mut reply))
             .await
             .unwrap()
             .unwrap();
+        let reply = String::from_utf8_lossy(&reply);
         assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
         assert!(reply.ends_with("ok"), "{reply}");
         server.await.unwrap().unwrap();
