@@ -27,9 +27,8 @@ pub type FramePoll = std::task::Poll<Option<Result<hyper::body::Frame<bytes::Byt
 pub type ProxyBody = UnsyncBoxBody<Bytes, BoxError>;
 
 /// How long the upstream had a request before its response head came: a
-/// proxied response carries it in its extensions until
-/// [`handle`](crate::proxy::service::handle) takes it to tell vacancyd's own
-/// time from the upstream's.
+/// proxied response carries it in its extensions until the service's `handle`
+/// takes it to tell vacancyd's own time from the upstream's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct UpstreamTook(pub Duration);
 
