@@ -227,6 +227,20 @@ async fn an_upstream_that_is_down_releases_the_reservation() {
     let r = d.complete(4).await;
     assert_eq!(r.status, 502, "{}", r.text());
     assert_eq!(r.json().unwrap()["error"]["code"], "upstream_unreachable");
+    // The borrower learns what happened, not the owner's address or the OS error.
+    let message = r.json().unwrap()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(message.contains("nothing was sent"), "{message}");
+    for internal in [
+        port.to_string().as_str(),
+        "127.0.0.1",
+        "os error",
+        "refused",
+    ] {
+        assert!(!message.contains(internal), "{internal:?} in {message}");
+    }
     let s = d.status().await;
     assert!(s["work"].as_array().unwrap().is_empty(), "{s:#}");
     d.wait_status("the upstream to show as unreachable", |s| {

@@ -50,6 +50,22 @@ pub enum ExchangeError {
     AfterConnect(String),
 }
 
+impl ExchangeError {
+    /// What the borrower is told: what happened and what it means for the
+    /// work, without the upstream's address or the OS error (those go to the
+    /// log with the entry).
+    pub fn borrower_words(&self) -> &'static str {
+        match self {
+            ExchangeError::Connect { .. } => {
+                "vacancyd could not connect to the upstream server, so nothing was sent; retry once the owner's server is running again"
+            }
+            ExchangeError::AfterConnect(_) => {
+                "the connection to the upstream server failed after the request was sent, so whether it ran is unknown"
+            }
+        }
+    }
+}
+
 /// Headers that belong to one connection and are never forwarded (RFC 9110 §7.6.1).
 const HOP_BY_HOP: [HeaderName; 7] = [
     header::CONNECTION,

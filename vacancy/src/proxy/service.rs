@@ -206,7 +206,7 @@ fn exchange_failed(route: &UpstreamRoute, e: &ExchangeError) -> http::Response<P
     warn!(upstream = %route.name, error = %e, "upstream exchange failed");
     let refusal = Refusal::new(
         RefusalCode::UpstreamUnreachable,
-        format!("upstream {}: {e}", route.name),
+        format!("upstream {}: {}", route.name, e.borrower_words()),
     );
     refusal_response(route, &refusal, false)
 }
