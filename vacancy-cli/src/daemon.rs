@@ -53,6 +53,16 @@ pub enum StartError {
 
 /// Load, assemble and serve with `registry`'s adapter kinds; returns when shut down.
 pub async fn run(path: Option<&Path>, registry: Arc<AdapterRegistry>) -> Result<(), StartError> {
+    run_until(path, registry, wait_for_signal()).await
+}
+
+/// As [`run`], shutting down gracefully when `stop` completes (a signal, or
+/// the Windows service control manager's stop).
+pub(crate) async fn run_until(
+    path: Option<&Path>,
+    registry: Arc<AdapterRegistry>,
+    stop: impl std::future::Future<Output = ()>,
+) -> Result<(), StartError> {
     let loaded = crate::check_config::load(path, &registry)?;
     let origin = path.map_or_else(
         || vacancy::config::EMBEDDED_ORIGIN.to_owned(),
@@ -60,7 +70,7 @@ pub async fn run(path: Option<&Path>, registry: Arc<AdapterRegistry>) -> Result<
     );
     let (shutdown_tx, shutdown) = watch::channel(false);
     let daemon = start(loaded, path, &origin, shutdown, registry).await?;
-    wait_for_signal().await;
+    stop.await;
     info!("shutting down: no new connections; open exchanges may finish for up to 30 s");
     let _ = shutdown_tx.send(true);
     daemon.join().await;
@@ -102,7 +112,29 @@ async fn wait_for_signal() {
             }
         }
     }
-    #[cfg(not(unix))]
+    #[cfg(windows)]
+    {
+        // Ctrl-C or Ctrl-Break in the console, the console closed, the
+        // system shutting down: each stops vacancyd gracefully.
+        use tokio::signal::windows::{ctrl_break, ctrl_close, ctrl_shutdown};
+        match (ctrl_break(), ctrl_close(), ctrl_shutdown()) {
+            (Ok(mut brk), Ok(mut close), Ok(mut down)) => {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = brk.recv() => {}
+                    _ = close.recv() => {}
+                    _ = down.recv() => {}
+                }
+            }
+            _ => {
+                warn!(
+                    "cannot listen for console close and shutdown events; stopping on Ctrl-C only"
+                );
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(any(unix, windows)))]
     {
         let _ = tokio::signal::ctrl_c().await;
     }
@@ -324,6 +356,8 @@ pub async fn start(
         shown_presence,
         &registry,
     ));
+    #[cfg(windows)]
+    let pipe = crate::control::pipe::bind().map_err(setup)?;
     serve_listeners(
         &config,
         &lender,
@@ -333,6 +367,15 @@ pub async fn start(
         &mut tasks,
         &shutdown,
     );
+    // HELD-09: local administration over a named pipe on Windows.
+    #[cfg(windows)]
+    tasks.spawn(crate::control::pipe::serve(
+        pipe.0,
+        pipe.1,
+        Arc::clone(&state),
+        ConnLimits::from_config(&config.server),
+        shutdown.clone(),
+    ));
     state.ready.store(true, Ordering::Release);
     info!(control = %control, "ready");
     Ok(Daemon { tasks })

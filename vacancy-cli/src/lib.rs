@@ -35,6 +35,8 @@ mod control;
 mod control_client;
 mod daemon;
 mod logging;
+#[cfg(windows)]
+mod service;
 mod settings;
 mod status_cmd;
 
