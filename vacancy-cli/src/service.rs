@@ -33,6 +33,8 @@ use crate::daemon;
 pub const SERVICE_NAME: &str = "vacancyd";
 /// How long a stop may take: the daemon's shutdown grace and its margin.
 const STOP_WAIT: Duration = Duration::from_secs(40);
+/// `ERROR_SERVICE_ALREADY_RUNNING`.
+const ERROR_SERVICE_ALREADY_RUNNING: i32 = 1056;
 /// Daily log files kept.
 const LOG_FILES_KEPT: usize = 14;
 
@@ -190,9 +192,13 @@ fn start() -> Result<String, String> {
             ServiceAccess::START | ServiceAccess::QUERY_STATUS,
         )
         .map_err(|e| scm_error("open the service", &e))?;
-    service
-        .start::<&str>(&[])
-        .map_err(|e| scm_error("start the service", &e))?;
+    match service.start::<&str>(&[]) {
+        Ok(()) => {}
+        // Started already (at boot, say): nothing to do but say so.
+        Err(vacancy_win32::windows_service::Error::Winapi(e))
+            if e.raw_os_error() == Some(ERROR_SERVICE_ALREADY_RUNNING) => {}
+        Err(e) => return Err(scm_error("start the service", &e)),
+    }
     match wait_for(&|| service.query_status().ok(), ServiceState::Running) {
         Some(s) => Ok(describe(&s)),
         None => Err(format!(

@@ -79,11 +79,14 @@ pub fn raise_open_file_limit() -> u64 {
     CONNECTION_HANDLES
 }
 
-/// `%ProgramData%` (`C:\ProgramData` when the variable is unset).
+/// The ProgramData folder, as the shell knows it (`C:\ProgramData`; the
+/// variable `%ProgramData%` is not read: a service's environment may lack it
+/// or, under Wine, name another folder).
 pub fn program_data() -> PathBuf {
-    std::env::var_os("ProgramData")
-        .filter(|v| !v.is_empty())
-        .map_or_else(|| PathBuf::from(r"C:\ProgramData"), PathBuf::from)
+    vacancy_win32::fs::program_data().unwrap_or_else(|e| {
+        warn!(error = %e, "cannot ask Windows where ProgramData is; using C:\\ProgramData");
+        PathBuf::from(r"C:\ProgramData")
+    })
 }
 
 /// `%ProgramData%\vacancyd`: the default configuration, the recovery
