@@ -230,7 +230,21 @@ impl WinDaemon {
         )
         .await
         .unwrap();
-        assert_eq!(stream.status, 200);
+        if stream.status != 200 {
+            let status = stream.status;
+            let body: Vec<u8> = stream
+                .collect_chunks()
+                .await
+                .unwrap_or_default()
+                .iter()
+                .flat_map(|c| c.data.to_vec())
+                .collect();
+            panic!(
+                "the stream was answered {status}: {}\n/status: {:#}",
+                String::from_utf8_lossy(&body),
+                self.status().await
+            );
+        }
         stream.next_chunk().await.unwrap().unwrap();
         let s = self
             .wait_status("the stream's entry", |s| {
@@ -432,6 +446,26 @@ fn wine_check_config_names_keys_and_lines() {
         "{text}"
     );
     assert!(text.contains("2 problems found"), "{text}");
+    // The zip's sample configuration is valid.
+    let sample = Path::new(env!("CARGO_MANIFEST_DIR")).join("../packaging/windows/vacancyd.toml");
+    let out = wine
+        .run(
+            &[
+                "check-config",
+                "--no-sample",
+                "--config",
+                &windows_path(&sample),
+            ],
+            &[],
+        )
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("2 resources, 1 upstream"), "{text}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -94,7 +94,7 @@ impl Wine {
     ///
     /// # Errors
     ///
-    /// When it cannot be started, or runs past `limit`.
+    /// When it cannot be started, or runs past 30 s (a refusal takes about one).
     pub fn run(&self, args: &[&str], env: &[(&str, &str)]) -> Result<Output, SupportError> {
         let mut cmd = self.vacancyd(args);
         cmd.envs(env.iter().copied());
