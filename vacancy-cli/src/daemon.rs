@@ -53,14 +53,16 @@ pub enum StartError {
 
 /// Load, assemble and serve with `registry`'s adapter kinds; returns when shut down.
 pub async fn run(path: Option<&Path>, registry: Arc<AdapterRegistry>) -> Result<(), StartError> {
-    run_until(path, registry, wait_for_signal()).await
+    run_until(path, registry, || {}, wait_for_signal()).await
 }
 
-/// As [`run`], shutting down gracefully when `stop` completes (a signal, or
-/// the Windows service control manager's stop).
+/// As [`run`]: `ready` is called once every listener serves, and the
+/// daemon shuts down gracefully when `stop` completes (a signal, or the
+/// Windows service control manager's stop).
 pub(crate) async fn run_until(
     path: Option<&Path>,
     registry: Arc<AdapterRegistry>,
+    ready: impl FnOnce(),
     stop: impl std::future::Future<Output = ()>,
 ) -> Result<(), StartError> {
     let loaded = crate::check_config::load(path, &registry)?;
@@ -70,6 +72,7 @@ pub(crate) async fn run_until(
     );
     let (shutdown_tx, shutdown) = watch::channel(false);
     let daemon = start(loaded, path, &origin, shutdown, registry).await?;
+    ready();
     stop.await;
     info!("shutting down: no new connections; open exchanges may finish for up to 30 s");
     let _ = shutdown_tx.send(true);

@@ -200,7 +200,11 @@ fn start() -> Result<String, String> {
         Err(e) => return Err(scm_error("start the service", &e)),
     }
     match wait_for(&|| service.query_status().ok(), ServiceState::Running) {
-        Some(s) => Ok(describe(&s)),
+        Some(s) if s.current_state == ServiceState::Running => Ok(describe(&s)),
+        Some(_) => Err(format!(
+            "the service stopped while starting; its log in {} says why",
+            log_dir().display()
+        )),
         None => Err(format!(
             "the service did not report running within {STOP_WAIT:?}; see its log in {}",
             log_dir().display()
@@ -258,17 +262,26 @@ fn describe(s: &ServiceStatus) -> String {
     }
 }
 
-/// Poll `query` until the service is in `state`, within [`STOP_WAIT`].
+/// Poll `query` until the service is in `state` (or, waiting for it to
+/// run, has stopped again after it began starting), within [`STOP_WAIT`].
 fn wait_for(
     query: &dyn Fn() -> Option<ServiceStatus>,
     state: ServiceState,
 ) -> Option<ServiceStatus> {
     let until = Instant::now() + STOP_WAIT;
+    let mut began = false;
     while Instant::now() < until {
-        if let Some(s) = query()
-            && s.current_state == state
-        {
-            return Some(s);
+        if let Some(s) = query() {
+            if s.current_state == state {
+                return Some(s);
+            }
+            if state == ServiceState::Running {
+                match s.current_state {
+                    ServiceState::Stopped if began => return Some(s),
+                    ServiceState::Stopped => {}
+                    _ => began = true,
+                }
+            }
         }
         std::thread::sleep(Duration::from_millis(250));
     }
@@ -342,7 +355,7 @@ fn service_main(_arguments: Vec<OsString>) {
         report(&handle, ServiceState::Stopped, 1, Duration::ZERO);
         return;
     }
-    report(&handle, ServiceState::Running, 0, Duration::ZERO);
+    report(&handle, ServiceState::StartPending, 0, STOP_WAIT);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -359,7 +372,13 @@ fn service_main(_arguments: Vec<OsString>) {
         tracing::info!("the service control manager asked vacancyd to stop");
         report(&handle, ServiceState::StopPending, 0, STOP_WAIT);
     };
-    let exit = match runtime.block_on(daemon::run_until(config.as_deref(), registry, stopping)) {
+    let running = || report(&handle, ServiceState::Running, 0, Duration::ZERO);
+    let exit = match runtime.block_on(daemon::run_until(
+        config.as_deref(),
+        registry,
+        running,
+        stopping,
+    )) {
         Ok(()) => 0,
         Err(e) => {
             tracing::error!("not started: {e}");
