@@ -177,7 +177,7 @@ pub async fn send_local(action: &Action) -> Result<String, ClientError> {
     use hyper_util::rt::TokioIo;
     use tokio::net::windows::named_pipe::ClientOptions;
 
-    let pipe = crate::control::pipe::pipe_name();
+    let pipe = crate::admin_pipe::pipe_name();
     let failed = |reason: String| ClientError::Pipe {
         pipe: pipe.clone(),
         reason,

@@ -351,16 +351,26 @@ pub async fn start(
     let control = control_listener
         .local_addr()
         .map_err(|e| setup(format!("control listener: {e}")))?;
-    let state = Arc::new(control_state(
+    #[cfg_attr(not(windows), allow(unused_mut))]
+    let mut state = control_state(
         &config,
         config_path,
         &lender,
         infos,
         shown_presence,
         &registry,
-    ));
+    );
+    // HELD-09: local administration over a named pipe on Windows, whose
+    // requests reach the control plane with a token only the pipe holds.
     #[cfg(windows)]
-    let pipe = crate::control::pipe::bind().map_err(setup)?;
+    let pipe = {
+        let pipe = crate::admin_pipe::AdminPipe::bind().map_err(setup)?;
+        let mut tokens = config.server.tokens.clone();
+        tokens.push(pipe.token_entry());
+        state.tokens = vacancy::auth::Tokens::new(tokens);
+        pipe
+    };
+    let state = Arc::new(state);
     serve_listeners(
         &config,
         &lender,
@@ -370,15 +380,8 @@ pub async fn start(
         &mut tasks,
         &shutdown,
     );
-    // HELD-09: local administration over a named pipe on Windows.
     #[cfg(windows)]
-    tasks.spawn(crate::control::pipe::serve(
-        pipe.0,
-        pipe.1,
-        Arc::clone(&state),
-        ConnLimits::from_config(&config.server),
-        shutdown.clone(),
-    ));
+    tasks.spawn(pipe.serve(control, shutdown.clone()));
     state.ready.store(true, Ordering::Release);
     info!(control = %control, "ready");
     Ok(Daemon { tasks })

@@ -22,8 +22,6 @@ use vacancy::proxy::{HeldReleaseError, Listening};
 
 use crate::settings::SaveError;
 
-#[cfg(windows)]
-pub(crate) mod pipe;
 pub(crate) mod state;
 
 pub use state::{ControlState, UpstreamInfo};
@@ -86,14 +84,7 @@ fn auth_error(e: AuthError) -> ApiError {
 /// The header that names the action a mutating call intends (HELD-04).
 const INTENT: &str = "vacancy-intent";
 
-/// The mark on a request that came over the local administration pipe
-/// (HELD-09, Windows): its DACL admitted only Administrators and
-/// LocalSystem, who hold every scope. Requests from a socket never carry it.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct LocalAdministrator;
-
-/// Authorize an admin call: token, scope, then intent (HELD-05). A local
-/// administrator's call needs no token, only the intent.
+/// Authorize an admin call: token, scope, then intent (HELD-05).
 fn admit_call<'a>(
     state: &'a ControlState,
     head: &http::request::Parts,
@@ -104,16 +95,10 @@ fn admit_call<'a>(
         .headers
         .get(http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok());
-    let who = if head.extensions.get::<LocalAdministrator>().is_some() {
-        "local administrator"
-    } else {
-        state
-            .tokens
-            .authorize(authorization, scope)
-            .map_err(auth_error)?
-            .name
-            .as_str()
-    };
+    let token = state
+        .tokens
+        .authorize(authorization, scope)
+        .map_err(auth_error)?;
     let said = head
         .headers
         .get(INTENT)
@@ -126,7 +111,7 @@ fn admit_call<'a>(
             format!("this call needs the header `Vacancy-Intent: {intent}` naming the action"),
         ));
     }
-    Ok(who)
+    Ok(token.name.as_str())
 }
 
 /// A JSON object body, read within 64 KiB.
