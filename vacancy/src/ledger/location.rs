@@ -144,6 +144,12 @@ pub struct Location {
 /// - The directory must be owned by the running account with mode 0700
 ///   ([`check_recovery_dir`], REC-22); vacancyd never changes an existing
 ///   directory's permissions or owner (REC-21).
+/// - On Windows instead: with an empty setting the directory is
+///   `%ProgramData%\vacancyd\admission`, created folder by folder with a
+///   protected DACL for Administrators and LocalSystem; any directory must be
+///   inside `%ProgramData%\vacancyd` with no reparse point on its way and no
+///   folder from there down letting another account in (REC-24), and the
+///   directory itself owned by and private to those two (REC-23).
 pub fn resolve_location(input: &LocationInput) -> Result<Location, LedgerError> {
     let located = locate(input)?;
     let created = check_and_create(input, &located)?;
