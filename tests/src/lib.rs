@@ -87,6 +87,7 @@ mod python;
 mod shim;
 pub mod tts;
 pub mod voice_emulator;
+pub mod wine;
 
 use std::path::PathBuf;
 

@@ -53,6 +53,18 @@ pub enum StartError {
 
 /// Load, assemble and serve with `registry`'s adapter kinds; returns when shut down.
 pub async fn run(path: Option<&Path>, registry: Arc<AdapterRegistry>) -> Result<(), StartError> {
+    run_until(path, registry, || {}, wait_for_signal()).await
+}
+
+/// As [`run`]: `ready` is called once every listener serves, and the
+/// daemon shuts down gracefully when `stop` completes (a signal, or the
+/// Windows service control manager's stop).
+pub(crate) async fn run_until(
+    path: Option<&Path>,
+    registry: Arc<AdapterRegistry>,
+    ready: impl FnOnce(),
+    stop: impl std::future::Future<Output = ()>,
+) -> Result<(), StartError> {
     let loaded = crate::check_config::load(path, &registry)?;
     let origin = path.map_or_else(
         || vacancy::config::EMBEDDED_ORIGIN.to_owned(),
@@ -60,7 +72,8 @@ pub async fn run(path: Option<&Path>, registry: Arc<AdapterRegistry>) -> Result<
     );
     let (shutdown_tx, shutdown) = watch::channel(false);
     let daemon = start(loaded, path, &origin, shutdown, registry).await?;
-    wait_for_signal().await;
+    ready();
+    stop.await;
     info!("shutting down: no new connections; open exchanges may finish for up to 30 s");
     let _ = shutdown_tx.send(true);
     daemon.join().await;
@@ -102,7 +115,29 @@ async fn wait_for_signal() {
             }
         }
     }
-    #[cfg(not(unix))]
+    #[cfg(windows)]
+    {
+        // Ctrl-C or Ctrl-Break in the console, the console closed, the
+        // system shutting down: each stops vacancyd gracefully.
+        use tokio::signal::windows::{ctrl_break, ctrl_close, ctrl_shutdown};
+        match (ctrl_break(), ctrl_close(), ctrl_shutdown()) {
+            (Ok(mut brk), Ok(mut close), Ok(mut down)) => {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = brk.recv() => {}
+                    _ = close.recv() => {}
+                    _ = down.recv() => {}
+                }
+            }
+            _ => {
+                warn!(
+                    "cannot listen for console close and shutdown events; stopping on Ctrl-C only"
+                );
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(any(unix, windows)))]
     {
         let _ = tokio::signal::ctrl_c().await;
     }
@@ -344,14 +379,26 @@ pub async fn start(
     let control = control_listener
         .local_addr()
         .map_err(|e| setup(format!("control listener: {e}")))?;
-    let state = Arc::new(control_state(
+    #[cfg_attr(not(windows), allow(unused_mut))]
+    let mut state = control_state(
         &config,
         config_path,
         &lender,
         infos,
         shown_presence,
         &registry,
-    ));
+    );
+    // HELD-09: local administration over a named pipe on Windows, whose
+    // requests reach the control plane with a token only the pipe holds.
+    #[cfg(windows)]
+    let pipe = {
+        let pipe = crate::admin_pipe::AdminPipe::bind().map_err(setup)?;
+        let mut tokens = config.server.tokens.clone();
+        tokens.push(pipe.token_entry());
+        state.tokens = vacancy::auth::Tokens::new(tokens);
+        pipe
+    };
+    let state = Arc::new(state);
     serve_listeners(
         &config,
         &lender,
@@ -361,6 +408,8 @@ pub async fn start(
         &mut tasks,
         &shutdown,
     );
+    #[cfg(windows)]
+    tasks.spawn(pipe.serve(control, shutdown.clone()));
     state.ready.store(true, Ordering::Release);
     info!(control = %control, "ready");
     Ok(Daemon { tasks })

@@ -14,6 +14,8 @@ pub mod gate;
 #[cfg(feature = "runtime")]
 pub mod ledger;
 #[cfg(feature = "runtime")]
+pub mod platform;
+#[cfg(feature = "runtime")]
 pub mod presence;
 #[cfg(feature = "runtime")]
 pub mod pressure;

@@ -512,6 +512,7 @@ fn finish_compaction(disk: &dyn Disk, dir: &Path, journal_path: &Path) -> Result
 }
 
 /// Make a directory's entries (a created or renamed file) durable.
+#[cfg(unix)]
 pub(crate) fn sync_dir(dir: &Path) -> Result<(), LedgerError> {
     sync_dir_on(&RealDisk, dir)
 }

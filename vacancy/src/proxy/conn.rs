@@ -603,26 +603,11 @@ pub fn budgets(nofile: u64, reserve: u64) -> (ConnBudget, ConnBudget) {
     )
 }
 
-/// The soft limit on open descriptors, raised first to the hard limit (at
-/// most 2^20, the kernel's usual `nr_open`) where it is lower, as Go's
-/// runtime does.
+/// The number of descriptors the process may hold, raised first where it
+/// can be ([`crate::platform::raise_open_file_limit`]: on Unix the soft
+/// `RLIMIT_NOFILE` raised to the hard one; on Windows a fixed budget).
 pub fn raise_nofile_limit() -> u64 {
-    use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
-    const CAP: u64 = 1 << 20;
-    let limit = getrlimit(Resource::Nofile);
-    let current = limit.current.unwrap_or(CAP);
-    let wanted = limit.maximum.unwrap_or(CAP).min(CAP);
-    if current < wanted {
-        let raised = Rlimit {
-            current: Some(wanted),
-            maximum: limit.maximum,
-        };
-        match setrlimit(Resource::Nofile, raised) {
-            Ok(()) => return wanted,
-            Err(e) => warn!(error = %e, "cannot raise the open-file limit to its hard limit"),
-        }
-    }
-    current
+    crate::platform::raise_open_file_limit()
 }
 
 #[cfg(test)]
