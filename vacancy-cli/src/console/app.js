@@ -185,9 +185,10 @@ function vetoLine(s) {
 
 function sign(u) {
   const v = u.vacancy;
-  return v.admitting
-    ? h("span", { class: "sign admitting", "data-sign": u.name }, "admitting")
-    : h("span", { class: "sign refusing", "data-sign": u.name }, v.code ?? "refusing");
+  if (v.admitting) return h("span", { class: "sign admitting", "data-sign": u.name }, "admitting");
+  // A new request would wait its turn in the route's wait line ([upstream.queue]).
+  if (v.queueing != null) return h("span", { class: "sign queueing", "data-sign": u.name }, `queueing (${v.queueing} waiting)`);
+  return h("span", { class: "sign refusing", "data-sign": u.name }, v.code ?? "refusing");
 }
 
 function overview(s) {

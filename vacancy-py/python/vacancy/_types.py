@@ -124,6 +124,10 @@ class VacancyStatus(typing.TypedDict):
     """Whether an upstream would admit work now."""
 
     admitting: bool
+    """Whether a new request would be admitted now."""
+    queueing: int | None
+    """When a new request would wait in the upstream's wait line: how many
+    requests that came earlier wait ahead of it; else ``None``."""
     code: RefusalCode | None
     reason: str | None
 

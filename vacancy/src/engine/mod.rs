@@ -732,32 +732,17 @@ impl Engine {
         u32::try_from(holding).unwrap_or(u32::MAX) + u32::from(tail)
     }
 
-    /// Whether the upstream's default-budget request would be admitted now (UI-01, VOICE-19).
+    /// Whether the upstream's default-budget request would be admitted now,
+    /// would wait in its line, or would be refused (UI-01, VOICE-19, issue 30).
     pub fn vacancy(&mut self, upstream: UpstreamId, now: Moment) -> Vacancy {
         let not_proven = Residency::NotProven {
             why: "the status decision charges the default budget".to_owned(),
             stale: false,
         };
-        match self.evaluate(upstream.0, ModelNames::default(), &not_proven, now, now) {
-            Ok(_) => Vacancy {
-                admitting: true,
-                code: None,
-                reason: None,
-            },
-            Err(Blocked::Wait { resources, .. }) => Vacancy {
-                admitting: false,
-                code: Some(RefusalCode::ResourceBusy),
-                reason: Some(format!(
-                    "waiting for a capacity sample of {} after the last job",
-                    resources.join(", ")
-                )),
-            },
-            Err(Blocked::Refused(r) | Blocked::Reobserve(r)) => Vacancy {
-                admitting: false,
-                code: Some(r.code),
-                reason: Some(r.reason),
-            },
-        }
+        let evaluated = self
+            .evaluate(upstream.0, ModelNames::default(), &not_proven, now, now)
+            .map(|_| ());
+        self.sign(upstream.0, evaluated, now)
     }
 
     fn residency(
