@@ -256,3 +256,76 @@ async fn a_waiter_who_disconnects_leaves_the_line_and_is_never_forwarded() {
         "the waiter that left was never forwarded"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_vacancy_sign_says_queueing_while_a_new_request_would_wait() {
+    // Issue 30 item 9, UI-01: with a job running and two borrowers in line,
+    // a new request would wait behind them: /status, /health/upstreams,
+    // `vacancyd status` and the console say `queueing (2 waiting)`, never
+    // `admitting`.
+    let llama = LlamaServer::start(busy_model()).unwrap();
+    let shim = CountingShim::start(llama.addr()).unwrap();
+    let d = lined(&shim.base_url(), 8).await;
+    let url = format!("{}/completion", d.proxy);
+    let mut long = serde_json::from_slice::<serde_json::Value>(&completion(100_000, true)).unwrap();
+    long["ignore_eos"] = json!(true);
+    let mut stream = http_stream("POST", &url, &[JSON], long.to_string().into_bytes())
+        .await
+        .unwrap();
+    assert_eq!(stream.status, 200);
+    stream.next_chunk().await.unwrap().unwrap();
+    let s = d.status().await;
+    assert_eq!(s["upstreams"][0]["vacancy"]["queueing"], 0, "{s}");
+    let waiters: Vec<_> = (0..2)
+        .map(|_| {
+            let url = url.clone();
+            tokio::spawn(async move {
+                http_request("POST", &url, &[JSON], completion(4, false))
+                    .await
+                    .unwrap()
+            })
+        })
+        .collect();
+    let s = d.wait_status("two waiters in line", |s| waiting(s) == 2).await;
+    let v = &s["upstreams"][0]["vacancy"];
+    assert_eq!(v["admitting"], false, "{v}");
+    assert_eq!(v["queueing"], 2, "{v}");
+    assert_eq!(v["code"], "resource_busy", "{v}");
+    let health = http_request(
+        "GET",
+        &format!("{}/health/upstreams/llama", d.control),
+        &[],
+        Vec::new(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(health.status, 503, "{}", health.text());
+    assert_eq!(health.json().unwrap()["queueing"], 2);
+    let out = std::process::Command::new(vacancy_test_support::vacancyd())
+        .args(["status", "--url", &d.control])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("queueing (2 waiting)"), "{text}");
+    {
+        let mut b =
+            Browser::start().expect("a headless Chromium (Debian chromium + chromium-driver)");
+        b.get(&format!("{}/", d.control)).unwrap();
+        b.wait_for(
+            "[data-sign='llama']",
+            Some("queueing (2 waiting)"),
+            Duration::from_secs(20),
+        )
+        .unwrap_or_else(|e| panic!("the console's sign says queueing: {e}"));
+    }
+    // The owner returns: the waiters are answered, the sign refuses.
+    presence(&d, true).await;
+    for w in waiters {
+        assert_eq!(w.await.unwrap().status, 503);
+    }
+    let s = d.status().await;
+    assert_eq!(s["upstreams"][0]["vacancy"]["code"], "owner_present", "{s}");
+    assert!(s["upstreams"][0]["vacancy"]["queueing"].is_null(), "{s}");
+    drop(stream);
+}
