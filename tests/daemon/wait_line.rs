@@ -286,7 +286,9 @@ async fn the_vacancy_sign_says_queueing_while_a_new_request_would_wait() {
             })
         })
         .collect();
-    let s = d.wait_status("two waiters in line", |s| waiting(s) == 2).await;
+    let s = d
+        .wait_status("two waiters in line", |s| waiting(s) == 2)
+        .await;
     let v = &s["upstreams"][0]["vacancy"];
     assert_eq!(v["admitting"], false, "{v}");
     assert_eq!(v["queueing"], 2, "{v}");

@@ -414,6 +414,7 @@ async fn open_upstream(
         management: u.management,
         on_borrower_disconnect: u.on_borrower_disconnect,
         completion_timeout: Duration::from_secs(u.completion_timeout_s),
+        stop_proof_timeout: Duration::from_secs(u.stop_proof_timeout_s),
         max_body_bytes,
         connect_timeout: Duration::from_secs(10),
         reads: vacancy::proxy::pool::ReadPool::new(Duration::from_secs(10)),

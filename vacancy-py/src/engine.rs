@@ -1281,7 +1281,7 @@ impl Reservation {
         let sample = engine.with(py, |g| {
             let eid = entry_id(&id)?;
             match g.engine.phase(eid) {
-                Some(Phase::Forwarding | Phase::Tracking) => {
+                Some(Phase::Forwarding | Phase::Tracking | Phase::Verifying) => {
                     let m = g.current(&engine.core.clock);
                     Ok(released(g.engine.release(eid, outcome, m)?))
                 }

@@ -186,7 +186,11 @@ fn run(events: Vec<Event>) -> Result<(), TestCaseError> {
                 Decision::Wait { .. } => !v.admitting,
                 _ => !v.admitting && v.queueing.is_none(),
             };
-            prop_assert!(told, "the sign said {} but a new request got {decision:?}", v.sign());
+            prop_assert!(
+                told,
+                "the sign said {} but a new request got {decision:?}",
+                v.sign()
+            );
         }
         match decision {
             Decision::Admitted(r) => {

@@ -158,7 +158,7 @@ class WorkStatus(typing.TypedDict):
     resources: list[str]
     age_s: int
     completion: typing.Literal["response_end", "tracked", "held_on_close"]
-    phase: typing.Literal["forwarding", "tracking", "held"]
+    phase: typing.Literal["forwarding", "tracking", "verifying", "held"]
     held_reason: str | None
     upstream_ref: str | None
 

@@ -10,8 +10,8 @@ use super::hosts::{parse_target, same_server_key};
 use super::kinds::AdapterKinds;
 use super::parse::{KeyIndex, KeyPath, sort_by_line};
 use super::schema::{
-    AdapterKind, Config, OwnerScope, PresenceMode, ResourceConfig, SamplerKind, UpstreamConfig,
-    VoiceRoutesConfig,
+    AdapterKind, Config, MAX_STOP_PROOF_TIMEOUT_S, OwnerScope, PresenceMode, ResourceConfig,
+    SamplerKind, UpstreamConfig, VoiceRoutesConfig,
 };
 use crate::ResourceKind;
 
@@ -548,6 +548,12 @@ impl Checker<'_> {
                 self.error(
                     &up.key("completion_timeout_s"),
                     "must be above 0 (seconds an unfinished job is awaited)",
+                );
+            }
+            if !(1..=MAX_STOP_PROOF_TIMEOUT_S).contains(&u.stop_proof_timeout_s) {
+                self.error(
+                    &up.key("stop_proof_timeout_s"),
+                    format!("must be 1 to {MAX_STOP_PROOF_TIMEOUT_S} (seconds the proof that a cut job stopped is awaited)"),
                 );
             }
             self.adapter_kind(u, &up);

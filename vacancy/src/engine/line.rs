@@ -320,12 +320,7 @@ impl Engine {
     /// would be admitted now; `queueing` when it would wait in the
     /// upstream's line (behind the waiters that need its resources);
     /// otherwise the refusal it would get.
-    pub(super) fn sign(
-        &self,
-        up: usize,
-        evaluated: Result<(), Blocked>,
-        now: Moment,
-    ) -> Vacancy {
+    pub(super) fn sign(&self, up: usize, evaluated: Result<(), Blocked>, now: Moment) -> Vacancy {
         let ahead = self.ahead_of(up, None, now);
         let busy = match (evaluated, ahead.first) {
             (Ok(()), None) => return Vacancy::admitting(),

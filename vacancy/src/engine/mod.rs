@@ -1079,6 +1079,15 @@ impl Engine {
         Ok(())
     }
 
+    /// The response was cut and the shell checks the upstream's proof that
+    /// the job stopped: the entry keeps its resources, shows `verifying`,
+    /// and ends by [`release`](Self::release) (proof) or a hold (none).
+    pub fn start_verifying(&mut self, id: EntryId) -> Result<(), EngineError> {
+        let e = self.unheld_entry(id)?;
+        e.phase = Phase::Verifying;
+        Ok(())
+    }
+
     /// The upstream named its own handle for the work (ComfyUI before 0.3.45,
     /// REC-04): the reservation carries it from now on.
     pub fn set_upstream_ref(&mut self, id: EntryId, upstream_ref: &str) -> Result<(), EngineError> {

@@ -1742,10 +1742,17 @@ fn line_sign_queueing_when_a_new_request_would_wait_behind_a_waiter() {
     let mut e = lined(8, 30_000);
     let llm = e.upstream_id("llm").unwrap();
     let lane = e.upstream_id("cpu-lane").unwrap();
-    assert!(e.vacancy(llm, t(5)).admitting, "nothing reserved, nobody waits");
+    assert!(
+        e.vacancy(llm, t(5)).admitting,
+        "nothing reserved, nobody waits"
+    );
     let job = admitted(admit(&mut e, "cpu-lane", None, 10));
     let v = e.vacancy(llm, t(15));
-    assert_eq!(v.queueing, Some(0), "ram is reserved: it would queue, first");
+    assert_eq!(
+        v.queueing,
+        Some(0),
+        "ram is reserved: it would queue, first"
+    );
     assert_eq!(v.sign(), "queueing (0 waiting)");
     let waiter = req(&e, "llm", None, 20);
     waits(e.admit(&waiter, t(20)));
@@ -1760,7 +1767,10 @@ fn line_sign_queueing_when_a_new_request_would_wait_behind_a_waiter() {
     // waiter comes first.
     end_job(&mut e, &job, 100);
     let v = e.vacancy(lane, t(102));
-    assert!(!v.admitting, "a new request would queue behind the waiter: {v:?}");
+    assert!(
+        !v.admitting,
+        "a new request would queue behind the waiter: {v:?}"
+    );
     assert_eq!(v.queueing, Some(1));
     admitted(e.admit(&waiter, t(103)));
     let v = e.vacancy(lane, t(104));
@@ -1786,13 +1796,19 @@ fn line_sign_without_a_line_is_refusing_and_a_full_line_says_so() {
     let v = e.vacancy(lane, t(102));
     assert!(!v.admitting && v.queueing.is_none(), "{v:?}");
     assert_eq!(v.code, Some(RefusalCode::ResourceBusy));
-    assert!(v.reason.as_deref().unwrap_or("").contains("wait in line"), "{v:?}");
+    assert!(
+        v.reason.as_deref().unwrap_or("").contains("wait in line"),
+        "{v:?}"
+    );
     let v = e.vacancy(llm, t(102));
     assert!(v.queueing.is_none(), "{v:?}");
     assert!(v.reason.as_deref().unwrap_or("").contains("full"), "{v:?}");
     // The owner's refusals come before the line.
     e.set_lending(false);
-    assert_eq!(e.vacancy(llm, t(103)).code, Some(RefusalCode::LendingPaused));
+    assert_eq!(
+        e.vacancy(llm, t(103)).code,
+        Some(RefusalCode::LendingPaused)
+    );
 }
 
 #[test]

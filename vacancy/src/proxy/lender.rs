@@ -425,6 +425,14 @@ impl Lender {
         }
     }
 
+    /// A cut response's entry waits for the upstream's proof that the job
+    /// stopped (the engine's phase turns `verifying`).
+    pub fn start_verifying(&self, entry: EntryId) {
+        if let Err(e) = self.with_engine(|e| e.start_verifying(entry)) {
+            warn!(entry = %entry, error = %e, "could not mark the entry as verifying");
+        }
+    }
+
     /// End a job: release it or hold it, and trigger post-job samples (ADM-05).
     ///
     /// The engine's release is synchronous, so it is recorded before the caller

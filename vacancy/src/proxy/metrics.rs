@@ -564,7 +564,7 @@ impl Metrics {
             self.exempt
                 .get_or_create(&upstream)
                 .set(i64::from(u.owner_scope == "resource"));
-            for phase in ["forwarding", "tracking", "held"] {
+            for phase in ["forwarding", "tracking", "verifying", "held"] {
                 let n = status
                     .work
                     .iter()
