@@ -1661,3 +1661,34 @@ fn manual_sampler_is_refused_by_the_daemon() {
     assert_eq!(loaded.config.resources[0].sampler, SamplerKind::Manual);
     assert_eq!(SamplerKind::Manual.as_str(), "manual");
 }
+
+#[test]
+fn stop_proof_timeout_defaults_to_a_minute_and_is_bounded() {
+    // Issue 30 item 12: the window for a cut job's proof of its stop.
+    let ok = with(&[upstream("a", 9000, "http://127.0.0.1:1", "ram", &[], "")]);
+    let c = Config::parse(&ok, "t").unwrap().config;
+    assert_eq!(c.upstreams[0].stop_proof_timeout_s, 60);
+    let text = with(&[
+        upstream(
+            "a",
+            9000,
+            "http://127.0.0.1:1",
+            "ram",
+            &[],
+            "stop_proof_timeout_s = 0\n",
+        ),
+        upstream(
+            "b",
+            9001,
+            "http://127.0.0.1:2",
+            "ram",
+            &[],
+            "stop_proof_timeout_s = 3601\n",
+        ),
+    ]);
+    let errs = errors(&text);
+    assert_eq!(errs.len(), 2, "{}", list(&errs));
+    for up in ["upstream[0] (\"a\")", "upstream[1] (\"b\")"] {
+        find(&errs, &format!("{up}.stop_proof_timeout_s"), &["1 to 3600"]);
+    }
+}

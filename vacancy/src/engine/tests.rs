@@ -1845,3 +1845,41 @@ fn line_a_waiter_that_reobserves_keeps_its_place() {
     assert_eq!(r.id, first.id, "first come, first served across RES-20");
     assert!(r.resident_credit);
 }
+
+#[test]
+fn a_verifying_entry_keeps_its_resources_until_proof_or_a_hold() {
+    // DONE-04, HELD-06, issue 30 item 12: a cut job whose stop is being
+    // checked shows `verifying`, keeps its resources, is no administrator's
+    // to release, and ends released on proof or held without.
+    let mut e = ready(gpu_and_ram(), 0);
+    for proven in [true, false] {
+        let res = admitted(admit(&mut e, "llm", None, 10));
+        e.start_verifying(res.id).unwrap();
+        let s = e.status(t(11));
+        assert_eq!(s.work[0].phase, Phase::Verifying);
+        assert_eq!(s.work[0].phase.as_str(), "verifying");
+        assert_eq!(
+            refused(admit(&mut e, "llm", None, 12)).code,
+            RefusalCode::ResourceBusy
+        );
+        assert!(matches!(
+            e.release_held(res.id, HeldRelease::AdministratorConfirmed, t(13)),
+            Err(EngineError::NotHeld { .. })
+        ));
+        let outcome = if proven {
+            ReleaseOutcome::Completed
+        } else {
+            ReleaseOutcome::Uncertain("no proof".into())
+        };
+        e.release(res.id, outcome, t(14)).unwrap();
+        if proven {
+            assert_eq!(e.entry_count(), 0);
+            for name in [GPU, RAM] {
+                e.record_sample(name, CapacitySample::memory(64_000, 80_000, t(15)))
+                    .unwrap();
+            }
+        } else {
+            assert_eq!(e.phase(res.id), Some(Phase::Held));
+        }
+    }
+}
