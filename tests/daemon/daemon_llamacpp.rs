@@ -428,8 +428,17 @@ async fn oversized_work_bodies_get_413_and_metrics_count_it() {
         m.contains("vacancyd_admissions_total{upstream=\"llama\"} 1"),
         "{m}"
     );
+    // Issue 30 item 13: base units; the MiB name stays one release, deprecated.
+    assert!(
+        m.contains("vacancyd_resource_free_bytes{resource=\"gpu0\"} 20971520000"),
+        "{m}"
+    );
     assert!(
         m.contains("vacancyd_resource_free_mib{resource=\"gpu0\"} 20000"),
+        "{m}"
+    );
+    assert!(
+        m.contains("# HELP vacancyd_resource_free_mib DEPRECATED"),
         "{m}"
     );
     assert!(

@@ -98,7 +98,7 @@ fn runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
 pub(crate) fn main(registry: Arc<AdapterRegistry>) -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        Command::CalibratePressure(args) => calibrate::run(&args),
+        Command::CalibratePressure(args) => calibrate::run(&args, &registry),
         Command::CheckConfig { config, no_sample } => {
             check_config::run(config.as_deref(), !no_sample, &registry)
         }
