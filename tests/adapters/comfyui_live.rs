@@ -379,7 +379,9 @@ async fn an_owner_deleted_pending_prompt_is_released_after_two_absent_checks_on_
         tokio::spawn(async move { track(&tracker, clock, &id, reply).await })
     };
     // A check finds it pending first: wait for two queue reads.
-    let deadline = Instant::now() + Duration::from_secs(10);
+    // Bounds a loaded 2-core machine meets (issue 30 item 14): each wait
+    // ends at its event.
+    let deadline = Instant::now() + Duration::from_secs(60);
     while count(&shim, "GET", "/queue") < 2 {
         assert!(Instant::now() < deadline, "{:?}", shim.records());
         tokio::time::sleep(Duration::from_millis(10)).await;
@@ -395,9 +397,9 @@ async fn an_owner_deleted_pending_prompt_is_released_after_two_absent_checks_on_
     .unwrap();
     assert_eq!(r.status, 200);
     let reads_at_delete = count(&shim, "GET", "/queue");
-    let end = tokio::time::timeout(Duration::from_secs(10), tracking)
+    let end = tokio::time::timeout(Duration::from_secs(60), tracking)
         .await
-        .expect("released within 10 s of the delete")
+        .expect("released within 60 s of the delete")
         .unwrap();
     let why = released(&end);
     assert!(why.contains("two consecutive checks"), "{why}");

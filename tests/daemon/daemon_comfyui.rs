@@ -13,7 +13,7 @@ mod common;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::Daemon;
+use common::{Daemon, EVENT_BOUND};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use vacancy_test_support::{
@@ -204,7 +204,7 @@ async fn rejections_bad_bodies_foreign_prompts_and_lost_history() {
     let (status, body, text) = post_json(&url, &bad).await;
     assert_eq!(status, 400, "{text}");
     assert_eq!(body["error"]["type"], "invalid_prompt");
-    released(&d, Duration::from_secs(10)).await;
+    released(&d, EVENT_BOUND).await;
 
     // Management and other prompts' history are the owner's.
     for path in ["/queue", "/history", "/history/not-ours"] {
@@ -563,7 +563,7 @@ async fn comfyuis_own_websocket_client_runs_end_to_end_through_vacancyd() {
         report["foreign_origin_ws"], 403,
         "another site's Origin is not rewritten: {report:#}"
     );
-    released(&d, Duration::from_secs(30)).await;
+    released(&d, EVENT_BOUND).await;
     let log = comfy.process().log();
     assert!(
         !log.contains(&format!("http://{server} != ")) && !log.contains(&format!("!= {server}")),
@@ -606,7 +606,7 @@ async fn a_borrowers_output_is_viewable_the_moment_its_history_lists_it() {
         if !tracked_still {
             // The tracker read the history first; that proves nothing here.
             assert_eq!(r.status, 200, "{url}: {}", r.text());
-            released(&d, Duration::from_secs(10)).await;
+            released(&d, EVENT_BOUND).await;
             continue;
         }
         assert_eq!(r.status, 200, "{url}: {}", r.text());
@@ -622,7 +622,7 @@ async fn a_borrowers_output_is_viewable_the_moment_its_history_lists_it() {
         .await
         .unwrap();
         assert_eq!(r.status, 403, "{}", r.text());
-        released(&d, Duration::from_secs(10)).await;
+        released(&d, EVENT_BOUND).await;
         return;
     }
     panic!("the tracker read the history before the borrower three times running");
@@ -662,7 +662,7 @@ async fn a_borrower_asking_under_its_replaced_prompt_id_is_told_the_id_to_use() 
             "{path}: {message}"
         );
     }
-    released(&d, Duration::from_secs(30)).await;
+    released(&d, EVENT_BOUND).await;
     let (status, history) = get_json(&format!("{}/history/{id}", d.proxy)).await;
     assert_eq!(status, 200);
     assert!(history.get(&id).is_some(), "{history}");
