@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use common::{Daemon, JSON, completion};
 use vacancy_test_support::{
-    CountingShim, LlamaOptions, LlamaServer, Record, TinyModel, http_request, http_stream,
+    Browser, CountingShim, LlamaOptions, LlamaServer, Record, TinyModel, http_request, http_stream,
 };
 
 fn busy_model() -> LlamaOptions {
@@ -680,6 +680,19 @@ async fn a_cut_job_on_a_stalled_upstream_is_verifying_until_slots_prove_the_stop
         s["work"][0]["phase"], "verifying",
         "still verifying 8 s after the cut, not held: {s}"
     );
+    // The console's work table says so too (the stall lasts until then).
+    {
+        let mut b =
+            Browser::start().expect("a headless Chromium (Debian chromium + chromium-driver)");
+        b.get(&format!("{}/#workloads", d.control)).unwrap();
+        b.wait_for(
+            &format!("[data-phase='{id}']"),
+            Some("verifying"),
+            Duration::from_secs(30),
+        )
+        .unwrap_or_else(|e| panic!("the console shows the entry verifying: {e}"));
+    }
+    assert_eq!(d.status().await["work"][0]["phase"], "verifying");
     signal(pid, "-CONT");
     let s = d
         .wait_status_within(
