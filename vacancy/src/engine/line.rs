@@ -27,14 +27,13 @@
 //!   place while the shell observes once more ([`Decision::Reobserve`]).
 //! - The vacancy sign follows the line: `admitting` only when a new request
 //!   would be admitted now, `queueing` when it would wait its turn
-//!   ([`Engine::vacancy`]).
+//!   ([`Engine::vacancy`], from `Engine::ahead_of`, as admission itself).
 //! - Nothing in the line is reserved or recorded: a restart forgets it.
 
 use std::time::Duration;
 
 use super::effect::Effect;
 use super::refusal::{Refusal, RefusalCode};
-use super::status::Vacancy;
 use super::work::{Charge, Decision, EntryId, WorkRequest};
 use super::{Blocked, Engine};
 use crate::time::Moment;
@@ -293,7 +292,7 @@ impl Engine {
 
     /// The `resource_busy` refusal of a request that found resource `res`
     /// free but needed by a request that came earlier and waits.
-    fn line_busy(&self, res: usize) -> Refusal {
+    pub(super) fn line_busy(&self, res: usize) -> Refusal {
         let name = &self.resources[res].spec.name;
         Refusal::new(
             RefusalCode::ResourceBusy,
@@ -304,7 +303,7 @@ impl Engine {
 
     /// Whether a new request of upstream `up` finds room in a line of
     /// `queue`: `Err` with what to add to its `resource_busy` reason if not.
-    fn line_room(&self, up: usize, queue: QueueSpec) -> Result<(), String> {
+    pub(super) fn line_room(&self, up: usize, queue: QueueSpec) -> Result<(), String> {
         let waiting = self.line.iter().filter(|w| w.upstream == up).count();
         if waiting >= queue.max_waiting as usize {
             return Err(format!(" (the wait line is full: {waiting} requests wait)"));
@@ -313,41 +312,6 @@ impl Engine {
             return Err(String::new());
         }
         Ok(())
-    }
-
-    /// The vacancy sign of upstream `up` given its default-budget
-    /// evaluation (UI-01, issue 30): `admitting` only when a new request
-    /// would be admitted now; `queueing` when it would wait in the
-    /// upstream's line (behind the waiters that need its resources);
-    /// otherwise the refusal it would get.
-    pub(super) fn sign(&self, up: usize, evaluated: Result<(), Blocked>, now: Moment) -> Vacancy {
-        let ahead = self.ahead_of(up, None, now);
-        let busy = match (evaluated, ahead.first) {
-            (Ok(()), None) => return Vacancy::admitting(),
-            (Ok(()), Some(res)) => self.line_busy(res),
-            (Err(Blocked::Refused(r)), _) if r.code == RefusalCode::ResourceBusy => r,
-            (Err(Blocked::Wait { resources, .. }), None) => {
-                return Vacancy::refusing(
-                    RefusalCode::ResourceBusy,
-                    format!(
-                        "waiting for a capacity sample of {} after the last job",
-                        resources.join(", ")
-                    ),
-                );
-            }
-            // The sample it waits for lands, then it takes its turn behind them.
-            (Err(Blocked::Wait { .. }), Some(res)) => self.line_busy(res),
-            (Err(Blocked::Refused(r) | Blocked::Reobserve(r)), _) => {
-                return Vacancy::refusing(r.code, r.reason);
-            }
-        };
-        match self.upstreams[up].spec.queue {
-            Some(queue) => match self.line_room(up, queue) {
-                Ok(()) => Vacancy::queueing(ahead.count, busy.reason),
-                Err(why) => Vacancy::refusing(busy.code, busy.reason + &why),
-            },
-            None => Vacancy::refusing(busy.code, busy.reason),
-        }
     }
 
     /// A refusal other than a reserved resource that applies to upstream

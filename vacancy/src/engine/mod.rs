@@ -745,6 +745,41 @@ impl Engine {
         self.sign(upstream.0, evaluated, now)
     }
 
+    /// The vacancy sign of upstream `up` given its default-budget
+    /// evaluation (UI-01, issue 30): `admitting` only when a new request
+    /// would be admitted now; `queueing` when it would wait in the
+    /// upstream's line (behind the waiters that need its resources);
+    /// otherwise the refusal it would get.
+    fn sign(&self, up: usize, evaluated: Result<(), Blocked>, now: Moment) -> Vacancy {
+        let ahead = self.ahead_of(up, None, now);
+        let busy = match (evaluated, ahead.first) {
+            (Ok(()), None) => return Vacancy::admitting(),
+            (Ok(()), Some(res)) => self.line_busy(res),
+            (Err(Blocked::Refused(r)), _) if r.code == RefusalCode::ResourceBusy => r,
+            (Err(Blocked::Wait { resources, .. }), None) => {
+                return Vacancy::refusing(
+                    RefusalCode::ResourceBusy,
+                    format!(
+                        "waiting for a capacity sample of {} after the last job",
+                        resources.join(", ")
+                    ),
+                );
+            }
+            // The sample it waits for lands, then it takes its turn behind them.
+            (Err(Blocked::Wait { .. }), Some(res)) => self.line_busy(res),
+            (Err(Blocked::Refused(r) | Blocked::Reobserve(r)), _) => {
+                return Vacancy::refusing(r.code, r.reason);
+            }
+        };
+        match self.upstreams[up].spec.queue {
+            Some(queue) => match self.line_room(up, queue) {
+                Ok(()) => Vacancy::queueing(ahead.count, busy.reason),
+                Err(why) => Vacancy::refusing(busy.code, busy.reason + &why),
+            },
+            None => Vacancy::refusing(busy.code, busy.reason),
+        }
+    }
+
     fn residency(
         &self,
         u: &UpstreamState,

@@ -321,7 +321,8 @@ mod tests {
             RefusalCode::InvalidRequest
         );
         assert_eq!(a.observe().await, Err(ObserveError::Unsupported));
-        assert_eq!(a.verify_stopped().await, Ok(false));
+        // No proof of a stop by default: held at once after a cut (DONE-04).
+        assert_eq!(a.verify_stopped().await, Err(ObserveError::Unsupported));
         assert_eq!(
             a.reconsider_refusal(&http::Method::GET, "/other").await,
             Reconsidered::Stands
