@@ -999,6 +999,59 @@ fn crash_and_restart(d: Daemon) -> Daemon {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_prompt_whose_stop_lands_after_recl_28s_window_is_released_on_its_history() {
+    // RECL-17, RECL-28, RECL-29, REC-02, issue 30 item 14: on a loaded
+    // machine ComfyUI stops a prompt only at the end of the node it runs,
+    // after RECL-28's 10 s. The unload does not wait longer, but the held
+    // prompt's history is read on, and its end releases it (before, it
+    // stayed held for an administrator although ComfyUI proved its end).
+    // An emulator stands in for the late stop (issue 30's soak showed it on
+    // a real ComfyUI 0.3.75 under load; this makes it happen every time).
+    let emu = ComfyEmulator::start(ComfyEmulatorOptions {
+        run_time: Duration::from_secs(120),
+        ..ComfyEmulatorOptions::release(Some("0.3.75"))
+    })
+    .unwrap();
+    emu.set_faults(vacancy_test_support::ComfyFaults {
+        interrupt_delay: Duration::from_secs(14),
+        ..vacancy_test_support::ComfyFaults::default()
+    });
+    let (d, flag) = comfy_daemon(&emu, "on_owner_return = \"drain\"\ndrain_timeout_s = 30");
+    wait_away(&d).await;
+    let r = submit(&d.proxy, 0x30_0e14).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let borrowed = r.json().unwrap()["prompt_id"].as_str().unwrap().to_owned();
+    until("the borrowed prompt to run", async || {
+        emu.running().as_deref() == Some(borrowed.as_str())
+    })
+    .await;
+    let d = crash_and_restart(d);
+    let s = d.status().await;
+    assert_eq!(s["work"][0]["phase"], "held", "{s:#}");
+    wait_away(&d).await;
+    owner_returns(&flag);
+    wait_log(
+        &d,
+        "stop requested for held work; its end is not proven yet",
+    )
+    .await;
+    let s = d.status().await;
+    assert_eq!(s["work"][0]["phase"], "held", "held until the proof: {s:#}");
+    d.wait_status("the held prompt released on its history", |s| {
+        s["work"].as_array().unwrap().is_empty()
+    })
+    .await;
+    assert!(
+        d.process
+            .log()
+            .contains("held work's end is proven at the upstream after its stop; released"),
+        "{}",
+        d.process.log_tail(30)
+    );
+    assert!(emu.running().is_none(), "stopped, not run to its end");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_prompt_restored_after_a_crash_is_cancelled_at_a_later_owner_return() {
     // REC-02, REC-03 with RECL-16, RECL-18, RECL-19, RECL-26, RECL-33 on real
     // ComfyUI 0.3.75
