@@ -37,7 +37,11 @@ async fn lined(target: &str, max_waiting: u32) -> Daemon {
         "[[server.token]]\nname = \"desk\"\nscopes = [\"owner\"]\nsha256 = \"{}\"",
         vacancy::auth::hash_token(TOKEN)
     );
-    let upstream = format!("[upstream.queue]\nmax_waiting = {max_waiting}\nmax_wait_s = 120");
+    // max_wait_s: the line's own bound is a test bound here. Beside two CPU
+    // hogs the third of five borrowers waited out 120 s behind two 24-token
+    // jobs (issue 30 item 14); 600 s is met by a loaded 2-core machine and
+    // costs nothing when jobs are quick.
+    let upstream = format!("[upstream.queue]\nmax_waiting = {max_waiting}\nmax_wait_s = 600");
     let d = Daemon::setup(Setup {
         target,
         server: &server,
@@ -75,7 +79,7 @@ fn waiting(status: &serde_json::Value) -> u64 {
 /// Admissions only grow and are read first, so a waiter admitted between the
 /// two reads is missed (the next poll counts it), never counted twice.
 async fn arrived(d: &Daemon, n: u64) {
-    let deadline = Instant::now() + Duration::from_secs(30);
+    let deadline = Instant::now() + common::EVENT_BOUND;
     loop {
         let admitted = admissions(d).await;
         let waiting = waiting(&d.status().await);
@@ -198,8 +202,9 @@ async fn the_owner_returning_answers_every_waiter_owner_present_at_once() {
         assert_eq!(r.json().unwrap()["error"]["code"], "owner_present");
         assert!(r.headers.contains_key("vacancy-waited-ms"));
     }
+    // At once: well under max_wait_s (600 s), with room for a loaded machine.
     assert!(
-        returned.elapsed() < Duration::from_secs(5),
+        returned.elapsed() < Duration::from_secs(30),
         "answered at once, not at max_wait_s ({:?})",
         returned.elapsed()
     );
