@@ -142,6 +142,7 @@ async fn rig() -> Rig {
             management: Management::Deny,
             on_borrower_disconnect: OnBorrowerDisconnect::Drain,
             completion_timeout: Duration::from_secs(60),
+            stop_proof_timeout: Duration::from_secs(4),
             max_body_bytes: 1 << 20,
             connect_timeout: Duration::from_secs(2),
             overhead_header: false,

@@ -119,7 +119,7 @@ pub(crate) fn main(registry: Arc<AdapterRegistry>) -> ExitCode {
         Command::Service { command } => crate::service::run(&command),
         #[cfg(windows)]
         Command::ServiceRun { config } => crate::service::dispatch(config, registry),
-        Command::CalibratePressure(args) => calibrate::run(&args),
+        Command::CalibratePressure(args) => calibrate::run(&args, &registry),
         Command::CheckConfig { config, no_sample } => {
             check_config::run(config.as_deref(), !no_sample, &registry)
         }

@@ -501,6 +501,7 @@ async fn open_upstream(
         management: u.management,
         on_borrower_disconnect: u.on_borrower_disconnect,
         completion_timeout: Duration::from_secs(u.completion_timeout_s),
+        stop_proof_timeout: Duration::from_secs(u.stop_proof_timeout_s),
         max_body_bytes,
         connect_timeout: Duration::from_secs(10),
         overhead_header: config.server.overhead_header,

@@ -376,3 +376,39 @@ num_ctx = 4096
     );
     assert!(err.contains("2 problems found"), "{err}");
 }
+
+#[test]
+fn calibrate_pressure_loads_the_configuration_as_run_does() {
+    // Issue 30 item 13: the adapter registry checks the kinds, so a
+    // configuration `run` refuses is refused here too, with the same words,
+    // before any GPU is touched.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("vacancyd.toml");
+    std::fs::write(
+        &path,
+        r#"[[resource]]
+name = "gpu0"
+kind = "gpu"
+sampler = "nvml"
+device = "0"
+
+[[upstream]]
+name = "llm"
+adapter = "olama"
+listen = "127.0.0.1:11435"
+target = "http://127.0.0.1:11434"
+resource = "gpu0"
+"#,
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_vacancyd"))
+        .args(["calibrate-pressure", "--config", path.to_str().unwrap()])
+        .args(["--resource", "gpu0", "--attended", "--seconds", "1"])
+        .args(["--state-dir", dir.path().to_str().unwrap()])
+        .output()
+        .expect("vacancyd runs");
+    let err = text(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("unknown adapter \"olama\""), "{err}");
+    assert!(err.contains("did you mean \"ollama\"?"), "{err}");
+}

@@ -399,6 +399,9 @@ const UPSTREAM_HEALTH: &str = "/health/upstreams/";
 struct UpstreamHealth<'a> {
     upstream: &'a str,
     admitting: bool,
+    /// A new request would wait in the upstream's line behind this many.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    queueing: Option<u32>,
     #[serde(skip_serializing_if = "Option::is_none")]
     code: Option<RefusalCode>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -428,18 +431,18 @@ fn upstream_health(state: &ControlState, name: &str) -> Reply {
     if vacancy.admitting
         && let Some(h) = health.filter(|h| h.reachable == Some(false))
     {
-        vacancy = Vacancy {
-            admitting: false,
-            code: Some(RefusalCode::UpstreamUnreachable),
-            reason: Some(format!(
+        vacancy = Vacancy::refusing(
+            RefusalCode::UpstreamUnreachable,
+            format!(
                 "vacancyd's last check could not reach the {name} server: {}",
                 h.error.as_deref().unwrap_or("no answer")
-            )),
-        };
+            ),
+        );
     }
     let body = UpstreamHealth {
         upstream: name,
         admitting: vacancy.admitting,
+        queueing: vacancy.queueing,
         code: vacancy.code,
         reason: vacancy.reason,
     };

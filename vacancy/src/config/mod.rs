@@ -50,10 +50,10 @@ pub(crate) use hosts::parse_target;
 pub use hosts::{LOOPBACK, normalize_host, same_server_key};
 pub use kinds::{AdapterKinds, SettingProblem};
 pub use schema::{
-    AdapterKind, Config, CredentialConfig, GpuPressureConfig, Management, ModelRequirement,
-    OnBorrowerDisconnect, OnOwnerReturn, OwnerConfig, OwnerScope, PresenceMode, QueueConfig,
-    ResourceConfig, ResourceRequirement, SamplerKind, Scope, ServerConfig, TokenConfig,
-    UpstreamConfig, VoiceRoutesConfig,
+    AdapterKind, Config, CredentialConfig, DEFAULT_STOP_PROOF_TIMEOUT_S, GpuPressureConfig,
+    MAX_STOP_PROOF_TIMEOUT_S, Management, ModelRequirement, OnBorrowerDisconnect, OnOwnerReturn,
+    OwnerConfig, OwnerScope, PresenceMode, QueueConfig, ResourceConfig, ResourceRequirement,
+    SamplerKind, Scope, ServerConfig, TokenConfig, UpstreamConfig, VoiceRoutesConfig,
 };
 pub use validate::EXAMPLE_TOKEN_PLACEHOLDER;
 

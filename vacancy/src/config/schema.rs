@@ -380,6 +380,10 @@ pub struct UpstreamConfig {
     pub completion_timeout_s: u64,
     /// What happens when the borrower disconnects. Default `drain`.
     pub on_borrower_disconnect: OnBorrowerDisconnect,
+    /// Seconds vacancyd keeps asking the upstream for proof that a job whose
+    /// response it cut has stopped (llama.cpp: `/slots` idle); the entry is
+    /// `verifying` meanwhile and held only if no proof comes. Default 60.
+    pub stop_proof_timeout_s: u64,
     /// `[upstream.models]`: per-model requirements, by exact request model name.
     pub models: BTreeMap<String, ModelRequirement>,
     /// `[upstream.requirements]`: per-resource requirements on `also_requires` resources.
@@ -396,6 +400,14 @@ pub struct UpstreamConfig {
     /// because a resource is reserved. Absent: off (the seed's behaviour).
     pub queue: Option<QueueConfig>,
 }
+
+/// `stop_proof_timeout_s`'s default: a llama-server on a loaded 2-core
+/// machine notices a closed connection and frees its slot within seconds;
+/// a minute leaves room for a slow token and a slow `/slots` reading.
+pub const DEFAULT_STOP_PROOF_TIMEOUT_S: u64 = 60;
+
+/// `stop_proof_timeout_s`'s largest value.
+pub const MAX_STOP_PROOF_TIMEOUT_S: u64 = 3600;
 
 impl Default for UpstreamConfig {
     fn default() -> Self {
@@ -415,6 +427,7 @@ impl Default for UpstreamConfig {
             yield_on_veto: false,
             completion_timeout_s: 3600,
             on_borrower_disconnect: OnBorrowerDisconnect::Drain,
+            stop_proof_timeout_s: DEFAULT_STOP_PROOF_TIMEOUT_S,
             models: BTreeMap::new(),
             requirements: BTreeMap::new(),
             credential: None,

@@ -1512,8 +1512,10 @@ fn a_file_that_is_not_utf8_names_the_byte_offset() {
 }
 
 #[test]
-fn voice_routes_are_checked_and_apply_to_chatterbox_only() {
-    // DESIGN §4: the voice paths, configurable per upstream.
+fn voice_routes_parse_and_their_paths_are_the_adapters_to_check() {
+    // DESIGN §4: the voice paths, configurable per upstream. Core
+    // configuration parses the table; the chatterbox kind checks the paths
+    // (vacancy-adapters' builtin tests), not core keyed on its name.
     let good = with(&[upstream(
         "voice",
         9000,
@@ -1529,37 +1531,15 @@ fn voice_routes_are_checked_and_apply_to_chatterbox_only() {
         r.executions, "/v1/audio/executions",
         "unset keys keep the contract's path"
     );
-
-    let bad = with(&[
-        upstream(
-            "voice",
-            9000,
-            "http://127.0.0.1:4123",
-            "gpu0",
-            &[],
-            "adapter = \"chatterbox\"\n[upstream.voice_routes]\nspeech = \"tts\"\nexecution = \"/tts/jobs\"\ncapabilities = \"/caps/{id}\"\nexecution_audio = \"/v1/audio/speech\"\nexecutions = \"/x?y\"\n",
-        ),
-        upstream(
-            "ollama",
-            9001,
-            "http://127.0.0.1:11434",
-            "gpu1",
-            &[],
-            "adapter = \"ollama\"\n[upstream.voice_routes]\nspeech = \"/s\"\n",
-        ),
-    ]);
-    let e = errors(&bad);
-    let at = |key: &str| format!("upstream[0] (\"voice\").voice_routes.{key}");
-    find(&e, &at("speech"), &["not an absolute path"]);
-    find(&e, &at("execution"), &["needs an {id} segment"]);
-    find(&e, &at("capabilities"), &["parameters"]);
-    find(&e, &at("execution_audio"), &["needs an {id} segment"]);
-    find(&e, &at("executions"), &["not an absolute path"]);
-    find(
-        &e,
-        "upstream[1] (\"ollama\").voice_routes",
-        &["only to adapter = \"chatterbox\""],
-    );
+    let unchecked = with(&[upstream(
+        "ollama",
+        9001,
+        "http://127.0.0.1:11434",
+        "gpu1",
+        &[],
+        "adapter = \"ollama\"\n[upstream.voice_routes]\nspeech = \"s\"\n",
+    )]);
+    ok(&unchecked);
     // Unknown keys name the key and its line, like everywhere else.
     let typo = with(&[upstream(
         "voice",
@@ -1774,6 +1754,7 @@ fn every_duration_key_is_bounded_naming_its_line_and_largest_value() {
     let upstream_keys: &[(&str, u64)] = &[
         ("drain_timeout_s", 86_400),
         ("completion_timeout_s", 604_800),
+        ("stop_proof_timeout_s", 3600),
     ];
     for &(key, max) in upstream_keys {
         for value in [max + 1, i64::MAX as u64] {
@@ -1859,5 +1840,40 @@ fn no_duration_key_is_left_unbounded() {
             };
             find(&errors(&text), &path, &["too large"]);
         }
+    }
+}
+
+#[test]
+fn stop_proof_timeout_defaults_to_a_minute_and_is_bounded() {
+    // Issue 30 item 12: the window for a cut job's proof of its stop.
+    let ok = with(&[upstream("a", 9000, "http://127.0.0.1:1", "ram", &[], "")]);
+    let c = Config::parse(&ok, "t").unwrap().config;
+    assert_eq!(c.upstreams[0].stop_proof_timeout_s, 60);
+    let text = with(&[
+        upstream(
+            "a",
+            9000,
+            "http://127.0.0.1:1",
+            "ram",
+            &[],
+            "stop_proof_timeout_s = 0\n",
+        ),
+        upstream(
+            "b",
+            9001,
+            "http://127.0.0.1:2",
+            "ram",
+            &[],
+            "stop_proof_timeout_s = 3601\n",
+        ),
+    ]);
+    let errs = errors(&text);
+    assert_eq!(errs.len(), 2, "{}", list(&errs));
+    for up in ["upstream[0] (\"a\")", "upstream[1] (\"b\")"] {
+        find(
+            &errs,
+            &format!("{up}.stop_proof_timeout_s"),
+            &["cut job stopped"],
+        );
     }
 }

@@ -10,8 +10,8 @@ use super::hosts::{parse_target, same_server_key};
 use super::kinds::AdapterKinds;
 use super::parse::{KeyIndex, KeyPath, sort_by_line};
 use super::schema::{
-    AdapterKind, Config, OwnerScope, PresenceMode, ResourceConfig, SamplerKind, Scope,
-    UpstreamConfig, VoiceRoutesConfig,
+    Config, MAX_STOP_PROOF_TIMEOUT_S, OwnerScope, PresenceMode, ResourceConfig, SamplerKind, Scope,
+    UpstreamConfig,
 };
 use crate::ResourceKind;
 
@@ -145,6 +145,12 @@ const DRAIN_TIMEOUT_S: DurationBounds = secs(
 /// `[[upstream]] completion_timeout_s`.
 const COMPLETION_TIMEOUT_S: DurationBounds =
     secs(1, 7 * DAY, "seconds an unfinished job is awaited");
+/// `[[upstream]] stop_proof_timeout_s`.
+const STOP_PROOF_TIMEOUT_S: DurationBounds = secs(
+    1,
+    MAX_STOP_PROOF_TIMEOUT_S,
+    "seconds the proof that a cut job stopped is awaited",
+);
 /// `[upstream.queue] max_wait_s`.
 const MAX_WAIT_S: DurationBounds = secs(
     1,
@@ -564,62 +570,13 @@ impl Checker<'_> {
         }
         let sp = up.key("adapter_settings");
         for problem in kinds.check_settings(u) {
+            let base = if problem.in_upstream { up } else { &sp };
             let path = problem
                 .key
                 .split('.')
                 .filter(|k| !k.is_empty())
-                .fold(sp.clone(), |p, k| p.key(k));
+                .fold(base.clone(), |p, k| p.key(k));
             self.error(&path, problem.message);
-        }
-    }
-
-    /// `[upstream.voice_routes]`: chatterbox only; absolute paths without a
-    /// query; the result reads name their `{id}` segment; no two alike.
-    fn voice_routes(&mut self, u: &UpstreamConfig, r: &VoiceRoutesConfig, vp: &KeyPath) {
-        if u.adapter != AdapterKind::CHATTERBOX {
-            self.error(
-                vp,
-                format!(
-                    "applies only to adapter = \"chatterbox\", not {}; remove the table",
-                    u.adapter.as_str()
-                ),
-            );
-            return;
-        }
-        let paths = [
-            ("speech", &r.speech, false),
-            ("executions", &r.executions, false),
-            ("capabilities", &r.capabilities, false),
-            ("execution", &r.execution, true),
-            ("execution_audio", &r.execution_audio, true),
-        ];
-        let mut seen: Vec<&str> = Vec::new();
-        for (key, path, with_id) in paths {
-            let kp = vp.key(key);
-            let segments: Vec<&str> = path.split('/').skip(1).collect();
-            let has_id = segments.contains(&"{id}");
-            let other_param = segments
-                .iter()
-                .any(|s| *s != "{id}" && (s.contains('{') || s.contains('}')));
-            if !path.starts_with('/')
-                || path.contains(['?', '#', ' '])
-                || segments.iter().any(|s| s.is_empty())
-            {
-                self.error(
-                    &kp,
-                    format!("{path:?} is not an absolute path such as \"/v1/audio/speech\" (no query, no empty segment)"),
-                );
-            } else if with_id && !has_id {
-                self.error(
-                    &kp,
-                    format!("{path:?} needs an {{id}} segment for the result ID"),
-                );
-            } else if (!with_id && has_id) || other_param {
-                self.error(&kp, format!("{path:?} may not have parameters other than one {{id}} segment in a result read"));
-            } else if seen.contains(&path.as_str()) {
-                self.error(&kp, format!("{path:?} is given to two voice routes"));
-            }
-            seen.push(path);
         }
     }
 
@@ -714,10 +671,14 @@ impl Checker<'_> {
                 u.completion_timeout_s,
                 COMPLETION_TIMEOUT_S,
             );
+            self.duration(
+                &up.key("stop_proof_timeout_s"),
+                u.stop_proof_timeout_s,
+                STOP_PROOF_TIMEOUT_S,
+            );
+            // The kind checks its own settings, `[upstream.voice_routes]`
+            // included (the chatterbox adapter's; issue 30).
             self.adapter_kind(u, &up);
-            if let Some(routes) = &u.voice_routes {
-                self.voice_routes(u, routes, &up.key("voice_routes"));
-            }
             if let Some(q) = &u.queue {
                 let qp = up.key("queue");
                 if q.max_waiting == 0 {

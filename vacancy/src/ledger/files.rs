@@ -9,7 +9,7 @@
 //! should see or change. Such a file stops whoever opens it, with its path
 //! and the fix; vacancyd never changes an existing file's owner or mode.
 
-use std::fs::{File, OpenOptions};
+use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read};
 use std::path::Path;
 
@@ -25,11 +25,25 @@ pub const PRIVATE_FILE_MODE: u32 = 0o600;
 ///
 /// # Errors
 ///
+/// [`LedgerError::NotAFile`] when `path` is there but no regular file (a
+/// FIFO, a socket, a device, a directory: refused before it is opened),
 /// [`LedgerError::LinkedFile`] when `path` is a symbolic link (dangling or
 /// not; nothing is created where it points), the errors of
 /// [`check_private`], and [`LedgerError::Io`] for the rest (`NotFound`
 /// among them, for the caller to tell apart).
 pub fn open_private(path: &Path, options: &OpenOptions) -> Result<File, LedgerError> {
+    // Refused by type before opening: opening a FIFO to read waits for a
+    // writer, so one in place of a file would hang startup (issue 30); a
+    // device or socket is no file of vacancyd's either. A link is refused
+    // below, by the open itself, so nothing is created where it points.
+    match fs::symlink_metadata(path) {
+        Ok(meta) if !meta.is_file() && !meta.file_type().is_symlink() => {
+            return Err(LedgerError::NotAFile {
+                path: path.to_path_buf(),
+            });
+        }
+        _ => {}
+    }
     let mut options = options.clone();
     platform::no_follow(&mut options);
     let file = options.open(path).map_err(|e| {

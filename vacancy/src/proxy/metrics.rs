@@ -5,10 +5,12 @@
 //! proxy's request path, sampling, observation, reclaims); gauges are set from
 //! the engine's status at scrape time, so they never drift from `/status`.
 //! Names follow Prometheus conventions: `_total` for counters, base units
-//! (`_seconds`) for durations. The six original names (`vacancyd_admissions_total`,
-//! `vacancyd_refusals_total`, `vacancyd_work_active`, `vacancyd_resource_free_mib`,
-//! `vacancyd_yields_total`, `vacancyd_upstream_owner_veto_exempt`) are a contract
-//! and keep their names.
+//! (`_seconds`, `_bytes`). Five of the six original names
+//! (`vacancyd_admissions_total`, `vacancyd_refusals_total`, `vacancyd_work_active`,
+//! `vacancyd_yields_total`, `vacancyd_upstream_owner_veto_exempt`) are a
+//! contract and keep their names; the sixth, `vacancyd_resource_free_mib`, the
+//! one not in base units, is `vacancyd_resource_free_bytes` now and keeps its
+//! old name for one release, marked deprecated in its HELP (issue 30).
 
 use std::collections::HashMap;
 use std::sync::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
@@ -161,6 +163,8 @@ pub struct Metrics {
     cancellations: Family<CancelLabels, Counter>,
     work_active: Family<WorkLabels, Gauge>,
     held: Gauge,
+    free_bytes: Family<ResourceLabel, Gauge>,
+    /// Deprecated: `free_bytes` in MiB, kept for one release.
     free_mib: Family<ResourceLabel, Gauge>,
     awaiting_sample: Family<ResourceLabel, Gauge>,
     exempt: Family<UpstreamLabel, Gauge>,
@@ -200,6 +204,7 @@ impl Default for Metrics {
         let cancellations = Family::default();
         let work_active = Family::default();
         let held = Gauge::default();
+        let free_bytes = Family::default();
         let free_mib = Family::default();
         let awaiting_sample = Family::default();
         let exempt = Family::default();
@@ -283,8 +288,13 @@ impl Default for Metrics {
             held.clone(),
         );
         r.register(
+            "vacancyd_resource_free_bytes",
+            "Free bytes in the last good sample",
+            free_bytes.clone(),
+        );
+        r.register(
             "vacancyd_resource_free_mib",
-            "Free MiB in the last good sample",
+            "DEPRECATED: use vacancyd_resource_free_bytes; this name goes in the next release. Free MiB in the last good sample",
             free_mib.clone(),
         );
         r.register(
@@ -354,6 +364,7 @@ impl Default for Metrics {
             cancellations,
             work_active,
             held,
+            free_bytes,
             free_mib,
             awaiting_sample,
             exempt,
@@ -607,7 +618,7 @@ impl Metrics {
             self.exempt
                 .get_or_create(&upstream)
                 .set(i64::from(u.owner_scope == "resource"));
-            for phase in ["forwarding", "tracking", "held"] {
+            for phase in ["forwarding", "tracking", "verifying", "held"] {
                 let n = status
                     .work
                     .iter()
@@ -633,9 +644,12 @@ impl Metrics {
             };
             match r.free_mib {
                 Some(free) => {
+                    let bytes = free.saturating_mul(1024 * 1024);
+                    self.free_bytes.get_or_create(&labels).set(gauge(bytes));
                     self.free_mib.get_or_create(&labels).set(gauge(free));
                 }
                 None => {
+                    self.free_bytes.remove(&labels);
                     self.free_mib.remove(&labels);
                 }
             }
@@ -765,6 +779,37 @@ mod tests {
                 "vacancyd_line_wait_seconds_count{upstream=\"llm\",outcome=\"admitted\"} 1"
             ),
             "{text}"
+        );
+    }
+
+    #[test]
+    fn free_memory_is_in_bytes_and_the_mib_name_is_marked_deprecated() {
+        // Issue 30 item 13: base units; the old name stays one release.
+        let mut e = Engine::new(EngineSpec {
+            lending: true,
+            resources: vec![ResourceSpec::new("gpu0", ResourceKind::Gpu, 1000)],
+            upstreams: vec![UpstreamSpec::new("llm", "gpu0", 1000)],
+        })
+        .unwrap();
+        let t = Moment::from_millis(10);
+        e.record_sample("gpu0", CapacitySample::memory(20_000, 24_000, t))
+            .unwrap();
+        let text = Metrics::default().render(&e.status(t));
+        assert!(
+            text.contains("vacancyd_resource_free_bytes{resource=\"gpu0\"} 20971520000"),
+            "{text}"
+        );
+        assert!(
+            text.contains("vacancyd_resource_free_mib{resource=\"gpu0\"} 20000"),
+            "{text}"
+        );
+        let help = text
+            .lines()
+            .find(|l| l.starts_with("# HELP vacancyd_resource_free_mib "))
+            .unwrap();
+        assert!(
+            help.contains("DEPRECATED") && help.contains("vacancyd_resource_free_bytes"),
+            "{help}"
         );
     }
 }

@@ -46,7 +46,7 @@ pub use crate::ledger::store::{
     ReservationStore, StoreChange, StoreError, StoreWrite, VolatileStore,
 };
 pub use forward::ProxyBody;
-pub use lender::{Admission, Decided, HeldReleaseError, Lender, RecordError};
+pub use lender::{Admission, Decided, HeldReleaseError, Lender, RecordError, Seat};
 pub use listen::{Listening, serve};
 pub use route::UpstreamRoute;
 pub use shutdown::stopped;

@@ -25,6 +25,9 @@ pub struct UpstreamRoute {
     pub on_borrower_disconnect: OnBorrowerDisconnect,
     /// How long a drained or tracked job may take before it is held.
     pub completion_timeout: Duration,
+    /// How long the upstream's proof that a cut job stopped is awaited
+    /// before the entry is held (`stop_proof_timeout_s`, DONE-04).
+    pub stop_proof_timeout: Duration,
     /// The largest work body inspected; larger ones get 413.
     pub max_body_bytes: usize,
     /// How long connecting to the upstream may take.

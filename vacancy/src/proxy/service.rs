@@ -418,15 +418,14 @@ async fn decide(
     request: &WorkRequest,
     waited: &Waited,
 ) -> Result<Admission, Refusal> {
-    let (decided, in_line) = lender.decide_in_line(request).await;
-    if let Some(w) = in_line {
-        let _ = waited.set(w);
-    }
-    let decided = match decided {
+    // One seat for both decisions: a waiter keeps its place in line while
+    // the upstream is observed once more (issue 30).
+    let mut seat = lender.seat(request);
+    let decided = match lender.decide_seated(request, &mut seat).await {
         Decided::Reobserve(refusal) => {
             info!(entry = %request.id, upstream = %route.name, "the resident observation was too old; observing once more before deciding (RES-20)");
             match observe_upstream(lender, route).await {
-                Ok(_) => lender.decide(request).await,
+                Ok(_) => lender.decide_seated(request, &mut seat).await,
                 Err(e) => {
                     debug!(upstream = %route.name, error = %e, "RES-20 re-observation failed");
                     Decided::Refused(refusal)
@@ -435,6 +434,9 @@ async fn decide(
         }
         decided => decided,
     };
+    if let Some(w) = seat.finish(&decided) {
+        let _ = waited.set(w);
+    }
     match decided {
         Decided::Admitted(a) => Ok(a),
         Decided::Refused(refusal) | Decided::Reobserve(refusal) => Err(refusal),
