@@ -293,7 +293,7 @@ async fn a_running_prompt_is_left_running_on_the_early_release() {
         std::slice::from_ref(&id),
         "still running"
     );
-    let deadline = Instant::now() + Duration::from_secs(90);
+    let deadline = Instant::now() + vacancy_test_support::PROMPT_BOUND;
     loop {
         let h = history(&comfy, &id).await;
         if let Some(status) = h[&id]["status"]["status_str"].as_str() {
@@ -379,7 +379,9 @@ async fn an_owner_deleted_pending_prompt_is_released_after_two_absent_checks_on_
         tokio::spawn(async move { track(&tracker, clock, &id, reply).await })
     };
     // A check finds it pending first: wait for two queue reads.
-    let deadline = Instant::now() + Duration::from_secs(10);
+    // Bounds a loaded 2-core machine meets (issue 30 item 14): each wait
+    // ends at its event.
+    let deadline = Instant::now() + Duration::from_secs(60);
     while count(&shim, "GET", "/queue") < 2 {
         assert!(Instant::now() < deadline, "{:?}", shim.records());
         tokio::time::sleep(Duration::from_millis(10)).await;
@@ -395,9 +397,9 @@ async fn an_owner_deleted_pending_prompt_is_released_after_two_absent_checks_on_
     .unwrap();
     assert_eq!(r.status, 200);
     let reads_at_delete = count(&shim, "GET", "/queue");
-    let end = tokio::time::timeout(Duration::from_secs(10), tracking)
+    let end = tokio::time::timeout(Duration::from_secs(60), tracking)
         .await
-        .expect("released within 10 s of the delete")
+        .expect("released within 60 s of the delete")
         .unwrap();
     let why = released(&end);
     assert!(why.contains("two consecutive checks"), "{why}");
@@ -504,7 +506,7 @@ async fn recl_29_a_prompt_stopping_after_the_history_window_is_released_by_its_t
     let a = adapter_with_history_check(&comfy, Duration::ZERO).with_tracking_times(TrackingTimes {
         check_every: CHECK,
         lost_wait: Duration::from_millis(500),
-        timeout: Duration::from_secs(120),
+        timeout: vacancy_test_support::PROMPT_BOUND,
     });
     let (reclaimer, tracker) = (a.reclaimer().unwrap(), a.tracker().unwrap());
     let clock = a.settings().clock;
@@ -520,7 +522,7 @@ async fn recl_29_a_prompt_stopping_after_the_history_window_is_released_by_its_t
         .await;
     assert_eq!(out, [CancelOutcome::Requested(EntryId::from_u128(1))]);
     assert!(!tracking.is_finished(), "the stop lands at the next node");
-    let end = tokio::time::timeout(Duration::from_secs(90), tracking)
+    let end = tokio::time::timeout(vacancy_test_support::PROMPT_BOUND, tracking)
         .await
         .expect("the tracker sees the interrupted prompt's history")
         .unwrap();

@@ -142,9 +142,11 @@ async fn rig() -> Rig {
             management: Management::Deny,
             on_borrower_disconnect: OnBorrowerDisconnect::Drain,
             completion_timeout: Duration::from_secs(60),
+            stop_proof_timeout: Duration::from_secs(4),
             max_body_bytes: 1 << 20,
             connect_timeout: Duration::from_secs(2),
             overhead_header: false,
+            tunnel_idle: Duration::from_secs(3600),
             reads: vacancy::proxy::pool::ReadPool::new(Duration::from_secs(2)),
         });
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -89,7 +89,7 @@ async fn a_request_head_sent_a_byte_a_second_is_closed_at_the_header_timeout() {
     for url in [&d.proxy, &d.control] {
         let (mut r, mut s) = TcpStream::connect(addr(url)).await.unwrap().into_split();
         let started = Instant::now();
-        let head = b"GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+        let head = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
         tokio::select! {
             () = trickle(&mut s, head) => panic!("{url}: the whole slow head was taken"),
             _ = until_closed(&mut r, Duration::from_secs(30)) => {}
@@ -118,7 +118,7 @@ async fn an_idle_keep_alive_connection_is_closed_and_a_long_generation_is_not() 
     let d = daemon(&llama);
     for url in [&d.proxy, &d.control] {
         let mut s = TcpStream::connect(addr(url)).await.unwrap();
-        s.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        s.write_all(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
             .await
             .unwrap();
         let got = until_closed(&mut s, Duration::from_secs(20)).await;

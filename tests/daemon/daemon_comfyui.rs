@@ -13,11 +13,12 @@ mod common;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::Daemon;
+use common::{Daemon, EVENT_BOUND};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use vacancy_test_support::{
-    ComfyFlavor, ComfyUi, http_request, prompt_request, simple_workflow, slow_workflow,
+    ComfyFlavor, ComfyUi, PROMPT_BOUND, http_request, prompt_request, simple_workflow,
+    slow_workflow,
 };
 
 const JSON: (&str, &str) = ("content-type", "application/json");
@@ -138,7 +139,7 @@ async fn a_prompt_gets_vacancys_id_is_tracked_and_released_by_its_history() {
     assert_eq!(busy, 503, "{text}");
     assert_eq!(body["error"]["type"], "resource_busy");
     // Released once the history shows it finished.
-    released(&d, Duration::from_secs(90)).await;
+    released(&d, PROMPT_BOUND).await;
     let (status, history) = get_json(&format!("{}/history/{id}", d.proxy)).await;
     assert_eq!(status, 200, "the borrower reads its own prompt's history");
     assert_eq!(history[&id]["status"]["status_str"], "success");
@@ -204,7 +205,7 @@ async fn rejections_bad_bodies_foreign_prompts_and_lost_history() {
     let (status, body, text) = post_json(&url, &bad).await;
     assert_eq!(status, 400, "{text}");
     assert_eq!(body["error"]["type"], "invalid_prompt");
-    released(&d, Duration::from_secs(10)).await;
+    released(&d, EVENT_BOUND).await;
 
     // Management and other prompts' history are the owner's.
     for path in ["/queue", "/history", "/history/not-ours"] {
@@ -252,7 +253,7 @@ async fn rejections_bad_bodies_foreign_prompts_and_lost_history() {
     .unwrap();
     assert_eq!(r.status, 200);
     // The interrupt lands at the next node: seconds on a busy machine.
-    d.wait_status_within("the owner's work to end", Duration::from_secs(90), |s| {
+    d.wait_status_within("the owner's work to end", PROMPT_BOUND, |s| {
         s["upstreams"][0]["vacancy"]["admitting"] == true
     })
     .await;
@@ -321,7 +322,7 @@ async fn a_borrower_who_leaves_after_submitting_leaves_the_prompt_tracked() {
         })
         .await;
     assert_eq!(s["work"].as_array().unwrap().len(), 1);
-    released(&d, Duration::from_secs(90)).await;
+    released(&d, PROMPT_BOUND).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -563,7 +564,7 @@ async fn comfyuis_own_websocket_client_runs_end_to_end_through_vacancyd() {
         report["foreign_origin_ws"], 403,
         "another site's Origin is not rewritten: {report:#}"
     );
-    released(&d, Duration::from_secs(30)).await;
+    released(&d, EVENT_BOUND).await;
     let log = comfy.process().log();
     assert!(
         !log.contains(&format!("http://{server} != ")) && !log.contains(&format!("!= {server}")),
@@ -588,7 +589,7 @@ async fn a_borrowers_output_is_viewable_the_moment_its_history_lists_it() {
         assert_eq!(status, 200, "{text}");
         let id = reply["prompt_id"].as_str().unwrap().to_owned();
         // Watch ComfyUI itself for the history entry.
-        let deadline = Instant::now() + Duration::from_secs(90);
+        let deadline = Instant::now() + PROMPT_BOUND;
         let entry = loop {
             let (_, h) = get_json(&format!("{}/history/{id}", comfy.base_url())).await;
             if h[&id]["status"]["completed"] == true {
@@ -606,7 +607,7 @@ async fn a_borrowers_output_is_viewable_the_moment_its_history_lists_it() {
         if !tracked_still {
             // The tracker read the history first; that proves nothing here.
             assert_eq!(r.status, 200, "{url}: {}", r.text());
-            released(&d, Duration::from_secs(10)).await;
+            released(&d, EVENT_BOUND).await;
             continue;
         }
         assert_eq!(r.status, 200, "{url}: {}", r.text());
@@ -622,7 +623,7 @@ async fn a_borrowers_output_is_viewable_the_moment_its_history_lists_it() {
         .await
         .unwrap();
         assert_eq!(r.status, 403, "{}", r.text());
-        released(&d, Duration::from_secs(10)).await;
+        released(&d, EVENT_BOUND).await;
         return;
     }
     panic!("the tracker read the history before the borrower three times running");
@@ -662,7 +663,7 @@ async fn a_borrower_asking_under_its_replaced_prompt_id_is_told_the_id_to_use() 
             "{path}: {message}"
         );
     }
-    released(&d, Duration::from_secs(30)).await;
+    released(&d, EVENT_BOUND).await;
     let (status, history) = get_json(&format!("{}/history/{id}", d.proxy)).await;
     assert_eq!(status, 200);
     assert!(history.get(&id).is_some(), "{history}");

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use common::{Daemon, JSON, Setup, completion};
 use vacancy_test_support::{
-    CountingShim, LlamaOptions, LlamaServer, Record, TinyModel, http_request, http_stream,
+    Browser, CountingShim, LlamaOptions, LlamaServer, Record, TinyModel, http_request, http_stream,
 };
 
 fn busy_model() -> LlamaOptions {
@@ -227,6 +227,20 @@ async fn an_upstream_that_is_down_releases_the_reservation() {
     let r = d.complete(4).await;
     assert_eq!(r.status, 502, "{}", r.text());
     assert_eq!(r.json().unwrap()["error"]["code"], "upstream_unreachable");
+    // The borrower learns what happened, not the owner's address or the OS error.
+    let message = r.json().unwrap()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(message.contains("nothing was sent"), "{message}");
+    for internal in [
+        port.to_string().as_str(),
+        "127.0.0.1",
+        "os error",
+        "refused",
+    ] {
+        assert!(!message.contains(internal), "{internal:?} in {message}");
+    }
     let s = d.status().await;
     assert!(s["work"].as_array().unwrap().is_empty(), "{s:#}");
     d.wait_status("the upstream to show as unreachable", |s| {
@@ -428,8 +442,17 @@ async fn oversized_work_bodies_get_413_and_metrics_count_it() {
         m.contains("vacancyd_admissions_total{upstream=\"llama\"} 1"),
         "{m}"
     );
+    // Issue 30 item 13: base units; the MiB name stays one release, deprecated.
+    assert!(
+        m.contains("vacancyd_resource_free_bytes{resource=\"gpu0\"} 20971520000"),
+        "{m}"
+    );
     assert!(
         m.contains("vacancyd_resource_free_mib{resource=\"gpu0\"} 20000"),
+        "{m}"
+    );
+    assert!(
+        m.contains("# HELP vacancyd_resource_free_mib DEPRECATED"),
         "{m}"
     );
     assert!(
@@ -685,4 +708,88 @@ async fn the_overhead_header_says_vacancyds_own_time_where_the_owner_asks() {
         (counted - said).abs() < 0.01,
         "the headers said {said} ms, vacancyd_added_seconds grew {counted} ms"
     );
+}
+
+/// Send `signal` (`-STOP`, `-CONT`) to process `pid`.
+fn signal(pid: u32, signal: &str) {
+    let st = std::process::Command::new("kill")
+        .args([signal, &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(st.success(), "kill {signal} {pid}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_job_on_a_stalled_upstream_is_verifying_until_slots_prove_the_stop() {
+    // Issue 30 item 12, DONE-04: llama-server cannot show its slots idle
+    // for 8 s after the cut (stopped, as a loaded machine stalls it), more
+    // than the old 4 s window. The entry shows `verifying` meanwhile and is
+    // released on the /slots proof once it comes, never held.
+    let llama = LlamaServer::start(busy_model()).unwrap();
+    let shim = CountingShim::start(llama.addr()).unwrap();
+    let d = Daemon::start(
+        &shim.base_url(),
+        1000,
+        2000,
+        20_000,
+        "on_borrower_disconnect = \"cut\"",
+    );
+    let mut stream = http_stream(
+        "POST",
+        &format!("{}/completion", d.proxy),
+        &[JSON],
+        completion(2000, true),
+    )
+    .await
+    .unwrap();
+    stream.next_chunk().await.unwrap().unwrap();
+    let pid = llama.process().pid();
+    signal(pid, "-STOP");
+    drop(stream);
+    let s = d
+        .wait_status("the cut entry verifying", |s| {
+            s["work"][0]["phase"] == "verifying"
+        })
+        .await;
+    let id = s["work"][0]["id"].as_str().unwrap().to_owned();
+    let metrics = http_request("GET", &format!("{}/metrics", d.control), &[], Vec::new())
+        .await
+        .unwrap()
+        .text();
+    assert!(
+        metrics.contains("vacancyd_work_active{upstream=\"llama\",phase=\"verifying\"} 1"),
+        "{metrics}"
+    );
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let s = d.status().await;
+    assert_eq!(s["work"][0]["id"], id.as_str(), "{s}");
+    assert_eq!(
+        s["work"][0]["phase"], "verifying",
+        "still verifying 8 s after the cut, not held: {s}"
+    );
+    // The console's work table says so too (the stall lasts until then).
+    {
+        let mut b =
+            Browser::start().expect("a headless Chromium (Debian chromium + chromium-driver)");
+        b.get(&format!("{}/#workloads", d.control)).unwrap();
+        b.wait_for(
+            &format!("[data-phase='{id}']"),
+            Some("verifying"),
+            Duration::from_secs(30),
+        )
+        .unwrap_or_else(|e| panic!("the console shows the entry verifying: {e}"));
+    }
+    assert_eq!(d.status().await["work"][0]["phase"], "verifying");
+    signal(pid, "-CONT");
+    let s = d
+        .wait_status_within(
+            "the entry released on the /slots proof",
+            Duration::from_secs(60),
+            |s| s["work"].as_array().is_some_and(|w| w.is_empty()),
+        )
+        .await;
+    assert!(s["resources"][0]["reserved_by"].is_null(), "{s}");
+    let work: Vec<_> = shim.records().into_iter().filter(is_work).collect();
+    assert_eq!(work.len(), 1);
+    assert!(!work[0].completed, "the reply was cut, not read to its end");
 }

@@ -181,6 +181,80 @@ async fn a_corrupt_record_stops_startup_naming_the_file() {
     assert!(err.contains("line 1"), "{err}");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_complete_but_corrupt_last_record_stops_startup_and_only_a_cut_one_is_discarded() {
+    // REC-08, REC-09, issue 30 item 3: the journal's last line is the
+    // admission of a job really running on llama-server at a kill -9. With
+    // one byte changed (`"op"` -> `x"op"`) and its newline kept, or its
+    // started_unix_ms set to 2^64 (or 2^64-1, past the year 9999), the
+    // daemon started with the entry gone and a REC-09 warning. Now each
+    // stops startup naming the file and line and leaves the journal as it
+    // was; only the same line cut short (no newline) is discarded.
+    let (d, config, _llama) = leave_a_held_entry().await;
+    let journal = d
+        .dir
+        .path()
+        .join("vacancyd.admission")
+        .join("journal.jsonl");
+    let good = std::fs::read_to_string(&journal).unwrap();
+    let lines: Vec<&str> = good.lines().collect();
+    let last = *lines.last().unwrap();
+    assert!(last.contains("\"op\":\"admit\""), "{good}");
+    assert!(good.ends_with('\n'));
+    let line_no = lines.len();
+    let started = last
+        .split("\"started_unix_ms\":")
+        .nth(1)
+        .and_then(|r| r.split(',').next())
+        .unwrap()
+        .to_owned();
+    let damaged = [
+        (last.replacen("\"op\"", "x\"op\"", 1), "not a JSON record"),
+        (
+            last.replacen(&started, "18446744073709551616", 1),
+            "not a JSON record",
+        ),
+        (
+            last.replacen(&started, "18446744073709551615", 1),
+            "past the year 9999",
+        ),
+    ];
+    for (bad_last, why) in damaged {
+        let mut text = lines[..line_no - 1].join("\n");
+        if !text.is_empty() {
+            text.push('\n');
+        }
+        text.push_str(&bad_last);
+        text.push('\n');
+        std::fs::write(&journal, &text).unwrap();
+        // Bounded: a daemon that starts anyway is stopped when `p` drops.
+        let mut p = ManagedProcess::spawn("vacancyd", run(&config, &[])).unwrap();
+        let status = p.wait_exit(Duration::from_secs(20));
+        let err = p.log();
+        assert!(
+            status.is_some_and(|s| !s.success()),
+            "started with {bad_last}:\n{err}"
+        );
+        assert!(err.contains("journal.jsonl"), "{err}");
+        assert!(err.contains(&format!("line {line_no}")), "{err}");
+        assert!(err.contains(why), "{err}");
+        assert!(!err.contains("REC-09"), "{err}");
+        assert_eq!(std::fs::read_to_string(&journal).unwrap(), text);
+    }
+    // The exception: the same record cut short by a crash (no newline).
+    let mut text = lines[..line_no - 1].join("\n");
+    if !text.is_empty() {
+        text.push('\n');
+    }
+    text.push_str(&last[..last.len() / 2]);
+    std::fs::write(&journal, &text).unwrap();
+    let control = d.control.clone();
+    let mut p = ManagedProcess::spawn("vacancyd", run(&config, &[])).unwrap();
+    p.wait_http_ok(&format!("{control}/health"), Duration::from_secs(20))
+        .unwrap();
+    assert!(p.log().contains("REC-09"), "{}", p.log());
+}
+
 /// A tmpfs of `size` mounted at `path` for one test (root only), unmounted
 /// when dropped: a real disk that can be filled.
 struct Tmpfs {

@@ -37,7 +37,11 @@ async fn lined(target: &str, max_waiting: u32) -> Daemon {
         "[[server.token]]\nname = \"desk\"\nscopes = [\"owner\"]\nsha256 = \"{}\"",
         vacancy::auth::hash_token(TOKEN)
     );
-    let upstream = format!("[upstream.queue]\nmax_waiting = {max_waiting}\nmax_wait_s = 120");
+    // max_wait_s: the line's own bound is a test bound here. Beside two CPU
+    // hogs the third of five borrowers waited out 120 s behind two 24-token
+    // jobs (issue 30 item 14); 600 s is met by a loaded 2-core machine and
+    // costs nothing when jobs are quick.
+    let upstream = format!("[upstream.queue]\nmax_waiting = {max_waiting}\nmax_wait_s = 600");
     let d = Daemon::setup(Setup {
         target,
         server: &server,
@@ -75,7 +79,7 @@ fn waiting(status: &serde_json::Value) -> u64 {
 /// Admissions only grow and are read first, so a waiter admitted between the
 /// two reads is missed (the next poll counts it), never counted twice.
 async fn arrived(d: &Daemon, n: u64) {
-    let deadline = Instant::now() + Duration::from_secs(30);
+    let deadline = Instant::now() + common::EVENT_BOUND;
     loop {
         let admitted = admissions(d).await;
         let waiting = waiting(&d.status().await);
@@ -198,8 +202,9 @@ async fn the_owner_returning_answers_every_waiter_owner_present_at_once() {
         assert_eq!(r.json().unwrap()["error"]["code"], "owner_present");
         assert!(r.headers.contains_key("vacancy-waited-ms"));
     }
+    // At once: well under max_wait_s (600 s), with room for a loaded machine.
     assert!(
-        returned.elapsed() < Duration::from_secs(5),
+        returned.elapsed() < Duration::from_secs(30),
         "answered at once, not at max_wait_s ({:?})",
         returned.elapsed()
     );
@@ -255,4 +260,79 @@ async fn a_waiter_who_disconnects_leaves_the_line_and_is_never_forwarded() {
         1,
         "the waiter that left was never forwarded"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_vacancy_sign_says_queueing_while_a_new_request_would_wait() {
+    // Issue 30 item 9, UI-01: with a job running and two borrowers in line,
+    // a new request would wait behind them: /status, /health/upstreams,
+    // `vacancyd status` and the console say `queueing (2 waiting)`, never
+    // `admitting`.
+    let llama = LlamaServer::start(busy_model()).unwrap();
+    let shim = CountingShim::start(llama.addr()).unwrap();
+    let d = lined(&shim.base_url(), 8).await;
+    let url = format!("{}/completion", d.proxy);
+    let mut long = serde_json::from_slice::<serde_json::Value>(&completion(100_000, true)).unwrap();
+    long["ignore_eos"] = json!(true);
+    let mut stream = http_stream("POST", &url, &[JSON], long.to_string().into_bytes())
+        .await
+        .unwrap();
+    assert_eq!(stream.status, 200);
+    stream.next_chunk().await.unwrap().unwrap();
+    let s = d.status().await;
+    assert_eq!(s["upstreams"][0]["vacancy"]["queueing"], 0, "{s}");
+    let waiters: Vec<_> = (0..2)
+        .map(|_| {
+            let url = url.clone();
+            tokio::spawn(async move {
+                http_request("POST", &url, &[JSON], completion(4, false))
+                    .await
+                    .unwrap()
+            })
+        })
+        .collect();
+    let s = d
+        .wait_status("two waiters in line", |s| waiting(s) == 2)
+        .await;
+    let v = &s["upstreams"][0]["vacancy"];
+    assert_eq!(v["admitting"], false, "{v}");
+    assert_eq!(v["queueing"], 2, "{v}");
+    assert_eq!(v["code"], "resource_busy", "{v}");
+    let health = http_request(
+        "GET",
+        &format!("{}/health/upstreams/llama", d.control),
+        &[],
+        Vec::new(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(health.status, 503, "{}", health.text());
+    assert_eq!(health.json().unwrap()["queueing"], 2);
+    let out = std::process::Command::new(vacancy_test_support::vacancyd())
+        .args(["status", "--url", &d.control])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("queueing (2 waiting)"), "{text}");
+    {
+        let mut b =
+            Browser::start().expect("a headless Chromium (Debian chromium + chromium-driver)");
+        b.get(&format!("{}/", d.control)).unwrap();
+        b.wait_for(
+            "[data-sign='llama']",
+            Some("queueing (2 waiting)"),
+            Duration::from_secs(20),
+        )
+        .unwrap_or_else(|e| panic!("the console's sign says queueing: {e}"));
+    }
+    // The owner returns: the waiters are answered, the sign refuses.
+    presence(&d, true).await;
+    for w in waiters {
+        assert_eq!(w.await.unwrap().status, 503);
+    }
+    let s = d.status().await;
+    assert_eq!(s["upstreams"][0]["vacancy"]["code"], "owner_present", "{s}");
+    assert!(s["upstreams"][0]["vacancy"]["queueing"].is_null(), "{s}");
+    drop(stream);
 }

@@ -172,6 +172,11 @@ pub struct ComfyFaults {
     /// Queue each `POST /prompt` at once but send its reply only after this
     /// long (a reply still under way at a reclaim deadline, RECL-23).
     pub submission_reply_delay: Duration,
+    /// A stop of the running prompt (`/interrupt` naming it, or the per-job
+    /// cancel) takes effect only this long after it is asked: ComfyUI stops
+    /// at the end of the node it runs, which a loaded machine reaches late
+    /// (issue 30 item 14: past RECL-28's 10 s).
+    pub interrupt_delay: Duration,
 }
 
 /// One request the emulator received.
@@ -212,6 +217,19 @@ struct Running {
     started_ms: u64,
     run_time: Duration,
     interrupted: bool,
+    /// A stop asked for, taking effect then ([`ComfyFaults::interrupt_delay`]).
+    stop_at: Option<Instant>,
+}
+
+impl Running {
+    /// Stop it, at once or after `delay` ([`ComfyFaults::interrupt_delay`]).
+    fn stop(&mut self, delay: Duration) {
+        if delay.is_zero() {
+            self.interrupted = true;
+        } else {
+            self.stop_at.get_or_insert(Instant::now() + delay);
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -286,6 +304,11 @@ impl State {
 
     /// Moves the running prompt to history if it is done, and starts the next.
     fn step(&mut self) {
+        if let Some(run) = self.running.as_mut()
+            && run.stop_at.is_some_and(|at| Instant::now() >= at)
+        {
+            run.interrupted = true;
+        }
         if let Some(run) = &self.running
             && (run.interrupted || run.started.elapsed() >= run.run_time)
             && let Some(run) = self.running.take()
@@ -306,6 +329,7 @@ impl State {
                 started_ms: now_ms(),
                 run_time: self.run_time,
                 interrupted: false,
+                stop_at: None,
             });
         }
     }
@@ -1094,14 +1118,15 @@ fn post_control(shared: &Shared, path: &str, body: &[u8]) -> Response<RespBody> 
             // ComfyUI 0.3.57 is the first whose /interrupt honours a prompt_id
             // (commit 464ba1d6, PR #9607); before it, it stops whatever runs.
             let targeted = st.at_least((0, 3, 57));
+            let delay = st.faults.interrupt_delay;
             if let Some(run) = st.running.as_mut() {
                 match target {
                     Some(id) if targeted => {
                         if run.job.id == id {
-                            run.interrupted = true;
+                            run.stop(delay);
                         }
                     }
-                    _ => run.interrupted = true,
+                    _ => run.stop(delay),
                 }
             }
             st.step();
@@ -1130,8 +1155,9 @@ fn post_control(shared: &Shared, path: &str, body: &[u8]) -> Response<RespBody> 
                 && st.at_least((0, 26, 0))
             {
                 let id = percent_decode(id);
+                let delay = st.faults.interrupt_delay;
                 if let Some(run) = st.running.as_mut().filter(|r| r.job.id == id) {
-                    run.interrupted = true;
+                    run.stop(delay);
                     st.step();
                     return full(200, Some(JSON), "{}");
                 }

@@ -87,6 +87,7 @@ mod python;
 mod shim;
 pub mod tts;
 pub mod voice_emulator;
+pub mod wine;
 
 use std::path::PathBuf;
 
@@ -94,8 +95,8 @@ pub use binaries::vacancyd;
 pub use browser::{BROWSER_DEBIAN_PACKAGES, BROWSER_PACKAGES, BROWSER_VENV, Browser};
 pub use comfyui::{
     COMFY_CLIENT_PACKAGES, COMFY_CLIENT_VENV, COMFY_LOCK, COMFY_VENV, ComfyFlavor, ComfyInstall,
-    ComfyUi, DownloadPlan, comfy_ws_client, invalid_workflow, prompt_request, simple_workflow,
-    slow_workflow,
+    ComfyUi, DownloadPlan, PROMPT_BOUND, comfy_ws_client, invalid_workflow, prompt_request,
+    simple_workflow, slow_workflow,
 };
 pub use comfyui_emulator::{
     ComfyEmulator, ComfyEmulatorOptions, ComfyFaults, ComfyRequest, QueuePadding, Silence, Trickle,

@@ -6,7 +6,8 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use vacancy::registry::{AdapterContext, AdapterFactory, AdapterRegistry, BuildError};
+use vacancy::config::{SettingProblem, UpstreamConfig};
+use vacancy::registry::{AdapterContext, AdapterFactory, AdapterRegistry, BuildError, no_settings};
 use vacancy::traits::Adapter;
 
 use crate::comfyui::ComfyUiAdapter;
@@ -20,7 +21,7 @@ pub fn register(registry: &mut AdapterRegistry) {
     registry.register(ComfyUiAdapter::NAME, comfyui);
     registry.register(LlamaCppAdapter::NAME, llamacpp);
     registry.register(OpenAiAdapter::NAME, openai);
-    registry.register(ChatterboxAdapter::NAME, chatterbox);
+    registry.register(ChatterboxAdapter::NAME, ChatterboxFactory);
 }
 
 /// A registry holding the five built-in kinds.
@@ -44,6 +45,28 @@ fn openai(ctx: &AdapterContext<'_>) -> Result<Arc<dyn Adapter>, BuildError> {
     let adapter =
         OpenAiAdapter::new(AdapterSettings::from_context(ctx)).map_err(|e| built("openai", e))?;
     Ok(Arc::new(adapter))
+}
+
+/// The chatterbox kind: no `adapter_settings`, and `[upstream.voice_routes]`,
+/// the compatible voice server's paths, which it checks itself (issue 30).
+pub struct ChatterboxFactory;
+
+impl AdapterFactory for ChatterboxFactory {
+    fn check(&self, upstream: &UpstreamConfig) -> Vec<SettingProblem> {
+        let mut problems = no_settings(upstream);
+        if let Some(routes) = &upstream.voice_routes {
+            problems.extend(crate::chatterbox::check_voice_routes(routes));
+        }
+        problems
+    }
+
+    fn reads_tables(&self) -> &'static [&'static str] {
+        &["voice_routes"]
+    }
+
+    fn build(&self, ctx: &AdapterContext<'_>) -> Result<Arc<dyn Adapter>, BuildError> {
+        chatterbox(ctx)
+    }
 }
 
 fn chatterbox(ctx: &AdapterContext<'_>) -> Result<Arc<dyn Adapter>, BuildError> {
@@ -129,5 +152,85 @@ mod tests {
             };
             assert_eq!(registry.build(&ctx).unwrap().name(), name);
         }
+    }
+
+    /// One chatterbox upstream ("voice") with `voice`'s extra lines, and
+    /// one Ollama upstream ("ollama") with `ollama`'s.
+    fn two(voice: &str, ollama: &str) -> String {
+        format!(
+            r#"[[resource]]
+name = "gpu0"
+kind = "gpu"
+sampler = "file"
+path = "/tmp/free.json"
+
+[[resource]]
+name = "gpu1"
+kind = "gpu"
+sampler = "file"
+path = "/tmp/free1.json"
+
+[[upstream]]
+name = "voice"
+adapter = "chatterbox"
+listen = "127.0.0.1:9000"
+target = "http://127.0.0.1:4123"
+resource = "gpu0"
+{voice}
+[[upstream]]
+name = "ollama"
+adapter = "ollama"
+listen = "127.0.0.1:9001"
+target = "http://127.0.0.1:11434"
+resource = "gpu1"
+{ollama}
+"#
+        )
+    }
+
+    #[test]
+    fn the_chatterbox_kind_checks_its_voice_routes() {
+        // DESIGN §4, issue 30 item 13: the adapter validates its own table,
+        // with the key and line; core configuration knows no adapter names.
+        let registry = registry();
+        let good = two(
+            "[upstream.voice_routes]\nspeech = \"/tts/speak\"\nexecution = \"/tts/jobs/{id}\"\n",
+            "",
+        );
+        let c = vacancy::config::Config::parse_with(&good, "t", &registry)
+            .unwrap()
+            .config;
+        assert_eq!(
+            c.upstreams[0].voice_routes.as_ref().unwrap().speech,
+            "/tts/speak"
+        );
+        let bad = two(
+            "[upstream.voice_routes]\nspeech = \"tts\"\nexecution = \"/tts/jobs\"\ncapabilities = \"/caps/{id}\"\nexecution_audio = \"/v1/audio/speech\"\nexecutions = \"/x?y\"\n",
+            "[upstream.voice_routes]\nspeech = \"/s\"\n",
+        );
+        let errs = vacancy::config::Config::parse_with(&bad, "t", &registry)
+            .unwrap_err()
+            .errors;
+        let find = |path: &str, words: &str| {
+            let e = errs
+                .iter()
+                .find(|e| e.path == path)
+                .unwrap_or_else(|| panic!("no error at {path}: {errs:#?}"));
+            assert!(e.message.contains(words), "{}: {}", e.path, e.message);
+            e.line
+        };
+        let at = |key: &str| format!("upstream[0] (\"voice\").voice_routes.{key}");
+        let line = find(&at("speech"), "not an absolute path");
+        let speech_line = bad.lines().position(|l| l == "speech = \"tts\"").unwrap() + 1;
+        assert_eq!(line, Some(speech_line), "the line of speech = ...");
+        find(&at("execution"), "needs an {id} segment");
+        find(&at("capabilities"), "parameters");
+        find(&at("execution_audio"), "needs an {id} segment");
+        find(&at("executions"), "not an absolute path");
+        find(
+            "upstream[1] (\"ollama\").voice_routes",
+            "applies only to adapter = \"chatterbox\", not ollama",
+        );
+        assert_eq!(errs.len(), 6, "{errs:#?}");
     }
 }

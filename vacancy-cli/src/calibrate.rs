@@ -15,6 +15,7 @@ use vacancy::pressure::{
     Attendance, CalibrationError, CalibrationFile, NvmlPressureReader, OwnerLoad, PressureError,
     PressureReader, calibrate, server_pids,
 };
+use vacancy::registry::AdapterRegistry;
 
 /// `vacancyd calibrate-pressure`'s arguments.
 #[derive(Debug, clap::Args)]
@@ -81,8 +82,9 @@ pub enum CalibrateFailure {
     Output(#[from] std::io::Error),
 }
 
-/// Run the command: exit 0 when the baseline was saved.
-pub fn run(args: &Args) -> ExitCode {
+/// Run the command with `registry`'s adapter kinds (the configuration is
+/// loaded as `run` loads it): exit 0 when the baseline was saved.
+pub fn run(args: &Args, registry: &AdapterRegistry) -> ExitCode {
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -93,7 +95,7 @@ pub fn run(args: &Args) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(run_async(args)) {
+    match runtime.block_on(run_async(args, registry)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("vacancyd calibrate-pressure: {e}");
@@ -102,12 +104,11 @@ pub fn run(args: &Args) -> ExitCode {
     }
 }
 
-async fn run_async(args: &Args) -> Result<(), CalibrateFailure> {
-    let loaded = match &args.config {
-        Some(p) => Config::load(p),
-        None => Config::embedded_default(),
-    }
-    .map_err(|e| CalibrateFailure::Config(e.to_string()))?;
+async fn run_async(args: &Args, registry: &AdapterRegistry) -> Result<(), CalibrateFailure> {
+    // As `run` and `check-config` load it: the adapter kinds and their own
+    // settings are checked against the registry (issue 30).
+    let loaded = crate::check_config::load(args.config.as_deref(), registry)
+        .map_err(|e| CalibrateFailure::Config(e.to_string()))?;
     let device = gpu_device(&loaded, &args.resource)?;
     let reader = NvmlPressureReader::new(&args.resource, &device)?;
     let dir = match &args.state_dir {

@@ -38,7 +38,9 @@ enum Command {
         #[arg(long, default_value = "http://127.0.0.1:7480")]
         url: String,
     },
-    /// Ask the running daemon to do something (needs a token with the right scope).
+    /// Ask the running daemon to do something (needs a token with the right
+    /// scope; on Windows, without a token, it goes over the local
+    /// administration pipe, which admits only administrators).
     AdminRequest {
         /// The control listener's base URL.
         #[arg(long, default_value = "http://127.0.0.1:7480")]
@@ -68,6 +70,21 @@ enum Command {
     /// Measure a GPU's normal owner load for a while and save it as its
     /// attended or unattended GPU pressure baseline.
     CalibratePressure(calibrate::Args),
+    /// The Windows service: install, uninstall, start, stop, status.
+    #[cfg(windows)]
+    Service {
+        #[command(subcommand)]
+        command: crate::service::ServiceCommand,
+    },
+    /// What the Windows service control manager starts (not for a console:
+    /// use `run`).
+    #[cfg(windows)]
+    #[command(hide = true)]
+    ServiceRun {
+        /// The configuration file.
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -98,7 +115,11 @@ fn runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
 pub(crate) fn main(registry: Arc<AdapterRegistry>) -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        Command::CalibratePressure(args) => calibrate::run(&args),
+        #[cfg(windows)]
+        Command::Service { command } => crate::service::run(&command),
+        #[cfg(windows)]
+        Command::ServiceRun { config } => crate::service::dispatch(config, registry),
+        Command::CalibratePressure(args) => calibrate::run(&args, &registry),
         Command::CheckConfig { config, no_sample } => {
             check_config::run(config.as_deref(), !no_sample, &registry)
         }
@@ -140,8 +161,8 @@ pub(crate) fn main(registry: Arc<AdapterRegistry>) -> ExitCode {
             action,
         } => {
             let parsed = admin_cmd::Action::parse(&action)
-                .and_then(|a| admin_cmd::token(token_file.as_deref()).map(|t| (a, t)));
-            let (action, token) = match parsed {
+                .and_then(|a| admin_cmd::credential(token_file.as_deref()).map(|t| (a, t)));
+            let (action, credential) = match parsed {
                 Ok(x) => x,
                 Err(e) => {
                     eprintln!("vacancyd admin-request: {e}");
@@ -152,7 +173,7 @@ pub(crate) fn main(registry: Arc<AdapterRegistry>) -> ExitCode {
                 Ok(rt) => rt,
                 Err(code) => return code,
             };
-            match rt.block_on(admin_cmd::send(&url, &token, &action)) {
+            match rt.block_on(admin_cmd::send_with(&url, &credential, &action)) {
                 Ok(body) => {
                     println!("{body}");
                     ExitCode::SUCCESS

@@ -49,6 +49,11 @@ const CHANGE_CHECK: Duration = Duration::from_millis(500);
 /// A `ping` event at least this often keeps proxies and the browser from
 /// closing an idle stream and shows the page the daemon still answers.
 const KEEP_ALIVE: Duration = Duration::from_secs(10);
+/// A stream ends after this long; the browser's `EventSource` reconnects
+/// within its `retry` (2 s) and gets the whole status again. So a stream
+/// nobody reads cannot hold one of [`MAX_EVENT_STREAMS`] for good (issue 30
+/// item 2).
+pub const MAX_STREAM_LIFE: Duration = Duration::from_secs(600);
 
 /// Whether `path` is one of the console's files.
 pub fn is_asset(path: &str) -> bool {
@@ -134,6 +139,7 @@ pub fn events(
     tokio::spawn(async move {
         let mut last = String::new();
         let mut quiet = Duration::ZERO;
+        let ends = tokio::time::Instant::now() + MAX_STREAM_LIFE;
         // Ask the browser to reconnect soon when the stream breaks.
         if tx
             .send(Bytes::from_static(b"retry: 2000\n\n"))
@@ -169,6 +175,7 @@ pub fn events(
             tokio::select! {
                 () = tokio::time::sleep(CHANGE_CHECK) => quiet += CHANGE_CHECK,
                 () = tx.closed() => return,
+                () = tokio::time::sleep_until(ends) => return, // the browser reconnects
             }
         }
     });

@@ -94,6 +94,31 @@ pub enum ClientError {
         /// The status.
         status: http::StatusCode,
     },
+    /// The local administration pipe refused this caller (HELD-09).
+    #[error(
+        "the local administration pipe {pipe} admits only Administrators and LocalSystem: run \
+         `vacancyd admin-request` as an administrator (an elevated prompt: right-click the \
+         terminal, \"Run as administrator\"), or pass a token with --token-file to use the \
+         control listener"
+    )]
+    NotAdministrator {
+        /// The pipe.
+        pipe: String,
+    },
+    /// No daemon serves the local administration pipe.
+    #[error("vacancyd is not running here: there is no local administration pipe {pipe}")]
+    NoPipe {
+        /// The pipe.
+        pipe: String,
+    },
+    /// The local administration pipe failed.
+    #[error("the local administration pipe {pipe} failed: {reason}")]
+    Pipe {
+        /// The pipe.
+        pipe: String,
+        /// Why.
+        reason: String,
+    },
     /// `/status` did not answer JSON.
     #[error("{url} did not answer JSON: {reason}")]
     NotJson {

@@ -32,9 +32,9 @@ use crate::control::{ControlState, UpstreamInfo};
 
 /// How long open exchanges may finish after a shutdown signal.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
-/// Descriptors kept for the ledger, samplers, observation and the control
-/// plane while borrowers use the rest.
-const DESCRIPTOR_RESERVE: u64 = 128;
+/// Descriptors kept for the ledger, samplers and observation; the control
+/// plane's share and the borrowers' come from the rest ([`conn::budgets`]).
+const DESCRIPTOR_RESERVE: u64 = 64;
 /// How often upstreams are observed (fresh enough for RES-02's 4 s).
 const OBSERVE_EVERY: Duration = Duration::from_secs(2);
 /// Where login seats are listed on a systemd machine.
@@ -53,6 +53,18 @@ pub enum StartError {
 
 /// Load, assemble and serve with `registry`'s adapter kinds; returns when shut down.
 pub async fn run(path: Option<&Path>, registry: Arc<AdapterRegistry>) -> Result<(), StartError> {
+    run_until(path, registry, || {}, wait_for_signal()).await
+}
+
+/// As [`run`]: `ready` is called once every listener serves, and the
+/// daemon shuts down gracefully when `stop` completes (a signal, or the
+/// Windows service control manager's stop).
+pub(crate) async fn run_until(
+    path: Option<&Path>,
+    registry: Arc<AdapterRegistry>,
+    ready: impl FnOnce(),
+    stop: impl std::future::Future<Output = ()>,
+) -> Result<(), StartError> {
     let loaded = crate::check_config::load(path, &registry)?;
     let origin = path.map_or_else(
         || vacancy::config::EMBEDDED_ORIGIN.to_owned(),
@@ -60,7 +72,8 @@ pub async fn run(path: Option<&Path>, registry: Arc<AdapterRegistry>) -> Result<
     );
     let (shutdown_tx, shutdown) = watch::channel(false);
     let daemon = start(loaded, path, &origin, shutdown, registry).await?;
-    wait_for_signal().await;
+    ready();
+    stop.await;
     info!("shutting down: no new connections; open exchanges may finish for up to 30 s");
     let _ = shutdown_tx.send(true);
     daemon.join().await;
@@ -102,7 +115,29 @@ async fn wait_for_signal() {
             }
         }
     }
-    #[cfg(not(unix))]
+    #[cfg(windows)]
+    {
+        // Ctrl-C or Ctrl-Break in the console, the console closed, the
+        // system shutting down: each stops vacancyd gracefully.
+        use tokio::signal::windows::{ctrl_break, ctrl_close, ctrl_shutdown};
+        match (ctrl_break(), ctrl_close(), ctrl_shutdown()) {
+            (Ok(mut brk), Ok(mut close), Ok(mut down)) => {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = brk.recv() => {}
+                    _ = close.recv() => {}
+                    _ = down.recv() => {}
+                }
+            }
+            _ => {
+                warn!(
+                    "cannot listen for console close and shutdown events; stopping on Ctrl-C only"
+                );
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(any(unix, windows)))]
     {
         let _ = tokio::signal::ctrl_c().await;
     }
@@ -165,6 +200,34 @@ async fn bind(what: &str, addr: &str) -> Result<TcpListener, StartError> {
     TcpListener::bind(addr)
         .await
         .map_err(|e| setup(format!("cannot listen on {addr} for {what}: {e}")))
+}
+
+/// The control listener's accept queue: deep enough that a burst of
+/// connections opened and closed by a flood does not overflow it, which
+/// would drop a health check's SYN and delay it by the client's one-second
+/// retransmission (issue 30 item 2). The kernel caps it at somaxconn.
+const CONTROL_BACKLOG: u32 = 4096;
+
+/// Bind the control listener with [`CONTROL_BACKLOG`].
+fn bind_control(addr: &str) -> Result<TcpListener, StartError> {
+    let fail = |e: std::io::Error| {
+        setup(format!(
+            "cannot listen on {addr} for the control plane: {e}"
+        ))
+    };
+    let at: SocketAddr = addr
+        .parse()
+        .map_err(|e| setup(format!("server.listen {addr:?}: {e}")))?;
+    let socket = if at.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()
+    } else {
+        tokio::net::TcpSocket::new_v6()
+    }
+    .map_err(fail)?;
+    // As TcpListener::bind does: a restart may bind while old connections linger.
+    socket.set_reuseaddr(true).map_err(fail)?;
+    socket.bind(at).map_err(fail)?;
+    socket.listen(CONTROL_BACKLOG).map_err(fail)
 }
 
 /// Find and open the recovery directory (REC-10..22, REC-25) and return every
@@ -313,18 +376,30 @@ pub async fn start(
         ReclaimTimes::default(),
         shutdown.clone(),
     ));
-    let control_listener = bind("the control plane", &config.server.listen).await?;
+    let control_listener = bind_control(&config.server.listen)?;
     let control = control_listener
         .local_addr()
         .map_err(|e| setup(format!("control listener: {e}")))?;
-    let state = Arc::new(control_state(
+    #[cfg_attr(not(windows), allow(unused_mut))]
+    let mut state = control_state(
         &config,
         config_path,
         &lender,
         infos,
         shown_presence,
         &registry,
-    ));
+    );
+    // HELD-09: local administration over a named pipe on Windows, whose
+    // requests reach the control plane with a token only the pipe holds.
+    #[cfg(windows)]
+    let pipe = {
+        let pipe = crate::admin_pipe::AdminPipe::bind().map_err(setup)?;
+        let mut tokens = config.server.tokens.clone();
+        tokens.push(pipe.token_entry());
+        state.tokens = vacancy::auth::Tokens::new(tokens);
+        pipe
+    };
+    let state = Arc::new(state);
     serve_listeners(
         &config,
         &lender,
@@ -334,6 +409,8 @@ pub async fn start(
         &mut tasks,
         &shutdown,
     );
+    #[cfg(windows)]
+    tasks.spawn(pipe.serve(control, shutdown.clone()));
     state.ready.store(true, Ordering::Release);
     info!(control = %control, "ready");
     Ok(Daemon { tasks })
@@ -495,9 +572,11 @@ async fn open_upstream(
         management: u.management,
         on_borrower_disconnect: u.on_borrower_disconnect,
         completion_timeout: Duration::from_secs(u.completion_timeout_s),
+        stop_proof_timeout: Duration::from_secs(u.stop_proof_timeout_s),
         max_body_bytes,
         connect_timeout: Duration::from_secs(10),
         overhead_header: config.server.overhead_header,
+        tunnel_idle: Duration::from_secs(config.server.tunnel_idle_timeout_s),
         reads: vacancy::proxy::pool::ReadPool::new(Duration::from_secs(10)),
     });
     let listener = bind(&format!("upstream {:?}", u.name), &u.listen).await?;
@@ -536,6 +615,8 @@ fn control_state(
         )),
         pressure_gpus: measured_gpus(config),
         event_streams: 0.into(),
+        hosts: vacancy::proxy::host::HostNames::new(&config.server.allowed_hosts),
+        failures: crate::control::failures::AuthFailures::default(),
     }
 }
 
@@ -566,13 +647,17 @@ fn serve_listeners(
     let limits = ConnLimits::from_config(&config.server);
     let nofile = conn::raise_nofile_limit();
     let (borrowers, control_budget) = conn::budgets(nofile, DESCRIPTOR_RESERVE);
+    let control_pools = crate::control::conns::Sizes::from_total(control_budget.size());
     info!(
         open_files = nofile,
         borrower_connections = borrowers.size(),
         control_connections = control_budget.size(),
+        control_reserve = control_pools.reserve,
+        control_per_peer = control_pools.per_peer,
         header_timeout_s = limits.header.as_secs(),
         idle_timeout_s = limits.idle.as_secs(),
         body_timeout_s = limits.body.as_secs(),
+        tunnel_idle_timeout_s = config.server.tunnel_idle_timeout_s,
         "connection limits"
     );
     for (listener, route) in servers {

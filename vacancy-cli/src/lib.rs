@@ -27,6 +27,8 @@
 //! unknown kind is reported with the list of registered ones.
 
 mod admin_cmd;
+#[cfg(windows)]
+mod admin_pipe;
 mod calibrate;
 mod check_config;
 mod cli;
@@ -35,6 +37,8 @@ mod control;
 mod control_client;
 mod daemon;
 mod logging;
+#[cfg(windows)]
+mod service;
 mod settings;
 mod status_cmd;
 

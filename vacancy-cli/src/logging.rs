@@ -87,6 +87,21 @@ pub fn init(format: LogFormat) {
     }
 }
 
+/// Install the global subscriber writing text lines without colour codes
+/// to `writer` (the Windows service's log file), filtered as [`init`] is.
+#[cfg(windows)]
+pub fn init_to<W>(writer: W)
+where
+    W: for<'w> tracing_subscriber::fmt::MakeWriter<'w> + Send + Sync + 'static,
+{
+    let filter = EnvFilter::try_from_env(FILTER_VAR).unwrap_or_else(|_| EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_writer(writer)
+        .with_env_filter(filter)
+        .with_ansi(false)
+        .init();
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -152,13 +152,18 @@ pub struct Settings {
     /// The adapter kinds a saved file is checked against.
     registry: Arc<AdapterRegistry>,
     state: Mutex<Known>,
+    /// How often the file was read and validated (tests).
+    #[cfg(test)]
+    reads: std::sync::atomic::AtomicUsize,
 }
 
 #[derive(Default)]
 struct Known {
-    /// The file's modification time when `status` was last computed.
+    /// The file's modification time when it was last read.
     seen: Option<SystemTime>,
     status: SettingsStatus,
+    /// The saved file's editable values, when it was valid at that read.
+    saved: Option<Editable>,
 }
 
 impl Settings {
@@ -172,7 +177,13 @@ impl Settings {
             path,
             running,
             registry,
-            state: Mutex::new(Known { seen: None, status }),
+            state: Mutex::new(Known {
+                seen: None,
+                status,
+                saved: None,
+            }),
+            #[cfg(test)]
+            reads: std::sync::atomic::AtomicUsize::new(0),
         }
     }
 
@@ -186,43 +197,55 @@ impl Settings {
     /// What differs between the saved file and the running configuration,
     /// re-read only when the file changed since the last look.
     pub fn status(&self) -> SettingsStatus {
+        self.look().status.clone()
+    }
+
+    /// The form the console edits: running and saved values. The file is
+    /// read and validated at most once for both (issue 30), and not at all
+    /// when it has not changed since the last look.
+    pub fn form(&self) -> SettingsForm {
+        let known = self.look();
+        SettingsForm {
+            config_path: known.status.config_path.clone(),
+            running: Editable::of(&self.running),
+            saved: known.saved.clone(),
+            saved_invalid: known.status.saved_invalid.clone(),
+            pending: known.status.pending.clone(),
+        }
+    }
+
+    /// What is known of the saved file, read and validated again only when
+    /// its modification time changed since the last look.
+    fn look(&self) -> std::sync::MutexGuard<'_, Known> {
+        let mut known = self.known();
         let Some(path) = &self.path else {
-            return self.known().status.clone();
+            return known;
         };
         let mtime = std::fs::metadata(path).and_then(|m| m.modified()).ok();
-        let mut known = self.known();
         if mtime.is_some() && known.seen == mtime {
-            return known.status.clone();
+            return known;
         }
         known.seen = mtime;
-        let (pending, saved_invalid) = match std::fs::read_to_string(path)
+        #[cfg(test)]
+        self.reads.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        match std::fs::read_to_string(path)
             .map_err(|e| e.to_string())
             .and_then(|text| {
                 crate::check_config::validate(&text, &path.display().to_string(), &self.registry)
                     .map_err(|e| e.to_string())
             }) {
-            Ok(saved) => (pending_keys(&self.running, &saved.config), None),
-            Err(e) => (Vec::new(), Some(e)),
-        };
-        known.status.pending = pending;
-        known.status.saved_invalid = saved_invalid;
-        known.status.clone()
-    }
-
-    /// The form the console edits: running and saved values.
-    pub fn form(&self) -> SettingsForm {
-        let status = self.status();
-        let saved = self.path.as_ref().and_then(|path| {
-            let text = std::fs::read_to_string(path).ok()?;
-            crate::check_config::validate(&text, &path.display().to_string(), &self.registry).ok()
-        });
-        SettingsForm {
-            config_path: status.config_path,
-            running: Editable::of(&self.running),
-            saved: saved.map(|s| Editable::of(&s.config)),
-            saved_invalid: status.saved_invalid,
-            pending: status.pending,
+            Ok(saved) => {
+                known.status.pending = pending_keys(&self.running, &saved.config);
+                known.status.saved_invalid = None;
+                known.saved = Some(Editable::of(&saved.config));
+            }
+            Err(e) => {
+                known.status.pending = Vec::new();
+                known.status.saved_invalid = Some(e);
+                known.saved = None;
+            }
         }
+        known
     }
 
     /// Apply `edit` to the configuration file, validate the result as
@@ -240,7 +263,8 @@ impl Settings {
         }
         // One save at a time: the lock also guards the file.
         let mut known = self.known();
-        let current = std::fs::read_to_string(path).map_err(|e| {
+        let file = through_links(path)?;
+        let current = std::fs::read_to_string(&file).map_err(|e| {
             SaveError::Io(format!(
                 "cannot read the configuration file {}: {e}",
                 path.display()
@@ -250,14 +274,15 @@ impl Settings {
         let saved =
             crate::check_config::validate(&edited, &path.display().to_string(), &self.registry)
                 .map_err(|e| SaveError::Invalid(e.errors))?;
-        let previous = write_atomically(path, &current, &edited).map_err(SaveError::Io)?;
+        let previous = write_atomically(&file, &current, &edited).map_err(SaveError::Io)?;
         let pending = pending_keys(&self.running, &saved.config);
         known.seen = std::fs::metadata(path).and_then(|m| m.modified()).ok();
         known.status.pending = pending.clone();
         known.status.saved_invalid = None;
+        known.saved = Some(Editable::of(&saved.config));
         info!(token = by, file = %path.display(), pending = %pending.join(","), "settings saved; a restart applies them");
         Ok(Saved {
-            path: path.display().to_string(),
+            path: file.display().to_string(),
             previous: previous.display().to_string(),
             message: if pending.is_empty() {
                 "saved; the file now matches the running settings".to_owned()
@@ -267,6 +292,36 @@ impl Settings {
             pending,
         })
     }
+}
+
+/// The file a save replaces: `path` itself, or for a symbolic link (a
+/// configuration kept elsewhere and linked into place) the file it leads
+/// to, so the link stays a link and the target gets the new text. A link
+/// that leads nowhere is refused with the reason.
+fn through_links(path: &Path) -> Result<PathBuf, SaveError> {
+    let meta = std::fs::symlink_metadata(path).map_err(|e| {
+        SaveError::Io(format!(
+            "cannot read the configuration file {}: {e}",
+            path.display()
+        ))
+    })?;
+    if !meta.file_type().is_symlink() {
+        return Ok(path.to_path_buf());
+    }
+    let target = std::fs::canonicalize(path).map_err(|e| {
+        SaveError::Io(format!(
+            "the configuration {} is a symbolic link that leads to no file ({e}); fix the link or save the file it should lead to",
+            path.display()
+        ))
+    })?;
+    if !std::fs::metadata(&target).is_ok_and(|m| m.is_file()) {
+        return Err(SaveError::Io(format!(
+            "the configuration {} is a symbolic link to {}, which is not a regular file; nothing was saved",
+            path.display(),
+            target.display()
+        )));
+    }
+    Ok(target)
 }
 
 /// The previous version's place beside `path`.
@@ -413,5 +468,85 @@ resource = "ram"
             .set_modified(later)
             .unwrap();
         assert_eq!(s.status().pending, ["resource.ram.reserve_mib"]);
+    }
+
+    #[test]
+    fn the_form_reads_and_validates_the_file_once() {
+        // Issue 30 item 13: status and form share one read and validation,
+        // and an unchanged file is not read again.
+        let (_dir, path, s) = setup();
+        let form = s.form();
+        assert_eq!(s.reads.load(std::sync::atomic::Ordering::SeqCst), 1);
+        assert!(form.saved.is_some() && form.saved_invalid.is_none());
+        let _ = s.status();
+        let _ = s.form();
+        assert_eq!(s.reads.load(std::sync::atomic::Ordering::SeqCst), 1);
+        std::fs::write(&path, "not toml [").unwrap();
+        let later = SystemTime::now() + std::time::Duration::from_secs(1);
+        File::options()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_modified(later)
+            .unwrap();
+        let form = s.form();
+        assert_eq!(s.reads.load(std::sync::atomic::Ordering::SeqCst), 2);
+        assert!(form.saved.is_none() && form.saved_invalid.is_some());
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_save_through_a_symlinked_configuration_writes_the_link_target() {
+        // Issue 30 item 13: the link stays a link; the file it leads to gets
+        // the new text and its previous version beside it.
+        let (dir, real, _) = setup();
+        let link = dir.path().join("linked.toml");
+        std::os::unix::fs::symlink(&real, &link).unwrap();
+        let running = Config::parse(TEXT, "t").unwrap().config;
+        let s = Settings::new(
+            Some(link.clone()),
+            running,
+            Arc::new(vacancy_adapters::builtin::registry()),
+        );
+        let edit: SettingsEdit =
+            serde_json::from_str(r#"{"resources": {"ram": {"reserve_mib": 2048}}}"#).unwrap();
+        let saved = s.save(&edit, "test").unwrap();
+        assert!(
+            std::fs::symlink_metadata(&link)
+                .unwrap()
+                .file_type()
+                .is_symlink(),
+            "the link was replaced by a regular file"
+        );
+        assert!(
+            std::fs::read_to_string(&real)
+                .unwrap()
+                .contains("reserve_mib = 2048")
+        );
+        assert_eq!(std::fs::read_to_string(previous_path(&real)).unwrap(), TEXT);
+        assert_eq!(
+            saved.path,
+            real.canonicalize().unwrap().display().to_string()
+        );
+        // A link that leads nowhere is refused, and nothing is written.
+        let dangling = dir.path().join("dangling.toml");
+        std::os::unix::fs::symlink(dir.path().join("gone.toml"), &dangling).unwrap();
+        let running = Config::parse(TEXT, "t").unwrap().config;
+        let s = Settings::new(
+            Some(dangling.clone()),
+            running,
+            Arc::new(vacancy_adapters::builtin::registry()),
+        );
+        let Err(SaveError::Io(why)) = s.save(&edit, "test") else {
+            panic!("a dangling link must be refused");
+        };
+        assert!(why.contains("symbolic link"), "{why}");
+        assert!(
+            std::fs::symlink_metadata(&dangling)
+                .unwrap()
+                .file_type()
+                .is_symlink()
+        );
+        assert!(!dir.path().join("gone.toml").exists());
     }
 }

@@ -153,14 +153,14 @@ fn render_resources(out: &mut String, status: &Value) {
 fn render_upstreams(out: &mut String, status: &Value) {
     let _ = writeln!(out, "\nupstreams:");
     for u in status["upstreams"].as_array().into_iter().flatten() {
-        let admitting = if u["vacancy"]["admitting"].as_bool() == Some(true) {
+        let v = &u["vacancy"];
+        let admitting = if v["admitting"].as_bool() == Some(true) {
             "admitting".to_owned()
+        } else if let Some(ahead) = v["queueing"].as_u64() {
+            // Issue 30: a new request would wait its turn in the line.
+            format!("queueing ({ahead} waiting): {}", s(&v["reason"]))
         } else {
-            format!(
-                "not admitting: {}: {}",
-                s(&u["vacancy"]["code"]),
-                s(&u["vacancy"]["reason"])
-            )
+            format!("not admitting: {}: {}", s(&v["code"]), s(&v["reason"]))
         };
         let reach = match u["reachable"].as_bool() {
             Some(true) => "reachable".to_owned(),

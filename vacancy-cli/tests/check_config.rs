@@ -17,9 +17,28 @@ fn text(bytes: &[u8]) -> String {
 }
 
 #[test]
-fn the_example_configuration_is_valid() {
+fn the_example_configuration_is_valid_once_its_token_is_the_operators() {
+    // Issue 30 item 4: as shipped, the example's token placeholder is its
+    // one problem; with a hash of the operator's own, it is valid.
     let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/vacancyd.toml");
     let out = check_config(&["--config", example.to_str().unwrap(), "--no-sample"]);
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(err.contains("1 problem found"), "{err}");
+    assert!(
+        err.contains("placeholder of examples/vacancyd.toml"),
+        "{err}"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let own = dir.path().join("vacancyd.toml");
+    std::fs::write(
+        &own,
+        std::fs::read_to_string(&example)
+            .unwrap()
+            .replace(vacancy::config::EXAMPLE_TOKEN_PLACEHOLDER, &"5e".repeat(32)),
+    )
+    .unwrap();
+    let out = check_config(&["--config", own.to_str().unwrap(), "--no-sample"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(text(&out.stdout).contains("ok: "), "{}", text(&out.stdout));
 }
@@ -356,4 +375,40 @@ num_ctx = 4096
         "{err}"
     );
     assert!(err.contains("2 problems found"), "{err}");
+}
+
+#[test]
+fn calibrate_pressure_loads_the_configuration_as_run_does() {
+    // Issue 30 item 13: the adapter registry checks the kinds, so a
+    // configuration `run` refuses is refused here too, with the same words,
+    // before any GPU is touched.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("vacancyd.toml");
+    std::fs::write(
+        &path,
+        r#"[[resource]]
+name = "gpu0"
+kind = "gpu"
+sampler = "nvml"
+device = "0"
+
+[[upstream]]
+name = "llm"
+adapter = "olama"
+listen = "127.0.0.1:11435"
+target = "http://127.0.0.1:11434"
+resource = "gpu0"
+"#,
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_vacancyd"))
+        .args(["calibrate-pressure", "--config", path.to_str().unwrap()])
+        .args(["--resource", "gpu0", "--attended", "--seconds", "1"])
+        .args(["--state-dir", dir.path().to_str().unwrap()])
+        .output()
+        .expect("vacancyd runs");
+    let err = text(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("unknown adapter \"olama\""), "{err}");
+    assert!(err.contains("did you mean \"ollama\"?"), "{err}");
 }

@@ -32,10 +32,13 @@ pub(crate) struct Sampled {
 pub(crate) struct Core {
     inner: Mutex<Inner>,
     /// Notified on every sample and every moved wait line, for callers waiting
-    /// in `admit()` and the asyncio waker.
+    /// in `admit()` and the asyncio waker. Always notified with `inner`'s lock
+    /// held ([`Core::notify_changed`]): a waiter checks its condition and
+    /// starts waiting under that lock, so no notification falls between the
+    /// two (issue 30).
     pub(crate) changed: Condvar,
-    /// Bumped with every notification of `changed`, so a waiter can tell a
-    /// change from a timeout.
+    /// Bumped with every notification of `changed`, under `inner`'s lock, so
+    /// a waiter can tell a change from a timeout.
     generation: AtomicU64,
     pub(crate) clock: MonotonicClock,
     /// Pulled when a job on the resource ends (ADM-05): the driver samples it now.
@@ -99,12 +102,14 @@ impl Core {
             }
         }
         if wake {
-            self.notify_changed();
+            self.notify_changed(g);
         }
     }
 
-    /// Wake every caller waiting for a change.
-    pub(crate) fn notify_changed(&self) {
+    /// Wake every caller waiting for a change. Takes the engine's state as
+    /// proof that its lock is held: a notification outside it could fall
+    /// between a waiter's check and its wait, and be missed.
+    pub(crate) fn notify_changed(&self, _locked: &mut Inner) {
         self.generation.fetch_add(1, Ordering::SeqCst);
         self.changed.notify_all();
     }
@@ -115,7 +120,9 @@ impl Core {
     }
 
     /// Block (call with the GIL released) until the generation moves past
-    /// `seen` or `timeout` passes; returns the generation then.
+    /// `seen` or `timeout` passes; returns the generation then. A change made
+    /// after `seen` was read is never missed: the generation moves under the
+    /// lock this checks and waits under.
     pub(crate) fn wait_change(&self, seen: u64, timeout: Duration) -> u64 {
         let g = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
         if self.generation() != seen {
@@ -223,8 +230,12 @@ impl LoopSink for Core {
                     .record_sample_failure(resource, started, &err.to_string()),
             };
             self.drain_effects(&mut g);
+            self.notify_changed(&mut g);
         }
-        self.notify_changed();
+        // After the lock: the record goes to Python's logging (lib.rs).
+        if let Err(err) = &result {
+            tracing::warn!(target: "vacancy::sampling", resource, error = %err, "capacity sample failed; the resource's capacity is unknown");
+        }
     }
 
     fn set_owner(&self, presence: OwnerPresence) -> bool {

@@ -27,7 +27,9 @@ use crate::core::Core;
 use crate::errors::{Error, IntoPyResult, config_error};
 use crate::inner::{Inner, Timeline, moment_of, secs};
 
-/// How often a waiting `admit()` wakes up to let Python handle signals (Ctrl-C).
+/// How often a waiting `admit()` on the main thread wakes up to let Python
+/// handle signals (Ctrl-C); only the main thread receives them, so other
+/// threads wait for a change or their deadline alone.
 const SIGNAL_CHECK: Duration = Duration::from_millis(100);
 
 // ---- Config ------------------------------------------------------------
@@ -372,14 +374,17 @@ impl Engine {
 
     /// One cycle of a real-time wait for the post-job sample, with the GIL
     /// released: admit now, and if the answer is still `Wait`, sleep until a
-    /// sample lands, the wait ends or the signal-check interval passes.
-    fn wait_cycle(&self, req: &WorkRequest) -> Option<Decision> {
+    /// change (a sample, a moved line), the wait's end or the end of `slice`
+    /// (the main thread's signal check). The decision and the sleep are under
+    /// one lock, and every change is notified under it: none is missed.
+    fn wait_cycle(&self, req: &WorkRequest, slice: Option<Duration>) -> Option<Decision> {
         let mut g = self.lock();
         let now = self.core.clock.now();
         g.latest = g.latest.max(now);
         match g.engine.admit(req, now) {
             Decision::Wait { until, .. } => {
-                let slice = until.since(now).min(SIGNAL_CHECK);
+                let left = until.since(now);
+                let slice = slice.map_or(left, |s| left.min(s));
                 let (g, _) = self
                     .core
                     .changed
@@ -391,6 +396,15 @@ impl Engine {
             d => Some(d),
         }
     }
+}
+
+/// Whether the calling thread is Python's main thread, the one that
+/// receives signals.
+fn main_thread(py: Python<'_>) -> PyResult<bool> {
+    let threading = py.import("threading")?;
+    let main = threading.call_method0("main_thread")?;
+    let current = threading.call_method0("current_thread")?;
+    Ok(main.is(&current))
 }
 
 fn parse_outcome(outcome: &str, reason: Option<&str>) -> PyResult<ReleaseOutcome> {
@@ -532,31 +546,61 @@ impl AdmitTicket {
         self.engine.clone_ref(py)
     }
 
-    /// Ask once, never blocking: the `Reservation`, `None` while waiting for
-    /// the post-job sample or a turn in the wait line, or the refusal raised.
-    fn step(&self, py: Python<'_>) -> PyResult<Option<Reservation>> {
+    /// Ask once, never blocking: the `Reservation`; or while it waits for the
+    /// post-job sample or its turn in the wait line, `(generation, wait_s)`:
+    /// the engine's change generation at this decision (a change after it
+    /// moves it, see `Engine._wait_change`) and the seconds until the wait's
+    /// deadline, when it must ask again even if nothing changed; or the
+    /// refusal raised.
+    fn step(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
         if self.left.load(std::sync::atomic::Ordering::SeqCst) {
             return Err(PyValueError::new_err("this admission was cancelled"));
         }
         let engine = self.engine.get();
-        let decision = engine.with(py, |g| {
+        let (decision, now, generation) = engine.with(py, |g| {
             let now = engine.core.clock.now();
             g.latest = g.latest.max(now);
-            Ok(g.engine.admit(&self.req, now))
+            let d = g.engine.admit(&self.req, now);
+            // Read under the lock the decision was made under: a change
+            // after it moves the generation past this.
+            Ok((d, now, engine.core.generation()))
         })?;
         match decision {
-            Decision::Admitted(r) => Ok(Some(Reservation::new(r, self.engine.clone_ref(py)))),
+            Decision::Admitted(r) => {
+                let job = Reservation::new(r, self.engine.clone_ref(py));
+                Ok(Py::new(py, job)?.into_any())
+            }
             Decision::Refused(r) => Err(Error::Refused(r).into_py(py)),
             Decision::Reobserve(r) => Err(Error::Reobserve(r).into_py(py)),
-            Decision::Wait { .. } => Ok(None),
+            Decision::Wait { until, .. } => {
+                let wait_s = until.since(now).as_secs_f64();
+                Ok((generation, wait_s).into_pyobject(py)?.into_any().unbind())
+            }
         }
     }
 
     /// The awaiting task was cancelled: leave the wait line, reserving nothing.
     fn cancel(&self) {
+        self.leave();
+    }
+}
+
+impl AdmitTicket {
+    /// Leave the wait line, once.
+    fn leave(&self) {
         if !self.left.swap(true, std::sync::atomic::Ordering::SeqCst) {
             self.engine.get().lock().engine.leave_line(self.req.id);
         }
+    }
+}
+
+/// A ticket dropped without an answer (its coroutine never finished, or was
+/// collected without being closed) leaves the wait line: it never holds
+/// back those behind it until the line's expiry. Takes only the engine's
+/// lock, never the GIL's Python code.
+impl Drop for AdmitTicket {
+    fn drop(&mut self) {
+        self.leave();
     }
 }
 
@@ -631,9 +675,10 @@ impl Engine {
                 taken_at,
             };
             g.engine.record_sample(resource, sample)?;
+            // Under the lock, as every notification (Core::notify_changed).
+            self.core.notify_changed(g);
             Ok(())
         })?;
-        self.core.notify_changed();
         Ok(())
     }
 
@@ -734,7 +779,13 @@ impl Engine {
             match decision {
                 Decision::Admitted(r) => return Ok(Reservation::new(r, slf.clone().unbind())),
                 Decision::Refused(r) => return Err(Error::Refused(r).into_py(py)),
-                Decision::Reobserve(r) => return Err(Error::Reobserve(r).into_py(py)),
+                Decision::Reobserve(r) => {
+                    // The engine keeps a waiter's place for a shell that
+                    // observes and asks again (RES-20); this call answers
+                    // instead, so it gives the place up.
+                    this.lock().engine.leave_line(req.id);
+                    return Err(Error::Reobserve(r).into_py(py));
+                }
                 Decision::Wait { until, resources } => {
                     if now.is_some() {
                         return Err(Error::Wait {
@@ -746,8 +797,9 @@ impl Engine {
                     }
                     // ADM-06 on the real clock: wait for the sample with the GIL
                     // and the engine's lock released, so another thread can feed it.
+                    let slice = main_thread(py)?.then_some(SIGNAL_CHECK);
                     loop {
-                        if let Some(d) = py.detach(|| this.wait_cycle(&req)) {
+                        if let Some(d) = py.detach(|| this.wait_cycle(&req, slice)) {
                             decision = d;
                             break;
                         }
@@ -1282,7 +1334,7 @@ impl Reservation {
         let sample = engine.with(py, |g| {
             let eid = entry_id(&id)?;
             match g.engine.phase(eid) {
-                Some(Phase::Forwarding | Phase::Tracking) => {
+                Some(Phase::Forwarding | Phase::Tracking | Phase::Verifying) => {
                     let m = g.current(&engine.core.clock);
                     Ok(released(g.engine.release(eid, outcome, m)?))
                 }

@@ -10,6 +10,13 @@
 //! mutex with the GIL cannot deadlock with the holder. Results are computed
 //! under the lock as plain Rust values and turned into Python objects after it
 //! is dropped.
+//!
+//! Log records: vacancy's `tracing` events (a sampler that fails, a presence
+//! backend that cannot answer, GPU pressure) become `log` records (tracing's
+//! `log` feature, since no tracing subscriber runs here), which `pyo3-log`
+//! hands to Python's `logging` under the `vacancy` logger (`vacancy.proxy.sampling`,
+//! ...). Handing one over runs Python code, so the rule above covers it: no
+//! event is emitted while the mutex is held.
 
 mod convert;
 mod core;
@@ -24,6 +31,7 @@ use pyo3::prelude::*;
 /// The extension module.
 #[pymodule]
 fn _vacancy(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    install_logging(m.py())?;
     m.add_class::<engine::Config>()?;
     m.add_class::<engine::Engine>()?;
     m.add_class::<engine::Reservation>()?;
@@ -34,5 +42,25 @@ fn _vacancy(m: &Bound<'_, PyModule>) -> PyResult<()> {
         vacancy::engine::POST_JOB_SAMPLE_WAIT.as_secs_f64(),
     )?;
     slots::register(m)?;
+    Ok(())
+}
+
+/// Route vacancy's log records into Python's `logging`: only targets under
+/// `vacancy` (a dependency's records stay out), debug and above, with the
+/// Python loggers' levels read at each record (not cached), so
+/// `logging.getLogger("vacancy").setLevel(...)` applies whenever it is called.
+/// Another extension's logger installed first keeps its place.
+fn install_logging(py: Python<'_>) -> PyResult<()> {
+    let installed = pyo3_log::Logger::new(py, pyo3_log::Caching::Loggers)?
+        .filter(log::LevelFilter::Off)
+        .filter_target("vacancy".to_owned(), log::LevelFilter::Debug)
+        .install();
+    if installed.is_err() {
+        // A `log` logger is process-wide; the first installed wins.
+        py.import("warnings")?.call_method1(
+            "warn",
+            ("another extension installed a Rust log bridge first; vacancy's log records go to it",),
+        )?;
+    }
     Ok(())
 }

@@ -1,4 +1,12 @@
-#![doc = include_str!("../../README.md")]
+// The crate doc is the workspace README (its example is a doc test). It is
+// read only when documenting or collecting doc tests: the Python sdist
+// carries this crate without the README where this path finds it, and a
+// build from the sdist must not need it (issue 30 item 11).
+#![cfg_attr(any(doc, doctest), doc = include_str!("../../README.md"))]
+#![cfg_attr(
+    not(any(doc, doctest)),
+    doc = "Lends a machine's idle AI hardware without getting in its owner's way; see README.md."
+)]
 #![forbid(unsafe_code)]
 
 #[macro_use]
@@ -15,6 +23,8 @@ pub mod gate;
 pub mod hours;
 #[cfg(feature = "runtime")]
 pub mod ledger;
+#[cfg(feature = "runtime")]
+pub mod platform;
 #[cfg(feature = "runtime")]
 pub mod presence;
 #[cfg(feature = "runtime")]

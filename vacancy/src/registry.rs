@@ -86,9 +86,18 @@ impl BuildError {
 ///   and connects nothing: a target that cannot be reached is the
 ///   observations' business, never a reason not to start.
 pub trait AdapterFactory: Send + Sync {
-    /// Every problem in this kind's own settings of `upstream`.
+    /// Every problem in this kind's own settings of `upstream`: its
+    /// `[upstream.adapter_settings]`, and the tables of [`reads_tables`](Self::reads_tables).
     fn check(&self, upstream: &UpstreamConfig) -> Vec<SettingProblem> {
         no_settings(upstream)
+    }
+
+    /// The adapter-specific `[upstream.<table>]` tables this kind reads
+    /// (besides `adapter_settings`), which its [`check`](Self::check)
+    /// validates: `["voice_routes"]` for the chatterbox kind. An upstream of
+    /// any other kind that sets one is refused, naming the kinds that read it.
+    fn reads_tables(&self) -> &'static [&'static str] {
+        &[]
     }
 
     /// The adapter for one upstream.
@@ -184,9 +193,34 @@ impl AdapterKinds for AdapterRegistry {
     }
 
     fn check_settings(&self, upstream: &UpstreamConfig) -> Vec<SettingProblem> {
-        self.get(upstream.adapter.as_str())
-            .map(|f| f.check(upstream))
-            .unwrap_or_default()
+        let kind = upstream.adapter.as_str();
+        let Some(factory) = self.get(kind) else {
+            return Vec::new();
+        };
+        let mut problems = factory.check(upstream);
+        // The adapter-specific tables the configuration schema knows.
+        let set = [("voice_routes", upstream.voice_routes.is_some())];
+        for (table, _) in set.into_iter().filter(|(_, set)| *set) {
+            if factory.reads_tables().contains(&table) {
+                continue;
+            }
+            let readers: Vec<String> = self
+                .kinds
+                .iter()
+                .filter(|(_, f)| f.reads_tables().contains(&table))
+                .map(|(n, _)| format!("adapter = {n:?}"))
+                .collect();
+            let only = if readers.is_empty() {
+                "no registered adapter kind reads it".to_owned()
+            } else {
+                format!("applies only to {}", readers.join(", "))
+            };
+            problems.push(SettingProblem::in_upstream(
+                table,
+                format!("{only}, not {kind}; remove the table"),
+            ));
+        }
+        problems
     }
 }
 

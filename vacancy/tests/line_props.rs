@@ -10,7 +10,10 @@
 //! - no admission while the owner is present (OWN-01);
 //! - every waiter is answered by its deadline: asked at or after it, the
 //!   answer is never another wait;
-//! - leaving or being refused reserves nothing.
+//! - leaving or being refused reserves nothing;
+//! - the vacancy sign tells a new request what it gets (issue 30):
+//!   `admitting` is an admission, `queueing` a place in line, anything
+//!   else no admission.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
 
 use std::collections::BTreeMap;
@@ -111,10 +114,12 @@ fn run(events: Vec<Event>) -> Result<(), TestCaseError> {
     sample_all(&mut e, 0);
     for ev in events {
         let t = Moment::from_millis(now);
+        let mut sign = None;
         let ask = match ev {
             Event::Arrive(u) => {
                 next_id += 1;
                 let up = e.upstream_id(UPSTREAMS[u]).unwrap();
+                sign = Some(e.vacancy(up, t));
                 let mut req = WorkRequest::new(up, None, t);
                 req.id = EntryId::from_u128(next_id);
                 pending.push(Pending {
@@ -173,6 +178,20 @@ fn run(events: Vec<Event>) -> Result<(), TestCaseError> {
         }
         let decision = e.admit(&pending[i].req, t);
         let p = &pending[i];
+        if let Some(v) = sign {
+            let told = match &decision {
+                Decision::Admitted(_) => v.admitting,
+                Decision::Wait { .. } if e.in_line(p.req.id) => v.queueing.is_some(),
+                // The post-job sample first, then its turn behind any waiters.
+                Decision::Wait { .. } => !v.admitting,
+                _ => !v.admitting && v.queueing.is_none(),
+            };
+            prop_assert!(
+                told,
+                "the sign said {} but a new request got {decision:?}",
+                v.sign()
+            );
+        }
         match decision {
             Decision::Admitted(r) => {
                 let needs = deps(p.upstream);
@@ -218,7 +237,8 @@ fn run(events: Vec<Event>) -> Result<(), TestCaseError> {
                     p.until = Some(t.after(Duration::from_millis(MAX_WAIT_MS)));
                 }
             }
-            Decision::Refused(_) | Decision::Reobserve(_) => {
+            Decision::Reobserve(_) => prop_assert!(false, "no observation, no RES-20"),
+            Decision::Refused(_) => {
                 prop_assert!(!e.in_line(p.req.id), "refused but still in line");
                 pending.remove(i);
             }

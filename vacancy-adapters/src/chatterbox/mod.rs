@@ -14,7 +14,7 @@
 //! their end could not be proven.
 
 use async_trait::async_trait;
-use vacancy::config::VoiceRoutesConfig;
+use vacancy::config::{SettingProblem, VoiceRoutesConfig};
 use vacancy::engine::ModelObservation;
 use vacancy::traits::routes::RouteOverlap;
 use vacancy::traits::{
@@ -110,6 +110,57 @@ pub fn route_table_for(routes: &VoiceRoutesConfig) -> Result<RouteTable, RouteOv
         })
         .collect();
     RouteTable::new(table)
+}
+
+/// Every problem in `[upstream.voice_routes]` (`routes`), each keyed
+/// `voice_routes.<key>` in the `[[upstream]]` table: the paths are absolute
+/// without a query or an empty segment, the result reads (`execution`,
+/// `execution_audio`) have an `{id}` segment and the others none, and no two
+/// routes share a path. Overlaps the table would still have are refused when
+/// the adapter is built ([`route_table_for`]).
+pub fn check_voice_routes(routes: &VoiceRoutesConfig) -> Vec<SettingProblem> {
+    let paths = [
+        ("speech", &routes.speech, false),
+        ("executions", &routes.executions, false),
+        ("capabilities", &routes.capabilities, false),
+        ("execution", &routes.execution, true),
+        ("execution_audio", &routes.execution_audio, true),
+    ];
+    let mut problems = Vec::new();
+    let mut seen: Vec<&str> = Vec::new();
+    for (key, path, with_id) in paths {
+        let key = format!("voice_routes.{key}");
+        let segments: Vec<&str> = path.split('/').skip(1).collect();
+        let has_id = segments.contains(&"{id}");
+        let other_param = segments
+            .iter()
+            .any(|s| *s != "{id}" && (s.contains('{') || s.contains('}')));
+        let problem = if !path.starts_with('/')
+            || path.contains(['?', '#', ' '])
+            || segments.iter().any(|s| s.is_empty())
+        {
+            Some(format!(
+                "{path:?} is not an absolute path such as \"/v1/audio/speech\" (no query, no empty segment)"
+            ))
+        } else if with_id && !has_id {
+            Some(format!(
+                "{path:?} needs an {{id}} segment for the result ID"
+            ))
+        } else if (!with_id && has_id) || other_param {
+            Some(format!(
+                "{path:?} may not have parameters other than one {{id}} segment in a result read"
+            ))
+        } else if seen.contains(&path.as_str()) {
+            Some(format!("{path:?} is given to two voice routes"))
+        } else {
+            None
+        };
+        if let Some(message) = problem {
+            problems.push(SettingProblem::in_upstream(key, message));
+        }
+        seen.push(path);
+    }
+    problems
 }
 
 /// `path`, an entry of [`ROUTES`], where `routes` puts it: the speech path's

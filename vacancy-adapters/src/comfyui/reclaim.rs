@@ -158,7 +158,13 @@ impl<R: PromptReads> ComfyReclaimer<R> {
 
     /// Whether the history shows the prompt ended, checked for up to 10 s (RECL-28).
     async fn ended_within_window(&self, id: &str) -> bool {
-        let until = tokio::time::Instant::now() + self.times.history_check;
+        self.ended_within(id, self.times.history_check).await
+    }
+
+    /// Whether the history shows the prompt ended, checked every
+    /// `history_every` for up to `window`.
+    async fn ended_within(&self, id: &str, window: Duration) -> bool {
+        let until = tokio::time::Instant::now() + window;
         loop {
             if let Ok(History::Finished { .. }) = self.reads.history(id).await {
                 return true;
@@ -223,6 +229,13 @@ fn all_failed(ours: &[(&CancelItem, String)], reason: &str) -> Vec<CancelOutcome
 
 #[async_trait]
 impl<R: PromptReads + std::fmt::Debug> Reclaimer for ComfyReclaimer<R> {
+    /// A held prompt a stop was requested for, whose history did not show
+    /// its end within RECL-28's window: its history is read on, every
+    /// `history_every`, up to `within` (RECL-29 for work no tracker follows).
+    async fn ended_after_stop(&self, upstream_ref: &str, within: Duration) -> bool {
+        self.ended_within(upstream_ref, within).await
+    }
+
     async fn cancel(&self, items: &[CancelItem], _deadline: Instant) -> Vec<CancelOutcome> {
         let mut outcomes = Vec::with_capacity(items.len());
         let mut ours: Vec<(&CancelItem, String)> = Vec::new();

@@ -290,7 +290,7 @@ mod tests {
     async fn nothing_is_observed_and_nothing_proven_stopped() {
         let a = adapter();
         assert_eq!(a.observe().await, Err(ObserveError::Unsupported));
-        assert_eq!(a.verify_stopped().await, Ok(false));
+        assert_eq!(a.verify_stopped().await, Err(ObserveError::Unsupported));
         assert_eq!(a.settings().prefix(), "");
     }
 }

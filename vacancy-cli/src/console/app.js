@@ -185,9 +185,10 @@ function vetoLine(s) {
 
 function sign(u) {
   const v = u.vacancy;
-  return v.admitting
-    ? h("span", { class: "sign admitting", "data-sign": u.name }, "admitting")
-    : h("span", { class: "sign refusing", "data-sign": u.name }, v.code ?? "refusing");
+  if (v.admitting) return h("span", { class: "sign admitting", "data-sign": u.name }, "admitting");
+  // A new request would wait its turn in the route's wait line ([upstream.queue]).
+  if (v.queueing != null) return h("span", { class: "sign queueing", "data-sign": u.name }, `queueing (${v.queueing} waiting)`);
+  return h("span", { class: "sign refusing", "data-sign": u.name }, v.code ?? "refusing");
 }
 
 // ---- the owner's terms beyond presence (issue 35) ----
@@ -314,7 +315,8 @@ function workloads(s) {
       h("td", { class: "mono" }, w.id, w.upstream_ref ? h("div", { class: "note" }, `upstream: ${w.upstream_ref}`) : null),
       h("td", {}, w.upstream), h("td", {}, w.model ?? "—"), h("td", {}, w.resources.join(", ")),
       h("td", { "data-age": w.id }, age(w.age_s)), h("td", {}, w.completion),
-      h("td", {}, h("span", { class: isHeld ? "pill held" : "pill" }, w.phase),
+      h("td", {}, h("span", { class: isHeld ? "pill held" : "pill", "data-phase": w.id }, w.phase),
+        w.phase === "verifying" ? h("div", { class: "note" }, "The response was cut; vacancyd is checking that the upstream stopped the job (within stop_proof_timeout_s). It is released on proof, held if none comes.") : null,
         isHeld ? h("div", { class: "attention-note" },
           h("strong", {}, "Needs attention: "), w.held_reason ?? "completion is uncertain",
           h("div", { class: "note" }, "Stop or verify the job at the upstream first, then as an administrator run:"),

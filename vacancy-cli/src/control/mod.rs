@@ -3,26 +3,38 @@
 //! at `/` with its live `/events` stream, and the `/admin` calls.
 
 use std::convert::Infallible;
-use std::net::SocketAddr;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::{Body, Frame, SizeHint};
 use serde::Serialize;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
+use tokio::time::Instant;
 use tracing::{debug, info, warn};
 use vacancy::auth::AuthError;
 use vacancy::config::Scope;
+use vacancy::config::TokenConfig;
 use vacancy::engine::{EngineError, EntryId, HeldRelease, RefusalCode, Vacancy};
 use vacancy::proxy::conn::{AcceptBackoff, BorrowerBody, serve_connection};
+use vacancy::proxy::host::check_host;
 use vacancy::proxy::{HeldReleaseError, Listening};
 
 use crate::settings::SaveError;
 
+pub(crate) mod conns;
+pub(crate) mod failures;
 pub(crate) mod state;
+
+use conns::{BusyGuard, ControlConns, Pool, Shed, Sizes};
+use failures::Failure;
 
 pub use state::{ControlState, UpstreamInfo};
 
@@ -84,21 +96,62 @@ fn auth_error(e: AuthError) -> ApiError {
 /// The header that names the action a mutating call intends (HELD-04).
 const INTENT: &str = "vacancy-intent";
 
-/// Authorize an admin call: token, scope, then intent (HELD-05).
-fn admit_call<'a>(
+/// One control connection: the peer, the address it arrived on, the pool
+/// it was admitted to and whether a request of it is being answered.
+#[derive(Debug, Clone)]
+struct Conn {
+    peer: SocketAddr,
+    local: IpAddr,
+    pool: Pool,
+    busy: Arc<AtomicBool>,
+}
+
+/// Authenticate `head`'s bearer token for `scope`. A refusal is counted,
+/// logged and, for a peer that keeps sending wrong tokens, answered late
+/// ([`failures`]); a valid token is answered at once, from any peer.
+async fn authorize<'a>(
     state: &'a ControlState,
+    conn: &Conn,
     head: &http::request::Parts,
     scope: Scope,
-    intent: &str,
-) -> Result<&'a str, ApiError> {
+) -> Result<&'a TokenConfig, ApiError> {
     let authorization = head
         .headers
         .get(http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok());
-    let token = state
-        .tokens
-        .authorize(authorization, scope)
-        .map_err(auth_error)?;
+    let e = match state.tokens.authorize(authorization, scope) {
+        Ok(token) => return Ok(token),
+        Err(e) => e,
+    };
+    let failure = match e {
+        AuthError::Forbidden(_) => Failure::InsufficientScope,
+        _ if head.headers.contains_key(http::header::AUTHORIZATION) => Failure::WrongToken,
+        _ => Failure::MissingToken,
+    };
+    state
+        .lender
+        .metrics()
+        .auth_failed(scope.as_str(), failure.label());
+    let delay = state.failures.failed(conn.peer.ip(), scope, failure);
+    if !delay.is_zero() {
+        // Waiting out a delay is no work of the owner's: the connection may
+        // be closed to make room meanwhile (conns).
+        conn.busy.store(false, Ordering::Release);
+        tokio::time::sleep(delay).await;
+        conn.busy.store(true, Ordering::Release);
+    }
+    Err(auth_error(e))
+}
+
+/// Authorize an admin call: token, scope, then intent (HELD-05).
+async fn admit_call<'a>(
+    state: &'a ControlState,
+    conn: &Conn,
+    head: &http::request::Parts,
+    scope: Scope,
+    intent: &str,
+) -> Result<&'a str, ApiError> {
+    let token = authorize(state, conn, head, scope).await?;
     let said = head
         .headers
         .get(INTENT)
@@ -114,11 +167,36 @@ fn admit_call<'a>(
     Ok(token.name.as_str())
 }
 
-/// A JSON object body, read within 64 KiB.
+/// The read routes: loopback clients need no token, others one of scope
+/// `read`.
+async fn read_allowed(
+    state: &ControlState,
+    conn: &Conn,
+    head: &http::request::Parts,
+) -> Result<(), ApiError> {
+    if conn.peer.ip().is_loopback() {
+        return Ok(());
+    }
+    authorize(state, conn, head, Scope::Read).await.map(|_| ())
+}
+
+/// The largest body an admin call reads.
+const MAX_JSON_BODY: usize = 64 * 1024;
+
+/// A JSON object body, read within 64 KiB. A larger declared length is
+/// refused before a byte is read, so a client waiting for `100 Continue`
+/// uploads nothing (issue 30 item 8).
 async fn json_body(
     body: BorrowerBody,
 ) -> Result<serde_json::Map<String, serde_json::Value>, ApiError> {
-    let bytes = Limited::new(body, 64 * 1024)
+    if body.size_hint().lower() > MAX_JSON_BODY as u64 {
+        return Err(fail(
+            413,
+            "body_too_large",
+            format!("the body is larger than the {MAX_JSON_BODY} bytes an admin call reads"),
+        ));
+    }
+    let bytes = Limited::new(body, MAX_JSON_BODY)
         .collect()
         .await
         .map_err(|e| {
@@ -163,39 +241,73 @@ fn ok(value: serde_json::Value) -> Reply {
     respond(200, "application/json", value.to_string())
 }
 
+/// Whether a request arriving on `conn` is malformed or misdirected by its
+/// `Host` (issue 30 items 6 and 8): 400 where RFC 9112 makes it malformed,
+/// 421 where it names a host that is not this listener (DNS rebinding).
+fn host_refusal(state: &ControlState, conn: &Conn, head: &http::request::Parts) -> Option<Reply> {
+    let host = match check_host(head.version, &head.headers) {
+        Ok(host) => host,
+        Err(e) => return Some(error(400, "invalid_request", e.to_string())),
+    };
+    // An absolute-form target names the host too, and RFC 9112 §3.2.2 has
+    // it override Host: both must be this listener's.
+    let target = head
+        .uri
+        .authority()
+        .and_then(|a| http::HeaderValue::from_str(a.as_str()).ok());
+    let refused = [host, target.as_ref()]
+        .into_iter()
+        .flatten()
+        .find(|h| !state.hosts.allows(Some(h), conn.local))?;
+    let named = refused
+        .to_str()
+        .map(vacancy::proxy::host::host_part)
+        .unwrap_or_default();
+    Some(error(
+        421,
+        "misdirected_request",
+        format!(
+            "Host {named:?} is not a name of this control listener: it answers its own address, localhost and the names in [server] allowed_hosts (a defence against DNS rebinding); add the name there if clients really reach vacancyd by it"
+        ),
+    ))
+}
+
+/// A route a reserve connection serves: the health checks.
+fn is_health_route(method: &http::Method, path: &str) -> bool {
+    matches!(*method, http::Method::GET | http::Method::HEAD)
+        && (path == "/health" || path.starts_with(UPSTREAM_HEALTH))
+}
+
 // Long: the control plane's route table, one match arm a route; each arm calls one function.
-async fn handle(
-    state: &Arc<ControlState>,
-    peer: SocketAddr,
-    req: http::Request<BorrowerBody>,
-) -> Reply {
+async fn handle(state: &Arc<ControlState>, conn: &Conn, req: http::Request<BorrowerBody>) -> Reply {
     let json = "application/json";
     let (head, body) = req.into_parts();
+    if let Some(refused) = host_refusal(state, conn, &head) {
+        return refused;
+    }
     let path = head.uri.path().to_owned();
     let method = head.method.clone();
-    let read_allowed = || {
-        if peer.ip().is_loopback() {
-            return Ok(());
-        }
-        let authorization = head
-            .headers
-            .get(http::header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok());
-        state
-            .tokens
-            .authorize(authorization, Scope::Read)
-            .map(|_| ())
-            .map_err(auth_error)
-    };
+    if conn.pool == Pool::Reserve && !is_health_route(&method, &path) {
+        let mut resp = error(
+            503,
+            "busy",
+            "the control listener is at its connection limit, so this connection answers only /health and /health/upstreams/<name>; retry in a moment",
+        );
+        resp.headers_mut().insert(
+            http::header::RETRY_AFTER,
+            http::HeaderValue::from_static("1"),
+        );
+        return resp;
+    }
     match (&method, path.as_str()) {
-        (&http::Method::GET, "/health") => {
+        (&http::Method::GET | &http::Method::HEAD, "/health") => {
             if state.ready.load(Ordering::Acquire) {
                 respond(200, json, r#"{"status":"ready"}"#)
             } else {
                 respond(503, json, r#"{"status":"starting"}"#)
             }
         }
-        (&http::Method::GET, "/status") => match read_allowed() {
+        (&http::Method::GET, "/status") => match read_allowed(state, conn, &head).await {
             Err(e) => e.reply(),
             Ok(()) => match serde_json::to_vec(&state.status()) {
                 Ok(body) => respond(200, json, body),
@@ -203,16 +315,16 @@ async fn handle(
             },
         },
         (&http::Method::GET | &http::Method::HEAD, p) if p.starts_with(UPSTREAM_HEALTH) => {
-            match read_allowed() {
+            match read_allowed(state, conn, &head).await {
                 Err(e) => e.reply(),
                 Ok(()) => upstream_health(state, &p[UPSTREAM_HEALTH.len()..]),
             }
         }
-        (&http::Method::GET, "/metrics") => match read_allowed() {
+        (&http::Method::GET, "/metrics") => match read_allowed(state, conn, &head).await {
             Err(e) => e.reply(),
             Ok(()) => respond(200, vacancy::proxy::metrics::CONTENT_TYPE, state.metrics()),
         },
-        (&http::Method::GET, "/history") => match read_allowed() {
+        (&http::Method::GET, "/history") => match read_allowed(state, conn, &head).await {
             Err(e) => e.reply(),
             Ok(()) => {
                 let now = state.lender.clock().now();
@@ -222,27 +334,27 @@ async fn handle(
                 }
             }
         },
-        (&http::Method::GET, "/settings") => match read_allowed() {
+        (&http::Method::GET, "/settings") => match read_allowed(state, conn, &head).await {
             Err(e) => e.reply(),
             Ok(()) => settings_form(state).await,
         },
-        (&http::Method::GET, "/events") => match read_allowed() {
+        (&http::Method::GET, "/events") => match read_allowed(state, conn, &head).await {
             Err(e) => e.reply(),
             Ok(()) => crate::console::events(state),
         },
         (&http::Method::GET, p) if crate::console::is_asset(p) => crate::console::asset(p),
-        (&http::Method::POST, "/admin/settings") => save_settings(state, &head, body)
+        (&http::Method::POST, "/admin/settings") => save_settings(state, conn, &head, body)
             .await
             .unwrap_or_else(ApiError::reply),
-        (&http::Method::POST, "/admin/lending") => lending(state, &head, body)
+        (&http::Method::POST, "/admin/lending") => lending(state, conn, &head, body)
             .await
             .unwrap_or_else(ApiError::reply),
-        (&http::Method::POST, "/admin/owner") => presence(state, &head, body)
+        (&http::Method::POST, "/admin/owner") => presence(state, conn, &head, body)
             .await
             .unwrap_or_else(ApiError::reply),
         (&http::Method::POST, p) if p.starts_with("/admin/resources/") => {
             let name = p.trim_start_matches("/admin/resources/").to_owned();
-            resource(state, &head, body, &name)
+            resource(state, conn, &head, body, &name)
                 .await
                 .unwrap_or_else(ApiError::reply)
         }
@@ -251,19 +363,15 @@ async fn handle(
                 .trim_start_matches("/admin/work/")
                 .trim_end_matches("/release")
                 .to_owned();
-            release_work(state, &head, body, &id)
+            release_work(state, conn, &head, body, &id)
                 .await
                 .unwrap_or_else(ApiError::reply)
         }
         // An unknown admin route is not told apart from a known one before
         // the token is checked: probing /admin/* learns nothing.
         (_, p) if p.starts_with("/admin/") || p == "/admin" => {
-            let authorization = head
-                .headers
-                .get(http::header::AUTHORIZATION)
-                .and_then(|v| v.to_str().ok());
-            match state.tokens.authorize(authorization, Scope::Owner) {
-                Err(e) => auth_error(e).reply(),
+            match authorize(state, conn, &head, Scope::Owner).await {
+                Err(e) => e.reply(),
                 Ok(_) => error(
                     404,
                     "not_found",
@@ -291,6 +399,9 @@ const UPSTREAM_HEALTH: &str = "/health/upstreams/";
 struct UpstreamHealth<'a> {
     upstream: &'a str,
     admitting: bool,
+    /// A new request would wait in the upstream's line behind this many.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    queueing: Option<u32>,
     #[serde(skip_serializing_if = "Option::is_none")]
     code: Option<RefusalCode>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -320,18 +431,18 @@ fn upstream_health(state: &ControlState, name: &str) -> Reply {
     if vacancy.admitting
         && let Some(h) = health.filter(|h| h.reachable == Some(false))
     {
-        vacancy = Vacancy {
-            admitting: false,
-            code: Some(RefusalCode::UpstreamUnreachable),
-            reason: Some(format!(
+        vacancy = Vacancy::refusing(
+            RefusalCode::UpstreamUnreachable,
+            format!(
                 "vacancyd's last check could not reach the {name} server: {}",
                 h.error.as_deref().unwrap_or("no answer")
-            )),
-        };
+            ),
+        );
     }
     let body = UpstreamHealth {
         upstream: name,
         admitting: vacancy.admitting,
+        queueing: vacancy.queueing,
         code: vacancy.code,
         reason: vacancy.reason,
     };
@@ -350,10 +461,11 @@ fn upstream_health(state: &ControlState, name: &str) -> Reply {
 
 async fn lending(
     state: &ControlState,
+    conn: &Conn,
     head: &http::request::Parts,
     body: BorrowerBody,
 ) -> Result<Reply, ApiError> {
-    let who = admit_call(state, head, Scope::Owner, "lending")?;
+    let who = admit_call(state, conn, head, Scope::Owner, "lending").await?;
     let enabled = bool_field(&json_body(body).await?, "enabled")?;
     state.lender.set_lending(enabled);
     info!(token = who, enabled, "admin: lending switched");
@@ -362,11 +474,12 @@ async fn lending(
 
 async fn resource(
     state: &ControlState,
+    conn: &Conn,
     head: &http::request::Parts,
     body: BorrowerBody,
     name: &str,
 ) -> Result<Reply, ApiError> {
-    let who = admit_call(state, head, Scope::Owner, "resource")?;
+    let who = admit_call(state, conn, head, Scope::Owner, "resource").await?;
     let enabled = bool_field(&json_body(body).await?, "enabled")?;
     state
         .lender
@@ -385,10 +498,11 @@ async fn resource(
 
 async fn presence(
     state: &ControlState,
+    conn: &Conn,
     head: &http::request::Parts,
     body: BorrowerBody,
 ) -> Result<Reply, ApiError> {
-    let who = admit_call(state, head, Scope::Owner, "presence")?;
+    let who = admit_call(state, conn, head, Scope::Owner, "presence").await?;
     let present = bool_field(&json_body(body).await?, "present")?;
     let Some(manual) = &state.manual else {
         return Err(fail(
@@ -414,11 +528,12 @@ async fn presence(
 
 async fn release_work(
     state: &ControlState,
+    conn: &Conn,
     head: &http::request::Parts,
     body: BorrowerBody,
     id: &str,
 ) -> Result<Reply, ApiError> {
-    let who = admit_call(state, head, Scope::Admin, "release_work")?;
+    let who = admit_call(state, conn, head, Scope::Admin, "release_work").await?;
     let map = json_body(body).await?;
     if map.get("upstream_stopped") != Some(&serde_json::Value::Bool(true)) {
         return Err(fail(
@@ -484,11 +599,14 @@ async fn settings_form(state: &ControlState) -> Reply {
 
 async fn save_settings(
     state: &ControlState,
+    conn: &Conn,
     head: &http::request::Parts,
     body: BorrowerBody,
 ) -> Result<Reply, ApiError> {
     // Scope owner; admin for the advanced workload permissions (SCOPE-03).
-    let who = admit_call(state, head, Scope::Owner, "settings")?.to_owned();
+    let who = admit_call(state, conn, head, Scope::Owner, "settings")
+        .await?
+        .to_owned();
     let map = json_body(body).await?;
     let edit: vacancy::config::SettingsEdit =
         serde_json::from_value(serde_json::Value::Object(map)).map_err(|e| {
@@ -499,13 +617,15 @@ async fn save_settings(
             )
         })?;
     if edit.needs_admin() {
-        admit_call(state, head, Scope::Admin, "settings").map_err(|e| ApiError {
-            message: format!(
-                "{} (owner_scope and management are advanced workload permissions)",
-                e.message
-            ),
-            ..e
-        })?;
+        admit_call(state, conn, head, Scope::Admin, "settings")
+            .await
+            .map_err(|e| ApiError {
+                message: format!(
+                    "{} (owner_scope and management are advanced workload permissions)",
+                    e.message
+                ),
+                ..e
+            })?;
     }
     // Reading, validating and writing the file (three fsyncs) blocks: off
     // the runtime's threads, so the console and borrowers never wait on it.
@@ -557,9 +677,11 @@ async fn save_settings(
     }
 }
 
-/// Serve the control plane until `shutdown`, under the same connection
-/// limits as the borrowers' listeners and a budget of its own, so that it
-/// answers while borrower connections are exhausted.
+/// Serve the control plane until `shutdown`. Connections are admitted to
+/// the pools of [`conns`], sized from `listening.budget`, under the
+/// configured limits shortened for the control plane ([`conns::limits`]),
+/// so that idle, slow and many connections never stop it answering, and a
+/// health check always gets through (issue 30 item 2).
 pub async fn serve(
     listener: TcpListener,
     state: Arc<ControlState>,
@@ -567,23 +689,121 @@ pub async fn serve(
     mut shutdown: watch::Receiver<bool>,
 ) {
     let mut backoff = AcceptBackoff::new("control");
+    let pools = ControlConns::new(Sizes::from_total(listening.budget.size()));
+    let mut shed_log = ShedLog::default();
     loop {
         tokio::select! {
-            (permit, (stream, peer)) = listening.next_connection(&mut backoff, &listener) => {
+            (stream, peer) = backoff.accept(&listener) => {
+                let admitted = pools.admit(peer.ip());
+                for (what, whose) in &admitted.shed {
+                    state.lender.metrics().control_shed(what.label());
+                    shed_log.note(*what, *whose, &pools);
+                }
+                let Some(mut ticket) = admitted.ticket else {
+                    continue; // dropping the stream closes it
+                };
+                let local = stream
+                    .local_addr()
+                    .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |a| a.ip());
+                let conn = Conn {
+                    peer,
+                    local,
+                    pool: ticket.pool,
+                    busy: Arc::clone(&ticket.busy),
+                };
+                let limits = conns::limits(ticket.pool, listening.limits);
                 let state = Arc::clone(&state);
-                let limits = listening.limits;
                 tokio::spawn(async move {
-                    let _permit = permit;
                     let handler = move |req| {
-                        let state = Arc::clone(&state);
-                        async move { handle(&state, peer, req).await }
+                        let (state, conn) = (Arc::clone(&state), conn.clone());
+                        let busy = BusyGuard::new(&conn.busy);
+                        async move {
+                            let mut resp = handle(&state, &conn, req).await;
+                            if conn.pool == Pool::Reserve || resp.status() == http::StatusCode::PAYLOAD_TOO_LARGE {
+                                // One answer, then closed; or a body left unread.
+                                resp.headers_mut().insert(
+                                    http::header::CONNECTION,
+                                    http::HeaderValue::from_static("close"),
+                                );
+                            }
+                            resp.map(|body| WhileBusy { inner: body, _busy: busy }.boxed_unsync())
+                        }
                     };
-                    if let Err(e) = serve_connection(stream, limits, handler, None).await {
-                        debug!(error = %e, "control connection ended with an error");
+                    tokio::select! {
+                        r = serve_connection(stream, limits, handler, None) => {
+                            if let Err(e) = r {
+                                debug!(error = %e, "control connection ended with an error");
+                            }
+                        }
+                        _ = &mut ticket.closed => {
+                            debug!(%peer, "control connection closed to make room for a newer one");
+                        }
                     }
+                    drop(ticket);
                 });
             }
             () = vacancy::proxy::stopped(&mut shutdown) => return,
         }
+    }
+}
+
+/// A response body that keeps its connection marked busy until it ends.
+struct WhileBusy<B> {
+    inner: B,
+    _busy: BusyGuard,
+}
+
+impl<B: Body + Unpin> Body for WhileBusy<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        Pin::new(&mut self.inner).poll_frame(cx)
+    }
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// Logs what the pools shed, at most once per [`SHED_LOG_EVERY`], with how
+/// many more there were.
+#[derive(Debug, Default)]
+struct ShedLog {
+    last: Option<Instant>,
+    unlogged: u64,
+}
+
+/// How often shed control connections are logged, at most.
+const SHED_LOG_EVERY: Duration = Duration::from_secs(10);
+
+impl ShedLog {
+    fn note(&mut self, what: Shed, peer: IpAddr, pools: &ControlConns) {
+        let now = Instant::now();
+        if self
+            .last
+            .is_some_and(|t| now.saturating_duration_since(t) < SHED_LOG_EVERY)
+        {
+            self.unlogged += 1;
+            return;
+        }
+        let sizes = pools.sizes();
+        let (general, reserve) = pools.open();
+        warn!(
+            %peer,
+            reason = what.label(),
+            not_logged = std::mem::take(&mut self.unlogged),
+            general_open = general,
+            general_limit = sizes.general,
+            per_peer_limit = sizes.per_peer,
+            reserve_open = reserve,
+            reserve_limit = sizes.reserve,
+            "control listener at its connection limit: idle and slow connections are closed for new ones, and health checks use the reserve (vacancyd_control_connections_shed_total); raise LimitNOFILE for a larger limit"
+        );
+        self.last = Some(now);
     }
 }

@@ -51,6 +51,10 @@ pub struct ControlState {
     pub pressure_gpus: Vec<String>,
     /// Console event streams open now (bounded by [`MAX_EVENT_STREAMS`]).
     pub event_streams: std::sync::atomic::AtomicUsize,
+    /// The names the control listener answers to (DNS-rebinding defence).
+    pub hosts: vacancy::proxy::host::HostNames,
+    /// Refused tokens, per peer: counted, logged and slowed.
+    pub failures: super::failures::AuthFailures,
 }
 
 /// `/status` (DESIGN §4).

@@ -3,11 +3,14 @@
 An admission is stepped on the event loop's thread (``AdmitTicket.step``
 never blocks: the engine's lock is held for microseconds). While it waits for
 the post-job sample or its turn in the wait line, the task awaits a future
-that one waker thread per engine resolves when a sample lands or the line
-moves (it waits in Rust with the GIL released), or after 100 ms at most, so a
-deadline is noticed in time. Because the reservation is only ever made by a
-``step`` on the loop's thread, a cancelled task cannot leave one behind: the
-cancellation arrives at the ``await`` and leaves the wait line.
+that one waker thread per engine resolves when the engine changes after that
+step (a sample lands, the line moves; it waits in Rust with the GIL released),
+or the wait's own deadline passes. The step reads the engine's change
+generation under the lock it decides under, and every change moves the
+generation under that lock, so no change between a step and its wait is
+missed, and no task is woken without one. Because the reservation is only
+ever made by a ``step`` on the loop's thread, a cancelled task cannot leave
+one behind: the cancellation arrives at the ``await`` and leaves the wait line.
 """
 
 from __future__ import annotations
@@ -21,26 +24,31 @@ from vacancy._vacancy import AdmitTicket, Engine, Reservation
 
 __all__ = ["Admitting", "admit"]
 
-# The longest a waiting task sleeps without asking again (deadlines, refusals
-# that need no wakeup such as the 4 s post-job bound).
-_RECHECK_S = 0.1
+# How long the waker thread blocks before it looks whether anyone still
+# waits (it ends when no one does). Never a waiting task's wake-up.
+_IDLE_CHECK_S = 1.0
 
 
 class _Waker:
-    """One thread per engine that resolves the futures of waiting tasks on every change."""
+    """One thread per engine that resolves waiting tasks' futures on changes."""
 
     def __init__(self, engine: Engine) -> None:
         self._engine = weakref.ref(engine)
         self._lock = threading.Lock()
-        self._waiting: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+        # (generation seen at the step, loop, future)
+        self._waiting: list[tuple[int, asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
         self._thread: threading.Thread | None = None
 
-    def changed(self) -> asyncio.Future[None]:
-        """A future resolved at the next change (or within ``_RECHECK_S``)."""
+    def changed(self, generation: int) -> asyncio.Future[None]:
+        """A future resolved once the engine's generation moves past ``generation``."""
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[None] = loop.create_future()
+        engine = self._engine()
+        if engine is None or engine._generation() != generation:
+            fut.set_result(None)  # it changed already: ask again now
+            return fut
         with self._lock:
-            self._waiting.append((loop, fut))
+            self._waiting.append((generation, loop, fut))
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(
                     target=self._run, name="vacancy-async-waker", daemon=True
@@ -49,18 +57,24 @@ class _Waker:
         return fut
 
     def _run(self) -> None:
-        engine = self._engine()
-        if engine is None:
-            return
-        seen = engine._generation()
         while True:
-            seen = engine._wait_change(seen, _RECHECK_S)
             with self._lock:
-                waiting, self._waiting = self._waiting, []
-                if not waiting:
+                self._waiting = [w for w in self._waiting if not w[2].done()]
+                if not self._waiting:
                     self._thread = None
                     return
-            for loop, fut in waiting:
+                seen = min(g for g, _, _ in self._waiting)
+            engine = self._engine()
+            if engine is None:
+                return
+            now = engine._wait_change(seen, _IDLE_CHECK_S)
+            del engine
+            if now == seen:
+                continue  # no change: only look who still waits
+            with self._lock:
+                ready = [w for w in self._waiting if w[0] < now]
+                self._waiting = [w for w in self._waiting if w[0] >= now]
+            for _, loop, fut in ready:
                 try:
                     loop.call_soon_threadsafe(_resolve, fut)
                 except RuntimeError:  # the loop closed meanwhile
@@ -89,16 +103,22 @@ async def admit(ticket: AdmitTicket) -> Reservation:
     waker: _Waker | None = None
     try:
         while True:
-            job = ticket.step()
-            if job is not None:
-                return job
+            step = ticket.step()
+            if isinstance(step, Reservation):
+                return step
+            generation, wait_s = step
             if waker is None:
                 waker = _waker(ticket.engine)
-            await waker.changed()
+            changed = waker.changed(generation)
+            try:
+                # A change, or the wait's deadline: then ask again.
+                await asyncio.wait_for(changed, timeout=max(wait_s, 0.0))
+            except TimeoutError:
+                pass
     except BaseException:
         # Cancelled (or the coroutine closed, or refused): leave the wait line.
         # Nothing was reserved: only a step on this thread reserves, and it
-        # returned None or raised.
+        # returned a wait or raised.
         ticket.cancel()
         raise
 

@@ -160,6 +160,10 @@ class VacancyStatus(typing.TypedDict):
     """Whether an upstream would admit work now."""
 
     admitting: bool
+    """Whether a new request would be admitted now."""
+    queueing: int | None
+    """When a new request would wait in the upstream's wait line: how many
+    requests that came earlier wait ahead of it; else ``None``."""
     code: RefusalCode | None
     reason: str | None
 
@@ -190,7 +194,7 @@ class WorkStatus(typing.TypedDict):
     resources: list[str]
     age_s: int
     completion: typing.Literal["response_end", "tracked", "held_on_close"]
-    phase: typing.Literal["forwarding", "tracking", "held"]
+    phase: typing.Literal["forwarding", "tracking", "verifying", "held"]
     held_reason: str | None
     upstream_ref: str | None
 

@@ -50,11 +50,13 @@ pub(crate) use hosts::parse_target;
 pub use hosts::{LOOPBACK, normalize_host, same_server_key};
 pub use kinds::{AdapterKinds, SettingProblem};
 pub use schema::{
-    AdapterKind, Config, CredentialConfig, GpuPressureConfig, LendingConfig, Management,
-    ModelRequirement, OnBattery, OnBorrowerDisconnect, OnOwnerReturn, OwnerConfig, OwnerScope,
-    PresenceMode, QueueConfig, ResourceConfig, ResourceRequirement, SamplerKind, Scope,
-    ServerConfig, TokenConfig, UpstreamConfig, VoiceRoutesConfig,
+    AdapterKind, Config, CredentialConfig, DEFAULT_STOP_PROOF_TIMEOUT_S, GpuPressureConfig,
+    LendingConfig, MAX_STOP_PROOF_TIMEOUT_S, Management, ModelRequirement, OnBattery,
+    OnBorrowerDisconnect, OnOwnerReturn, OwnerConfig, OwnerScope, PresenceMode, QueueConfig,
+    ResourceConfig, ResourceRequirement, SamplerKind, Scope, ServerConfig, TokenConfig,
+    UpstreamConfig, VoiceRoutesConfig,
 };
+pub use validate::EXAMPLE_TOKEN_PLACEHOLDER;
 
 /// The configuration `vacancyd run` uses when no `--config` is given: system
 /// memory as the one resource, a local llama-server lent on 127.0.0.1:8081 and

@@ -99,6 +99,16 @@ pub struct ServerConfig {
     /// time vacancyd itself added to it in milliseconds (issue 31 item 6).
     /// Default false.
     pub overhead_header: bool,
+    /// Seconds a WebSocket (or other upgraded) connection may carry no byte
+    /// either way before both sides are closed. ComfyUI's progress socket is
+    /// quiet between prompts and through a node that reports no progress, so
+    /// the default is long: 3600, the default `completion_timeout_s`, the
+    /// longest vacancyd awaits one job.
+    pub tunnel_idle_timeout_s: u64,
+    /// Host names the control listener answers to besides its own address
+    /// and `localhost` (a DNS-rebinding defence): the names clients or a
+    /// reverse proxy use for it, without ports. Default none.
+    pub allowed_hosts: Vec<String>,
     /// `[[server.token]]`: admin/owner credentials (hashes only).
     #[serde(rename = "token")]
     pub tokens: Vec<TokenConfig>,
@@ -116,6 +126,8 @@ impl Default for ServerConfig {
             body_timeout_s: 30,
             body_min_rate_bytes: 1024,
             overhead_header: false,
+            tunnel_idle_timeout_s: 3600,
+            allowed_hosts: Vec::new(),
             tokens: Vec::new(),
         }
     }
@@ -422,6 +434,10 @@ pub struct UpstreamConfig {
     pub completion_timeout_s: u64,
     /// What happens when the borrower disconnects. Default `drain`.
     pub on_borrower_disconnect: OnBorrowerDisconnect,
+    /// Seconds vacancyd keeps asking the upstream for proof that a job whose
+    /// response it cut has stopped (llama.cpp: `/slots` idle); the entry is
+    /// `verifying` meanwhile and held only if no proof comes. Default 60.
+    pub stop_proof_timeout_s: u64,
     /// `[upstream.models]`: per-model requirements, by exact request model name.
     pub models: BTreeMap<String, ModelRequirement>,
     /// `[upstream.requirements]`: per-resource requirements on `also_requires` resources.
@@ -438,6 +454,14 @@ pub struct UpstreamConfig {
     /// because a resource is reserved. Absent: off (the seed's behaviour).
     pub queue: Option<QueueConfig>,
 }
+
+/// `stop_proof_timeout_s`'s default: a llama-server on a loaded 2-core
+/// machine notices a closed connection and frees its slot within seconds;
+/// a minute leaves room for a slow token and a slow `/slots` reading.
+pub const DEFAULT_STOP_PROOF_TIMEOUT_S: u64 = 60;
+
+/// `stop_proof_timeout_s`'s largest value.
+pub const MAX_STOP_PROOF_TIMEOUT_S: u64 = 3600;
 
 impl Default for UpstreamConfig {
     fn default() -> Self {
@@ -457,6 +481,7 @@ impl Default for UpstreamConfig {
             yield_on_veto: false,
             completion_timeout_s: 3600,
             on_borrower_disconnect: OnBorrowerDisconnect::Drain,
+            stop_proof_timeout_s: DEFAULT_STOP_PROOF_TIMEOUT_S,
             models: BTreeMap::new(),
             requirements: BTreeMap::new(),
             credential: None,

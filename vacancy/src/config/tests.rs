@@ -1351,10 +1351,56 @@ fn errors_display_with_origin_line_and_path() {
     assert_eq!(bare.to_string(), "m");
 }
 
+/// examples/vacancyd.toml with its token placeholder replaced by a hash
+/// of the operator's own.
+fn example_with_own_token() -> String {
+    include_str!("../../../examples/vacancyd.toml").replace(
+        EXAMPLE_TOKEN_PLACEHOLDER,
+        "5f1c0b7e9a4d3c2b1a09f8e7d6c5b4a39281706f5e4d3c2b1a0f9e8d7c6b5a49",
+    )
+}
+
+#[test]
+fn example_file_ships_no_usable_token_and_refuses_public_hashes() {
+    // Issue 30 item 4: the example carried the hash of a token printed in
+    // its own comment, and check-config said ok. It now carries a
+    // placeholder that is refused naming its line, as is the old hash.
+    let text = include_str!("../../../examples/vacancyd.toml");
+    let errs = errors(text);
+    assert_eq!(errs.len(), 1, "{}", list(&errs));
+    let e = find(
+        &errs,
+        "server.token[0] (\"ops\").sha256",
+        &[
+            "placeholder of examples/vacancyd.toml",
+            "vacancyd token new --name ops --scope admin",
+        ],
+    );
+    assert_eq!(e.line, Some(line_of(text, "sha256 = ")));
+    assert!(text.contains("vacancyd token new"));
+    assert!(!text.contains("example-token-do-not-use"));
+    let old = format!(
+        "[server]\n\n[[server.token]]\nname = \"console\"\nscopes = [\"owner\"]\nsha256 = \"{}\"\n",
+        // sha256 of "example-token-do-not-use", upper case.
+        "3690A4A2ED3B26B46A696E9AB873A300D9DA3AE56BC84352E2BF724885C91DFD"
+    );
+    let errs = errors(&old);
+    let e = find(
+        &errs,
+        "server.token[0] (\"console\").sha256",
+        &[
+            "example-token-do-not-use",
+            "that token is public",
+            "vacancyd token new --name console --scope owner",
+        ],
+    );
+    assert_eq!(e.line, Some(6));
+}
+
 #[test]
 fn example_file_is_valid_without_warnings() {
-    let text = include_str!("../../../examples/vacancyd.toml");
-    let loaded = Config::parse(text, "examples/vacancyd.toml").unwrap_or_else(|e| panic!("{e}"));
+    let text = example_with_own_token();
+    let loaded = Config::parse(&text, "examples/vacancyd.toml").unwrap_or_else(|e| panic!("{e}"));
     assert!(loaded.warnings.is_empty(), "{}", list(&loaded.warnings));
     let c = &loaded.config;
     assert_eq!(c.resources.len(), 5);
@@ -1466,8 +1512,10 @@ fn a_file_that_is_not_utf8_names_the_byte_offset() {
 }
 
 #[test]
-fn voice_routes_are_checked_and_apply_to_chatterbox_only() {
-    // DESIGN §4: the voice paths, configurable per upstream.
+fn voice_routes_parse_and_their_paths_are_the_adapters_to_check() {
+    // DESIGN §4: the voice paths, configurable per upstream. Core
+    // configuration parses the table; the chatterbox kind checks the paths
+    // (vacancy-adapters' builtin tests), not core keyed on its name.
     let good = with(&[upstream(
         "voice",
         9000,
@@ -1483,37 +1531,15 @@ fn voice_routes_are_checked_and_apply_to_chatterbox_only() {
         r.executions, "/v1/audio/executions",
         "unset keys keep the contract's path"
     );
-
-    let bad = with(&[
-        upstream(
-            "voice",
-            9000,
-            "http://127.0.0.1:4123",
-            "gpu0",
-            &[],
-            "adapter = \"chatterbox\"\n[upstream.voice_routes]\nspeech = \"tts\"\nexecution = \"/tts/jobs\"\ncapabilities = \"/caps/{id}\"\nexecution_audio = \"/v1/audio/speech\"\nexecutions = \"/x?y\"\n",
-        ),
-        upstream(
-            "ollama",
-            9001,
-            "http://127.0.0.1:11434",
-            "gpu1",
-            &[],
-            "adapter = \"ollama\"\n[upstream.voice_routes]\nspeech = \"/s\"\n",
-        ),
-    ]);
-    let e = errors(&bad);
-    let at = |key: &str| format!("upstream[0] (\"voice\").voice_routes.{key}");
-    find(&e, &at("speech"), &["not an absolute path"]);
-    find(&e, &at("execution"), &["needs an {id} segment"]);
-    find(&e, &at("capabilities"), &["parameters"]);
-    find(&e, &at("execution_audio"), &["needs an {id} segment"]);
-    find(&e, &at("executions"), &["not an absolute path"]);
-    find(
-        &e,
-        "upstream[1] (\"ollama\").voice_routes",
-        &["only to adapter = \"chatterbox\""],
-    );
+    let unchecked = with(&[upstream(
+        "ollama",
+        9001,
+        "http://127.0.0.1:11434",
+        "gpu1",
+        &[],
+        "adapter = \"ollama\"\n[upstream.voice_routes]\nspeech = \"s\"\n",
+    )]);
+    ok(&unchecked);
     // Unknown keys name the key and its line, like everywhere else.
     let typo = with(&[upstream(
         "voice",
@@ -1787,4 +1813,200 @@ fn hot_for_s_is_bounded_naming_its_line_and_largest_value() {
             .iter()
             .any(|w| w.path.ends_with("hot_for_s") && w.message.contains("ignored"))
     );
+}
+
+#[test]
+fn every_duration_key_is_bounded_naming_its_line_and_largest_value() {
+    // Issue 30 item 5: `idle_timeout_s = 9223372036854775807` passed and every
+    // connection then panicked adding it to a clock. Each duration key is
+    // bounded; one past its bound is refused with the key, its line and the
+    // largest accepted value, and i64::MAX (TOML's largest integer) too.
+    let keys: &[(&str, &str, &str, u64)] = &[
+        ("[server]", "server", "header_timeout_s", 3600),
+        ("[server]", "server", "idle_timeout_s", 86_400),
+        ("[server]", "server", "body_timeout_s", 3600),
+        ("[server]", "server", "tunnel_idle_timeout_s", 604_800),
+        (
+            "[owner.gpu_pressure]",
+            "owner.gpu_pressure",
+            "poll_ms",
+            3_600_000,
+        ),
+        (
+            "[owner.gpu_pressure]",
+            "owner.gpu_pressure",
+            "engage_ms",
+            3_600_000,
+        ),
+        (
+            "[owner.gpu_pressure]",
+            "owner.gpu_pressure",
+            "quiet_ms",
+            86_400_000,
+        ),
+        (
+            "[[resource]]\nname = \"ram\"",
+            "resource[0] (\"ram\")",
+            "poll_ms",
+            3_600_000,
+        ),
+        (
+            "[[resource]]\nname = \"ram\"",
+            "resource[0] (\"ram\")",
+            "max_sample_age_ms",
+            86_400_000,
+        ),
+        (
+            "[[resource]]\nname = \"ram\"",
+            "resource[0] (\"ram\")",
+            "hot_for_s",
+            86_400,
+        ),
+    ];
+    for &(table, path, key, max) in keys {
+        for value in [max + 1, i64::MAX as u64] {
+            let text = format!("{table}\n{key} = {value}\n");
+            let errs = errors(&text);
+            let e = find(
+                &errs,
+                &format!("{path}.{key}"),
+                &["too large", &format!("largest accepted value is {max} (")],
+            );
+            assert_eq!(e.line, Some(line_of(&text, key)), "{e}");
+        }
+        // The bound itself is accepted.
+        let text = format!("{table}\n{key} = {max}\n");
+        assert!(
+            Config::parse(&text, ORIGIN).is_ok_and(|l| !l
+                .warnings
+                .iter()
+                .any(|w| w.path.ends_with(key) && w.message.contains("too large"))),
+            "{text}"
+        );
+    }
+    let upstream_keys: &[(&str, u64)] = &[
+        ("drain_timeout_s", 86_400),
+        ("completion_timeout_s", 604_800),
+        ("stop_proof_timeout_s", 3600),
+    ];
+    for &(key, max) in upstream_keys {
+        for value in [max + 1, i64::MAX as u64] {
+            let text = with(&[upstream(
+                "a",
+                9000,
+                "http://127.0.0.1:1",
+                "ram",
+                &[],
+                &format!("{key} = {value}\n"),
+            )]);
+            let errs = errors(&text);
+            let e = find(
+                &errs,
+                &format!("upstream[0] (\"a\").{key}"),
+                &[&format!("largest accepted value is {max} (")],
+            );
+            assert_eq!(e.line, Some(line_of(&text, key)), "{e}");
+        }
+    }
+    let text = with(&[upstream(
+        "a",
+        9000,
+        "http://127.0.0.1:1",
+        "ram",
+        &[],
+        "[upstream.queue]\nmax_wait_s = 3601\n",
+    )]);
+    find(
+        &errors(&text),
+        "upstream[0] (\"a\").queue.max_wait_s",
+        &["largest accepted value is 3600 (1 hour"],
+    );
+    // The message, whole, for the attack's value.
+    let errs = errors("[server]\nidle_timeout_s = 9223372036854775807\n");
+    assert_eq!(
+        errs[0].to_string(),
+        "line 2: server.idle_timeout_s: 9223372036854775807 is too large: the largest accepted value is 86400 (1 day; seconds an idle connection stays open)"
+    );
+}
+
+#[test]
+fn no_duration_key_is_left_unbounded() {
+    // Issue 30 item 5: every key named as a duration (`_s`, `_ms`) in any
+    // table, including keys added later, refuses TOML's largest integer.
+    let max = i64::MAX;
+    for (table, keys) in super::parse::all_tables() {
+        for key in keys
+            .iter()
+            .filter(|k| k.ends_with("_s") || k.ends_with("_ms"))
+        {
+            let (text, path) = match table {
+                "server" | "owner.gpu_pressure" => (
+                    format!("[{table}]\n{key} = {max}\n"),
+                    format!("{table}.{key}"),
+                ),
+                "resource" => (
+                    format!("[[resource]]\nname = \"ram\"\n{key} = {max}\n"),
+                    format!("resource[0] (\"ram\").{key}"),
+                ),
+                "upstream" | "upstream.queue" => {
+                    let extra = if table == "upstream" {
+                        format!("{key} = {max}\n")
+                    } else {
+                        format!("[upstream.queue]\n{key} = {max}\n")
+                    };
+                    let sub = table.strip_prefix("upstream").unwrap_or_default();
+                    (
+                        with(&[upstream(
+                            "a",
+                            9000,
+                            "http://127.0.0.1:1",
+                            "ram",
+                            &[],
+                            &extra,
+                        )]),
+                        format!("upstream[0] (\"a\"){sub}.{key}"),
+                    )
+                }
+                other => panic!(
+                    "{other}.{key} is a duration in a table this test has no template for: add one, and a bound in validate.rs"
+                ),
+            };
+            find(&errors(&text), &path, &["too large"]);
+        }
+    }
+}
+
+#[test]
+fn stop_proof_timeout_defaults_to_a_minute_and_is_bounded() {
+    // Issue 30 item 12: the window for a cut job's proof of its stop.
+    let ok = with(&[upstream("a", 9000, "http://127.0.0.1:1", "ram", &[], "")]);
+    let c = Config::parse(&ok, "t").unwrap().config;
+    assert_eq!(c.upstreams[0].stop_proof_timeout_s, 60);
+    let text = with(&[
+        upstream(
+            "a",
+            9000,
+            "http://127.0.0.1:1",
+            "ram",
+            &[],
+            "stop_proof_timeout_s = 0\n",
+        ),
+        upstream(
+            "b",
+            9001,
+            "http://127.0.0.1:2",
+            "ram",
+            &[],
+            "stop_proof_timeout_s = 3601\n",
+        ),
+    ]);
+    let errs = errors(&text);
+    assert_eq!(errs.len(), 2, "{}", list(&errs));
+    for up in ["upstream[0] (\"a\")", "upstream[1] (\"b\")"] {
+        find(
+            &errs,
+            &format!("{up}.stop_proof_timeout_s"),
+            &["cut job stopped"],
+        );
+    }
 }

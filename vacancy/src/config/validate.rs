@@ -10,8 +10,8 @@ use super::hosts::{parse_target, same_server_key};
 use super::kinds::AdapterKinds;
 use super::parse::{KeyIndex, KeyPath, sort_by_line};
 use super::schema::{
-    AdapterKind, Config, OnBattery, OwnerScope, PresenceMode, ResourceConfig, SamplerKind,
-    UpstreamConfig, VoiceRoutesConfig,
+    Config, MAX_STOP_PROOF_TIMEOUT_S, OnBattery, OwnerScope, PresenceMode, ResourceConfig,
+    SamplerKind, Scope, UpstreamConfig,
 };
 use crate::ResourceKind;
 
@@ -53,9 +53,150 @@ struct Checker<'a> {
     warnings: Vec<ConfigWarning>,
 }
 
-/// The largest `hot_for_s`: one day, so that a deadline derived from it
-/// never overflows the clock.
-const HOT_FOR_MAX_S: u64 = 24 * 60 * 60;
+/// The range a duration key accepts: from `min` to `max` in `unit`s.
+///
+/// Every duration key is bounded (issue 30 item 5), so that nothing derived
+/// from one (a deadline, a timer, a sum of two) can overflow a clock: a
+/// value past `max` is an error naming the key, its line and `max`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct DurationBounds {
+    /// The smallest accepted value (0 where "at once" means something).
+    pub min: u64,
+    /// The largest accepted value.
+    pub max: u64,
+    /// `Seconds` for `_s` keys, `Millis` for `_ms` keys.
+    pub unit: Unit,
+    /// What the key is, for the message.
+    pub what: &'static str,
+}
+
+/// The unit of a duration key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Unit {
+    Seconds,
+    Millis,
+}
+
+const MINUTE: u64 = 60;
+const HOUR: u64 = 60 * MINUTE;
+const DAY: u64 = 24 * HOUR;
+
+const fn secs(min: u64, max: u64, what: &'static str) -> DurationBounds {
+    DurationBounds {
+        min,
+        max,
+        unit: Unit::Seconds,
+        what,
+    }
+}
+
+const fn millis(min: u64, max_secs: u64, what: &'static str) -> DurationBounds {
+    DurationBounds {
+        min,
+        max: max_secs * 1000,
+        unit: Unit::Millis,
+        what,
+    }
+}
+
+/// `[server] header_timeout_s`.
+const HEADER_TIMEOUT_S: DurationBounds = secs(1, HOUR, "seconds a request head may take");
+/// `[server] idle_timeout_s`.
+const IDLE_TIMEOUT_S: DurationBounds = secs(1, DAY, "seconds an idle connection stays open");
+/// `[server] body_timeout_s`.
+const BODY_TIMEOUT_S: DurationBounds = secs(
+    1,
+    HOUR,
+    "seconds a request body may take before its minimum rate applies",
+);
+/// `[server] tunnel_idle_timeout_s`.
+const TUNNEL_IDLE_TIMEOUT_S: DurationBounds = secs(
+    1,
+    7 * DAY,
+    "seconds an upgraded connection such as a WebSocket may carry nothing",
+);
+/// `[owner.gpu_pressure] poll_ms`.
+const PRESSURE_POLL_MS: DurationBounds = millis(1, HOUR, "milliseconds between pressure samples");
+/// `[owner.gpu_pressure] engage_ms`.
+const ENGAGE_MS: DurationBounds = millis(
+    0,
+    HOUR,
+    "milliseconds the owner's load must stay above the threshold before pressure engages",
+);
+/// `[owner.gpu_pressure] quiet_ms`.
+const QUIET_MS: DurationBounds = millis(
+    1,
+    DAY,
+    "milliseconds engaged pressure must be observed quiet before it releases",
+);
+/// `[[resource]] poll_ms`.
+const RESOURCE_POLL_MS: DurationBounds = millis(1, HOUR, "milliseconds between samples");
+/// `[[resource]] max_sample_age_ms`.
+const MAX_SAMPLE_AGE_MS: DurationBounds = millis(
+    1,
+    DAY,
+    "milliseconds a sample counts as fresh; at 0 every sample would count as capacity unknown",
+);
+/// `[[upstream]] drain_timeout_s`.
+const DRAIN_TIMEOUT_S: DurationBounds = secs(
+    0,
+    DAY,
+    "seconds accepted work may drain after the owner returns",
+);
+/// `[[upstream]] completion_timeout_s`.
+const COMPLETION_TIMEOUT_S: DurationBounds =
+    secs(1, 7 * DAY, "seconds an unfinished job is awaited");
+/// `[[upstream]] stop_proof_timeout_s`.
+const STOP_PROOF_TIMEOUT_S: DurationBounds = secs(
+    1,
+    MAX_STOP_PROOF_TIMEOUT_S,
+    "seconds the proof that a cut job stopped is awaited",
+);
+/// `[[resource]] hot_for_s` (issue 35).
+const HOT_FOR_S: DurationBounds = secs(
+    0,
+    DAY,
+    "seconds a GPU may stay above a limit before its accepted work is reclaimed",
+);
+/// `[upstream.queue] max_wait_s`.
+const MAX_WAIT_S: DurationBounds = secs(
+    1,
+    HOUR,
+    "seconds a request may wait for a reserved resource",
+);
+
+/// `n` seconds in words: "7 days", "1 hour", "90 seconds".
+fn in_words(seconds: u64) -> String {
+    let (n, unit) = if seconds >= DAY && seconds.is_multiple_of(DAY) {
+        (seconds / DAY, "day")
+    } else if seconds >= HOUR && seconds.is_multiple_of(HOUR) {
+        (seconds / HOUR, "hour")
+    } else if seconds >= MINUTE && seconds.is_multiple_of(MINUTE) {
+        (seconds / MINUTE, "minute")
+    } else {
+        (seconds, "second")
+    };
+    format!("{n} {unit}{}", if n == 1 { "" } else { "s" })
+}
+
+/// Token hashes whose token anyone can read, refused wherever they appear
+/// (issue 30 item 4): with one configured, anyone could use the control plane.
+const PUBLIC_TOKEN_HASHES: &[(&str, &str)] = &[
+    (
+        "3690a4a2ed3b26b46a696e9ab873a300d9da3ae56bc84352e2bf724885c91dfd",
+        "this is the hash of \"example-token-do-not-use\", the token earlier copies of examples/vacancyd.toml carried: that token is public, so anyone could use it",
+    ),
+    (
+        EXAMPLE_TOKEN_PLACEHOLDER,
+        "this is the placeholder of examples/vacancyd.toml, not a token of yours",
+    ),
+];
+
+/// The `sha256` examples/vacancyd.toml ships: no token hashes to it that
+/// anyone knows, and validation refuses it so that a copied example never
+/// starts with a token table nobody filled in.
+pub const EXAMPLE_TOKEN_PLACEHOLDER: &str =
+    "0000000000000000000000000000000000000000000000000000000000000000";
 
 /// The example shown when a listen address does not parse.
 const LISTEN_FORM: &str = "expected an IP address and port such as \"127.0.0.1:11435\" (names like localhost are not accepted here)";
@@ -81,6 +222,25 @@ impl Checker<'_> {
     fn ignored(&mut self, path: &KeyPath, why: &str) {
         if self.index.has(path) {
             self.warn(path, format!("ignored: {why}"));
+        }
+    }
+
+    /// A duration key within its `bounds` (issue 30 item 5).
+    fn duration(&mut self, path: &KeyPath, value: u64, bounds: DurationBounds) {
+        let what = bounds.what;
+        if value < bounds.min {
+            self.error(path, format!("must be above {} ({what})", bounds.min - 1));
+        } else if value > bounds.max {
+            let (max, words) = match bounds.unit {
+                Unit::Seconds => (bounds.max, in_words(bounds.max)),
+                Unit::Millis => (bounds.max, in_words(bounds.max / 1000)),
+            };
+            self.error(
+                path,
+                format!(
+                    "{value} is too large: the largest accepted value is {max} ({words}; {what})"
+                ),
+            );
         }
     }
 
@@ -139,30 +299,37 @@ impl Checker<'_> {
                 "must be at least 1 (MiB of a work request body read to inspect it)",
             );
         }
-        for (key, value, what) in [
+        for (key, value, bounds) in [
             (
                 "header_timeout_s",
                 server.header_timeout_s,
-                "seconds a request head may take",
+                HEADER_TIMEOUT_S,
             ),
+            ("idle_timeout_s", server.idle_timeout_s, IDLE_TIMEOUT_S),
+            ("body_timeout_s", server.body_timeout_s, BODY_TIMEOUT_S),
             (
-                "idle_timeout_s",
-                server.idle_timeout_s,
-                "seconds an idle connection stays open",
-            ),
-            (
-                "body_timeout_s",
-                server.body_timeout_s,
-                "seconds a request body may take before its minimum rate applies",
-            ),
-            (
-                "body_min_rate_bytes",
-                server.body_min_rate_bytes,
-                "bytes per second a request body must average",
+                "tunnel_idle_timeout_s",
+                server.tunnel_idle_timeout_s,
+                TUNNEL_IDLE_TIMEOUT_S,
             ),
         ] {
-            if value == 0 {
-                self.error(&sp.key(key), format!("must be at least 1 ({what})"));
+            self.duration(&sp.key(key), value, bounds);
+        }
+        if server.body_min_rate_bytes == 0 {
+            self.error(
+                &sp.key("body_min_rate_bytes"),
+                "must be at least 1 (bytes per second a request body must average)",
+            );
+        }
+
+        for name in &server.allowed_hosts {
+            if !is_host_name(name) {
+                self.error(
+                    &sp.key("allowed_hosts"),
+                    format!(
+                        "{name:?} is not a host name or IP address; list the names clients use for the control listener, without scheme or port, such as \"lender1.lan\""
+                    ),
+                );
             }
         }
 
@@ -208,6 +375,21 @@ impl Checker<'_> {
                     )
                 };
                 self.error(&tp.key("sha256"), message);
+            } else if let Some((_, what)) = PUBLIC_TOKEN_HASHES
+                .iter()
+                .find(|(hash, _)| hash.eq_ignore_ascii_case(&token.sha256))
+            {
+                self.error(
+                    &tp.key("sha256"),
+                    format!(
+                        "{what}; make a token of your own with `vacancyd token new --name {name} --scope {scope}` and put the sha256 it prints here (or remove this [[server.token]] table)",
+                        name = if token.name.is_empty() { "ops" } else { &token.name },
+                        scope = [Scope::Admin, Scope::Owner, Scope::Read]
+                            .into_iter()
+                            .find(|s| token.scopes.contains(s))
+                            .unwrap_or(Scope::Admin),
+                    ),
+                );
             }
         }
         listen.map(|addr| (addr, listen_path))
@@ -223,13 +405,10 @@ impl Checker<'_> {
             );
         }
         let gp = op.key("gpu_pressure");
-        if owner.gpu_pressure.poll_ms == 0 {
-            self.error(
-                &gp.key("poll_ms"),
-                "must be above 0 (milliseconds between pressure samples)",
-            );
-        }
         let pressure = &owner.gpu_pressure;
+        self.duration(&gp.key("poll_ms"), pressure.poll_ms, PRESSURE_POLL_MS);
+        self.duration(&gp.key("engage_ms"), pressure.engage_ms, ENGAGE_MS);
+        self.duration(&gp.key("quiet_ms"), pressure.quiet_ms, QUIET_MS);
         if pressure.util_threshold_pct == 0 || pressure.util_threshold_pct > 100 {
             self.error(
                 &gp.key("util_threshold_pct"),
@@ -243,12 +422,6 @@ impl Checker<'_> {
             self.error(
                 &gp.key("memory_threshold_mib"),
                 "must be above 0 (MiB above the baseline); at 0 any allocation by the owner counts as pressure",
-            );
-        }
-        if pressure.quiet_ms == 0 {
-            self.error(
-                &gp.key("quiet_ms"),
-                "must be above 0 (milliseconds engaged pressure must be observed quiet before it releases)",
             );
         }
         if owner.power_supply_dir.trim().is_empty() {
@@ -279,15 +452,7 @@ impl Checker<'_> {
     /// A GPU's heat and power limits and its power cap (issue 35 item 3).
     fn heat_limits(&mut self, r: &ResourceConfig, rp: &KeyPath) {
         let hp = rp.key("hot_for_s");
-        if r.hot_for_s > HOT_FOR_MAX_S {
-            self.error(
-                &hp,
-                format!(
-                    "{} is too large: the largest accepted value is {HOT_FOR_MAX_S} (1 day; seconds a GPU may stay above a limit before its accepted work is reclaimed)",
-                    r.hot_for_s
-                ),
-            );
-        }
+        self.duration(&hp, r.hot_for_s, HOT_FOR_S);
         let set: Vec<&str> = [
             ("max_temperature_c", r.max_temperature_c.is_some()),
             ("resume_below_c", r.resume_below_c.is_some()),
@@ -384,18 +549,13 @@ impl Checker<'_> {
             }
             self.sampler(r, &rp);
             self.heat_limits(r, &rp);
-            if r.poll_ms == 0 {
-                self.error(
-                    &rp.key("poll_ms"),
-                    "must be above 0 (milliseconds between samples)",
-                );
-            }
-            if r.max_sample_age_ms == 0 {
-                self.error(
-                    &rp.key("max_sample_age_ms"),
-                    "must be above 0; every sample would count as capacity unknown",
-                );
-            } else if r.poll_ms > 0 && r.max_sample_age_ms < r.poll_ms {
+            self.duration(&rp.key("poll_ms"), r.poll_ms, RESOURCE_POLL_MS);
+            self.duration(
+                &rp.key("max_sample_age_ms"),
+                r.max_sample_age_ms,
+                MAX_SAMPLE_AGE_MS,
+            );
+            if r.max_sample_age_ms > 0 && r.poll_ms > 0 && r.max_sample_age_ms < r.poll_ms {
                 self.warn(
                     &rp.key("max_sample_age_ms"),
                     format!(
@@ -523,62 +683,13 @@ impl Checker<'_> {
         }
         let sp = up.key("adapter_settings");
         for problem in kinds.check_settings(u) {
+            let base = if problem.in_upstream { up } else { &sp };
             let path = problem
                 .key
                 .split('.')
                 .filter(|k| !k.is_empty())
-                .fold(sp.clone(), |p, k| p.key(k));
+                .fold(base.clone(), |p, k| p.key(k));
             self.error(&path, problem.message);
-        }
-    }
-
-    /// `[upstream.voice_routes]`: chatterbox only; absolute paths without a
-    /// query; the result reads name their `{id}` segment; no two alike.
-    fn voice_routes(&mut self, u: &UpstreamConfig, r: &VoiceRoutesConfig, vp: &KeyPath) {
-        if u.adapter != AdapterKind::CHATTERBOX {
-            self.error(
-                vp,
-                format!(
-                    "applies only to adapter = \"chatterbox\", not {}; remove the table",
-                    u.adapter.as_str()
-                ),
-            );
-            return;
-        }
-        let paths = [
-            ("speech", &r.speech, false),
-            ("executions", &r.executions, false),
-            ("capabilities", &r.capabilities, false),
-            ("execution", &r.execution, true),
-            ("execution_audio", &r.execution_audio, true),
-        ];
-        let mut seen: Vec<&str> = Vec::new();
-        for (key, path, with_id) in paths {
-            let kp = vp.key(key);
-            let segments: Vec<&str> = path.split('/').skip(1).collect();
-            let has_id = segments.contains(&"{id}");
-            let other_param = segments
-                .iter()
-                .any(|s| *s != "{id}" && (s.contains('{') || s.contains('}')));
-            if !path.starts_with('/')
-                || path.contains(['?', '#', ' '])
-                || segments.iter().any(|s| s.is_empty())
-            {
-                self.error(
-                    &kp,
-                    format!("{path:?} is not an absolute path such as \"/v1/audio/speech\" (no query, no empty segment)"),
-                );
-            } else if with_id && !has_id {
-                self.error(
-                    &kp,
-                    format!("{path:?} needs an {{id}} segment for the result ID"),
-                );
-            } else if (!with_id && has_id) || other_param {
-                self.error(&kp, format!("{path:?} may not have parameters other than one {{id}} segment in a result read"));
-            } else if seen.contains(&path.as_str()) {
-                self.error(&kp, format!("{path:?} is given to two voice routes"));
-            }
-            seen.push(path);
         }
     }
 
@@ -663,16 +774,24 @@ impl Checker<'_> {
                     "empty model name; keys are the exact model names requests carry",
                 );
             }
-            if u.completion_timeout_s == 0 {
-                self.error(
-                    &up.key("completion_timeout_s"),
-                    "must be above 0 (seconds an unfinished job is awaited)",
-                );
-            }
+            self.duration(
+                &up.key("drain_timeout_s"),
+                u.drain_timeout_s,
+                DRAIN_TIMEOUT_S,
+            );
+            self.duration(
+                &up.key("completion_timeout_s"),
+                u.completion_timeout_s,
+                COMPLETION_TIMEOUT_S,
+            );
+            self.duration(
+                &up.key("stop_proof_timeout_s"),
+                u.stop_proof_timeout_s,
+                STOP_PROOF_TIMEOUT_S,
+            );
+            // The kind checks its own settings, `[upstream.voice_routes]`
+            // included (the chatterbox adapter's; issue 30).
             self.adapter_kind(u, &up);
-            if let Some(routes) = &u.voice_routes {
-                self.voice_routes(u, routes, &up.key("voice_routes"));
-            }
             if let Some(q) = &u.queue {
                 let qp = up.key("queue");
                 if q.max_waiting == 0 {
@@ -681,12 +800,7 @@ impl Checker<'_> {
                         "must be above 0 (requests that may wait at once); remove [upstream.queue] to turn the line off",
                     );
                 }
-                if q.max_wait_s == 0 || q.max_wait_s > 3600 {
-                    self.error(
-                        &qp.key("max_wait_s"),
-                        "must be 1 to 3600 (seconds a request may wait for a reserved resource)",
-                    );
-                }
+                self.duration(&qp.key("max_wait_s"), q.max_wait_s, MAX_WAIT_S);
             }
             if let Some(c) = &u.credential {
                 let cp = up.key("credential");
@@ -869,6 +983,23 @@ impl Checker<'_> {
 fn set_text(set: &BTreeSet<&str>) -> String {
     let names: Vec<String> = set.iter().map(|n| format!("{n:?}")).collect();
     format!("{{{}}}", names.join(", "))
+}
+
+/// A DNS name (letters, digits, `-` and `.`) or an IP address (IPv6 with
+/// or without brackets): what `[server] allowed_hosts` lists.
+fn is_host_name(name: &str) -> bool {
+    let bare = name
+        .strip_prefix('[')
+        .and_then(|n| n.strip_suffix(']'))
+        .unwrap_or(name);
+    let dns = name.strip_suffix('.').unwrap_or(name);
+    bare.parse::<std::net::IpAddr>().is_ok()
+        || (!dns.is_empty()
+            && dns.len() <= 253
+            && dns
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
+            && dns.split('.').all(|label| !label.is_empty()))
 }
 
 /// `card0`, `card12`: a DRM card directory name.

@@ -22,7 +22,12 @@
 //! - A waiter is admitted by the full admission check, after the post-job
 //!   sample (ADM-04..06), whose 4 s bound counts from the moment it was its
 //!   turn. It leaves at its deadline (`resource_busy`), when refused, when
-//!   admitted, or when the shell says it left ([`Engine::leave_line`]).
+//!   admitted, or when the shell says it left ([`Engine::leave_line`]). A
+//!   waiter whose resident observation was only too old (RES-20) keeps its
+//!   place while the shell observes once more ([`Decision::Reobserve`]).
+//! - The vacancy sign follows the line: `admitting` only when a new request
+//!   would be admitted now, `queueing` when it would wait its turn
+//!   ([`Engine::vacancy`], from `Engine::ahead_of`, as admission itself).
 //! - Nothing in the line is reserved or recorded: a restart forgets it.
 
 use std::time::Duration;
@@ -61,6 +66,15 @@ pub(super) struct Waiter {
     /// When it was first its turn with a post-job sample pending: the ADM-06
     /// bound counts from here.
     pub(super) ready_since: Option<Moment>,
+}
+
+/// The waiters ahead of a request that need a resource it needs.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct Ahead {
+    /// The resource the first of them needs.
+    pub(super) first: Option<usize>,
+    /// How many they are.
+    pub(super) count: u32,
 }
 
 /// One upstream's line, for `/status` (`{"waiting": 2, "oldest_wait_s": 1.5}`).
@@ -148,10 +162,7 @@ impl Engine {
     ) -> Result<Vec<Charge>, Decision> {
         let up = req.upstream.0;
         let deps: Vec<usize> = self.upstreams[up].deps.iter().map(|d| d.res).collect();
-        let ahead = seat.unwrap_or(self.line.len());
-        let behind = self.line[..ahead]
-            .iter()
-            .find_map(|w| deps.iter().find(|r| w.deps.contains(r)).copied());
+        let behind = self.ahead_of(up, seat, now).first;
         let busy = match (evaluated, behind) {
             (Ok(charges), None) => {
                 if let Some(i) = seat {
@@ -159,14 +170,7 @@ impl Engine {
                 }
                 return Ok(charges);
             }
-            (Ok(_), Some(res)) => Refusal::new(
-                RefusalCode::ResourceBusy,
-                format!(
-                    "requests that came earlier wait in line for resource {}; retry in 2 s",
-                    self.resources[res].spec.name
-                ),
-            )
-            .on_resource(&self.resources[res].spec.name),
+            (Ok(_), Some(res)) => self.line_busy(res),
             (Err(Blocked::Refused(r)), _) if r.code == RefusalCode::ResourceBusy => r,
             (Err(Blocked::Wait { until, resources }), _) => {
                 let until = match seat {
@@ -193,6 +197,11 @@ impl Engine {
                 };
                 return Err(Decision::Wait { until, resources });
             }
+            // RES-20: only the resident observation's age stood in the way.
+            // The shell observes once more and asks again; a waiter keeps
+            // its place meanwhile (issue 30), and leaves only if the shell
+            // gives up ([`Engine::leave_line`]).
+            (Err(Blocked::Reobserve(r)), _) => return Err(Decision::Reobserve(r)),
             (Err(other), _) => {
                 if let Some(i) = seat {
                     self.leave_at(i);
@@ -239,15 +248,9 @@ impl Engine {
                 })
             }
             None => {
-                let waiting = self.line.iter().filter(|w| w.upstream == up).count();
-                if waiting >= queue.max_waiting as usize {
+                if let Err(why) = self.line_room(up, queue) {
                     let mut busy = busy;
-                    busy.reason.push_str(&format!(
-                        " (the wait line is full: {waiting} requests wait)"
-                    ));
-                    return Err(Decision::Refused(busy));
-                }
-                if queue.max_wait.is_zero() {
+                    busy.reason.push_str(&why);
                     return Err(Decision::Refused(busy));
                 }
                 let until = now.after(queue.max_wait);
@@ -265,6 +268,50 @@ impl Engine {
                 })
             }
         }
+    }
+
+    /// The waiters ahead of a request of upstream `up` (at `seat`, or a
+    /// newcomer at the back) that need a resource it needs: it may take its
+    /// resources only when there are none. Waiters gone past their deadline
+    /// by [`LINE_EXPIRY_GRACE`] no longer count.
+    pub(super) fn ahead_of(&self, up: usize, seat: Option<usize>, now: Moment) -> Ahead {
+        let deps = &self.upstreams[up].deps;
+        let end = seat.unwrap_or(self.line.len());
+        let mut ahead = Ahead::default();
+        for w in &self.line[..end] {
+            if now >= w.until.after(LINE_EXPIRY_GRACE) {
+                continue;
+            }
+            if let Some(d) = deps.iter().find(|d| w.deps.contains(&d.res)) {
+                ahead.first.get_or_insert(d.res);
+                ahead.count += 1;
+            }
+        }
+        ahead
+    }
+
+    /// The `resource_busy` refusal of a request that found resource `res`
+    /// free but needed by a request that came earlier and waits.
+    pub(super) fn line_busy(&self, res: usize) -> Refusal {
+        let name = &self.resources[res].spec.name;
+        Refusal::new(
+            RefusalCode::ResourceBusy,
+            format!("requests that came earlier wait in line for resource {name}; retry in 2 s"),
+        )
+        .on_resource(name)
+    }
+
+    /// Whether a new request of upstream `up` finds room in a line of
+    /// `queue`: `Err` with what to add to its `resource_busy` reason if not.
+    pub(super) fn line_room(&self, up: usize, queue: QueueSpec) -> Result<(), String> {
+        let waiting = self.line.iter().filter(|w| w.upstream == up).count();
+        if waiting >= queue.max_waiting as usize {
+            return Err(format!(" (the wait line is full: {waiting} requests wait)"));
+        }
+        if queue.max_wait.is_zero() {
+            return Err(String::new());
+        }
+        Ok(())
     }
 
     /// A refusal other than a reserved resource that applies to upstream

@@ -755,31 +755,51 @@ impl Engine {
         u32::try_from(holding).unwrap_or(u32::MAX) + u32::from(tail)
     }
 
-    /// Whether the upstream's default-budget request would be admitted now (UI-01, VOICE-19).
+    /// Whether the upstream's default-budget request would be admitted now,
+    /// would wait in its line, or would be refused (UI-01, VOICE-19, issue 30).
     pub fn vacancy(&mut self, upstream: UpstreamId, now: Moment) -> Vacancy {
         let not_proven = Residency::NotProven {
             why: "the status decision charges the default budget".to_owned(),
             stale: false,
         };
-        match self.evaluate(upstream.0, ModelNames::default(), &not_proven, now, now) {
-            Ok(_) => Vacancy {
-                admitting: true,
-                code: None,
-                reason: None,
+        let evaluated = self
+            .evaluate(upstream.0, ModelNames::default(), &not_proven, now, now)
+            .map(|_| ());
+        self.sign(upstream.0, evaluated, now)
+    }
+
+    /// The vacancy sign of upstream `up` given its default-budget
+    /// evaluation (UI-01, issue 30): `admitting` only when a new request
+    /// would be admitted now; `queueing` when it would wait in the
+    /// upstream's line (behind the waiters that need its resources);
+    /// otherwise the refusal it would get.
+    fn sign(&self, up: usize, evaluated: Result<(), Blocked>, now: Moment) -> Vacancy {
+        let ahead = self.ahead_of(up, None, now);
+        let busy = match (evaluated, ahead.first) {
+            (Ok(()), None) => return Vacancy::admitting(),
+            (Ok(()), Some(res)) => self.line_busy(res),
+            (Err(Blocked::Refused(r)), _) if r.code == RefusalCode::ResourceBusy => r,
+            (Err(Blocked::Wait { resources, .. }), None) => {
+                return Vacancy::refusing(
+                    RefusalCode::ResourceBusy,
+                    format!(
+                        "waiting for a capacity sample of {} after the last job",
+                        resources.join(", ")
+                    ),
+                );
+            }
+            // The sample it waits for lands, then it takes its turn behind them.
+            (Err(Blocked::Wait { .. }), Some(res)) => self.line_busy(res),
+            (Err(Blocked::Refused(r) | Blocked::Reobserve(r)), _) => {
+                return Vacancy::refusing(r.code, r.reason);
+            }
+        };
+        match self.upstreams[up].spec.queue {
+            Some(queue) => match self.line_room(up, queue) {
+                Ok(()) => Vacancy::queueing(ahead.count, busy.reason),
+                Err(why) => Vacancy::refusing(busy.code, busy.reason + &why),
             },
-            Err(Blocked::Wait { resources, .. }) => Vacancy {
-                admitting: false,
-                code: Some(RefusalCode::ResourceBusy),
-                reason: Some(format!(
-                    "waiting for a capacity sample of {} after the last job",
-                    resources.join(", ")
-                )),
-            },
-            Err(Blocked::Refused(r) | Blocked::Reobserve(r)) => Vacancy {
-                admitting: false,
-                code: Some(r.code),
-                reason: Some(r.reason),
-            },
+            None => Vacancy::refusing(busy.code, busy.reason),
         }
     }
 
@@ -1124,6 +1144,15 @@ impl Engine {
     pub fn start_tracking(&mut self, id: EntryId) -> Result<(), EngineError> {
         let e = self.unheld_entry(id)?;
         e.phase = Phase::Tracking;
+        Ok(())
+    }
+
+    /// The response was cut and the shell checks the upstream's proof that
+    /// the job stopped: the entry keeps its resources, shows `verifying`,
+    /// and ends by [`release`](Self::release) (proof) or a hold (none).
+    pub fn start_verifying(&mut self, id: EntryId) -> Result<(), EngineError> {
+        let e = self.unheld_entry(id)?;
+        e.phase = Phase::Verifying;
         Ok(())
     }
 

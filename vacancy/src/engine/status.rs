@@ -74,14 +74,66 @@ pub struct ResourceStatus {
 }
 
 /// Whether an upstream admits a request with its default budget now (UI-01).
+///
+/// Three signs: `admitting` (a new request would be admitted now),
+/// `queueing` (it would wait its turn in the upstream's wait line, issue 30)
+/// and refusing (the code and reason it would get). Only `admitting` sets
+/// [`admitting`](Self::admitting); a queueing sign carries `resource_busy`
+/// as its code, the refusal a request would get without the line.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Vacancy {
     /// Whether a default-budget request would be admitted now.
     pub admitting: bool,
-    /// The refusal code when not.
+    /// `Some(n)` when a new request would wait in the upstream's line, behind
+    /// `n` requests that came earlier and need one of its resources.
+    pub queueing: Option<u32>,
+    /// The refusal code when not admitting.
     pub code: Option<RefusalCode>,
-    /// The refusal reason when not.
+    /// The refusal reason when not admitting.
     pub reason: Option<String>,
+}
+
+impl Vacancy {
+    /// A new request would be admitted now.
+    pub fn admitting() -> Self {
+        Vacancy {
+            admitting: true,
+            queueing: None,
+            code: None,
+            reason: None,
+        }
+    }
+
+    /// A new request would wait in line behind `ahead` requests; `reason`
+    /// says what it waits for.
+    pub fn queueing(ahead: u32, reason: impl Into<String>) -> Self {
+        Vacancy {
+            admitting: false,
+            queueing: Some(ahead),
+            code: Some(RefusalCode::ResourceBusy),
+            reason: Some(reason.into()),
+        }
+    }
+
+    /// A new request would be refused with `code`.
+    pub fn refusing(code: RefusalCode, reason: impl Into<String>) -> Self {
+        Vacancy {
+            admitting: false,
+            queueing: None,
+            code: Some(code),
+            reason: Some(reason.into()),
+        }
+    }
+
+    /// The sign in words: `admitting`, `queueing (N waiting)` or the code.
+    pub fn sign(&self) -> String {
+        match (self.admitting, self.queueing, self.code) {
+            (true, _, _) => "admitting".to_owned(),
+            (false, Some(n), _) => format!("queueing ({n} waiting)"),
+            (false, None, Some(code)) => code.as_str().to_owned(),
+            (false, None, None) => "refusing".to_owned(),
+        }
+    }
 }
 
 /// One upstream.

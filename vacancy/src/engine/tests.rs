@@ -1374,8 +1374,10 @@ fn resident_credit_never_breaches_the_reserve_floor() {
 #[cfg(feature = "config")]
 #[test]
 fn example_configuration_builds_an_engine() {
-    let text = include_str!("../../../examples/vacancyd.toml");
-    let loaded = crate::config::Config::parse(text, "examples/vacancyd.toml").unwrap();
+    // With its token placeholder (refused, issue 30 item 4) filled in.
+    let text = include_str!("../../../examples/vacancyd.toml")
+        .replace(crate::config::EXAMPLE_TOKEN_PLACEHOLDER, &"ab".repeat(32));
+    let loaded = crate::config::Config::parse(&text, "examples/vacancyd.toml").unwrap();
     let spec = EngineSpec::from(&loaded.config);
     let ollama = spec.upstreams.iter().find(|u| u.name == "ollama").unwrap();
     assert!(!ollama.also_requires.is_empty());
@@ -1731,4 +1733,156 @@ fn line_a_waiter_that_never_asks_again_does_not_block_the_line_for_good() {
     let next = req(&e, "llm", None, late);
     admitted(e.admit(&next, t(late)));
     assert!(!e.in_line(ghost.id));
+}
+
+// ---- the vacancy sign and the wait line (issue 30) -----------------------
+
+#[test]
+fn line_sign_queueing_when_a_new_request_would_wait_behind_a_waiter() {
+    // UI-01, issue 30 item 9: llm (gpu0 + ram) waits for ram, which a
+    // cpu-lane job holds; gpu0 is free, yet a new llm request would queue
+    // behind the waiter, never be admitted now.
+    let mut e = lined(8, 30_000);
+    let llm = e.upstream_id("llm").unwrap();
+    let lane = e.upstream_id("cpu-lane").unwrap();
+    assert!(
+        e.vacancy(llm, t(5)).admitting,
+        "nothing reserved, nobody waits"
+    );
+    let job = admitted(admit(&mut e, "cpu-lane", None, 10));
+    let v = e.vacancy(llm, t(15));
+    assert_eq!(
+        v.queueing,
+        Some(0),
+        "ram is reserved: it would queue, first"
+    );
+    assert_eq!(v.sign(), "queueing (0 waiting)");
+    let waiter = req(&e, "llm", None, 20);
+    waits(e.admit(&waiter, t(20)));
+    for up in [llm, lane] {
+        let v = e.vacancy(up, t(25));
+        assert!(!v.admitting, "{v:?}");
+        assert_eq!(v.queueing, Some(1), "{v:?}");
+        assert_eq!(v.code, Some(RefusalCode::ResourceBusy));
+        assert_eq!(v.sign(), "queueing (1 waiting)");
+    }
+    // The job ends and its sample lands: ram and gpu0 are free, yet the
+    // waiter comes first.
+    end_job(&mut e, &job, 100);
+    let v = e.vacancy(lane, t(102));
+    assert!(
+        !v.admitting,
+        "a new request would queue behind the waiter: {v:?}"
+    );
+    assert_eq!(v.queueing, Some(1));
+    admitted(e.admit(&waiter, t(103)));
+    let v = e.vacancy(lane, t(104));
+    assert_eq!(v.queueing, Some(0), "llm's job holds ram now: {v:?}");
+}
+
+#[test]
+fn line_sign_without_a_line_is_refusing_and_a_full_line_says_so() {
+    // Issue 30 item 9: a waiter ahead blocks an upstream without a line
+    // (refused), and a full line refuses rather than queues.
+    let mut spec = gpu_and_ram();
+    spec.upstreams[0].queue = Some(QueueSpec {
+        max_waiting: 1,
+        max_wait: Duration::from_secs(30),
+    });
+    let mut e = ready(spec, 0);
+    let llm = e.upstream_id("llm").unwrap();
+    let lane = e.upstream_id("cpu-lane").unwrap();
+    let job = admitted(admit(&mut e, "llm", None, 10));
+    let waiter = req(&e, "llm", None, 20);
+    waits(e.admit(&waiter, t(20)));
+    end_job(&mut e, &job, 100);
+    let v = e.vacancy(lane, t(102));
+    assert!(!v.admitting && v.queueing.is_none(), "{v:?}");
+    assert_eq!(v.code, Some(RefusalCode::ResourceBusy));
+    assert!(
+        v.reason.as_deref().unwrap_or("").contains("wait in line"),
+        "{v:?}"
+    );
+    let v = e.vacancy(llm, t(102));
+    assert!(v.queueing.is_none(), "{v:?}");
+    assert!(v.reason.as_deref().unwrap_or("").contains("full"), "{v:?}");
+    // The owner's refusals come before the line.
+    e.set_lending(false);
+    assert_eq!(
+        e.vacancy(llm, t(103)).code,
+        Some(RefusalCode::LendingPaused)
+    );
+}
+
+#[test]
+fn line_a_waiter_that_reobserves_keeps_its_place() {
+    // RES-20, issue 30 item 10: a waiter refused only because the resident
+    // observation was too old keeps its place while the shell observes once
+    // more; those behind it stay behind.
+    let mut spec = gpu_and_ram();
+    spec.upstreams[0].default_min_free_mib = 70_000; // only fits with credit
+    spec.upstreams[0].queue = Some(QueueSpec {
+        max_waiting: 8,
+        max_wait: Duration::from_secs(60),
+    });
+    let mut e = ready(spec, 0);
+    observe_loaded(&mut e, "llm", "m", 5);
+    let job = admitted(admit(&mut e, "llm", Some("m"), 10));
+    let first = req(&e, "llm", Some("m"), 20);
+    let second = req(&e, "llm", Some("m"), 21);
+    waits(e.admit(&first, t(20)));
+    waits(e.admit(&second, t(21)));
+    end_job(&mut e, &job, 100);
+    observe_loaded(&mut e, "llm", "m", 102);
+    // Its turn comes when the observation is too old to prove residency.
+    match e.admit(&first, t(5_000)) {
+        Decision::Reobserve(r) => assert_eq!(r.code, RefusalCode::InsufficientMemory),
+        other => panic!("expected a re-observation, got {other:?}"),
+    }
+    assert!(e.in_line(first.id), "it keeps its place while observing");
+    assert!(matches!(e.admit(&second, t(5_001)), Decision::Reobserve(_)));
+    observe_loaded(&mut e, "llm", "m", 5_002);
+    // The one behind asks first after the observation: still behind.
+    waits(e.admit(&second, t(5_003)));
+    let r = admitted(e.admit(&first, t(5_004)));
+    assert_eq!(r.id, first.id, "first come, first served across RES-20");
+    assert!(r.resident_credit);
+}
+
+#[test]
+fn a_verifying_entry_keeps_its_resources_until_proof_or_a_hold() {
+    // DONE-04, HELD-06, issue 30 item 12: a cut job whose stop is being
+    // checked shows `verifying`, keeps its resources, is no administrator's
+    // to release, and ends released on proof or held without.
+    let mut e = ready(gpu_and_ram(), 0);
+    for proven in [true, false] {
+        let res = admitted(admit(&mut e, "llm", None, 10));
+        e.start_verifying(res.id).unwrap();
+        let s = e.status(t(11));
+        assert_eq!(s.work[0].phase, Phase::Verifying);
+        assert_eq!(s.work[0].phase.as_str(), "verifying");
+        assert_eq!(
+            refused(admit(&mut e, "llm", None, 12)).code,
+            RefusalCode::ResourceBusy
+        );
+        assert!(matches!(
+            e.release_held(res.id, HeldRelease::AdministratorConfirmed, t(13)),
+            Err(EngineError::NotHeld { .. })
+        ));
+        let outcome = if proven {
+            ReleaseOutcome::Completed
+        } else {
+            ReleaseOutcome::Uncertain("no proof".into())
+        };
+        e.release(res.id, outcome, t(14)).unwrap();
+        if proven {
+            assert_eq!(e.entry_count(), 0);
+            for name in [GPU, RAM] {
+                e.record_sample(name, CapacitySample::memory(64_000, 80_000, t(15)))
+                    .unwrap();
+            }
+        } else {
+            assert_eq!(e.phase(res.id), Some(Phase::Held));
+        }
+    }
 }

@@ -205,6 +205,11 @@ pub enum Phase {
     Forwarding,
     /// The reply has come; the adapter tracks the job at the upstream.
     Tracking,
+    /// The response was cut (a borrower left under
+    /// `on_borrower_disconnect = "cut"`, or a reclaim): the daemon checks the
+    /// upstream's proof that the job stopped, within `stop_proof_timeout_s`,
+    /// and the entry turns held only if none comes (DONE-04, issue 30).
+    Verifying,
     /// Completion is uncertain: the entry keeps its resources until an explicit release.
     Held,
 }
@@ -215,6 +220,7 @@ impl Phase {
         match self {
             Phase::Forwarding => "forwarding",
             Phase::Tracking => "tracking",
+            Phase::Verifying => "verifying",
             Phase::Held => "held",
         }
     }

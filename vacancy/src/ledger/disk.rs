@@ -14,12 +14,12 @@
 use std::fmt;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::ledger::error::LedgerError;
-use crate::ledger::files::{self, PRIVATE_FILE_MODE};
+use crate::ledger::files;
+use crate::platform;
 
 #[cfg(any(test, feature = "testkit"))]
 mod fault;
@@ -94,23 +94,16 @@ impl Disk for RealDisk {
     fn open_append(&self, path: &Path, create: bool) -> Result<Box<dyn DiskFile>, LedgerError> {
         let file = files::open_private(
             path,
-            OpenOptions::new()
-                .read(true)
-                .append(true)
-                .create(create)
-                .mode(PRIVATE_FILE_MODE),
+            platform::private_file(OpenOptions::new().read(true).append(true).create(create)),
         )?;
         Ok(Box::new(RealFile(file)))
     }
 
     fn create_new(&self, path: &Path) -> io::Result<Box<dyn DiskFile>> {
         // O_EXCL: never through a link left at the name.
-        let file = OpenOptions::new()
-            .read(true)
-            .append(true)
-            .create_new(true)
-            .mode(PRIVATE_FILE_MODE)
-            .open(path)?;
+        let file =
+            platform::private_file(OpenOptions::new().read(true).append(true).create_new(true))
+                .open(path)?;
         Ok(Box::new(RealFile(file)))
     }
 
@@ -127,7 +120,7 @@ impl Disk for RealDisk {
     }
 
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
-        fs::rename(from, to)
+        platform::replace_file(from, to)
     }
 
     fn remove(&self, path: &Path) -> io::Result<()> {
@@ -135,7 +128,7 @@ impl Disk for RealDisk {
     }
 
     fn sync_dir(&self, dir: &Path) -> io::Result<()> {
-        File::open(dir).and_then(|d| d.sync_all())
+        platform::sync_dir(dir)
     }
 }
 

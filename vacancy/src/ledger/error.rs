@@ -69,12 +69,28 @@ pub enum LedgerError {
         holder: String,
     },
     /// A directory named by `admission_state_dir` does not exist (REC-20).
-    #[error(
-        "the recovery directory {path} named by server.admission_state_dir does not exist; \
-         vacancyd creates only the default location, so that a moved configuration, a changed \
-         setting or a typo cannot start with an empty ledger and forget held work recorded \
-         elsewhere: correct the setting, or for a new installation create it empty and private \
-         to the account vacancyd runs as (mkdir -m 700 {path})"
+    #[cfg_attr(
+        not(windows),
+        error(
+            "the recovery directory {path} named by server.admission_state_dir does not exist; \
+             vacancyd creates only the default location, so that a moved configuration, a \
+             changed setting or a typo cannot start with an empty ledger and forget held work \
+             recorded elsewhere: correct the setting, or for a new installation create it empty \
+             and private to the account vacancyd runs as (mkdir -m 700 {path})"
+        )
+    )]
+    #[cfg_attr(
+        windows,
+        error(
+            "the recovery directory {path} named by server.admission_state_dir does not exist; \
+             vacancyd creates only the default location, so that a moved configuration, a \
+             changed setting or a typo cannot start with an empty ledger and forget held work \
+             recorded elsewhere: correct the setting, or for a new installation create it empty, \
+             owned by and accessible only to Administrators and LocalSystem, as an administrator: \
+             mkdir \"{path}\" && icacls \"{path}\" /inheritance:r /grant:r \
+             *S-1-5-32-544:(OI)(CI)F *S-1-5-18:(OI)(CI)F && icacls \"{path}\" /setowner \
+             *S-1-5-32-544"
+        )
     )]
     Missing {
         /// The directory.
@@ -175,6 +191,37 @@ pub enum LedgerError {
         component: PathBuf,
         /// What is wrong with it.
         why: String,
+    },
+    /// On Windows: a folder of the recovery directory's path lets in an
+    /// account other than Administrators and LocalSystem (REC-23, REC-24).
+    #[error(
+        "the recovery directory {path} is not private: {folder} {what}; on Windows the recovery \
+         directory and every folder from ProgramData\\vacancyd down must be owned by and \
+         accessible only to Administrators and LocalSystem, and vacancyd never changes an \
+         existing folder's owner or permissions: as an administrator, icacls \"{folder}\" \
+         /inheritance:r /grant:r *S-1-5-32-544:(OI)(CI)F *S-1-5-18:(OI)(CI)F, then icacls \
+         \"{folder}\" /setowner *S-1-5-32-544 (or move the work aside and let vacancyd create \
+         the default location)"
+    )]
+    NotPrivate {
+        /// The recovery directory.
+        path: PathBuf,
+        /// The folder that lets another account in: the directory or one on its way.
+        folder: PathBuf,
+        /// Which account has which access, and any other owner.
+        what: String,
+    },
+    /// On Windows: the recovery directory is not inside `ProgramData\vacancyd` (REC-24).
+    #[error(
+        "the recovery directory {path} is not inside {base}; on Windows it must be there, where \
+         only Administrators and LocalSystem can reach it: set server.admission_state_dir to a \
+         directory inside {base} (empty: {base}\\admission)"
+    )]
+    OutsideServiceBase {
+        /// The recovery directory.
+        path: PathBuf,
+        /// `%ProgramData%\vacancyd`.
+        base: PathBuf,
     },
     /// The service's recovery directory holds work while this run would use another (REC-14).
     #[error(

@@ -9,37 +9,45 @@
 //! should see or change. Such a file stops whoever opens it, with its path
 //! and the fix; vacancyd never changes an existing file's owner or mode.
 
-use std::ffi::c_int;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read};
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::Path;
 
 use crate::ledger::error::LedgerError;
+use crate::platform;
 
-/// The mode every file of the recovery directory has: the owner's only.
+/// The mode every file of the recovery directory has on Unix: the owner's
+/// only. (On Windows the files inherit the directory's protected DACL.)
 pub const PRIVATE_FILE_MODE: u32 = 0o600;
-
-/// `O_NOFOLLOW`: the open fails (`ELOOP`) when the file's name is a symbolic link.
-fn no_follow() -> c_int {
-    // A small constant (0o400000 on Linux); the cast cannot wrap.
-    rustix::fs::OFlags::NOFOLLOW.bits() as c_int
-}
 
 /// Open `path`, a file of the recovery directory, with `options`, without
 /// following a symbolic link, then check it with [`check_private`].
 ///
 /// # Errors
 ///
+/// [`LedgerError::NotAFile`] when `path` is there but no regular file (a
+/// FIFO, a socket, a device, a directory: refused before it is opened),
 /// [`LedgerError::LinkedFile`] when `path` is a symbolic link (dangling or
 /// not; nothing is created where it points), the errors of
 /// [`check_private`], and [`LedgerError::Io`] for the rest (`NotFound`
 /// among them, for the caller to tell apart).
 pub fn open_private(path: &Path, options: &OpenOptions) -> Result<File, LedgerError> {
+    // Refused by type before opening: opening a FIFO to read waits for a
+    // writer, so one in place of a file would hang startup (issue 30); a
+    // device or socket is no file of vacancyd's either. A link is refused
+    // below, by the open itself, so nothing is created where it points.
+    match fs::symlink_metadata(path) {
+        Ok(meta) if !meta.is_file() && !meta.file_type().is_symlink() => {
+            return Err(LedgerError::NotAFile {
+                path: path.to_path_buf(),
+            });
+        }
+        _ => {}
+    }
     let mut options = options.clone();
-    options.custom_flags(no_follow());
+    platform::no_follow(&mut options);
     let file = options.open(path).map_err(|e| {
-        if rustix::io::Errno::from_io_error(&e) == Some(rustix::io::Errno::LOOP) {
+        if platform::link_refused(&e) {
             LedgerError::LinkedFile {
                 path: path.to_path_buf(),
             }
@@ -80,15 +88,31 @@ pub fn read_private(path: &Path) -> Result<Option<Vec<u8>>, LedgerError> {
 ///
 /// [`LedgerError::NotAFile`], [`LedgerError::FileWrongOwner`] or
 /// [`LedgerError::FileWrongMode`], each naming the path and the fix.
+///
+/// On Windows: a regular file, not a reparse point ([`LedgerError::LinkedFile`]);
+/// its access is the recovery directory's, whose DACL it inherits (REC-23).
 pub fn check_private(file: &File, path: &Path) -> Result<(), LedgerError> {
     let meta = file
         .metadata()
         .map_err(|e| LedgerError::io("inspect", path, e))?;
+    if platform::opened_link(&meta) {
+        return Err(LedgerError::LinkedFile {
+            path: path.to_path_buf(),
+        });
+    }
     if !meta.is_file() {
         return Err(LedgerError::NotAFile {
             path: path.to_path_buf(),
         });
     }
+    check_owner_and_mode(&meta, path)
+}
+
+/// REC-22 for a file: the directory's owner, mode 0600.
+#[cfg(unix)]
+fn check_owner_and_mode(meta: &std::fs::Metadata, path: &Path) -> Result<(), LedgerError> {
+    use std::fs;
+    use std::os::unix::fs::MetadataExt;
     let dir = path
         .parent()
         .filter(|d| !d.as_os_str().is_empty())
@@ -110,5 +134,11 @@ pub fn check_private(file: &File, path: &Path) -> Result<(), LedgerError> {
             mode,
         });
     }
+    Ok(())
+}
+
+/// On Windows a file's access is its folder's (checked by REC-23): nothing more here.
+#[cfg(windows)]
+fn check_owner_and_mode(_meta: &std::fs::Metadata, _path: &Path) -> Result<(), LedgerError> {
     Ok(())
 }

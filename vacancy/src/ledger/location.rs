@@ -1,15 +1,24 @@
-//! Where the recovery directory is, and whether vacancyd may create it (REC-10..REC-22, Linux).
+//! Where the recovery directory is, and whether vacancyd may create it
+//! (REC-10..REC-22 on Linux; REC-23, REC-24 on Windows, whose checks are the
+//! platform seam's, `crate::platform::windows`).
 
 use std::ffi::OsString;
+#[cfg(unix)]
 use std::fs::{self, DirBuilder};
+#[cfg(unix)]
 use std::io;
+#[cfg(unix)]
 use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::path::{Component, Path, PathBuf};
 
-use tracing::{info, warn};
+use tracing::info;
+#[cfg(unix)]
+use tracing::warn;
 
 use crate::ledger::error::LedgerError;
+#[cfg(unix)]
 use crate::ledger::record;
+#[cfg(unix)]
 use crate::ledger::{COMPACT_FILE, JOURNAL_FILE};
 
 /// The supplied systemd unit's state directory; its `admission`
@@ -36,13 +45,16 @@ pub struct LocationInput {
     /// `$HOME`, for a run with no configuration file.
     pub home: Option<OsString>,
     /// The service's state directory, normally [`SERVICE_BASE`]; its
-    /// `admission` subdirectory is checked by REC-14..REC-16.
+    /// `admission` subdirectory is checked by REC-14..REC-16. On Windows
+    /// `%ProgramData%\vacancyd`: its `admission` subdirectory is the default
+    /// location, and every recovery directory must be inside it (REC-24).
     pub service_base: PathBuf,
 }
 
 impl LocationInput {
     /// The input for this process: the environment's `STATE_DIRECTORY`,
-    /// `XDG_STATE_HOME` and `HOME`, and [`SERVICE_BASE`].
+    /// `XDG_STATE_HOME` and `HOME`, and [`SERVICE_BASE`] (on Windows
+    /// `%ProgramData%\vacancyd`, which no other variable moves).
     pub fn from_env(config_path: Option<&Path>, setting: &str) -> Self {
         LocationInput {
             config_path: config_path.map(Path::to_path_buf),
@@ -50,11 +62,22 @@ impl LocationInput {
             state_directory: std::env::var_os("STATE_DIRECTORY"),
             xdg_state_home: std::env::var_os("XDG_STATE_HOME"),
             home: std::env::var_os("HOME"),
-            service_base: std::env::var_os(SERVICE_BASE_ENV)
-                .filter(|v| !v.is_empty())
-                .map_or_else(|| PathBuf::from(SERVICE_BASE), PathBuf::from),
+            service_base: service_base(),
         }
     }
+}
+
+/// The service's base for this process (see [`LocationInput::service_base`]).
+#[cfg(unix)]
+fn service_base() -> PathBuf {
+    std::env::var_os(SERVICE_BASE_ENV)
+        .filter(|v| !v.is_empty())
+        .map_or_else(|| PathBuf::from(SERVICE_BASE), PathBuf::from)
+}
+
+#[cfg(windows)]
+fn service_base() -> PathBuf {
+    crate::platform::windows::service_base()
 }
 
 /// Where the default location came from, or that the setting chose the directory.
@@ -69,6 +92,9 @@ pub enum LocationSource {
     UserState,
     /// `server.admission_state_dir` named it (REC-10, REC-17).
     Setting,
+    /// `%ProgramData%\vacancyd\admission`: the default on Windows, beside
+    /// the default configuration `%ProgramData%\vacancyd\vacancyd.toml`.
+    ProgramData,
 }
 
 /// The recovery directory to open with [`Ledger::open`](crate::ledger::Ledger::open).
@@ -118,38 +144,102 @@ pub struct Location {
 /// - The directory must be owned by the running account with mode 0700
 ///   ([`check_recovery_dir`], REC-22); vacancyd never changes an existing
 ///   directory's permissions or owner (REC-21).
+/// - On Windows instead: with an empty setting the directory is
+///   `%ProgramData%\vacancyd\admission`, created folder by folder with a
+///   protected DACL for Administrators and LocalSystem; any directory must be
+///   inside `%ProgramData%\vacancyd` with no reparse point on its way and no
+///   folder from there down letting another account in (REC-24), and the
+///   directory itself owned by and private to those two (REC-23).
 pub fn resolve_location(input: &LocationInput) -> Result<Location, LedgerError> {
+    let located = locate(input)?;
+    let created = check_and_create(input, &located)?;
+    check_recovery_dir(&located.path)?;
+    Ok(Location {
+        path: located.path,
+        source: located.source,
+        is_default: located.is_default,
+        created,
+    })
+}
+
+/// The checks before the directory itself, and the creation of the default
+/// location: REC-14..REC-16, REC-18, REC-19, REC-21 and issue 14 item 16.
+/// Returns whether the directory was created.
+#[cfg(unix)]
+fn check_and_create(input: &LocationInput, located: &Located) -> Result<bool, LedgerError> {
     let Located {
         config,
         state_dir,
         path,
-        source,
         is_default,
-    } = locate(input)?;
-    let setting = input.setting.trim();
-
-    if setting.is_empty() && state_dir.is_none() {
-        check_service_dir(input, config.as_deref(), &path)?;
+        ..
+    } = located;
+    if input.setting.trim().is_empty() && state_dir.is_none() {
+        check_service_dir(input, config.as_deref(), path)?;
     }
-
     let euid = running_uid();
     let mut created = false;
-    check_path_safety(&path, euid, is_default)?;
-    if is_default {
-        created = create_private(&path)?;
+    check_path_safety(path, euid, *is_default)?;
+    if *is_default {
+        created = create_private(path)?;
         if created {
             // Look again: nothing may have been swapped in while creating.
-            check_path_safety(&path, euid, is_default)?;
+            check_path_safety(path, euid, *is_default)?;
             info!(path = %path.display(), "created the recovery directory");
         }
     }
-    check_recovery_dir(&path)?;
-    Ok(Location {
-        path,
-        source,
-        is_default,
-        created,
-    })
+    Ok(created)
+}
+
+/// REC-24 on the way to the directory, and the creation of the default
+/// location with its protected DACL (REC-18, REC-21). Returns whether the
+/// directory was created.
+#[cfg(windows)]
+fn check_and_create(input: &LocationInput, located: &Located) -> Result<bool, LedgerError> {
+    use crate::platform::windows as win;
+    let trusted = win::trusted_accounts();
+    let base = &input.service_base;
+    let path = &located.path;
+    win::check_path(path, base, &trusted).map_err(|r| windows_refusal(path, r))?;
+    let mut created = false;
+    if located.is_default {
+        created = win::create_private_dirs(path, base).map_err(|r| windows_refusal(path, r))?;
+        if created {
+            // Look again: nothing may have been swapped in while creating.
+            win::check_path(path, base, &trusted).map_err(|r| windows_refusal(path, r))?;
+            info!(path = %path.display(), "created the recovery directory");
+        }
+    }
+    Ok(created)
+}
+
+/// A refusal of the Windows side, as the ledger's error naming `path`.
+#[cfg(windows)]
+fn windows_refusal(path: &Path, refusal: crate::platform::windows::DirRefusal) -> LedgerError {
+    use crate::platform::windows::DirRefusal;
+    let path = path.to_path_buf();
+    match refusal {
+        DirRefusal::Outside { base } => LedgerError::OutsideServiceBase { path, base },
+        DirRefusal::Reparse { component } => LedgerError::UnsafePath {
+            path,
+            component,
+            why: "is a junction, symbolic link or other reparse point, which could send the \
+                  recovery directory anywhere"
+                .to_owned(),
+        },
+        DirRefusal::Exposed { folder, what } => LedgerError::NotPrivate { path, folder, what },
+        DirRefusal::Missing => LedgerError::Missing { path },
+        DirRefusal::NotADirectory => LedgerError::NotADirectory { path },
+        DirRefusal::Io {
+            action,
+            path,
+            source,
+        } => LedgerError::Io {
+            action,
+            path,
+            source,
+        },
+    }
 }
 
 /// The recovery directory [`resolve_location`] would use, without checking,
@@ -166,6 +256,7 @@ pub fn recovery_path(input: &LocationInput) -> Result<PathBuf, LedgerError> {
 }
 
 /// Where the recovery directory is, and what decided it.
+#[cfg_attr(windows, allow(dead_code))]
 struct Located {
     config: Option<PathBuf>,
     state_dir: Option<PathBuf>,
@@ -220,6 +311,11 @@ fn locate(input: &LocationInput) -> Result<Located, LedgerError> {
 /// [`LedgerError::WrongOwner`] naming the path and the `chown` fix; other
 /// permissions: [`LedgerError::WrongMode`] naming the path and `chmod 700`
 /// (REC-22). Never changes the directory (REC-21).
+///
+/// On Windows: a folder, not a reparse point, owned by and accessible only
+/// to Administrators and LocalSystem, else [`LedgerError::NotPrivate`]
+/// naming which account has which access (REC-23).
+#[cfg(unix)]
 pub fn check_recovery_dir(path: &Path) -> Result<(), LedgerError> {
     let meta = match fs::metadata(path) {
         Ok(m) => m,
@@ -254,12 +350,21 @@ pub fn check_recovery_dir(path: &Path) -> Result<(), LedgerError> {
     Ok(())
 }
 
+/// REC-23 (see the Unix version's documentation).
+#[cfg(windows)]
+pub fn check_recovery_dir(path: &Path) -> Result<(), LedgerError> {
+    use crate::platform::windows as win;
+    win::check_private_dir(path, &win::trusted_accounts()).map_err(|r| windows_refusal(path, r))
+}
+
 /// The effective uid: the owner of the files this process creates.
+#[cfg(unix)]
 pub(crate) fn running_uid() -> u32 {
     rustix::process::geteuid().as_raw()
 }
 
 /// The first path `$STATE_DIRECTORY` lists (colon-separated), when set and not empty.
+#[cfg(unix)]
 fn state_directory(value: Option<&OsString>) -> Option<PathBuf> {
     use std::os::unix::ffi::OsStrExt;
     value?
@@ -269,6 +374,27 @@ fn state_directory(value: Option<&OsString>) -> Option<PathBuf> {
         .map(|p| PathBuf::from(std::ffi::OsStr::from_bytes(p)))
 }
 
+/// No systemd on Windows.
+#[cfg(windows)]
+fn state_directory(_value: Option<&OsString>) -> Option<PathBuf> {
+    None
+}
+
+/// `%ProgramData%\vacancyd\admission`, wherever the configuration is (issue
+/// 29: the service's location, as `$STATE_DIRECTORY/admission` is on Linux).
+#[cfg(windows)]
+fn default_location(
+    input: &LocationInput,
+    _config: Option<&Path>,
+    _state_dir: Option<&Path>,
+) -> Result<(PathBuf, LocationSource), LedgerError> {
+    Ok((
+        normalize(&input.service_base.join("admission")),
+        LocationSource::ProgramData,
+    ))
+}
+
+#[cfg(unix)]
 fn default_location(
     input: &LocationInput,
     config: Option<&Path>,
@@ -318,6 +444,7 @@ fn default_location(
     })
 }
 
+#[cfg(unix)]
 /// What the service's recovery directory holds.
 enum ServiceDir {
     Absent,
@@ -326,6 +453,7 @@ enum ServiceDir {
     Records(String),
 }
 
+#[cfg(unix)]
 fn probe_service_dir(dir: &Path) -> ServiceDir {
     match fs::symlink_metadata(dir) {
         Err(e) if e.kind() == io::ErrorKind::NotFound => return ServiceDir::Absent,
@@ -369,6 +497,7 @@ fn probe_service_dir(dir: &Path) -> ServiceDir {
     }
 }
 
+#[cfg(unix)]
 /// REC-14..REC-16: the service's recovery directory, for a run with an empty
 /// setting and no `$STATE_DIRECTORY`.
 fn check_service_dir(
@@ -415,10 +544,12 @@ fn check_service_dir(
     }
 }
 
+#[cfg(unix)]
 /// How many symbolic links a path may pass through before it counts as a
 /// loop, as the kernel's own limit (`ELOOP`).
 const MAX_LINKS: usize = 40;
 
+#[cfg(unix)]
 /// What walking a recovery directory's path found.
 #[derive(Debug, Default)]
 struct PathWalk {
@@ -429,6 +560,7 @@ struct PathWalk {
     untrusted: Option<(PathBuf, String)>,
 }
 
+#[cfg(unix)]
 /// REC-18/REC-19 and issue 14 item 16: whether another account could replace
 /// or redirect `path`.
 ///
@@ -513,6 +645,7 @@ fn walk_path(path: &Path, euid: u32) -> Result<PathWalk, LedgerError> {
     Ok(walk)
 }
 
+#[cfg(unix)]
 /// Put `path`'s components on `pending` (a stack: the first on top), in
 /// front of what is there; an absolute `path` starts again from the root.
 fn push_components(pending: &mut Vec<OsString>, reached: &mut PathBuf, path: &Path) {
@@ -532,6 +665,7 @@ fn push_components(pending: &mut Vec<OsString>, reached: &mut PathBuf, path: &Pa
     pending.extend(names.into_iter().rev());
 }
 
+#[cfg(unix)]
 /// Why another account could change entries in this directory, if it could.
 fn untrusted_dir(meta: &fs::Metadata, euid: u32) -> Option<String> {
     let uid = meta.uid();
@@ -551,6 +685,7 @@ fn untrusted_dir(meta: &fs::Metadata, euid: u32) -> Option<String> {
     None
 }
 
+#[cfg(unix)]
 /// REC-18/REC-19 for the default location, which vacancyd may create: no
 /// directory on the path, on either side of any link, that another account
 /// could change. Issue 14 item 16 for any other: a path that passes through
@@ -580,6 +715,7 @@ fn check_path_safety(path: &Path, euid: u32, is_default: bool) -> Result<(), Led
     })
 }
 
+#[cfg(unix)]
 /// Create `path` and its missing parents, private from creation (mode 0700),
 /// and make the new entries durable. Returns whether it was created.
 fn create_private(path: &Path) -> Result<bool, LedgerError> {

@@ -2,12 +2,11 @@
 
 use std::fs::{File, OpenOptions, TryLockError};
 use std::io::{Read, Seek, SeekFrom, Write};
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::time::SystemTime;
 
 use crate::ledger::error::LedgerError;
-use crate::ledger::files::{PRIVATE_FILE_MODE, open_private};
+use crate::ledger::files::open_private;
 use crate::ledger::record::unix_ms;
 
 /// The lock file's name inside the recovery directory.
@@ -19,12 +18,13 @@ pub(crate) fn acquire(dir: &Path) -> Result<File, LedgerError> {
     let path = dir.join(LOCK_FILE);
     let mut file = open_private(
         &path,
-        OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(PRIVATE_FILE_MODE),
+        crate::platform::private_file(
+            OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false),
+        ),
     )?;
     // A lock this very process recorded can outlive its release for a moment:
     // a child forked by another thread shares the locked file until it execs.

@@ -56,10 +56,12 @@
 //!   synced, renamed over the journal, and the directory synced, so a crash
 //!   leaves one or the other (REC-04). At open, a complete `.new` is
 //!   completed (REC-05) and an incomplete one removed with a warning.
-//! - At open the journal is replayed (REC-02). A cut-short newest line is
-//!   discarded with a warning and cut off the file (REC-09); any other
-//!   malformed line, unknown op, change for an unknown entry or duplicate
-//!   admission stops startup with an error naming the file and line (REC-08).
+//! - At open the journal is replayed (REC-02). A cut-short newest line (no
+//!   terminating newline) is discarded with a warning and cut off the file
+//!   (REC-09); any other malformed line, a complete newest one included,
+//!   an impossible value, unknown op, change for an unknown entry or
+//!   duplicate admission stops startup with an error naming the file and
+//!   line (REC-08).
 //! - Where the directory is, and whether it may be created, is decided by
 //!   [`resolve_location`] (REC-10..REC-22). vacancyd never deletes the
 //!   directory or its journal (REC-07).
@@ -160,9 +162,10 @@ impl Ledger {
     ///   has it (REC-25).
     /// - Completes a complete `journal.jsonl.new` left by a crash during
     ///   compaction (REC-05) and removes an incomplete one with a warning.
-    /// - Replays the journal: a cut-short newest line is discarded with a
-    ///   warning and cut off the file (REC-09); any other malformation stops
-    ///   with [`LedgerError::Corrupt`] naming the file and line (REC-08).
+    /// - Replays the journal: a cut-short newest line (no terminating
+    ///   newline) is discarded with a warning and cut off the file (REC-09);
+    ///   any other malformation, a complete newest line included, stops with
+    ///   [`LedgerError::Corrupt`] naming the file and line (REC-08).
     /// - Returns every unresolved entry, oldest first, whatever its phase
     ///   before the restart: the caller restores each with
     ///   [`Engine::restore_held`](crate::engine::Engine::restore_held), which
@@ -509,6 +512,7 @@ fn finish_compaction(disk: &dyn Disk, dir: &Path, journal_path: &Path) -> Result
 }
 
 /// Make a directory's entries (a created or renamed file) durable.
+#[cfg(unix)]
 pub(crate) fn sync_dir(dir: &Path) -> Result<(), LedgerError> {
     sync_dir_on(&RealDisk, dir)
 }

@@ -23,6 +23,10 @@ use crate::engine::{CompletionMethod, EntryId, Reservation, RestoredEntry};
 use crate::ledger::error::LedgerError;
 use crate::time::Moment;
 
+/// The last millisecond of the year 9999: an admission recorded later than
+/// this is not one vacancyd wrote (issue 30 item 3).
+const LATEST_UNIX_MS: u64 = 253_402_300_799_999;
+
 /// The newest journal format this build reads and the one it writes.
 pub(crate) const FORMAT_VERSION: u32 = 1;
 
@@ -338,9 +342,13 @@ pub(crate) struct Replay {
 
 /// Replay a journal's bytes (REC-02, REC-08, REC-09).
 ///
-/// The newest line is discarded when it lacks its newline or is not valid
-/// JSON: a crash cut it short while it was being saved. Every other problem
-/// is an error naming `path` and the line.
+/// Only the newest line may be discarded, and only when it lacks its
+/// newline: a crash cut it short while it was being saved, so `persist`
+/// never returned and nothing was forwarded on it (REC-09). A complete line
+/// (its newline written) was written whole, and may have been acknowledged
+/// and forwarded, so one that does not parse or holds an impossible value
+/// stops startup like any other corrupt record, wherever it is (REC-08,
+/// issue 30 item 3). Every problem is an error naming `path` and the line.
 pub(crate) fn replay(bytes: &[u8], path: &Path) -> Result<Replay, LedgerError> {
     let mut out = Replay::default();
     let mut seen = Seen::default();
@@ -353,7 +361,6 @@ pub(crate) fn replay(bytes: &[u8], path: &Path) -> Result<Replay, LedgerError> {
             Some(i) => (&rest[..i], pos + i + 1, true),
             None => (rest, bytes.len(), false),
         };
-        let is_last = next >= bytes.len();
         if !terminated {
             // No newline: the write was cut short, so persist never returned.
             out.discarded = Some(DiscardedTail {
@@ -362,19 +369,8 @@ pub(crate) fn replay(bytes: &[u8], path: &Path) -> Result<Replay, LedgerError> {
             });
             break;
         }
-        let parsed: LineIn = match serde_json::from_slice(text) {
-            Ok(p) => p,
-            Err(_) if is_last => {
-                out.discarded = Some(DiscardedTail {
-                    line: line_no,
-                    bytes: (text.len() + 1) as u64,
-                });
-                break;
-            }
-            Err(e) => {
-                return Err(corrupt(path, line_no, format!("not a JSON record ({e})")));
-            }
-        };
+        let parsed: LineIn = serde_json::from_slice(text)
+            .map_err(|e| corrupt(path, line_no, format!("not a JSON record ({e})")))?;
         let is_end = apply(&mut out.live, &mut seen, parsed, path, line_no)?;
         out.ends_with_marker = is_end;
         out.lines += 1;
@@ -481,6 +477,12 @@ fn apply(
             let started_unix_ms = l
                 .started_unix_ms
                 .ok_or_else(|| bad(format!("admit of {id} has no \"started_unix_ms\"")))?;
+            if started_unix_ms > LATEST_UNIX_MS {
+                return Err(bad(format!(
+                    "admit of {id} starts at {started_unix_ms} ms after 1970, past the year 9999: \
+                     not a time vacancyd writes"
+                )));
+            }
             live.insert(RecoveredEntry {
                 id,
                 upstream,

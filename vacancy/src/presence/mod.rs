@@ -188,6 +188,28 @@ pub fn from_owner(owner: &OwnerConfig, seats_dir: &Path) -> Presence {
                 format!("presence command: {why}"),
             )
         }
+        // Windows has no logind, and its own sessions are not read yet: on
+        // the owner's side, presence is unknown (host-scoped work refused)
+        // rather than "never present".
+        PresenceMode::Auto | PresenceMode::Logind if cfg!(windows) => {
+            let why = "this build cannot yet tell whether the owner is at this Windows machine, \
+                       so owner presence is unknown and host-scoped upstreams refuse work; set \
+                       [owner] presence = \"none\" on a dedicated machine, or \"manual\" or \
+                       \"command\""
+                .to_owned();
+            let p = plain(
+                Box::new(UnavailableBackend {
+                    name: "windows".to_owned(),
+                    why: why.clone(),
+                }),
+                format!("presence: {why}"),
+            );
+            if owner.presence == PresenceMode::Auto {
+                auto(p)
+            } else {
+                p
+            }
+        }
         PresenceMode::Logind => logind("presence logind".to_owned()),
         PresenceMode::Auto if machine_has_seats(seats_dir) => auto(logind(format!(
             "presence auto: login seats under {}, so logind decides (presence logind)",

@@ -274,12 +274,19 @@ fn is_system_account(uid: u32) -> bool {
 
 /// The processes whose effective uid is `uid` (the owner of `/proc/PID`,
 /// readable for every process).
+#[cfg(unix)]
 fn processes_of(uid: u32) -> BTreeSet<u32> {
     use std::os::unix::fs::MetadataExt;
     all_pids()
         .into_iter()
         .filter(|pid| std::fs::metadata(format!("/proc/{pid}")).is_ok_and(|m| m.uid() == uid))
         .collect()
+}
+
+/// Without `/proc` (Windows) no process is known by its account.
+#[cfg(not(unix))]
+fn processes_of(_uid: u32) -> BTreeSet<u32> {
+    BTreeSet::new()
 }
 
 /// `roots` and every process they started, and those started, from the

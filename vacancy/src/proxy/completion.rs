@@ -25,7 +25,7 @@ use crate::proxy::forward::{BoxError, FramePoll};
 use crate::proxy::lender::Lender;
 use crate::proxy::live::{CutReason, CutSignal, cut_or_end, cut_reason};
 use crate::proxy::metrics::Phase;
-use crate::proxy::route::UpstreamRoute;
+use crate::traits::ObserveError;
 
 /// A response body that releases its reservation on a proven clean end.
 ///
@@ -212,24 +212,56 @@ async fn drain(mut body: Incoming, exchange: Exchange, timeout: Duration, cut: O
     });
 }
 
-/// After a cut, ask the adapter for proof of the stop a few times: the
-/// upstream notices a closed connection only at its next write. Without
-/// proof the entry is held (DONE-04).
+/// After a cut, ask the adapter for proof of the stop until it comes or
+/// `stop_proof_timeout_s` ends: the upstream notices a closed connection
+/// only at its next write, which a loaded machine delays (issue 30). The
+/// entry shows `verifying` meanwhile; without proof it is held (DONE-04).
+/// An adapter that cannot prove a stop at all holds it at once.
 pub(crate) async fn verify_cut(exchange: Exchange, why: String) {
-    let stop_proven = stop_proven(exchange.route(), exchange.entry()).await;
+    let stop_proven = stop_proven(&exchange).await;
     exchange.finish(Observed::Cut { why, stop_proven });
 }
 
-async fn stop_proven(route: &UpstreamRoute, entry: crate::engine::EntryId) -> bool {
-    for attempt in 0..10u32 {
-        tokio::time::sleep(Duration::from_millis(100 * u64::from(attempt + 1).min(5))).await;
+/// The longest pause between two requests for proof.
+const PROOF_POLL_MAX: Duration = Duration::from_secs(1);
+
+async fn stop_proven(exchange: &Exchange) -> bool {
+    let (route, entry) = (exchange.route(), exchange.entry());
+    let deadline = tokio::time::Instant::now() + route.stop_proof_timeout;
+    let mut pause = Duration::from_millis(100);
+    let mut verifying = false;
+    let mut last_error = None;
+    loop {
         match route.adapter.verify_stopped().await {
             Ok(true) => return true,
+            Err(ObserveError::Unsupported) => return false,
             Ok(false) => {}
             Err(e) => {
-                warn!(entry = %entry, error = %e, "cannot verify the upstream stopped");
-                return false;
+                // No proof this time (a slow or unreadable reading); ask again.
+                if last_error.is_none() {
+                    info!(entry = %entry, upstream = %route.name, error = %e, "cannot read the upstream's proof that the cut job stopped yet; asking again");
+                }
+                last_error = Some(e);
             }
+        }
+        if !verifying {
+            verifying = true;
+            exchange.lender().start_verifying(entry);
+        }
+        let now = tokio::time::Instant::now();
+        if now >= deadline {
+            break;
+        }
+        tokio::time::sleep(pause.min(deadline - now)).await;
+        pause = (pause * 2).min(PROOF_POLL_MAX);
+    }
+    let bound_s = route.stop_proof_timeout.as_secs();
+    match last_error {
+        Some(e) => {
+            warn!(entry = %entry, upstream = %route.name, bound_s, error = %e, "no proof that the cut job stopped within stop_proof_timeout_s")
+        }
+        None => {
+            warn!(entry = %entry, upstream = %route.name, bound_s, "the upstream still shows work within stop_proof_timeout_s after the cut")
         }
     }
     false

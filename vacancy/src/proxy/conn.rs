@@ -79,6 +79,14 @@ impl Default for ConnLimits {
     }
 }
 
+/// `at` moved `by` later; a sum past the clock's range (a limit set to
+/// `Duration::MAX`) reads as thirty years from now, which no connection
+/// reaches, instead of panicking (issue 30 item 5).
+fn later(at: Instant, by: Duration) -> Instant {
+    at.checked_add(by)
+        .unwrap_or_else(|| Instant::now() + Duration::from_secs(30 * 365 * 86_400))
+}
+
 /// A request body that fails when it falls behind its allowance.
 pub type BorrowerBody = ProgressBody<Incoming>;
 
@@ -147,11 +155,14 @@ impl Activity {
         }
         match self.head_started.load(Ordering::Relaxed) {
             0 => Some((
-                self.at(self.idle_since.load(Ordering::Relaxed)) + limits.idle,
+                later(
+                    self.at(self.idle_since.load(Ordering::Relaxed)),
+                    limits.idle,
+                ),
                 "idle",
             )),
             first => Some((
-                self.at(first - 1) + limits.header,
+                later(self.at(first - 1), limits.header),
                 "the request head did not arrive in time",
             )),
         }
@@ -172,10 +183,10 @@ impl Activity {
             timer.as_mut().await;
             let now = Instant::now();
             let next = match self.deadline(limits) {
-                None => now + soonest,
+                None => later(now, soonest),
                 Some((at, why)) if at <= now => return why,
                 Some((at, _)) if self.head_started.load(Ordering::Relaxed) == 0 => {
-                    at.min(now + limits.header)
+                    at.min(later(now, limits.header))
                 }
                 Some((at, _)) => at,
             };
@@ -300,7 +311,7 @@ impl<B> ProgressBody<B> {
 
     fn deadline(&self, started: Instant) -> Instant {
         let extra = self.received / self.limits.body_min_rate.max(1);
-        started + self.limits.body + Duration::from_secs(extra)
+        later(later(started, self.limits.body), Duration::from_secs(extra))
     }
 }
 
@@ -580,10 +591,11 @@ impl ConnBudget {
 
 /// Split the process's descriptor limit between borrower connections (two
 /// descriptors each: the borrower's and the upstream's) and the control
-/// listener, keeping `reserve` for the ledger, samplers and observation.
+/// listener (a sixteenth, 64 to 2048: it grows with the limit, issue 30
+/// item 2), keeping `reserve` for the ledger, samplers and observation.
 pub fn budgets(nofile: u64, reserve: u64) -> (ConnBudget, ConnBudget) {
-    let spare = nofile.saturating_sub(reserve);
-    let control = (reserve / 2).clamp(8, 256);
+    let control = (nofile / 16).clamp(64, 2048);
+    let spare = nofile.saturating_sub(reserve).saturating_sub(control);
     let borrowers = usize::try_from(spare / 2).unwrap_or(usize::MAX).max(16);
     (
         ConnBudget::new("borrower", borrowers),
@@ -591,26 +603,11 @@ pub fn budgets(nofile: u64, reserve: u64) -> (ConnBudget, ConnBudget) {
     )
 }
 
-/// The soft limit on open descriptors, raised first to the hard limit (at
-/// most 2^20, the kernel's usual `nr_open`) where it is lower, as Go's
-/// runtime does.
+/// The number of descriptors the process may hold, raised first where it
+/// can be ([`crate::platform::raise_open_file_limit`]: on Unix the soft
+/// `RLIMIT_NOFILE` raised to the hard one; on Windows a fixed budget).
 pub fn raise_nofile_limit() -> u64 {
-    use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
-    const CAP: u64 = 1 << 20;
-    let limit = getrlimit(Resource::Nofile);
-    let current = limit.current.unwrap_or(CAP);
-    let wanted = limit.maximum.unwrap_or(CAP).min(CAP);
-    if current < wanted {
-        let raised = Rlimit {
-            current: Some(wanted),
-            maximum: limit.maximum,
-        };
-        match setrlimit(Resource::Nofile, raised) {
-            Ok(()) => return wanted,
-            Err(e) => warn!(error = %e, "cannot raise the open-file limit to its hard limit"),
-        }
-    }
-    current
+    crate::platform::raise_open_file_limit()
 }
 
 #[cfg(test)]
@@ -624,10 +621,58 @@ mod tests {
     fn budgets_keep_descriptors_for_the_control_plane() {
         // Issue 14 item 4: with systemd's default soft limit of 1,024, borrower
         // connections (two descriptors each) stop short of the limit.
-        let (borrowers, control) = budgets(1024, 128);
+        let (borrowers, control) = budgets(1024, 64);
         assert_eq!(borrowers.size(), 448);
         assert_eq!(control.size(), 64);
         assert!(borrowers.size() * 2 + control.size() < 1024);
+        // Issue 30 item 2: the control plane's share grows with the limit.
+        let (borrowers, control) = budgets(20_000, 64);
+        assert_eq!(control.size(), 1250);
+        assert!(borrowers.size() * 2 + control.size() + 64 <= 20_000);
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn limits_past_the_clocks_range_never_panic_a_connection() {
+        // Issue 30 item 5: a limit of Duration::MAX (a library caller's, or
+        // an unchecked configuration's) was added to an Instant: by the
+        // watchdog when it re-armed after a request, and by a request body
+        // that had to wait for its bytes. Either panicked the connection.
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let limits = ConnLimits {
+            header: Duration::MAX,
+            idle: Duration::from_millis(1500),
+            body: Duration::MAX,
+            body_min_rate: 1,
+        };
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(async move {
+            let (stream, _) = listener.accept().await.unwrap();
+            let handler = |req: http::Request<BorrowerBody>| async move {
+                let body = req.into_body().collect().await.unwrap().to_bytes();
+                http::Response::new(http_body_util::Full::new(body))
+            };
+            serve_connection(stream, limits, handler, None).await
+        });
+        let mut client = TcpStream::connect(addr).await.unwrap();
+        // A head, then its body later: the body's deadline is computed.
+        client
+            .write_all(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n")
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        client.write_all(b"ok").await.unwrap();
+        // The reply, then idle: the watchdog fires at 1.5 s with the idle
+        // limit moved by the request, and re-arms with the header limit.
+        let mut reply = Vec::new();
+        tokio::time::timeout(Duration::from_secs(10), client.read_to_end(&mut reply))
+            .await
+            .unwrap()
+            .unwrap();
+        let reply = String::from_utf8_lossy(&reply);
+        assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+        assert!(reply.ends_with("ok"), "{reply}");
+        server.await.unwrap().unwrap();
     }
 
     #[tokio::test(flavor = "current_thread", start_paused = true)]

@@ -27,9 +27,8 @@ pub type FramePoll = std::task::Poll<Option<Result<hyper::body::Frame<bytes::Byt
 pub type ProxyBody = UnsyncBoxBody<Bytes, BoxError>;
 
 /// How long the upstream had a request before its response head came: a
-/// proxied response carries it in its extensions until
-/// [`handle`](crate::proxy::service::handle) takes it to tell vacancyd's own
-/// time from the upstream's.
+/// proxied response carries it in its extensions until the service's `handle`
+/// takes it to tell vacancyd's own time from the upstream's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct UpstreamTook(pub Duration);
 
@@ -49,6 +48,22 @@ pub enum ExchangeError {
     /// received the request (DONE-03).
     #[error("the upstream exchange failed after connecting: {0}")]
     AfterConnect(String),
+}
+
+impl ExchangeError {
+    /// What the borrower is told: what happened and what it means for the
+    /// work, without the upstream's address or the OS error (those go to the
+    /// log with the entry).
+    pub fn borrower_words(&self) -> &'static str {
+        match self {
+            ExchangeError::Connect { .. } => {
+                "vacancyd could not connect to the upstream server, so nothing was sent; retry once the owner's server is running again"
+            }
+            ExchangeError::AfterConnect(_) => {
+                "the connection to the upstream server failed after the request was sent, so whether it ran is unknown"
+            }
+        }
+    }
 }
 
 /// Headers that belong to one connection and are never forwarded (RFC 9110 §7.6.1).

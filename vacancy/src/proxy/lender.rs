@@ -360,38 +360,31 @@ impl Lender {
         &self,
         request: &WorkRequest,
     ) -> (Decided, Option<std::time::Duration>) {
-        let mut seat = Seat {
+        let mut seat = self.seat(request);
+        let decided = self.decide_seated(request, &mut seat).await;
+        let waited = seat.finish(&decided);
+        (decided, waited)
+    }
+
+    /// The place of `request` in its upstream's wait line, held across its
+    /// decisions ([`decide_seated`](Self::decide_seated)): a request decided
+    /// twice (RES-20) keeps the place it took the first time. Dropped — the
+    /// borrower left, or the caller is done — it leaves the line.
+    pub fn seat(&self, request: &WorkRequest) -> Seat<'_> {
+        Seat {
             lender: self,
             entry: request.id,
+            upstream: request.upstream,
             joined: None,
-        };
-        let decided = self.decide_seated(request, &mut seat).await;
-        let waited = seat.joined.map(|at| at.elapsed());
-        if let Some(waited) = waited {
-            self.metrics.line_wait(
-                self.upstream_name(request.upstream)
-                    .as_deref()
-                    .unwrap_or(""),
-                waited,
-                match &decided {
-                    Decided::Admitted(_) => "admitted",
-                    Decided::Refused(r) | Decided::Reobserve(r)
-                        if r.code == RefusalCode::ResourceBusy =>
-                    {
-                        "timed_out"
-                    }
-                    Decided::Refused(_) | Decided::Reobserve(_) => "refused",
-                },
-            );
         }
-        (decided, waited)
     }
 
     fn upstream_name(&self, upstream: UpstreamId) -> Option<String> {
         self.lock().upstream_name(upstream).map(str::to_owned)
     }
 
-    async fn decide_seated(&self, request: &WorkRequest, seat: &mut Seat<'_>) -> Decided {
+    /// Decide `request` from its `seat` (see [`decide`](Self::decide)).
+    pub async fn decide_seated(&self, request: &WorkRequest, seat: &mut Seat<'_>) -> Decided {
         let deciding = std::time::Instant::now();
         let mut waited = std::time::Duration::ZERO;
         loop {
@@ -464,6 +457,14 @@ impl Lender {
     pub fn start_tracking(&self, entry: EntryId) {
         if let Err(e) = self.with_engine(|e| e.start_tracking(entry)) {
             warn!(entry = %entry, error = %e, "could not mark the entry as tracked");
+        }
+    }
+
+    /// A cut response's entry waits for the upstream's proof that the job
+    /// stopped (the engine's phase turns `verifying`).
+    pub fn start_verifying(&self, entry: EntryId) {
+        if let Err(e) = self.with_engine(|e| e.start_verifying(entry)) {
+            warn!(entry = %entry, error = %e, "could not mark the entry as verifying");
         }
     }
 
@@ -636,13 +637,34 @@ impl LedgerWrite {
     }
 }
 
-/// A request's place in the wait line while [`Lender::decide_in_line`]
-/// awaits: dropped with the future (the borrower left), it leaves the line.
-struct Seat<'a> {
+/// A request's place in the wait line ([`Lender::seat`]): dropped with the
+/// future that decides (the borrower left), it leaves the line.
+pub struct Seat<'a> {
     lender: &'a Lender,
     entry: EntryId,
+    upstream: UpstreamId,
     /// When it joined the line, if it did.
     joined: Option<std::time::Instant>,
+}
+
+impl Seat<'_> {
+    /// Done deciding with `decided`: how long the request waited in line, if
+    /// it did, counted in the metrics by outcome; the seat is given up.
+    pub fn finish(self, decided: &Decided) -> Option<std::time::Duration> {
+        let waited = self.joined.map(|at| at.elapsed())?;
+        let outcome = match decided {
+            Decided::Admitted(_) => "admitted",
+            Decided::Refused(r) | Decided::Reobserve(r) if r.code == RefusalCode::ResourceBusy => {
+                "timed_out"
+            }
+            Decided::Refused(_) | Decided::Reobserve(_) => "refused",
+        };
+        let upstream = self.lender.upstream_name(self.upstream);
+        self.lender
+            .metrics
+            .line_wait(upstream.as_deref().unwrap_or(""), waited, outcome);
+        Some(waited)
+    }
 }
 
 impl Drop for Seat<'_> {

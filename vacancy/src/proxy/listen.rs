@@ -14,6 +14,7 @@ use crate::proxy::lender::Lender;
 use crate::proxy::route::UpstreamRoute;
 use crate::proxy::service;
 use crate::proxy::shutdown::stopped;
+use crate::proxy::tunnel::ConnectionPermit;
 
 /// How a listener treats its connections: their time limits and the budget
 /// of open connections it shares with other listeners.
@@ -68,10 +69,13 @@ pub async fn serve(
                 let _ = stream.set_nodelay(true);
                 let (lender, route, stop) = (Arc::clone(&lender), Arc::clone(&route), shutdown.clone());
                 let limits = listening.limits;
+                // Shared with a tunnel the connection may become (issue 30
+                // item 1): the place in the budget ends with the last of them.
+                let permit = ConnectionPermit::new(permit);
                 connections.spawn(async move {
-                    let _permit = permit;
                     let svc_route = Arc::clone(&route);
-                    let handler = move |req| {
+                    let handler = move |mut req: http::Request<conn::BorrowerBody>| {
+                        req.extensions_mut().insert(permit.clone());
                         let (lender, route) = (Arc::clone(&lender), Arc::clone(&svc_route));
                         service::handle(lender, route, req)
                     };

@@ -5,10 +5,12 @@
 //! proxy's request path, sampling, observation, reclaims); gauges are set from
 //! the engine's status at scrape time, so they never drift from `/status`.
 //! Names follow Prometheus conventions: `_total` for counters, base units
-//! (`_seconds`) for durations. The six original names (`vacancyd_admissions_total`,
-//! `vacancyd_refusals_total`, `vacancyd_work_active`, `vacancyd_resource_free_mib`,
-//! `vacancyd_yields_total`, `vacancyd_upstream_owner_veto_exempt`) are a contract
-//! and keep their names.
+//! (`_seconds`, `_bytes`). Five of the six original names
+//! (`vacancyd_admissions_total`, `vacancyd_refusals_total`, `vacancyd_work_active`,
+//! `vacancyd_yields_total`, `vacancyd_upstream_owner_veto_exempt`) are a
+//! contract and keep their names; the sixth, `vacancyd_resource_free_mib`, the
+//! one not in base units, is `vacancyd_resource_free_bytes` now and keeps its
+//! old name for one release, marked deprecated in its HELP (issue 30).
 
 use std::collections::HashMap;
 use std::sync::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
@@ -89,6 +91,17 @@ struct CancelLabels {
     outcome: &'static str,
 }
 
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct AuthLabels {
+    scope: &'static str,
+    reason: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabel {
+    reason: &'static str,
+}
+
 /// Histogram buckets, in seconds.
 #[derive(Clone)]
 struct Buckets(&'static [f64]);
@@ -161,6 +174,8 @@ pub struct Metrics {
     cancellations: Family<CancelLabels, Counter>,
     work_active: Family<WorkLabels, Gauge>,
     held: Gauge,
+    free_bytes: Family<ResourceLabel, Gauge>,
+    /// Deprecated: `free_bytes` in MiB, kept for one release.
     free_mib: Family<ResourceLabel, Gauge>,
     awaiting_sample: Family<ResourceLabel, Gauge>,
     exempt: Family<UpstreamLabel, Gauge>,
@@ -178,6 +193,8 @@ pub struct Metrics {
     gpu_power: Family<ResourceLabel, Gauge>,
     gpu_fan: Family<ResourceLabel, Gauge>,
     power_cap: Family<ResourceLabel, Gauge>,
+    auth_failures: Family<AuthLabels, Counter>,
+    control_shed: Family<ReasonLabel, Counter>,
     /// Scrapes set gauges and then encode: one at a time.
     scrape: Mutex<()>,
 }
@@ -206,6 +223,7 @@ impl Default for Metrics {
         let cancellations = Family::default();
         let work_active = Family::default();
         let held = Gauge::default();
+        let free_bytes = Family::default();
         let free_mib = Family::default();
         let awaiting_sample = Family::default();
         let exempt = Family::default();
@@ -223,6 +241,8 @@ impl Default for Metrics {
         let gpu_power = Family::default();
         let gpu_fan = Family::default();
         let power_cap = Family::default();
+        let auth_failures = Family::default();
+        let control_shed = Family::default();
         let r = &mut registry;
         r.register(
             "vacancyd_admissions",
@@ -295,8 +315,13 @@ impl Default for Metrics {
             held.clone(),
         );
         r.register(
+            "vacancyd_resource_free_bytes",
+            "Free bytes in the last good sample",
+            free_bytes.clone(),
+        );
+        r.register(
             "vacancyd_resource_free_mib",
-            "Free MiB in the last good sample",
+            "DEPRECATED: use vacancyd_resource_free_bytes; this name goes in the next release. Free MiB in the last good sample",
             free_mib.clone(),
         );
         r.register(
@@ -379,6 +404,16 @@ impl Default for Metrics {
             "The power limit vacancyd set while borrowed work runs (power_cap_w), 0 while the GPU's own limit is in force",
             power_cap.clone(),
         );
+        r.register(
+            "vacancyd_auth_failures",
+            "Control-plane calls refused for their token, by the scope the call needed (read, owner, admin) and reason (wrong_token, missing_token, insufficient_scope)",
+            auth_failures.clone(),
+        );
+        r.register(
+            "vacancyd_control_connections_shed",
+            "Control connections closed or limited to make room, by reason (evicted_idle: an idle or slow connection closed for a newer one; to_reserve: a newcomer served health checks only; evicted_reserve: a reserve connection that had sent nothing closed for a newer one; refused: closed at once)",
+            control_shed.clone(),
+        );
         Metrics {
             registry,
             cache: RwLock::new(HashMap::new()),
@@ -396,6 +431,7 @@ impl Default for Metrics {
             cancellations,
             work_active,
             held,
+            free_bytes,
             free_mib,
             awaiting_sample,
             exempt,
@@ -413,6 +449,8 @@ impl Default for Metrics {
             gpu_power,
             gpu_fan,
             power_cap,
+            auth_failures,
+            control_shed,
             scrape: Mutex::new(()),
         }
     }
@@ -618,6 +656,22 @@ impl Metrics {
             .set(i64::from(watts.unwrap_or(0)));
     }
 
+    /// One control-plane call refused for its token: the scope it needed
+    /// and why (`wrong_token`, `missing_token`, `insufficient_scope`).
+    pub fn auth_failed(&self, scope: &'static str, reason: &'static str) {
+        self.auth_failures
+            .get_or_create(&AuthLabels { scope, reason })
+            .inc();
+    }
+
+    /// One control connection closed or limited to make room (`reason` as
+    /// `vacancyd_control_connections_shed_total` lists them).
+    pub fn control_shed(&self, reason: &'static str) {
+        self.control_shed
+            .get_or_create(&ReasonLabel { reason })
+            .inc();
+    }
+
     /// The Prometheus text exposition, with gauges taken from `status`.
     pub fn render(&self, status: &EngineStatus) -> String {
         self.render_with(status, &ScrapeFacts::default())
@@ -651,7 +705,7 @@ impl Metrics {
             self.exempt
                 .get_or_create(&upstream)
                 .set(i64::from(u.owner_scope == "resource"));
-            for phase in ["forwarding", "tracking", "held"] {
+            for phase in ["forwarding", "tracking", "verifying", "held"] {
                 let n = status
                     .work
                     .iter()
@@ -677,9 +731,12 @@ impl Metrics {
             };
             match r.free_mib {
                 Some(free) => {
+                    let bytes = free.saturating_mul(1024 * 1024);
+                    self.free_bytes.get_or_create(&labels).set(gauge(bytes));
                     self.free_mib.get_or_create(&labels).set(gauge(free));
                 }
                 None => {
+                    self.free_bytes.remove(&labels);
                     self.free_mib.remove(&labels);
                 }
             }
@@ -862,6 +919,37 @@ mod tests {
                 "vacancyd_line_wait_seconds_count{upstream=\"llm\",outcome=\"admitted\"} 1"
             ),
             "{text}"
+        );
+    }
+
+    #[test]
+    fn free_memory_is_in_bytes_and_the_mib_name_is_marked_deprecated() {
+        // Issue 30 item 13: base units; the old name stays one release.
+        let mut e = Engine::new(EngineSpec {
+            lending: true,
+            resources: vec![ResourceSpec::new("gpu0", ResourceKind::Gpu, 1000)],
+            upstreams: vec![UpstreamSpec::new("llm", "gpu0", 1000)],
+        })
+        .unwrap();
+        let t = Moment::from_millis(10);
+        e.record_sample("gpu0", CapacitySample::memory(20_000, 24_000, t))
+            .unwrap();
+        let text = Metrics::default().render(&e.status(t));
+        assert!(
+            text.contains("vacancyd_resource_free_bytes{resource=\"gpu0\"} 20971520000"),
+            "{text}"
+        );
+        assert!(
+            text.contains("vacancyd_resource_free_mib{resource=\"gpu0\"} 20000"),
+            "{text}"
+        );
+        let help = text
+            .lines()
+            .find(|l| l.starts_with("# HELP vacancyd_resource_free_mib "))
+            .unwrap();
+        assert!(
+            help.contains("DEPRECATED") && help.contains("vacancyd_resource_free_bytes"),
+            "{help}"
         );
     }
 }

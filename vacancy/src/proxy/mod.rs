@@ -22,6 +22,7 @@ pub mod conn;
 pub(crate) mod exchange;
 pub(crate) mod forward;
 pub mod history;
+pub mod host;
 pub mod hours_watch;
 pub(crate) mod lender;
 pub(crate) mod listen;
@@ -42,12 +43,13 @@ pub(crate) mod shutdown;
 pub mod sink;
 pub(crate) mod target;
 pub(crate) mod tracked;
+pub mod tunnel;
 
 pub use crate::ledger::store::{
     ReservationStore, StoreChange, StoreError, StoreWrite, VolatileStore,
 };
 pub use forward::ProxyBody;
-pub use lender::{Admission, Decided, HeldReleaseError, Lender, RecordError};
+pub use lender::{Admission, Decided, HeldReleaseError, Lender, RecordError, Seat};
 pub use listen::{Listening, serve};
 pub use route::UpstreamRoute;
 pub use shutdown::stopped;

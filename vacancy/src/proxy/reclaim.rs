@@ -389,13 +389,46 @@ impl Act {
                 CancelOutcome::LeftRunning { entry, reason } => {
                     warn!(entry = %entry, reclaim = %id, upstream, reason = %reason, "held work left running at the upstream; it stays held: release it as an administrator once the upstream has finished it");
                 }
-                CancelOutcome::Requested(entry)
-                | CancelOutcome::ClaimedElsewhere(entry)
+                CancelOutcome::Requested(entry) => {
+                    let upstream_ref = items
+                        .iter()
+                        .find(|i| i.entry == entry)
+                        .and_then(|i| i.upstream_ref.clone());
+                    match upstream_ref {
+                        Some(upstream_ref) => self.follow_stopped(&reclaimer, entry, upstream_ref),
+                        None => {
+                            warn!(entry = %entry, reclaim = %id, upstream, "stop requested for held work, but the upstream does not prove its end; it stays held: release it as an administrator once the upstream has stopped")
+                        }
+                    }
+                }
+                CancelOutcome::ClaimedElsewhere(entry)
                 | CancelOutcome::ByClosingResponse(entry) => {
                     warn!(entry = %entry, reclaim = %id, upstream, "stop requested for held work, but the upstream does not prove its end; it stays held: release it as an administrator once the upstream has stopped");
                 }
             }
         }
+    }
+
+    /// Held work a stop was requested for, whose end the upstream did not
+    /// prove within RECL-28's window (the stop lands later on a loaded
+    /// machine): no tracker follows held work, so its end is awaited here,
+    /// in the background and up to `completion_timeout_s` (the unload does
+    /// not wait, RECL-28), and its proof releases it (RECL-29, issue 30).
+    fn follow_stopped(&self, reclaimer: &Arc<dyn Reclaimer>, entry: EntryId, upstream_ref: String) {
+        let (id, upstream) = (self.id, self.route.name.clone());
+        let within = self.route.completion_timeout;
+        info!(entry = %entry, reclaim = %id, upstream = %upstream, within_s = within.as_secs(), "stop requested for held work; its end is not proven yet, so vacancyd reads on until the upstream proves it (completion_timeout_s)");
+        let (reclaimer, lender) = (Arc::clone(reclaimer), Arc::clone(&self.lender));
+        tokio::spawn(async move {
+            if !reclaimer.ended_after_stop(&upstream_ref, within).await {
+                warn!(entry = %entry, reclaim = %id, upstream = %upstream, "stop requested for held work, but the upstream did not prove its end within completion_timeout_s; it stays held: release it as an administrator once the upstream has stopped");
+                return;
+            }
+            info!(entry = %entry, reclaim = %id, upstream = %upstream, "held work's end is proven at the upstream after its stop; released");
+            if let Err(e) = lender.release_held(entry, HeldRelease::TrackingProof).await {
+                warn!(entry = %entry, reclaim = %id, error = %e, "could not release the held work");
+            }
+        });
     }
 
     /// The reclaimer's cancellation of `items`, each request within the

@@ -25,12 +25,18 @@ pub struct UpstreamRoute {
     pub on_borrower_disconnect: OnBorrowerDisconnect,
     /// How long a drained or tracked job may take before it is held.
     pub completion_timeout: Duration,
+    /// How long the upstream's proof that a cut job stopped is awaited
+    /// before the entry is held (`stop_proof_timeout_s`, DONE-04).
+    pub stop_proof_timeout: Duration,
     /// The largest work body inspected; larger ones get 413.
     pub max_body_bytes: usize,
     /// How long connecting to the upstream may take.
     pub connect_timeout: Duration,
     /// Whether responses carry `vacancy-overhead-ms` (`[server] overhead_header`).
     pub overhead_header: bool,
+    /// How long an upgraded connection (a WebSocket) may carry nothing
+    /// before it is closed (`[server] tunnel_idle_timeout_s`).
+    pub tunnel_idle: Duration,
     /// Keep-alive connections for what reserves nothing (discovery, reads,
     /// allowed management): [`pool::ReadPool`].
     pub reads: pool::ReadPool,

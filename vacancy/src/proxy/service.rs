@@ -7,7 +7,6 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
-use hyper_util::rt::TokioIo;
 use tokio::sync::oneshot;
 use tracing::{debug, info, warn};
 
@@ -20,12 +19,14 @@ use crate::proxy::forward::{
     ExchangeError, ProxyBody, UpstreamTook, exchange_with_cut, full, head_first, is_upgrade,
     prepare_response_head, streaming, upstream_request,
 };
+use crate::proxy::host::check_host;
 use crate::proxy::lender::{Admission, Decided, Lender};
 use crate::proxy::live::{CutSignal, cut_happens, cut_reason};
 use crate::proxy::metrics::Phase;
 use crate::proxy::observation::observe_upstream;
 use crate::proxy::route::UpstreamRoute;
 use crate::proxy::tracked::exchange_tracked;
+use crate::proxy::tunnel::{BorrowerSide, tunnel};
 use crate::traits::{
     InspectContext, Reconsidered, RouteClass, RoutePolicy, WorkRoute, route_policy,
 };
@@ -96,6 +97,13 @@ async fn answer_request(
     waited: &Waited,
 ) -> http::Response<ProxyBody> {
     let (lender, route) = (Arc::clone(lender), Arc::clone(route));
+    // RFC 9112 §3.2: no Host on HTTP/1.1, or two, is a malformed request
+    // (issue 30 item 8). Its body is not read, so the connection closes.
+    if let Err(e) = check_host(req.version(), req.headers()) {
+        let refusal = Refusal::new(RefusalCode::InvalidRequest, e.to_string());
+        lender.metrics().refused(&route.name, refusal.code);
+        return refusal_response(&route, &refusal, true);
+    }
     match route_policy(class, req.method(), route.management) {
         RoutePolicy::Refuse(code) => {
             let refusal = match route.adapter.reconsider_refusal(req.method(), &path).await {
@@ -104,7 +112,8 @@ async fn answer_request(
                 Reconsidered::Refuse(precise) => precise,
             };
             lender.metrics().refused(&route.name, refusal.code);
-            refuse_after_draining(&route, refusal, req.into_body()).await
+            let waits_to_send = expects_continue(req.headers());
+            refuse_after_draining(&route, refusal, req.into_body(), waits_to_send).await
         }
         RoutePolicy::Forward => forward_unreserved(&route, req).await,
         RoutePolicy::Admit(work) => work_request(lender, route, req, work, &path, waited).await,
@@ -136,20 +145,35 @@ fn route_refusal(
     Refusal::new(code, reason)
 }
 
+/// Whether the client waits for `100 Continue` before sending its body.
+fn expects_continue(headers: &http::HeaderMap) -> bool {
+    headers
+        .get(http::header::EXPECT)
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"))
+}
+
 /// Refuse, draining a small unread body first so the connection stays usable
-/// (DESIGN §4); a larger body closes the connection instead.
+/// (DESIGN §4); a larger body closes the connection instead, and so does one
+/// the client has not sent yet because it waits for `100 Continue`: reading
+/// it would ask for it (issue 30 item 8).
 async fn refuse_after_draining(
     route: &UpstreamRoute,
     refusal: Refusal,
     body: BorrowerBody,
+    waits_to_send: bool,
 ) -> http::Response<ProxyBody> {
-    let drained = hyper::body::Body::is_end_stream(&body)
-        || tokio::time::timeout(
+    let drained = if hyper::body::Body::is_end_stream(&body) {
+        true
+    } else if waits_to_send {
+        false
+    } else {
+        tokio::time::timeout(
             std::time::Duration::from_millis(200),
             Limited::new(body, REFUSAL_DRAIN_BYTES).collect(),
         )
         .await
-        .is_ok_and(|r| r.is_ok());
+        .is_ok_and(|r| r.is_ok())
+    };
     refusal_response(route, &refusal, !drained)
 }
 
@@ -158,7 +182,7 @@ async fn forward_unreserved(
     req: http::Request<BorrowerBody>,
 ) -> http::Response<ProxyBody> {
     let (mut parts, body) = req.into_parts();
-    let borrower_upgrade = parts.extensions.remove::<hyper::upgrade::OnUpgrade>();
+    let borrower = BorrowerSide::take(&mut parts);
     let upstream_req = match upstream_request(&route.target, &parts, streaming(body)) {
         Ok(r) => r,
         Err(e) => {
@@ -170,7 +194,7 @@ async fn forward_unreserved(
     match route.reads.send(&route.target, upstream_req).await {
         Ok(resp) => {
             let took = UpstreamTook(sent.elapsed());
-            let mut resp = relay(resp, borrower_upgrade, None, None);
+            let mut resp = relay(resp, borrower, None, None, route.tunnel_idle);
             resp.extensions_mut().insert(took);
             resp
         }
@@ -182,24 +206,32 @@ fn exchange_failed(route: &UpstreamRoute, e: &ExchangeError) -> http::Response<P
     warn!(upstream = %route.name, error = %e, "upstream exchange failed");
     let refusal = Refusal::new(
         RefusalCode::UpstreamUnreachable,
-        format!("upstream {}: {e}", route.name),
+        format!("upstream {}: {}", route.name, e.borrower_words()),
     );
     refusal_response(route, &refusal, false)
 }
 
 /// Hand an upstream response to the borrower: streamed, guarded when it is
-/// work, tunnelled when it switches protocols.
+/// work, tunnelled when it switches protocols (closed after `tunnel_idle`
+/// with nothing moving, [`tunnel`](crate::proxy::tunnel)).
 fn relay(
     mut resp: http::Response<Incoming>,
-    borrower_upgrade: Option<hyper::upgrade::OnUpgrade>,
+    borrower: BorrowerSide,
     exchange: Option<Exchange>,
     cut: Option<CutSignal>,
+    tunnel_idle: std::time::Duration,
 ) -> http::Response<ProxyBody> {
     if resp.status() == http::StatusCode::SWITCHING_PROTOCOLS {
         let upstream_upgrade = hyper::upgrade::on(&mut resp);
         let (mut parts, _) = resp.into_parts();
         prepare_response_head(&mut parts);
-        tokio::spawn(tunnel(borrower_upgrade, upstream_upgrade, exchange, cut));
+        tokio::spawn(tunnel(
+            borrower,
+            upstream_upgrade,
+            exchange,
+            cut,
+            tunnel_idle,
+        ));
         return http::Response::from_parts(parts, full(Bytes::new()));
     }
     let (mut parts, body) = resp.into_parts();
@@ -209,46 +241,6 @@ fn relay(
         None => streaming(body),
     };
     http::Response::from_parts(parts, head_first(body))
-}
-
-/// Copy bytes both ways after a protocol switch. A gated WebSocket has no
-/// completion guarantee, so its reservation is held after the close
-/// (ROUTE-10). A reclaim's cut closes both sides (RECL-15).
-async fn tunnel(
-    borrower: Option<hyper::upgrade::OnUpgrade>,
-    upstream: hyper::upgrade::OnUpgrade,
-    exchange: Option<Exchange>,
-    cut: Option<CutSignal>,
-) {
-    let copy = async {
-        let borrower = borrower
-            .ok_or("the borrower's connection cannot be upgraded")?
-            .await?;
-        let upstream = upstream.await?;
-        let mut b = TokioIo::new(borrower);
-        let mut u = TokioIo::new(upstream);
-        tokio::io::copy_bidirectional(&mut b, &mut u).await?;
-        Ok::<(), Box<dyn std::error::Error + Send + Sync>>(())
-    };
-    let cut = async {
-        match cut {
-            Some(signal) => cut_happens(signal).await,
-            None => std::future::pending().await,
-        }
-    };
-    let result = tokio::select! {
-        r = copy => r,
-        reason = cut => {
-            info!(reason = %reason, "gated WebSocket closed by a reclaim");
-            Ok(())
-        }
-    };
-    if let Err(e) = &result {
-        debug!(error = %e, "upgraded connection ended");
-    }
-    if let Some(x) = exchange {
-        x.finish(Observed::TunnelClosed);
-    }
 }
 
 /// Work: read the body within its bound, inspect it, decide, record the
@@ -331,10 +323,10 @@ async fn forward_work(
     completion: CompletionMethod,
 ) -> http::Response<ProxyBody> {
     let entry = exchange.entry();
-    let borrower_upgrade = if is_upgrade(&parts.headers) {
-        parts.extensions.remove::<hyper::upgrade::OnUpgrade>()
+    let borrower = if is_upgrade(&parts.headers) {
+        BorrowerSide::take(&mut parts)
     } else {
-        None
+        BorrowerSide::default()
     };
     let upstream_req = match upstream_request(&route.target, &parts, full(body)) {
         Ok(r) => r,
@@ -361,7 +353,7 @@ async fn forward_work(
     let cut = exchange.cut_signal();
     tokio::spawn(async move {
         let response =
-            exchange_synchronous(exchange, cut, &task_route, upstream_req, borrower_upgrade).await;
+            exchange_synchronous(exchange, cut, &task_route, upstream_req, borrower).await;
         // A borrower who left gets nothing; dropping the response applies the
         // on_borrower_disconnect policy.
         drop(tx.send(response));
@@ -380,28 +372,41 @@ async fn read_work_body(
     if !inspect {
         return Ok(Bytes::new());
     }
-    let refusal = match Limited::new(body, route.max_body_bytes).collect().await {
-        Ok(collected) => return Ok(collected.to_bytes()),
-        Err(e) if e.is::<http_body_util::LengthLimitError>() => Refusal::new(
-            RefusalCode::BodyTooLarge,
-            format!(
-                "the request body is larger than the {} bytes vacancyd inspects for work (max_body_mib); send a smaller request",
-                route.max_body_bytes
-            ),
-        ),
-        Err(e) => {
-            let reason = match is_stalled(e.as_ref()) {
-                Some(stalled) => {
-                    info!(upstream = %route.name, received = stalled.received, elapsed_s = stalled.elapsed_s, "a request body arrived too slowly; closing the connection");
-                    stalled.to_string()
-                }
-                None => format!("the request body could not be read: {e}"),
-            };
-            Refusal::new(RefusalCode::InvalidRequest, reason)
+    // A declared Content-Length over the bound is refused before a byte is
+    // read, so a client sending `Expect: 100-continue` gets the 413 instead
+    // of `100 Continue` and uploads nothing (issue 30 item 8).
+    let declared = hyper::body::Body::size_hint(&body).lower();
+    let refusal = if declared > route.max_body_bytes as u64 {
+        too_large(route)
+    } else {
+        match Limited::new(body, route.max_body_bytes).collect().await {
+            Ok(collected) => return Ok(collected.to_bytes()),
+            Err(e) if e.is::<http_body_util::LengthLimitError>() => too_large(route),
+            Err(e) => {
+                let reason = match is_stalled(e.as_ref()) {
+                    Some(stalled) => {
+                        info!(upstream = %route.name, received = stalled.received, elapsed_s = stalled.elapsed_s, "a request body arrived too slowly; closing the connection");
+                        stalled.to_string()
+                    }
+                    None => format!("the request body could not be read: {e}"),
+                };
+                Refusal::new(RefusalCode::InvalidRequest, reason)
+            }
         }
     };
     lender.metrics().refused(&route.name, refusal.code);
     Err(refusal_response(route, &refusal, true))
+}
+
+/// 413 `body_too_large`.
+fn too_large(route: &UpstreamRoute) -> Refusal {
+    Refusal::new(
+        RefusalCode::BodyTooLarge,
+        format!(
+            "the request body is larger than the {} bytes vacancyd inspects for work (max_body_mib); send a smaller request",
+            route.max_body_bytes
+        ),
+    )
 }
 
 /// The engine's decision on a work request, after its wait in line (noted
@@ -413,15 +418,14 @@ async fn decide(
     request: &WorkRequest,
     waited: &Waited,
 ) -> Result<Admission, Refusal> {
-    let (decided, in_line) = lender.decide_in_line(request).await;
-    if let Some(w) = in_line {
-        let _ = waited.set(w);
-    }
-    let decided = match decided {
+    // One seat for both decisions: a waiter keeps its place in line while
+    // the upstream is observed once more (issue 30).
+    let mut seat = lender.seat(request);
+    let decided = match lender.decide_seated(request, &mut seat).await {
         Decided::Reobserve(refusal) => {
             info!(entry = %request.id, upstream = %route.name, "the resident observation was too old; observing once more before deciding (RES-20)");
             match observe_upstream(lender, route).await {
-                Ok(_) => lender.decide(request).await,
+                Ok(_) => lender.decide_seated(request, &mut seat).await,
                 Err(e) => {
                     debug!(upstream = %route.name, error = %e, "RES-20 re-observation failed");
                     Decided::Refused(refusal)
@@ -430,6 +434,9 @@ async fn decide(
         }
         decided => decided,
     };
+    if let Some(w) = seat.finish(&decided) {
+        let _ = waited.set(w);
+    }
     match decided {
         Decided::Admitted(a) => Ok(a),
         Decided::Refused(refusal) | Decided::Reobserve(refusal) => Err(refusal),
@@ -445,7 +452,7 @@ async fn exchange_synchronous(
     cut: CutSignal,
     route: &Arc<UpstreamRoute>,
     upstream_req: http::Request<ProxyBody>,
-    borrower_upgrade: Option<hyper::upgrade::OnUpgrade>,
+    borrower: BorrowerSide,
 ) -> http::Response<ProxyBody> {
     let entry = exchange.entry();
     exchange.forwarding();
@@ -471,7 +478,7 @@ async fn exchange_synchronous(
                 UpstreamTook(at.elapsed())
             });
             exchange.response_head();
-            let mut resp = relay(resp, borrower_upgrade, Some(exchange), Some(cut));
+            let mut resp = relay(resp, borrower, Some(exchange), Some(cut), route.tunnel_idle);
             if let Some(took) = took {
                 resp.extensions_mut().insert(took);
             }

@@ -54,8 +54,7 @@ pub(crate) async fn read_reply(
     let resp = match result {
         Ok(resp) => resp,
         Err(e) => {
-            let why = e.to_string();
-            return unusable(Submission::Lost(why.clone()), &why);
+            return unusable(Submission::Lost(e.to_string()), e.borrower_words());
         }
     };
     let (mut parts, body) = resp.into_parts();
@@ -160,7 +159,7 @@ pub(crate) async fn exchange_tracked(
                 &route,
                 &Refusal::new(
                     RefusalCode::UpstreamUnreachable,
-                    format!("upstream {}: {e}", route.name),
+                    format!("upstream {}: {}", route.name, e.borrower_words()),
                 ),
                 false,
             )

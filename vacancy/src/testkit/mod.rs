@@ -421,9 +421,11 @@ pub fn lone_upstream(
         management: Management::Deny,
         on_borrower_disconnect: OnBorrowerDisconnect::Drain,
         completion_timeout: Duration::from_secs(5),
+        stop_proof_timeout: Duration::from_secs(4),
         max_body_bytes: 1 << 20,
         connect_timeout: Duration::from_secs(2),
         overhead_header: false,
+        tunnel_idle: Duration::from_secs(3600),
         reads: crate::proxy::pool::ReadPool::new(Duration::from_secs(2)),
     });
     Ok((lender, route))

@@ -202,12 +202,16 @@ pub trait Adapter: Send + Sync {
         let _ = (lesson, observation);
     }
 
-    /// After a borrower disconnected and vacancyd cut the upstream response
-    /// (`on_borrower_disconnect = "cut"`), prove that the upstream stopped the
-    /// work, e.g. llama.cpp's `/slots` showing no slot processing. `Ok(true)`
-    /// releases the reservation; anything else leaves it held (DONE-04).
+    /// After vacancyd cut the upstream response (a borrower left under
+    /// `on_borrower_disconnect = "cut"`, or a reclaim), prove that the
+    /// upstream stopped the work, e.g. llama.cpp's `/slots` showing no slot
+    /// processing. `Ok(true)` releases the reservation. `Ok(false)` and other
+    /// errors are no proof yet: vacancyd asks again until the upstream's
+    /// `stop_proof_timeout_s` ends (the entry shows `verifying`), then holds
+    /// it (DONE-04). The default, [`ObserveError::Unsupported`], says the
+    /// adapter can never prove a stop: the entry is held at once.
     async fn verify_stopped(&self) -> Result<bool, ObserveError> {
-        Ok(false)
+        Err(ObserveError::Unsupported)
     }
 
     /// Render a refusal in the upstream's dialect. Defaults to OpenAI's.
@@ -317,7 +321,8 @@ mod tests {
             RefusalCode::InvalidRequest
         );
         assert_eq!(a.observe().await, Err(ObserveError::Unsupported));
-        assert_eq!(a.verify_stopped().await, Ok(false));
+        // No proof of a stop by default: held at once after a cut (DONE-04).
+        assert_eq!(a.verify_stopped().await, Err(ObserveError::Unsupported));
         assert_eq!(
             a.reconsider_refusal(&http::Method::GET, "/other").await,
             Reconsidered::Stands

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 
@@ -51,7 +51,9 @@ pub struct CancelItem {
 pub enum CancelOutcome {
     /// The upstream proves the item will never run or has ended: release it (RECL-17).
     Stopped(EntryId),
-    /// A stop was requested; completion tracking releases it once the upstream proves the end (RECL-18).
+    /// A stop was requested; completion tracking releases it once the upstream
+    /// proves the end (RECL-18), and for held work that no tracker follows,
+    /// [`Reclaimer::ended_after_stop`].
     Requested(EntryId),
     /// The other side took the claim and cancels it (RECL-24).
     ClaimedElsewhere(EntryId),
@@ -135,6 +137,18 @@ pub trait Reclaimer: Send + Sync {
 
     /// Ask the upstream to unload its models.
     async fn unload(&self) -> Result<UnloadAck, ReclaimError>;
+
+    /// After a stop was requested ([`CancelOutcome::Requested`]) for held
+    /// work that no tracker follows (an entry restored after a restart,
+    /// REC-02), wait up to `within` for the upstream's proof that the work
+    /// it knows as `upstream_ref` ended: `true` is that proof (RECL-17,
+    /// RECL-18). A stop that lands after RECL-28's window — a loaded machine
+    /// — is then released by proof, not left for an administrator. The
+    /// default proves nothing.
+    async fn ended_after_stop(&self, upstream_ref: &str, within: Duration) -> bool {
+        let _ = (upstream_ref, within);
+        false
+    }
 
     /// Whether the upstream holds work other than `own` (the upstream refs of
     /// vacancy's work on the same server, RECL-35).

@@ -207,3 +207,31 @@ async fn the_files_the_ledger_creates_are_private() {
     }
     assert!(Ledger::open(&s.rec).is_ok());
 }
+
+// Issue 30 item 13: a FIFO (or any file that is not a regular one) in place
+// of a file of the recovery directory is refused by its type before it is
+// opened: opening a FIFO to read would wait for a writer forever.
+#[test]
+fn a_fifo_in_the_recovery_directory_is_refused_by_type_without_opening_it() {
+    let s = scratch();
+    let fifo = s.rec.join("learned-contexts.json");
+    let made = std::process::Command::new("mkfifo")
+        .args(["-m", "600"])
+        .arg(&fifo)
+        .status()
+        .unwrap();
+    assert!(made.success(), "mkfifo");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let path = fifo.clone();
+    std::thread::spawn(move || {
+        let _ = tx.send(crate::ledger::files::read_private(&path).map(|_| ()));
+    });
+    let read = rx
+        .recv_timeout(std::time::Duration::from_secs(10))
+        .expect("reading a FIFO in the recovery directory hung: it was opened");
+    let e = read
+        .expect_err("a FIFO is no file of vacancyd's")
+        .to_string();
+    assert!(e.contains(&fifo.display().to_string()), "{e}");
+    assert!(e.contains("not a regular file"), "{e}");
+}

@@ -255,22 +255,74 @@ fn cut_short_newest_record_is_discarded_with_a_warning_and_cut_off() {
 }
 
 #[test]
-fn newest_line_that_is_not_json_is_discarded() {
-    // REC-09: a power loss can leave the newest write as zeros
+fn newest_line_without_its_newline_is_discarded_even_when_it_is_zeros() {
+    // REC-09: a power loss can leave the newest write as zeros; with no
+    // newline it was never complete, so never acknowledged.
     let s = scratch();
     let journal = s.rec.join(JOURNAL_FILE);
     append(&journal, &record::admit_line(&entry(1)));
     append(&journal, &[0u8; 40]);
     let (_l, entries) = open(&s.rec);
     assert_eq!(ids(&entries), vec![id(1)]);
+    assert_eq!(fs::read(&journal).unwrap(), record::admit_line(&entry(1)));
+}
 
+#[test]
+fn a_complete_newest_line_that_is_corrupt_stops_startup() {
+    // REC-08, REC-09, issue 30 item 3: a newest line that ends in its newline
+    // was written whole and may have been acknowledged and forwarded: one
+    // that does not parse, or holds an impossible value, stops startup as
+    // an older one does, and the journal is left as it was.
+    let admitted = record::admit_line(&entry(2));
+    let text = String::from_utf8(admitted.clone()).unwrap();
+    let damaged: Vec<(Vec<u8>, &str)> = vec![
+        (b"{\"v\":1,\"op\":\"adm\n".to_vec(), "not a JSON record"),
+        (
+            text.replacen("\"op\"", "x\"op\"", 1).into_bytes(),
+            "not a JSON record",
+        ),
+        (
+            text.replacen(
+                &format!("\"started_unix_ms\":{}", entry(2).started_unix_ms),
+                "\"started_unix_ms\":18446744073709551616",
+                1,
+            )
+            .into_bytes(),
+            "not a JSON record",
+        ),
+        (
+            text.replacen(
+                &format!("\"started_unix_ms\":{}", entry(2).started_unix_ms),
+                "\"started_unix_ms\":18446744073709551615",
+                1,
+            )
+            .into_bytes(),
+            "past the year 9999",
+        ),
+    ];
+    for (last, why) in damaged {
+        assert_ne!(last, admitted);
+        assert_eq!(last.last(), Some(&b'\n'));
+        let s = scratch();
+        let journal = s.rec.join(JOURNAL_FILE);
+        append(&journal, &record::admit_line(&entry(1)));
+        append(&journal, &last);
+        let before = fs::read(&journal).unwrap();
+        let e = open_err(&s.rec);
+        assert!(matches!(e, LedgerError::Corrupt { line: 2, .. }), "{e}");
+        let msg = e.to_string();
+        assert!(msg.contains(why), "{msg}");
+        assert!(msg.contains(&journal.display().to_string()), "{msg}");
+        assert_eq!(fs::read(&journal).unwrap(), before, "nothing is cut off");
+    }
+    // The largest time vacancyd could write still opens.
     let s = scratch();
     let journal = s.rec.join(JOURNAL_FILE);
-    append(&journal, &record::admit_line(&entry(1)));
-    append(&journal, b"{\"v\":1,\"op\":\"adm\n");
+    let mut last_ms = entry(2);
+    last_ms.started_unix_ms = 253_402_300_799_999;
+    append(&journal, &record::admit_line(&last_ms));
     let (_l, entries) = open(&s.rec);
-    assert_eq!(ids(&entries), vec![id(1)]);
-    assert_eq!(fs::read(&journal).unwrap(), record::admit_line(&entry(1)));
+    assert_eq!(ids(&entries), vec![id(2)]);
 }
 
 #[test]

@@ -1,0 +1,826 @@
+//! The Windows build of vacancyd (`vacancyd.exe`, cross-built by
+//! `scripts/windows`) under Wine, in front of the REAL llama-server the
+//! harness starts on Linux, driven by the same clients as the Linux suite:
+//! admission and refusal (ADM-01/02/06), held work after TerminateProcess
+//! and `wineserver -k` (REC-02, REC-27), local administration over the named
+//! pipe and HTTP (HELD-09, HELD-04), `check-config`, `/status`, `/metrics`
+//! and the console in Chromium, the Windows service, Ctrl-C, and the
+//! refusing side of REC-23/REC-24 through the real Win32 calls. (The
+//! accepting side of REC-23/24, which Wine cannot show, is unit-tested from
+//! SDDL in `vacancy::platform::access`.)
+//!
+//! Ignored in the ordinary run: they need the Windows toolchain and Wine.
+//! `scripts/windows test` (and so `scripts/test`) builds vacancyd.exe and
+//! runs them, one at a time (they share a Wine prefix, and the crash test
+//! ends every process in it).
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use common::{JSON, completion, write_capacity};
+use vacancy_test_support::wine::{WINE_TRUST_ENV, WINE_USER_SID, Wine, windows_path};
+use vacancy_test_support::{
+    Browser, CountingShim, LlamaOptions, LlamaServer, ManagedProcess, Record, TinyModel, free_port,
+    http_request, http_stream,
+};
+
+const ADMIN: &str = "admin-token-for-the-windows-tests";
+const START: Duration = Duration::from_secs(60);
+
+fn wine() -> Wine {
+    Wine::from_env().unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// ~110 MB: a completion of a few hundred tokens keeps the slot busy for seconds.
+fn busy_model() -> LlamaOptions {
+    LlamaOptions {
+        model: TinyModel {
+            layers: 8,
+            embd: 1024,
+            seed: 1,
+        },
+        ..LlamaOptions::default()
+    }
+}
+
+/// A vacancyd.exe under Wine: one file-sampled `gpu0` (sampled every 60 s,
+/// so after a job only the post-job sample is fresh) and one llamacpp
+/// upstream, its recovery directory `C:\ProgramData\vacancyd\<name>\admission`.
+struct WinDaemon {
+    wine: Wine,
+    process: ManagedProcess,
+    dir: tempfile::TempDir,
+    name: String,
+    control: String,
+    proxy: String,
+    /// The recovery directory, seen from Linux.
+    state: PathBuf,
+}
+
+fn config(dir: &Path, control: u16, proxy: u16, state: &str, target: &str) -> String {
+    let capacity = dir.join("gpu0.json");
+    format!(
+        r#"[server]
+listen = "127.0.0.1:{control}"
+admission_state_dir = '{state}'
+
+[[server.token]]
+name = "ops"
+scopes = ["admin"]
+sha256 = "{hash}"
+
+[owner]
+presence = "none"
+
+[[resource]]
+name = "gpu0"
+kind = "gpu"
+sampler = "file"
+path = '{capacity}'
+reserve_mib = 1000
+poll_ms = 60000
+max_sample_age_ms = 120000
+
+[[upstream]]
+name = "llama"
+adapter = "llamacpp"
+listen = "127.0.0.1:{proxy}"
+target = "{target}"
+resource = "gpu0"
+default_min_free_mib = 2000
+"#,
+        capacity = windows_path(&capacity),
+        hash = vacancy::auth::hash_token(ADMIN),
+    )
+}
+
+/// The test's own local administration pipe.
+fn pipe_of(name: &str) -> String {
+    format!(r"\\.\pipe\vacancyd-test-{name}")
+}
+
+impl WinDaemon {
+    /// vacancyd.exe in front of `target`, its recovery directory made private
+    /// (0700: Wine shows LocalSystem and its user alone) under the name `name`.
+    fn start(name: &str, target: &str) -> WinDaemon {
+        let wine = wine();
+        let (state, state_win) = wine
+            .program_data_dir(&format!(r"t-{name}\admission"), 0o700)
+            .unwrap();
+        // A fresh recovery directory for each run of the test.
+        for entry in std::fs::read_dir(&state).unwrap() {
+            std::fs::remove_file(entry.unwrap().path()).unwrap();
+        }
+        let dir = tempfile::tempdir().unwrap();
+        write_capacity(&dir.path().join("gpu0.json"), 20_000, 64_000);
+        let (control, proxy) = (free_port().unwrap(), free_port().unwrap());
+        std::fs::write(
+            dir.path().join("vacancyd.toml"),
+            config(dir.path(), control, proxy, &state_win, target),
+        )
+        .unwrap();
+        let process = Self::spawn(&wine, dir.path(), name, control);
+        WinDaemon {
+            wine,
+            process,
+            dir,
+            name: name.to_owned(),
+            control: format!("http://127.0.0.1:{control}"),
+            proxy: format!("http://127.0.0.1:{proxy}"),
+            state,
+        }
+    }
+
+    fn spawn(wine: &Wine, dir: &Path, name: &str, control: u16) -> ManagedProcess {
+        let config = windows_path(&dir.join("vacancyd.toml"));
+        let mut cmd = wine.vacancyd(&["run", "--config", &config]);
+        cmd.env(WINE_TRUST_ENV, "1")
+            .env("VACANCYD_ADMIN_PIPE", pipe_of(name));
+        let mut process = ManagedProcess::spawn("vacancyd.exe", cmd).unwrap();
+        process
+            .wait_http_ok(&format!("http://127.0.0.1:{control}/health"), START)
+            .unwrap();
+        process
+    }
+
+    fn port(url: &str) -> u16 {
+        url.rsplit(':').next().unwrap().parse().unwrap()
+    }
+
+    /// Start again on the same configuration, after the process ended.
+    fn restart(mut self) -> WinDaemon {
+        assert!(
+            self.process.wait_exit(Duration::from_secs(30)).is_some(),
+            "vacancyd.exe is still running"
+        );
+        self.process = Self::spawn(
+            &self.wine,
+            self.dir.path(),
+            &self.name,
+            Self::port(&self.control),
+        );
+        self
+    }
+
+    /// TerminateProcess, through Wine's `taskkill /F`: no shutdown, no flush.
+    fn terminate_process(&mut self) {
+        self.wine
+            .tool(&["taskkill", "/F", "/IM", "vacancyd.exe"])
+            .unwrap();
+        assert!(
+            self.process.wait_exit(Duration::from_secs(30)).is_some(),
+            "vacancyd.exe survived TerminateProcess"
+        );
+    }
+
+    async fn status(&self) -> serde_json::Value {
+        http_request("GET", &format!("{}/status", self.control), &[], Vec::new())
+            .await
+            .unwrap()
+            .json()
+            .unwrap()
+    }
+
+    async fn wait_status(
+        &self,
+        what: &str,
+        pred: impl Fn(&serde_json::Value) -> bool,
+    ) -> serde_json::Value {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let last = self.status().await;
+            if pred(&last) {
+                return last;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "timed out waiting for {what}; last status: {last:#}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// `vacancyd.exe admin-request WORDS` with no token: the test's pipe.
+    fn admin_request(&self, words: &[&str]) -> (bool, String) {
+        let mut args = vec!["admin-request"];
+        args.extend_from_slice(words);
+        let out = self
+            .wine
+            .run(&args, &[("VACANCYD_ADMIN_PIPE", &pipe_of(&self.name))])
+            .unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (out.status.success(), text)
+    }
+
+    /// Start a long stream, see its first chunk, and return the entry's ID
+    /// once `/status` shows it forwarding.
+    async fn forwarding_entry(&self) -> (vacancy_test_support::HttpStream, String) {
+        let mut stream = http_stream(
+            "POST",
+            &format!("{}/completion", self.proxy),
+            &[JSON],
+            completion(4000, true),
+        )
+        .await
+        .unwrap();
+        if stream.status != 200 {
+            let status = stream.status;
+            let body: Vec<u8> = stream
+                .collect_chunks()
+                .await
+                .unwrap_or_default()
+                .iter()
+                .flat_map(|c| c.data.to_vec())
+                .collect();
+            panic!(
+                "the stream was answered {status}: {}\n/status: {:#}",
+                String::from_utf8_lossy(&body),
+                self.status().await
+            );
+        }
+        stream.next_chunk().await.unwrap().unwrap();
+        let s = self
+            .wait_status("the stream's entry", |s| {
+                s["work"].as_array().is_some_and(|w| w.len() == 1)
+            })
+            .await;
+        assert_eq!(s["work"][0]["phase"], "forwarding", "{s:#}");
+        (stream, s["work"][0]["id"].as_str().unwrap().to_owned())
+    }
+}
+
+fn is_work(r: &Record) -> bool {
+    r.method == "POST" && r.path.contains("completion")
+}
+
+/// The work entries `/status` lists, as (id, phase).
+fn entries(s: &serde_json::Value) -> Vec<(String, String)> {
+    s["work"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| {
+            (
+                w["id"].as_str().unwrap().to_owned(),
+                w["phase"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "the Windows build under Wine: scripts/windows test"]
+async fn wine_admits_refuses_busy_and_releases_with_a_fresh_sample() {
+    // ADM-01, ADM-02, ADM-06 on the Windows build: the reservation is on
+    // disk (MoveFileExW, the journal) before forwarding, the second request
+    // is refused at once, and the post-job sample admits the next.
+    let llama = LlamaServer::start(busy_model()).unwrap();
+    let shim = CountingShim::start(llama.addr()).unwrap();
+    let d = WinDaemon::start("admit", &shim.base_url());
+    let url = format!("{}/completion", d.proxy);
+    let (a, b) = tokio::join!(
+        http_request("POST", &url, &[JSON], completion(64, false)),
+        http_request("POST", &url, &[JSON], completion(64, false)),
+    );
+    let (a, b) = (a.unwrap(), b.unwrap());
+    let mut statuses = [a.status, b.status];
+    statuses.sort_unstable();
+    assert_eq!(statuses, [200, 503], "a: {} b: {}", a.text(), b.text());
+    let busy = if a.status == 503 { &a } else { &b };
+    assert_eq!(busy.headers["retry-after"], "2");
+    assert_eq!(busy.json().unwrap()["error"]["code"], "resource_busy");
+    assert_eq!(shim.max_concurrency_where(is_work), 1);
+    // poll_ms is 60 s: only the post-job sample can admit each next one.
+    for i in 0..3 {
+        let r = http_request("POST", &url, &[JSON], completion(4, false))
+            .await
+            .unwrap();
+        assert_eq!(r.status, 200, "request {i}: {}", r.text());
+    }
+    assert_eq!(shim.max_concurrency_where(is_work), 1);
+    // Every admission went through the journal in the recovery directory.
+    let journal = std::fs::read_to_string(d.state.join("journal.jsonl")).unwrap();
+    assert!(journal.lines().count() >= 8, "{journal}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "the Windows build under Wine: scripts/windows test"]
+async fn wine_rec_02_rec_27_work_is_held_after_terminate_process_and_wineserver_kill() {
+    let llama = LlamaServer::start(busy_model()).unwrap();
+    let mut d = WinDaemon::start("crash", &llama.base_url());
+    let started = Instant::now();
+    let (_stream, id) = d.forwarding_entry().await;
+    // TerminateProcess mid-stream: nothing is flushed or released.
+    d.terminate_process();
+    let d = d.restart();
+    let s = d.status().await;
+    assert_eq!(entries(&s), vec![(id.clone(), "held".to_owned())], "{s:#}");
+    // REC-27: the age counts from the recorded start, not the restart.
+    let age = s["work"][0]["age_s"].as_u64().unwrap();
+    assert!(
+        age + 1 >= started.elapsed().as_secs(),
+        "age {age} s < {} s since the request",
+        started.elapsed().as_secs()
+    );
+    // The held entry keeps its resource: a new request is refused.
+    let r = http_request(
+        "POST",
+        &format!("{}/completion", d.proxy),
+        &[JSON],
+        completion(4, false),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status, 503, "{}", r.text());
+    // A power cut to everything in the prefix (wineserver -k): still held.
+    d.wine.kill_everything().unwrap();
+    let d = d.restart();
+    let s = d.status().await;
+    assert_eq!(entries(&s), vec![(id, "held".to_owned())], "{s:#}");
+    let age = s["work"][0]["age_s"].as_u64().unwrap();
+    assert!(age + 1 >= started.elapsed().as_secs(), "{s:#}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "the Windows build under Wine: scripts/windows test"]
+async fn held_09_wine_release_over_the_pipe_and_over_http_each_durable_before_answered() {
+    let llama = LlamaServer::start(busy_model()).unwrap();
+    let d = WinDaemon::start("held09", &llama.base_url());
+    // HELD-06 through the pipe: forwarding work cannot be released.
+    let (stream, first) = d.forwarding_entry().await;
+    let (ok, text) = d.admin_request(&["release_work", &first]);
+    assert!(!ok && text.contains("409"), "{text}");
+    let mut d = d;
+    d.terminate_process();
+    drop(stream);
+    let mut d = d.restart();
+    assert_eq!(
+        entries(&d.status().await),
+        vec![(first.clone(), "held".to_owned())]
+    );
+
+    // HELD-09: released over the pipe with no token, and on disk before
+    // the answer: TerminateProcess right after it loses nothing.
+    let (ok, text) = d.admin_request(&["release_work", &first]);
+    assert!(ok, "{text}");
+    assert!(text.contains(&first), "{text}");
+    d.terminate_process();
+    let d = d.restart();
+    assert_eq!(
+        entries(&d.status().await),
+        vec![],
+        "released over the pipe, then killed"
+    );
+
+    // HELD-04 over HTTP with a token, the same way.
+    let (stream, second) = d.forwarding_entry().await;
+    let mut d = d;
+    d.terminate_process();
+    drop(stream);
+    let mut d = d.restart();
+    let r = http_request(
+        "POST",
+        &format!("{}/admin/work/{second}/release", d.control),
+        &[
+            ("authorization", &format!("Bearer {ADMIN}")),
+            ("vacancy-intent", "release_work"),
+            JSON,
+        ],
+        br#"{"upstream_stopped": true}"#.to_vec(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    d.terminate_process();
+    let d = d.restart();
+    assert_eq!(
+        entries(&d.status().await),
+        vec![],
+        "released over HTTP, then killed"
+    );
+    // The lending switch over the pipe too.
+    let (ok, text) = d.admin_request(&["lending", "off"]);
+    assert!(ok && text.contains("false"), "{text}");
+    assert_eq!(d.status().await["lending"], false);
+}
+
+#[test]
+#[ignore = "the Windows build under Wine: scripts/windows test"]
+fn wine_check_config_names_keys_and_lines() {
+    let wine = wine();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bad.toml");
+    std::fs::write(
+        &path,
+        "[server]\nlisen = \"127.0.0.1:7480\"\n\n[[resource]]\nname = \"gpu0\"\nkind = \"gpu\"\nsampler = \"system\"\nreserve_mib = -5\n",
+    )
+    .unwrap();
+    let out = wine
+        .run(
+            &[
+                "check-config",
+                "--no-sample",
+                "--config",
+                &windows_path(&path),
+            ],
+            &[],
+        )
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!out.status.success(), "{text}");
+    assert!(text.contains("line 2: server.lisen: unknown key"), "{text}");
+    assert!(text.contains("did you mean \"listen\""), "{text}");
+    assert!(
+        text.contains("line 8: resource[0] (\"gpu0\").reserve_mib"),
+        "{text}"
+    );
+    assert!(text.contains("2 problems found"), "{text}");
+    // The zip's sample configuration is valid.
+    let sample = Path::new(env!("CARGO_MANIFEST_DIR")).join("../packaging/windows/vacancyd.toml");
+    let out = wine
+        .run(
+            &[
+                "check-config",
+                "--no-sample",
+                "--config",
+                &windows_path(&sample),
+            ],
+            &[],
+        )
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("2 resources, 1 upstream"), "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "the Windows build under Wine: scripts/windows test"]
+async fn wine_status_metrics_and_the_console_in_chromium() {
+    let llama = LlamaServer::start(LlamaOptions::default()).unwrap();
+    let d = WinDaemon::start("console", &llama.base_url());
+    let r = http_request(
+        "POST",
+        &format!("{}/completion", d.proxy),
+        &[JSON],
+        completion(4, false),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    let s = d
+        .wait_status("the upstream reachable", |s| {
+            s["upstreams"][0]["reachable"] == true
+        })
+        .await;
+    assert_eq!(s["resources"][0]["name"], "gpu0");
+    assert_eq!(s["upstreams"][0]["adapter"], "llamacpp");
+    let metrics = http_request("GET", &format!("{}/metrics", d.control), &[], Vec::new())
+        .await
+        .unwrap()
+        .text();
+    assert!(
+        metrics.contains("vacancyd_admissions_total{upstream=\"llama\"} 1"),
+        "{metrics}"
+    );
+    let control = d.control.clone();
+    tokio::task::spawn_blocking(move || {
+        let mut b =
+            Browser::start().expect("a headless Chromium (Debian chromium + chromium-driver)");
+        b.get(&format!("{control}/")).unwrap();
+        let sign = b
+            .wait_for(
+                "[data-sign='llama']",
+                Some("admitting"),
+                Duration::from_secs(20),
+            )
+            .unwrap();
+        assert!(sign.contains("admitting"), "{sign}");
+        b.wait_for(
+            "#veto",
+            Some("Owner policy allows new work"),
+            Duration::from_secs(20),
+        )
+        .unwrap();
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "the Windows build under Wine: scripts/windows test"]
+async fn wine_ctrl_c_in_a_console_finishes_the_stream_and_stops() {
+    let llama = LlamaServer::start(busy_model()).unwrap();
+    let mut d = WinDaemon::start("ctrlc", &llama.base_url());
+    // Some 40 tokens: a few seconds here, well inside the 30 s grace.
+    let mut stream = http_stream(
+        "POST",
+        &format!("{}/completion", d.proxy),
+        &[JSON],
+        completion(40, true),
+    )
+    .await
+    .unwrap();
+    assert_eq!(stream.status, 200);
+    stream.next_chunk().await.unwrap().unwrap();
+    // Ctrl-C: Wine turns SIGINT into the console's CTRL_C_EVENT.
+    let pid = d.process.pid().to_string();
+    assert!(
+        std::process::Command::new("kill")
+            .args(["-INT", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    // The open exchange finishes: every chunk, to the end.
+    let chunks = stream.collect_chunks().await.unwrap();
+    let text: String = chunks
+        .iter()
+        .map(|c| String::from_utf8_lossy(&c.data).into_owned())
+        .collect();
+    assert!(text.contains("\"stop\":true"), "{text}");
+    let exit = d.process.wait_exit(Duration::from_secs(40)).unwrap();
+    assert!(exit.success(), "{exit}");
+    let log = d.process.log();
+    assert!(log.contains("shutting down"), "{log}");
+    assert!(log.contains("stopped"), "{log}");
+    // Finished, so released: nothing comes back held.
+    let d = d.restart();
+    assert_eq!(entries(&d.status().await), vec![]);
+}
+
+#[test]
+#[ignore = "the Windows build under Wine: scripts/windows test"]
+fn rec_23_wine_refuses_a_recovery_directory_others_may_read_or_that_it_does_not_trust() {
+    let wine = wine();
+    let dir = tempfile::tempdir().unwrap();
+    write_capacity(&dir.path().join("gpu0.json"), 20_000, 64_000);
+    let config = dir.path().join("vacancyd.toml");
+    let run = |state: &str, env: &[(&str, &str)]| -> String {
+        std::fs::write(&config, config_text(dir.path(), state)).unwrap();
+        let out = wine
+            .run(&["run", "--config", &windows_path(&config)], env)
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(!out.status.success(), "started on {state}: {text}");
+        text
+    };
+    // Owned by the user Wine runs as, not Administrators or LocalSystem
+    // (real GetNamedSecurityInfoW; Wine keeps no other owner).
+    // Not trusted: out of the system environment too (where the service
+    // test puts it, and Wine gives it to every program).
+    drop(ServiceCleanup(wine.clone()));
+    let (_, private) = wine.program_data_dir(r"t-rec23\private", 0o700).unwrap();
+    let text = run(&private, &[(WINE_TRUST_ENV, "0")]);
+    assert!(
+        text.contains(&format!("is owned by {WINE_USER_SID}")),
+        "{text}"
+    );
+    assert!(text.contains(&private), "{text}");
+    // Trusting that account (the Wine test switch), a directory Everyone
+    // may read is still refused, naming the account and its access.
+    let (_, open) = wine.program_data_dir(r"t-rec23\open", 0o755).unwrap();
+    let text = run(&open, &[(WINE_TRUST_ENV, "1")]);
+    assert!(
+        text.contains(&format!(
+            "{open} gives Everyone (S-1-1-0) read and execute access (0x1200a9)"
+        )),
+        "{text}"
+    );
+}
+
+#[test]
+#[ignore = "the Windows build under Wine: scripts/windows test"]
+fn rec_24_wine_refuses_a_folder_on_the_way_that_others_may_read_and_a_place_outside() {
+    let wine = wine();
+    let dir = tempfile::tempdir().unwrap();
+    write_capacity(&dir.path().join("gpu0.json"), 20_000, 64_000);
+    let config = dir.path().join("vacancyd.toml");
+    let run = |state: &str| -> String {
+        std::fs::write(&config, config_text(dir.path(), state)).unwrap();
+        let out = wine
+            .run(
+                &["run", "--config", &windows_path(&config)],
+                &[(WINE_TRUST_ENV, "1")],
+            )
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(!out.status.success(), "started on {state}: {text}");
+        text
+    };
+    // A private directory under a folder that lets Everyone in.
+    // (The folder on the way last: making a folder makes its parents private.)
+    let (_, inner) = wine
+        .program_data_dir(r"t-rec24\open\admission", 0o700)
+        .unwrap();
+    let (_, open) = wine.program_data_dir(r"t-rec24\open", 0o755).unwrap();
+    let text = run(&inner);
+    assert!(
+        text.contains(&format!("{open} gives Everyone (S-1-1-0) read")),
+        "{text}"
+    );
+    // Outside ProgramData\vacancyd: refused before anything is looked at.
+    let outside = tempfile::tempdir().unwrap();
+    let text = run(&windows_path(outside.path()));
+    assert!(
+        text.contains(r"is not inside C:\ProgramData\vacancyd"),
+        "{text}"
+    );
+}
+
+/// The configuration of the refusal tests: nothing reachable is needed.
+fn config_text(dir: &Path, state: &str) -> String {
+    config(
+        dir,
+        free_port().unwrap(),
+        free_port().unwrap(),
+        state,
+        "http://127.0.0.1:9",
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "the Windows build under Wine: scripts/windows test"]
+async fn rec_18_rec_25_wine_creates_the_default_location_and_one_daemon_holds_it() {
+    let wine = wine();
+    // The default location, C:\ProgramData\vacancyd\admission, made fresh.
+    let (base, _) = wine.program_data_dir("", 0o700).unwrap();
+    let default = base.join("admission");
+    let _ = std::fs::remove_dir_all(&default);
+    let dir = tempfile::tempdir().unwrap();
+    write_capacity(&dir.path().join("gpu0.json"), 20_000, 64_000);
+    let control = free_port().unwrap();
+    let text = config(
+        dir.path(),
+        control,
+        free_port().unwrap(),
+        "",
+        "http://127.0.0.1:9",
+    );
+    let path = dir.path().join("vacancyd.toml");
+    std::fs::write(&path, text).unwrap();
+    let mut cmd = wine.vacancyd(&["run", "--config", &windows_path(&path)]);
+    cmd.env(WINE_TRUST_ENV, "1")
+        .env("VACANCYD_ADMIN_PIPE", pipe_of("rec18"));
+    let mut first = ManagedProcess::spawn("vacancyd.exe", cmd).unwrap();
+    first
+        .wait_http_ok(&format!("http://127.0.0.1:{control}/health"), START)
+        .unwrap();
+    let log = first.log();
+    assert!(
+        log.contains(r"created the recovery directory path=C:\ProgramData\vacancyd\admission"),
+        "{log}"
+    );
+    assert!(default.join("journal.jsonl").is_file());
+    // REC-25: a second daemon on the same directory is refused.
+    let second = config(
+        dir.path(),
+        free_port().unwrap(),
+        free_port().unwrap(),
+        "",
+        "http://127.0.0.1:9",
+    );
+    let other = dir.path().join("second.toml");
+    std::fs::write(&other, second).unwrap();
+    let out = wine
+        .run(
+            &["run", "--config", &windows_path(&other)],
+            &[
+                (WINE_TRUST_ENV, "1"),
+                ("VACANCYD_ADMIN_PIPE", &pipe_of("rec18b")),
+            ],
+        )
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{text}");
+    assert!(text.contains("is in use by vacancyd pid"), "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "the Windows build under Wine: scripts/windows test"]
+async fn wine_service_installs_starts_stops_gracefully_and_uninstalls() {
+    let wine = wine();
+    // A service left by an earlier run would start with Wine: remove it.
+    let _ = wine.run(&["service", "uninstall"], &[]);
+    // Services take the system environment: the Wine test switch goes there.
+    wine.tool(&[
+        "reg",
+        "add",
+        r"HKLM\System\CurrentControlSet\Control\Session Manager\Environment",
+        "/v",
+        WINE_TRUST_ENV,
+        "/d",
+        "1",
+        "/f",
+    ])
+    .unwrap();
+    let _cleanup = ServiceCleanup(wine.clone());
+    wine.kill_everything().unwrap();
+    let (state, state_win) = wine
+        .program_data_dir(r"t-service\admission", 0o700)
+        .unwrap();
+    for entry in std::fs::read_dir(&state).unwrap() {
+        std::fs::remove_file(entry.unwrap().path()).unwrap();
+    }
+    let dir = tempfile::tempdir().unwrap();
+    write_capacity(&dir.path().join("gpu0.json"), 20_000, 64_000);
+    let control = free_port().unwrap();
+    let path = dir.path().join("vacancyd.toml");
+    std::fs::write(
+        &path,
+        config(
+            dir.path(),
+            control,
+            free_port().unwrap(),
+            &state_win,
+            "http://127.0.0.1:9",
+        ),
+    )
+    .unwrap();
+    let said = |args: &[&str]| -> String {
+        let out = wine.run(args, &[]).unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(out.status.success(), "{args:?}: {text}");
+        text
+    };
+    let text = said(&["service", "install", "--config", &windows_path(&path)]);
+    assert!(
+        text.contains("installed service vacancyd (LocalSystem"),
+        "{text}"
+    );
+    let text = said(&["service", "start"]);
+    assert!(text.contains("vacancyd: running"), "{text}");
+    // The service answers once it is ready.
+    let health = format!("http://127.0.0.1:{control}/health");
+    let deadline = Instant::now() + START;
+    while vacancy_test_support::http_get_status(&health, Duration::from_secs(2)).ok() != Some(200) {
+        assert!(
+            Instant::now() < deadline,
+            "the service never answered {health}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let text = said(&["service", "stop"]);
+    assert!(text.contains("vacancyd: stopped"), "{text}");
+    let text = said(&["service", "status"]);
+    assert!(text.contains("vacancyd: stopped"), "{text}");
+    // Its log: in ProgramData\vacancyd\logs, the stop graceful, no colour.
+    let logs = wine.drive_c().join("ProgramData/vacancyd/logs");
+    let newest = std::fs::read_dir(&logs)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .max_by_key(|p| std::fs::metadata(p).unwrap().modified().unwrap())
+        .unwrap();
+    let log = std::fs::read_to_string(&newest).unwrap();
+    let tail: String = log.lines().rev().take(30).collect::<Vec<_>>().join("\n");
+    assert!(
+        tail.contains("the service control manager asked vacancyd to stop"),
+        "{tail}"
+    );
+    assert!(tail.contains("shutting down"), "{tail}");
+    assert!(
+        !log.contains('\u{1b}'),
+        "colour codes in {}",
+        newest.display()
+    );
+    let text = said(&["service", "uninstall"]);
+    assert!(text.contains("removed service vacancyd"), "{text}");
+    let out = wine.run(&["service", "status"], &[]).unwrap();
+    assert!(!out.status.success());
+}
+
+/// After the service test, pass or fail: no service left to start with the
+/// prefix, and the Wine test switch out of the system environment.
+struct ServiceCleanup(Wine);
+
+impl Drop for ServiceCleanup {
+    fn drop(&mut self) {
+        let _ = self.0.run(&["service", "uninstall"], &[]);
+        let _ = self.0.tool(&[
+            "reg",
+            "delete",
+            r"HKLM\System\CurrentControlSet\Control\Session Manager\Environment",
+            "/v",
+            WINE_TRUST_ENV,
+            "/f",
+        ]);
+    }
+}
