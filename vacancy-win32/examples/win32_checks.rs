@@ -116,8 +116,18 @@ mod checks {
     }
 
     /// Every check, in order, each named as it passes.
+    // Issue 35 item 2: GetSystemPowerStatus answers, and vacancy decides
+    // from it. Wine reports what its host shows (a machine without a
+    // battery here), so this checks the call, not a laptop.
+    fn the_power_status_reads_and_is_decided() {
+        let status = vacancy_win32::power::system_power_status().unwrap();
+        let source =
+            vacancy::sample::windows_power_source(status.ac_line_status, status.battery_flag);
+        println!("  GetSystemPowerStatus: {status:?} -> {source:?}");
+    }
+
     pub fn run() {
-        let checks: [(&str, fn()); 5] = [
+        let checks: [(&str, fn()); 6] = [
             (
                 "rec_23_held_09_vacancyds_own_descriptors_let_in_only_administrators_and_system",
                 rec_23_held_09_vacancyds_own_descriptors_let_in_only_administrators_and_system,
@@ -137,6 +147,10 @@ mod checks {
             (
                 "the_process_its_account_and_program_data",
                 the_process_its_account_and_program_data,
+            ),
+            (
+                "the_power_status_reads_and_is_decided",
+                the_power_status_reads_and_is_decided,
             ),
         ];
         for (name, check) in checks {

@@ -6,8 +6,8 @@
 //! wrap safely is here, small and in one place: reading a path's owner and
 //! DACL as an SDDL string, creating a directory with a given security
 //! descriptor, replacing a file with `MoveFileExW`, creating a named pipe
-//! with a DACL, the service dispatcher's entry point, and telling Wine from
-//! Windows. Each unsafe block says why it is sound.
+//! with a DACL, the service dispatcher's entry point, reading the system's
+//! power status, and telling Wine from Windows. Each unsafe block says why it is sound.
 //!
 //! On other systems the crate is empty.
 #![cfg(windows)]
@@ -15,6 +15,7 @@
 mod descriptor;
 pub mod fs;
 pub mod pipe;
+pub mod power;
 pub mod process;
 pub mod security;
 pub mod service;

@@ -41,7 +41,7 @@ pub use nvml::NvmlGpu;
 #[cfg(feature = "nvml")]
 pub use nvml::NvmlPowerLimit;
 pub use power_limit::{PowerLimit, PowerLimitError, RecordedPowerLimit, SysfsPowerLimit};
-pub use power_supply::{PowerSupply, SysfsPowerSupply, system_power_supply};
+pub use power_supply::{PowerSupply, SysfsPowerSupply, system_power_supply, windows_power_source};
 pub use system::{SystemCpu, SystemMemory};
 
 /// Bytes in one MiB.

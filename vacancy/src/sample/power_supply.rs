@@ -109,10 +109,27 @@ impl PowerSupply for SysfsPowerSupply {
     }
 }
 
-/// Windows' power status (`GetSystemPowerStatus`). The call needs the
-/// platform seam's Win32 crate (issue 29), which this build does not have
-/// yet: until it is wired, the supply reads as unknown, which refuses like
-/// the battery, so `on_battery = "pause"` never lends on a battery it cannot see.
+/// What the machine runs on, from the two fields of Windows'
+/// `SYSTEM_POWER_STATUS` (`GetSystemPowerStatus`): `ACLineStatus` (0
+/// offline, 1 online, 255 unknown) and `BatteryFlag` (128: no system
+/// battery). The same rules as [`SysfsPowerSupply`]: no battery is mains,
+/// and what Windows does not know is unknown, which refuses like the battery.
+pub fn windows_power_source(ac_line_status: u8, battery_flag: u8) -> PowerSource {
+    const NO_SYSTEM_BATTERY: u8 = 128;
+    if battery_flag != 255 && battery_flag & NO_SYSTEM_BATTERY != 0 {
+        return PowerSource::Mains;
+    }
+    match ac_line_status {
+        1 => PowerSource::Mains,
+        0 => PowerSource::Battery,
+        other => PowerSource::Unknown(format!(
+            "Windows does not know whether the machine is on AC power (GetSystemPowerStatus: ACLineStatus {other})"
+        )),
+    }
+}
+
+/// Windows' power status (`GetSystemPowerStatus`, through the platform
+/// seam's Win32 crate), decided by [`windows_power_source`].
 #[cfg(windows)]
 #[derive(Debug, Clone, Default)]
 pub struct WindowsPowerStatus;
@@ -124,9 +141,10 @@ impl PowerSupply for WindowsPowerStatus {
     }
 
     fn read(&self) -> PowerSource {
-        PowerSource::Unknown(
-            "GetSystemPowerStatus is not wired into this build yet (the Win32 platform seam); set on_battery = \"lend\" on Windows for now".to_owned(),
-        )
+        match vacancy_win32::power::system_power_status() {
+            Ok(s) => windows_power_source(s.ac_line_status, s.battery_flag),
+            Err(e) => PowerSource::Unknown(format!("GetSystemPowerStatus failed: {e}")),
+        }
     }
 }
 
@@ -206,6 +224,28 @@ mod tests {
             ][..],
         );
         assert_eq!(read(&tree(&[mouse])), PowerSource::Mains);
+    }
+
+    #[test]
+    fn windows_power_status_decides_like_sysfs() {
+        // ACLineStatus 1 online, 0 offline, 255 unknown; BatteryFlag 128 no battery.
+        assert_eq!(windows_power_source(1, 8), PowerSource::Mains);
+        assert_eq!(windows_power_source(0, 1), PowerSource::Battery);
+        assert_eq!(windows_power_source(0, 2 | 8), PowerSource::Battery);
+        assert_eq!(
+            windows_power_source(255, 128),
+            PowerSource::Mains,
+            "a desktop"
+        );
+        assert_eq!(windows_power_source(0, 128), PowerSource::Mains);
+        assert!(matches!(
+            windows_power_source(255, 1),
+            PowerSource::Unknown(ref w) if w.contains("ACLineStatus 255")
+        ));
+        assert!(
+            matches!(windows_power_source(255, 255), PowerSource::Unknown(_)),
+            "BatteryFlag 255 is unknown, not \"no battery\""
+        );
     }
 
     #[test]
