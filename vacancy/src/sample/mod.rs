@@ -123,6 +123,11 @@ pub fn power_limit_for(
             .map_err(|e| PowerLimitError::new(&format!("NVIDIA GPU {}", config.device), e))?;
             Ok(Box::new(gpu.power_limit()))
         }
+        #[cfg(not(feature = "nvml"))]
+        SamplerKind::Nvml => Err(PowerLimitError::new(
+            &format!("NVIDIA GPU {}", config.device),
+            "this vacancyd was built without NVML; rebuild with --features nvml to set its power limit",
+        )),
         other => Err(PowerLimitError::new(
             &format!("resource {}", config.name),
             format!("sampler = \"{other}\" has no power limit to set"),
@@ -141,5 +146,37 @@ mod tests {
         assert_eq!(mib(MIB), 1);
         assert_eq!(mib(3 * MIB + 5), 3);
         assert_eq!(mib(u64::MAX), u64::MAX / MIB);
+    }
+
+    /// Issue 35 item 3, the NVML-absent path: an NVIDIA GPU's power cap
+    /// cannot be set without NVML, and the error says why (the daemon logs
+    /// it and lends at the GPU's own limit). On a machine with an NVIDIA
+    /// device and NVML the control opens instead.
+    #[test]
+    fn a_power_cap_without_nvml_is_an_error_naming_nvml() {
+        let text = "[[resource]]\nname = \"gpu0\"\nkind = \"gpu\"\nsampler = \"nvml\"\ndevice = \"0\"\npower_cap_w = 150\n";
+        let Ok(loaded) = crate::config::Config::parse(text, "t") else {
+            panic!("the configuration parses");
+        };
+        match power_limit_for(&loaded.config.resources[0]) {
+            Err(e) => {
+                let message = e.to_string();
+                assert!(
+                    message.contains("NVML") || message.contains("libnvidia-ml"),
+                    "{message}"
+                );
+                assert!(message.starts_with("NVIDIA GPU 0"), "{message}");
+            }
+            Ok(control) => {
+                #[cfg(feature = "nvml")]
+                assert!(
+                    !crate::test_prereq::nvidia_device_nodes().is_empty(),
+                    "NVML opened {} on a machine without NVIDIA devices",
+                    control.name()
+                );
+                #[cfg(not(feature = "nvml"))]
+                panic!("{} opened without NVML", control.name());
+            }
+        }
     }
 }
