@@ -326,6 +326,21 @@ fn a_gpu_above_its_temperature_limit_refuses_and_lends_again_only_below_the_resu
 }
 
 #[test]
+fn a_hot_gpu_that_borrowed_work_holds_says_gpu_too_hot_not_resource_busy() {
+    // The borrower learns to wait for the GPU to cool (Retry-After 30), not
+    // to retry a busy GPU every 2 s that will not lend when the job ends.
+    let mut e = engine(OnOwnerReturn::Cancel);
+    admit(&mut e, "llm", 10).unwrap();
+    assert_eq!(code(admit(&mut e, "llm", 11)), RefusalCode::ResourceBusy);
+    sample(&mut e, "gpu0", 20, Some(90), Some(100));
+    assert_eq!(code(admit(&mut e, "llm", 21)), RefusalCode::GpuTooHot);
+    // The vacancy sign says the same.
+    let s = e.status(t(21));
+    let llm = s.upstreams.iter().find(|u| u.name == "llm").unwrap();
+    assert_eq!(llm.vacancy.code, Some(RefusalCode::GpuTooHot));
+}
+
+#[test]
 fn a_gpu_above_its_power_limit_refuses_gpu_power_limit_and_lends_at_or_below_it() {
     let mut e = engine(OnOwnerReturn::Cancel);
     sample(&mut e, "gpu0", 10, Some(60), Some(250));
