@@ -100,7 +100,9 @@ pub enum LocationSource {
 /// The recovery directory to open with [`Ledger::open`](crate::ledger::Ledger::open).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Location {
-    /// The directory (absolute, lexically normalized).
+    /// The directory (absolute, lexically normalized), with every symbolic
+    /// link on its way resolved: the directory that was checked, so a link
+    /// changed after the check cannot redirect the ledger (issue 30 item 13).
     pub path: PathBuf,
     /// Where it came from.
     pub source: LocationSource,
@@ -152,10 +154,10 @@ pub struct Location {
 ///   directory itself owned by and private to those two (REC-23).
 pub fn resolve_location(input: &LocationInput) -> Result<Location, LedgerError> {
     let located = locate(input)?;
-    let created = check_and_create(input, &located)?;
-    check_recovery_dir(&located.path)?;
+    let (created, path) = check_and_create(input, &located)?;
+    check_recovery_dir(&path)?;
     Ok(Location {
-        path: located.path,
+        path,
         source: located.source,
         is_default: located.is_default,
         created,
@@ -164,9 +166,14 @@ pub fn resolve_location(input: &LocationInput) -> Result<Location, LedgerError> 
 
 /// The checks before the directory itself, and the creation of the default
 /// location: REC-14..REC-16, REC-18, REC-19, REC-21 and issue 14 item 16.
-/// Returns whether the directory was created.
+/// Returns whether the directory was created, and the directory as checked:
+/// its path with every link on the way resolved, so that what is opened later
+/// is what was checked.
 #[cfg(unix)]
-fn check_and_create(input: &LocationInput, located: &Located) -> Result<bool, LedgerError> {
+fn check_and_create(
+    input: &LocationInput,
+    located: &Located,
+) -> Result<(bool, PathBuf), LedgerError> {
     let Located {
         config,
         state_dir,
@@ -179,23 +186,34 @@ fn check_and_create(input: &LocationInput, located: &Located) -> Result<bool, Le
     }
     let euid = running_uid();
     let mut created = false;
-    check_path_safety(path, euid, *is_default)?;
+    let mut checked = check_path_safety(path, euid, *is_default)?;
     if *is_default {
-        created = create_private(path)?;
+        created = create_private(&checked)?;
         if created {
             // Look again: nothing may have been swapped in while creating.
-            check_path_safety(path, euid, *is_default)?;
-            info!(path = %path.display(), "created the recovery directory");
+            checked = check_path_safety(path, euid, *is_default)?;
+            info!(path = %checked.display(), "created the recovery directory");
         }
     }
-    Ok(created)
+    if checked != *path {
+        info!(
+            path = %path.display(),
+            resolved = %checked.display(),
+            "the recovery directory is reached through a symbolic link; using the directory it leads to"
+        );
+    }
+    Ok((created, checked))
 }
 
 /// REC-24 on the way to the directory, and the creation of the default
 /// location with its protected DACL (REC-18, REC-21). Returns whether the
-/// directory was created.
+/// directory was created, and the directory (no reparse point is on its
+/// way, so its path is itself).
 #[cfg(windows)]
-fn check_and_create(input: &LocationInput, located: &Located) -> Result<bool, LedgerError> {
+fn check_and_create(
+    input: &LocationInput,
+    located: &Located,
+) -> Result<(bool, PathBuf), LedgerError> {
     use crate::platform::windows as win;
     let trusted = win::trusted_accounts();
     let base = &input.service_base;
@@ -210,7 +228,7 @@ fn check_and_create(input: &LocationInput, located: &Located) -> Result<bool, Le
             info!(path = %path.display(), "created the recovery directory");
         }
     }
-    Ok(created)
+    Ok((created, path.clone()))
 }
 
 /// A refusal of the Windows side, as the ledger's error naming `path`.
@@ -558,6 +576,24 @@ struct PathWalk {
     /// The first directory on the way that another account could change:
     /// the directory and why.
     untrusted: Option<(PathBuf, String)>,
+    /// The path with every link on the way resolved: the directory the walk
+    /// checked, to be opened as itself (issue 30 item 13: a link changed
+    /// after the walk cannot send the ledger elsewhere).
+    resolved: PathBuf,
+}
+
+#[cfg(unix)]
+/// `reached` with the components still `pending` (a stack, the first on top).
+fn joined(reached: &Path, pending: &[OsString]) -> PathBuf {
+    let mut out = reached.to_path_buf();
+    for name in pending.iter().rev() {
+        if name == ".." {
+            out.pop();
+        } else if name != "." {
+            out.push(name);
+        }
+    }
+    out
 }
 
 #[cfg(unix)]
@@ -602,7 +638,11 @@ fn walk_path(path: &Path, euid: u32) -> Result<PathWalk, LedgerError> {
         let next = reached.join(&name);
         let meta = match fs::symlink_metadata(&next) {
             Ok(m) => m,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(walk),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                pending.push(name);
+                walk.resolved = joined(&reached, &pending);
+                return Ok(walk);
+            }
             Err(e) => return Err(LedgerError::io("inspect", &next, e)),
         };
         if meta.file_type().is_symlink() {
@@ -630,6 +670,7 @@ fn walk_path(path: &Path, euid: u32) -> Result<PathWalk, LedgerError> {
         }
         if pending.is_empty() {
             // The recovery directory itself: check_recovery_dir's.
+            walk.resolved = next;
             return Ok(walk);
         }
         if !meta.is_dir() {
@@ -642,6 +683,7 @@ fn walk_path(path: &Path, euid: u32) -> Result<PathWalk, LedgerError> {
         }
         reached = next;
     }
+    walk.resolved = reached;
     Ok(walk)
 }
 
@@ -691,13 +733,15 @@ fn untrusted_dir(meta: &fs::Metadata, euid: u32) -> Option<String> {
 /// could change. Issue 14 item 16 for any other: a path that passes through
 /// a symbolic link is held to the same rule, since the link redirects it;
 /// without links, a named directory is only [`check_recovery_dir`]'s (REC-22).
-fn check_path_safety(path: &Path, euid: u32, is_default: bool) -> Result<(), LedgerError> {
+///
+/// Returns the path with its links resolved: the directory that was checked.
+fn check_path_safety(path: &Path, euid: u32, is_default: bool) -> Result<PathBuf, LedgerError> {
     let walk = walk_path(path, euid)?;
     if !is_default && walk.links.is_empty() {
-        return Ok(());
+        return Ok(walk.resolved);
     }
     let Some((component, why)) = walk.untrusted else {
-        return Ok(());
+        return Ok(walk.resolved);
     };
     let why = match walk.links.first() {
         Some(link) if !is_default => {

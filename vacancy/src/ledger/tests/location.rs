@@ -308,7 +308,8 @@ fn a_trusted_link_on_the_default_path_is_followed() {
     };
     let location = resolve(&input);
     assert!(location.created);
-    assert_eq!(location.path, link.join("vacancyd.admission"));
+    // The directory as checked: the link resolved (issue 30 item 13).
+    assert_eq!(location.path, real.join("vacancyd.admission"));
     let made = real.join("vacancyd.admission");
     assert_eq!(mode(&made), 0o700);
     assert!(Ledger::open(&location.path).is_ok());
@@ -324,6 +325,31 @@ fn a_trusted_link_on_the_default_path_is_followed() {
     assert!(!location.created);
     assert!(Ledger::open(&location.path).is_ok());
     assert!(elsewhere.join(JOURNAL_FILE).exists());
+}
+
+// Issue 30 item 13: the walk follows a trusted link, and then the ledger opens
+// the directory the walk checked, not the path with the link in it: a link
+// re-pointed after the check (by whoever may change it) cannot send the
+// journal to a directory that was never checked.
+#[test]
+fn the_directory_checked_through_a_link_is_the_one_opened() {
+    let s = scratch();
+    let input = with_config(&s);
+    let checked = s.tmp.path().join("checked");
+    mkdir(&checked, 0o700);
+    let link = s.tmp.path().join("etc/vacancyd.admission");
+    symlink(&checked, &link).unwrap();
+    let location = resolve(&input);
+    assert_eq!(location.path, checked);
+
+    // The link now leads to a directory nobody checked (not private).
+    let unchecked = s.tmp.path().join("unchecked");
+    mkdir(&unchecked, 0o755);
+    fs::remove_file(&link).unwrap();
+    symlink(&unchecked, &link).unwrap();
+    assert!(Ledger::open(&location.path).is_ok());
+    assert!(checked.join(JOURNAL_FILE).exists());
+    assert!(!unchecked.join(JOURNAL_FILE).exists());
 }
 
 // Issue 14 item 16, REC-18: a link another account could change, or one that
