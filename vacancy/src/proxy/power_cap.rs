@@ -244,8 +244,9 @@ async fn blocking<T: Send + 'static>(
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
+
     use super::*;
     use crate::sample::RecordedPowerLimit;
 
