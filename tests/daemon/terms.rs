@@ -247,6 +247,36 @@ async fn ended(mut s: vacancy_test_support::HttpStream) -> (Instant, bool) {
     (Instant::now(), true)
 }
 
+/// `promtool check metrics` accepts `/metrics` with every term in force,
+/// and the terms' gauges are there.
+async fn promtool_passes(d: &Daemon, expected: &[&str]) {
+    let text = http_request("GET", &format!("{}/metrics", d.control), &[], Vec::new())
+        .await
+        .unwrap()
+        .text();
+    for name in expected {
+        assert!(text.contains(name), "{name} missing from:\n{text}");
+    }
+    let out = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .and_then(|mut child| {
+            use std::io::Write;
+            child.stdin.take().unwrap().write_all(text.as_bytes())?;
+            child.wait_with_output()
+        })
+        .expect("promtool (Debian package prometheus; scripts/test installs it)");
+    assert!(
+        out.status.success(),
+        "promtool check metrics failed:\n{}{}\n{text}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 fn reclaim_triggered(s: &Value, prefix: &str) -> bool {
     s["reclaim_log"].as_array().is_some_and(|l| {
         l.iter()
@@ -357,7 +387,7 @@ async fn a_lending_window_closing_drains_a_streaming_job_and_refuses_until_it_op
         text.contains("lending hours  REFUSING outside_lending_hours: closed; lending opens at"),
         "{text}"
     );
-    assert_eq!(metric(&d, "vacancyd_lending_hours_open").await, Some(0.0));
+    assert_eq!(metric(&d, "vacancyd_lending_window_open").await, Some(0.0));
     assert_eq!(
         metric(&d, "vacancyd_term_refusing{term=\"lending_hours\"").await,
         Some(1.0)
@@ -714,6 +744,20 @@ async fn the_console_shows_every_term_in_force_and_which_one_refuses() {
     let d = Daemon::start_with_env(dir, &path, control, proxy, &[("TZ", &tz)]);
     // The sign says the first term that refuses: on battery.
     refused_with(&d, "on_battery").await;
+    promtool_passes(
+        &d,
+        &[
+            "vacancyd_lending_window_open 1",
+            "vacancyd_lending_window_next_change_seconds ",
+            "vacancyd_power_source{source=\"battery\"} 1",
+            "vacancyd_term_refusing{term=\"battery\",resource=\"\"} 1",
+            "vacancyd_term_refusing{term=\"heat\",resource=\"gpu0\"} 1",
+            "vacancyd_gpu_temperature_celsius{resource=\"gpu0\"} 88",
+            "vacancyd_gpu_power_watts{resource=\"gpu0\"} 100",
+            "vacancyd_refusals_total{upstream=\"llama\",code=\"on_battery\"} 1",
+        ],
+    )
+    .await;
 
     let mut b = Browser::start().expect("a headless Chromium (Debian chromium + chromium-driver)");
     b.get(&format!("{}/#overview", d.control)).unwrap();

@@ -370,13 +370,13 @@ impl Default for Metrics {
             term_refusing.clone(),
         );
         r.register(
-            "vacancyd_lending_hours_open",
-            "1 inside the owner's lending hours, 0 outside ([lending] hours; absent when not configured)",
+            "vacancyd_lending_window_open",
+            "1 inside the owner's lending hours ([lending] hours), 0 outside; always 1 without lending hours",
             hours_open.clone(),
         );
         r.register(
-            "vacancyd_lending_hours_next_change_seconds",
-            "Seconds to the lending hours' next opening or closing",
+            "vacancyd_lending_window_next_change_seconds",
+            "Seconds to the lending hours' next opening or closing; 0 without lending hours",
             hours_next_change.clone(),
         );
         r.register(
@@ -777,6 +777,11 @@ impl Metrics {
     /// The owner's terms (issue 35): each term's refusal, the lending hours,
     /// the power source, each limited GPU's readings.
     fn set_term_gauges(&self, status: &EngineStatus) {
+        if !status.terms.iter().any(|t| t.term == "lending_hours") {
+            // No lending hours: lending is open at all hours.
+            self.hours_open.set(1);
+            self.hours_next_change.set(0);
+        }
         for t in &status.terms {
             self.term_refusing
                 .get_or_create(&TermLabels {
