@@ -459,9 +459,13 @@ impl Engine {
     /// "pause"`. They apply to every upstream, exempt ones included:
     /// neither is about the owner's presence.
     pub(crate) fn terms_refusal(&self, now: Moment) -> Option<Refusal> {
-        if let Some(h) = &self.terms.hours
-            && !h.open_at(now)
-        {
+        self.hours_refusal(now).or_else(|| self.battery_refusal())
+    }
+
+    /// Outside the lending hours at `now`: refused until the next opening.
+    fn hours_refusal(&self, now: Moment) -> Option<Refusal> {
+        let h = self.terms.hours.as_ref()?;
+        if !h.open_at(now) {
             let mut refusal = Refusal::new(
                 RefusalCode::OutsideLendingHours,
                 match h.next_opening(now) {
@@ -482,16 +486,21 @@ impl Engine {
                 .map(|next| next.at.since(now).max(Duration::from_secs(1)));
             return Some(refusal);
         }
+        None
+    }
+
+    /// On battery, or with a supply that cannot be read, under `on_battery
+    /// = "pause"`. What could not be read (a path, an OS error) stays out
+    /// of the borrower's refusal: `/status` and the log say it.
+    fn battery_refusal(&self) -> Option<Refusal> {
         match &self.terms.power {
             Some(PowerSource::Battery) => Some(Refusal::new(
                 RefusalCode::OnBattery,
                 "the machine runs on battery and its owner lends only on mains power ([owner] on_battery = \"pause\"); borrowed work resumes once it is plugged in",
             )),
-            Some(PowerSource::Unknown(why)) => Some(Refusal::new(
+            Some(PowerSource::Unknown(_)) => Some(Refusal::new(
                 RefusalCode::OnBattery,
-                format!(
-                    "the power supply cannot be read ({why}), and the owner lends only on mains power ([owner] on_battery = \"pause\"); an unknown supply counts as the battery"
-                ),
+                "the machine's power supply cannot be read, and the owner lends only on mains power ([owner] on_battery = \"pause\"); an unknown supply counts as the battery",
             )),
             _ => None,
         }
@@ -531,9 +540,7 @@ impl Engine {
         let mut out = Vec::new();
         if let Some(h) = &self.terms.hours {
             let open = h.open_at(now);
-            let refusal = self
-                .terms_refusal(now)
-                .filter(|r| r.code == RefusalCode::OutsideLendingHours);
+            let refusal = self.hours_refusal(now);
             let next_change = h.next_change(now).map(|c| NextChange {
                 change: if c.opens { "opens" } else { "closes" },
                 at: c.local.clone(),
@@ -566,12 +573,7 @@ impl Engine {
             });
         }
         if let Some(power) = &self.terms.power {
-            let refusal = match power {
-                PowerSource::Mains => None,
-                _ => self
-                    .terms_refusal(now)
-                    .filter(|r| r.code == RefusalCode::OnBattery),
-            };
+            let refusal = self.battery_refusal();
             out.push(TermStatus {
                 term: "battery",
                 resource: None,

@@ -277,11 +277,20 @@ fn an_unreadable_power_supply_refuses_like_the_battery_and_reclaims() {
     )));
     let r = admit(&mut e, "helper", 20).unwrap_err();
     assert_eq!(r.code, RefusalCode::OnBattery);
+    assert!(r.reason.contains("cannot be read"), "{}", r.reason);
+    // What could not be read stays out of the borrower's refusal; /status
+    // says it.
+    assert!(!r.reason.contains("BAT0"), "{}", r.reason);
+    let battery = e
+        .status(t(20))
+        .terms
+        .into_iter()
+        .find(|t| t.term == "battery")
+        .unwrap();
     assert!(
-        r.reason
-            .contains("cannot be read (BAT0/status: permission denied)"),
+        battery.now.contains("BAT0/status: permission denied"),
         "{}",
-        r.reason
+        battery.now
     );
     assert_eq!(step_started(&mut e, 30).len(), 1);
 }
@@ -485,6 +494,18 @@ fn status_lists_every_term_in_force_and_which_refuses() {
     );
     let gpu0 = s.resources.iter().find(|r| r.name == "gpu0").unwrap();
     assert_eq!(gpu0.heat.unwrap().temperature_c, Some(90));
+    // Outside the hours, each term still says whether it refuses: the
+    // closed window does not hide the battery's refusal.
+    let closed: Vec<(&str, bool)> = e
+        .status(Moment::from_secs(150))
+        .terms
+        .iter()
+        .map(|t| (t.term, t.refusing))
+        .collect();
+    assert_eq!(
+        closed,
+        [("lending_hours", true), ("battery", true), ("heat", true)]
+    );
     assert!(
         s.resources
             .iter()
