@@ -387,6 +387,25 @@ async fn a_lending_window_closing_drains_a_streaming_job_and_refuses_until_it_op
         text.contains("lending hours  REFUSING outside_lending_hours: closed; lending opens at"),
         "{text}"
     );
+    // The console says it too: the term refusing, the sign, the next opening.
+    let mut b = Browser::start().expect("a headless Chromium (Debian chromium + chromium-driver)");
+    b.get(&format!("{}/#overview", d.control)).unwrap();
+    let wait = |b: &mut Browser, css: &str, text: &str| {
+        b.wait_for(css, Some(text), Duration::from_secs(20))
+            .unwrap_or_else(|e| panic!("waiting for {css} to say {text:?}: {e}"))
+    };
+    let card = wait(
+        &mut b,
+        "[data-term=\"lending_hours\"]",
+        "outside_lending_hours",
+    );
+    assert!(
+        card.contains("closed; lending opens at") && card.contains("11:00 TST"),
+        "{card}"
+    );
+    wait(&mut b, "[data-sign=\"llama\"]", "outside_lending_hours");
+    wait(&mut b, "[data-hours]", "Lending opens at");
+    drop(b);
     assert_eq!(metric(&d, "vacancyd_lending_window_open").await, Some(0.0));
     assert_eq!(
         metric(&d, "vacancyd_term_refusing{term=\"lending_hours\"").await,
