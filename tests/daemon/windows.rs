@@ -61,6 +61,18 @@ struct WinDaemon {
 }
 
 fn config(dir: &Path, control: u16, proxy: u16, state: &str, target: &str) -> String {
+    config_with(dir, control, proxy, state, target, "")
+}
+
+/// [`config`], with `owner` added to `[owner]` and `[lending]` tables after it.
+fn config_with(
+    dir: &Path,
+    control: u16,
+    proxy: u16,
+    state: &str,
+    target: &str,
+    owner: &str,
+) -> String {
     let capacity = dir.join("gpu0.json");
     format!(
         r#"[server]
@@ -74,6 +86,7 @@ sha256 = "{hash}"
 
 [owner]
 presence = "none"
+{owner}
 
 [[resource]]
 name = "gpu0"
@@ -106,6 +119,11 @@ impl WinDaemon {
     /// vacancyd.exe in front of `target`, its recovery directory made private
     /// (0700: Wine shows LocalSystem and its user alone) under the name `name`.
     fn start(name: &str, target: &str) -> WinDaemon {
+        Self::start_with(name, target, "")
+    }
+
+    /// [`start`](Self::start), with `owner` added to `[owner]`.
+    fn start_with(name: &str, target: &str, owner: &str) -> WinDaemon {
         let wine = wine();
         let (state, state_win) = wine
             .program_data_dir(&format!(r"t-{name}\admission"), 0o700)
@@ -119,7 +137,7 @@ impl WinDaemon {
         let (control, proxy) = (free_port().unwrap(), free_port().unwrap());
         std::fs::write(
             dir.path().join("vacancyd.toml"),
-            config(dir.path(), control, proxy, &state_win, target),
+            config_with(dir.path(), control, proxy, &state_win, target, owner),
         )
         .unwrap();
         let process = Self::spawn(&wine, dir.path(), name, control);
@@ -823,4 +841,57 @@ impl Drop for ServiceCleanup {
             "/f",
         ]);
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "the Windows build under Wine: scripts/windows test"]
+async fn wine_reads_the_power_status_and_the_time_zone_for_the_owners_terms() {
+    // Issue 35 on the Windows build: on_battery = "pause" reads
+    // GetSystemPowerStatus (Wine reports AC power and no battery: mains,
+    // lending), and the lending hours read Windows' time zone.
+    let llama = LlamaServer::start(LlamaOptions::default()).unwrap();
+    let d = WinDaemon::start_with(
+        "terms",
+        &llama.base_url(),
+        "on_battery = \"pause\"\n\n[lending]\nhours = [\"daily\"]",
+    );
+    let s = d
+        .wait_status("the power supply read", |s| {
+            s["terms"]
+                .as_array()
+                .is_some_and(|t| t.iter().any(|t| t["term"] == "battery"))
+        })
+        .await;
+    let term = |name: &str| {
+        s["terms"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["term"] == name)
+            .unwrap_or_else(|| panic!("no term {name} in {s:#}"))
+            .clone()
+    };
+    let battery = term("battery");
+    assert_eq!(
+        (battery["state"].as_str(), battery["refusing"].as_bool()),
+        (Some("mains"), Some(false)),
+        "{battery}"
+    );
+    let hours = term("lending_hours");
+    assert_eq!(hours["refusing"], false, "{hours}");
+    assert!(
+        hours["in_force"]
+            .as_str()
+            .is_some_and(|t| t.contains("daily; time zone ")),
+        "{hours}"
+    );
+    let r = http_request(
+        "POST",
+        &format!("{}/completion", d.proxy),
+        &[JSON],
+        completion(4, false),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
 }
