@@ -51,15 +51,19 @@ def test_status_dict_shape(engine: vacancy.Engine) -> None:
         "upstreams",
         "work",
         "reclaims",
+        "terms",
     }
+    # The owner's terms beyond presence (issue 35) are off unless configured.
+    assert status["terms"] == []
     assert status["lending"] is True
     assert status["owner"] == "away"
     assert status["owner_veto"] == {"active": False, "reason": None, "exempt_upstreams": []}
     gpu = status["resources"][0]
     assert set(gpu) == {
         "name", "kind", "free_mib", "total_mib", "busy_pct", "reserve_mib", "sample_age_ms",
-        "capacity_unknown", "awaiting_fresh_sample", "enabled", "pressure", "reserved_by",
+        "capacity_unknown", "awaiting_fresh_sample", "enabled", "pressure", "reserved_by", "heat",
     }
+    assert gpu["heat"] is None
     assert (gpu["name"], gpu["kind"], gpu["free_mib"], gpu["total_mib"]) == ("gpu0", "gpu", 70_000, 81_920)
     assert gpu["reserved_by"] == job.id
     assert gpu["sample_age_ms"] == 2000
