@@ -1092,7 +1092,11 @@ impl Engine {
                     return Err(Blocked::Refused(
                         Refusal::new(
                             RefusalCode::CapacityUnknown,
-                            format!("capacity of {} is unknown: {why}", r.spec.name),
+                            format!(
+                                "capacity of {} is unknown: {}",
+                                r.spec.name,
+                                r.borrower_words(why)
+                            ),
                         )
                         .on_resource(&r.spec.name),
                     ));

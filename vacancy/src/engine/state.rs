@@ -99,7 +99,18 @@ impl ResourceState {
     pub fn fresh(&self, now: Moment) -> Result<(), String> {
         match self.capacity(now) {
             Capacity::Known(_) => Ok(()),
-            Capacity::Unknown(why) => Err(why),
+            Capacity::Unknown(why) => Err(self.borrower_words(why)),
+        }
+    }
+
+    /// Why capacity is unknown, in words for a borrower's refusal: a failed
+    /// sample's own message can name a path or an OS error, which stay in the
+    /// log and the owner's /status.
+    pub fn borrower_words(&self, why: String) -> String {
+        if self.failure.is_some() {
+            "the last sample failed (the owner sees why in vacancyd status)".to_owned()
+        } else {
+            why
         }
     }
 

@@ -981,10 +981,23 @@ fn capacity_unknown_without_a_sample_after_a_failure_or_when_too_old() {
     admitted(admit(&mut e, "cpu-lane", None, 11));
 
     let mut e = ready(gpu_and_ram(), 0);
-    e.record_sample_failure(RAM, t(5), "file vanished").unwrap();
+    e.record_sample_failure(RAM, t(5), "reading /proc/meminfo: file vanished")
+        .unwrap();
     let r = refused(admit(&mut e, "cpu-lane", None, 6));
     assert_eq!(r.code, RefusalCode::CapacityUnknown);
-    assert!(r.reason.contains("file vanished"));
+    // The borrower hears that the sample failed; the sampler's own words (a
+    // path, an OS error) are the owner's, in /status.
+    assert!(r.reason.contains("the last sample failed"), "{}", r.reason);
+    assert!(!r.reason.contains("/proc/meminfo"), "{}", r.reason);
+    let status = e.status(t(6));
+    let ram = status.resources.iter().find(|r| r.name == RAM).unwrap();
+    assert!(
+        ram.capacity_unknown
+            .as_deref()
+            .is_some_and(|w| w.contains("/proc/meminfo: file vanished")),
+        "{:?}",
+        ram.capacity_unknown
+    );
     e.record_sample(RAM, CapacitySample::memory(64_000, 80_000, t(7)))
         .unwrap();
     admitted(admit(&mut e, "cpu-lane", None, 8));
