@@ -812,4 +812,15 @@ async fn the_console_shows_every_term_in_force_and_which_one_refuses() {
     plug(&root, true);
     wait(&mut b, "[data-term=\"battery\"]", "admits");
     wait(&mut b, "[data-sign=\"llama\"]", "gpu_too_hot");
+    // Cooled below the resume mark but drawing 250 W above max_power_w = 200:
+    // the power limit is the one refusing, on the console, to a borrower and
+    // in `vacancyd status`.
+    set_temperature(&root, 70);
+    write(&hwmon(&root, "power1_average"), "250000000");
+    let heat = wait(&mut b, "[data-term=\"heat:gpu0\"]", "gpu_power_limit");
+    assert!(heat.contains("max_power_w = 200"), "{heat}");
+    wait(&mut b, "[data-sign=\"llama\"]", "gpu_power_limit");
+    refused_with(&d, "gpu_power_limit").await;
+    let status = status_text(&d);
+    assert!(status.contains("gpu_power_limit"), "{status}");
 }
