@@ -366,6 +366,26 @@ async fn wine_rec_02_rec_27_work_is_held_after_terminate_process_and_wineserver_
     assert!(age + 1 >= started.elapsed().as_secs(), "{s:#}");
 }
 
+/// Wait until llama-server shows no slot processing: the job a killed
+/// vacancyd forwarded has stopped, as an administrator checks before a
+/// release. llama-server notices a closed connection only at its next write,
+/// seconds later on a loaded machine; until then vacancyd rightly refuses new
+/// work as foreign (ADM-09), which failed this test under load in CI.
+async fn llama_idle(llama: &LlamaServer) {
+    let url = format!("{}/slots", llama.base_url());
+    common::until("llama-server's slots idle", async || {
+        http_request("GET", &url, &[], Vec::new())
+            .await
+            .ok()
+            .and_then(|r| r.json().ok())
+            .is_some_and(|v: serde_json::Value| {
+                v.as_array()
+                    .is_some_and(|slots| slots.iter().all(|s| s["is_processing"] == false))
+            })
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "the Windows build under Wine: scripts/windows test"]
 async fn held_09_wine_release_over_the_pipe_and_over_http_each_durable_before_answered() {
@@ -385,7 +405,9 @@ async fn held_09_wine_release_over_the_pipe_and_over_http_each_durable_before_an
     );
 
     // HELD-09: released over the pipe with no token, and on disk before
-    // the answer: TerminateProcess right after it loses nothing.
+    // the answer: TerminateProcess right after it loses nothing. An
+    // administrator releases once the upstream shows the job stopped.
+    llama_idle(&llama).await;
     let (ok, text) = d.admin_request(&["release_work", &first]);
     assert!(ok, "{text}");
     assert!(text.contains(&first), "{text}");
@@ -403,6 +425,7 @@ async fn held_09_wine_release_over_the_pipe_and_over_http_each_durable_before_an
     d.terminate_process();
     drop(stream);
     let mut d = d.restart();
+    llama_idle(&llama).await;
     let r = http_request(
         "POST",
         &format!("{}/admin/work/{second}/release", d.control),
