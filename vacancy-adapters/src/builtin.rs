@@ -190,7 +190,7 @@ resource = "gpu1"
 
     #[test]
     fn the_chatterbox_kind_checks_its_voice_routes() {
-        // DESIGN §4, issue 30 item 13: the adapter validates its own table,
+        // docs/config.md#upstreamvoice_routes, issue 30 item 13: the adapter validates its own table,
         // with the key and line; core configuration knows no adapter names.
         let registry = registry();
         let good = two(

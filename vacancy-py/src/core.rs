@@ -1,7 +1,8 @@
 //! The state an `Engine` shares with its `Driver`'s threads: the engine
 //! behind its lock, the wakeups of waiting callers, the configured samplers
 //! and presence backend. It feeds the daemon's own sampling and presence
-//! loops (`vacancy::proxy::shells`), which see it as a [`LoopSink`].
+//! loops (`vacancy::proxy::sampling`, `vacancy::proxy::presence_watch`),
+//! which see it as a [`LoopSink`].
 
 use std::collections::HashMap;
 use std::path::Path;

@@ -41,7 +41,7 @@
 //!
 //! - [`Ledger::persist`](crate::proxy::ReservationStore::persist) appends the
 //!   `admit` line and waits for one `fdatasync` of the journal: the only sync
-//!   on the request path (DESIGN §8). One writer thread does the blocking
+//!   on the request path (REC-01). One writer thread does the blocking
 //!   I/O and applies changes whole, in the order they were submitted, so a
 //!   release never overtakes the admission it releases.
 //! - `mark_held`, `forget` and [`Ledger::rewrite_ref`] append and sync too, off
