@@ -97,7 +97,9 @@ pub use location::{
     recovery_path, resolve_location,
 };
 pub use record::RecoveredEntry;
-pub use store::{ReservationStore, StoreChange, StoreError, StoreWrite, VolatileStore};
+pub use store::{
+    ReservationStore, StoreChange, StoreError, StoreFailure, StoreWrite, VolatileStore,
+};
 
 use record::{LiveSet, Replay};
 use writer::{Appended, Change, Job, Writer};
@@ -399,7 +401,7 @@ impl ReservationStore for Ledger {
             };
             result.map_err(|e| StoreError {
                 entry,
-                reason: e.to_string(),
+                reason: e.into(),
             })
         })
     }

@@ -4,15 +4,29 @@ use std::future::Future;
 use std::pin::Pin;
 
 use crate::engine::{EntryId, Reservation};
+use crate::ledger::LedgerError;
 
 /// A reservation could not be recorded: the request must not be forwarded.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, thiserror::Error)]
 #[error("cannot record work entry {entry}: {reason}")]
 pub struct StoreError {
     /// The entry.
     pub entry: EntryId,
     /// Why, naming the file or directory.
-    pub reason: String,
+    #[source]
+    pub reason: StoreFailure,
+}
+
+/// Why a store could not record a change.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreFailure {
+    /// The recovery directory's journal could not be written or synced.
+    #[error(transparent)]
+    Ledger(#[from] LedgerError),
+    /// Another store's reason, in its words.
+    #[error("{0}")]
+    Other(String),
 }
 
 /// One change to the store, for one entry.

@@ -12,7 +12,7 @@ use crate::engine::{
     Lesson, ModelObservation, OwnerPresence, Phase, PowerSource, Refusal, RefusalCode,
     ReleaseEffect, ReleaseOutcome, Reservation, UpstreamId, Vacancy, WorkRequest,
 };
-use crate::ledger::store::{ReservationStore, StoreError, StoreWrite};
+use crate::ledger::store::{ReservationStore, StoreError, StoreFailure, StoreWrite};
 use crate::proxy::history::History;
 use crate::proxy::live::LiveWork;
 use crate::proxy::metrics::{self, Metrics};
@@ -700,7 +700,7 @@ fn persisted(reservation: &Reservation, writes: Vec<LedgerWrite>) -> StoreWrite 
     own.unwrap_or_else(|| {
         Box::pin(std::future::ready(Err(StoreError {
             entry,
-            reason: "the engine queued no record for the admission".to_owned(),
+            reason: StoreFailure::Other("the engine queued no record for the admission".to_owned()),
         })))
     })
 }
@@ -752,7 +752,7 @@ pub enum HeldReleaseError {
     Engine(#[from] EngineError),
     /// The release could not be recorded; the entry stays held.
     #[error("the release could not be recorded, so the entry stays held: {0}")]
-    NotRecorded(StoreError),
+    NotRecorded(#[source] StoreError),
 }
 
 /// A change the engine made could not be recorded.
@@ -764,7 +764,7 @@ pub enum RecordError {
     Engine(#[from] EngineError),
     /// The store could not write it.
     #[error("the change could not be recorded: {0}")]
-    NotRecorded(StoreError),
+    NotRecorded(#[source] StoreError),
 }
 
 /// One pass of [`Lender::decide`]: the engine's decision, with an admission's
@@ -839,7 +839,7 @@ mod tests {
                         Ok(true) => Ok(()),
                         _ => Err(StoreError {
                             entry,
-                            reason: "No space left on device".to_owned(),
+                            reason: StoreFailure::Other("No space left on device".to_owned()),
                         }),
                     },
                 }
