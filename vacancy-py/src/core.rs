@@ -99,7 +99,20 @@ impl Core {
                         t.notify_one();
                     }
                 }
-                _ => {}
+                // No ledger here: Python's engine persists nothing.
+                Effect::Persist(_)
+                | Effect::MarkHeld { .. }
+                | Effect::RewriteRef { .. }
+                | Effect::Forget(_) => {}
+                // No observation or reclaim loop runs in Python.
+                Effect::Observe(_) | Effect::WakeReclaims => {}
+                // `Effect` is non_exhaustive: one this version does not know
+                // is said in the log, never dropped silently (issue 32 item 2).
+                other => tracing::warn!(
+                    target: "vacancy::effects",
+                    effect = ?other,
+                    "the engine asked for an effect these bindings do not know; it was not carried out"
+                ),
             }
         }
         if wake {
