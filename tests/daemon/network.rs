@@ -249,7 +249,7 @@ fn code(body: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lan_client_reads_with_a_read_token_and_changes_nothing_without_an_owner_token() {
-    // DESIGN §4: /status and /metrics need scope `read` from elsewhere than
+    // docs/security.md#the-listeners: /status and /metrics need scope `read` from elsewhere than
     // loopback; /admin needs its scope from everyone. The control listener is
     // bound to this side's LAN address, as an operator exposing it would.
     let ns = Namespace::create();
@@ -350,7 +350,7 @@ async fn a_lan_client_reads_with_a_read_token_and_changes_nothing_without_an_own
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_control_listener_on_every_address_without_tokens_answers_only_loopback() {
-    // DESIGN §4 with no [[server.token]]: bound to 0.0.0.0, /status and
+    // docs/security.md#the-listeners with no [[server.token]]: bound to 0.0.0.0, /status and
     // /metrics answer loopback clients only, /admin nobody; vacancyd warns.
     let ns = Namespace::create();
     let dir = tempfile::tempdir().unwrap();

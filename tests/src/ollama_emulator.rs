@@ -4,7 +4,7 @@
 //!
 //! # Which release each part follows
 //!
-//! Checked against the real 0.5.4 and 0.9.3 (`tests/ollama.rs`), the parts
+//! Checked against the real 0.5.4 and 0.9.3 (`tests/harness/ollama.rs`), the parts
 //! they share with later releases: the routes and reply shapes of
 //! `/api/generate`, `/api/chat` (NDJSON by default, `done_reason`), loading
 //! with an empty prompt and unloading with `keep_alive: 0` (`done_reason:

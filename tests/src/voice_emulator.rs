@@ -4,11 +4,11 @@
 //!
 //! # The contract emulated
 //!
-//! It follows the project's *compatible voice server* contract (DESIGN,
-//! "Compatible voice servers"; rules VOICE-01 to VOICE-20), not any specific
+//! It follows the project's *compatible voice server* contract
+//! (docs/operator-guide.md#voice-servers; rules VOICE-01 to VOICE-20), not any specific
 //! third-party release. Where that contract leaves a shape open, the choice
 //! below is the emulator's own and is pinned by its tests
-//! (`tests/voice_emulator.rs`).
+//! (`tests/harness/voice_emulator.rs`).
 //!
 //! Work (synthesis; one worker, so requests run one at a time in arrival
 //! order):

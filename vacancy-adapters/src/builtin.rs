@@ -31,8 +31,8 @@ pub fn registry() -> AdapterRegistry {
     registry
 }
 
-fn built(kind: &str, e: impl std::fmt::Display) -> BuildError {
-    BuildError::new(format!("{kind} adapter: {e}"))
+fn built(kind: &str, e: impl std::error::Error + Send + Sync + 'static) -> BuildError {
+    BuildError::because(format!("{kind} adapter: {e}"), e)
 }
 
 fn llamacpp(ctx: &AdapterContext<'_>) -> Result<Arc<dyn Adapter>, BuildError> {
@@ -74,10 +74,10 @@ fn chatterbox(ctx: &AdapterContext<'_>) -> Result<Arc<dyn Adapter>, BuildError> 
         .map_err(|e| built("chatterbox", e))?;
     let adapter = match &ctx.upstream.voice_routes {
         Some(routes) => adapter.with_routes(routes).map_err(|e| {
-            BuildError::new(format!(
-                "upstream {:?}: voice_routes: {e}",
-                ctx.upstream.name
-            ))
+            BuildError::because(
+                format!("upstream {:?}: voice_routes: {e}", ctx.upstream.name),
+                e,
+            )
         })?,
         None => adapter,
     };
@@ -190,7 +190,7 @@ resource = "gpu1"
 
     #[test]
     fn the_chatterbox_kind_checks_its_voice_routes() {
-        // DESIGN §4, issue 30 item 13: the adapter validates its own table,
+        // docs/config.md#upstreamvoice_routes, issue 30 item 13: the adapter validates its own table,
         // with the key and line; core configuration knows no adapter names.
         let registry = registry();
         let good = two(

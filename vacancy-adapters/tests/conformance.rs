@@ -1,4 +1,4 @@
-//! vacancy's adapter conformance kit (DESIGN §8) on both adapters: route
+//! vacancy's adapter conformance kit (docs/adapter-guide.md#check-it-with-the-kit) on both adapters: route
 //! classes, the refusal dialect, and completion through the real proxy
 //! (DONE-01 clean end, DONE-02 refused connection, DONE-03 cut stream).
 #![allow(clippy::unwrap_used, clippy::expect_used)]

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use clap::{Parser, Subcommand};
 use vacancy::registry::AdapterRegistry;
 
-use crate::{admin_cmd, calibrate, check_config, daemon, logging, status_cmd};
+use crate::{admin, calibrate, check_config, daemon, logging, status};
 
 /// Lend idle AI hardware without getting in its owner's way.
 #[derive(Debug, Parser)]
@@ -145,7 +145,7 @@ pub(crate) fn main(registry: Arc<AdapterRegistry>) -> ExitCode {
         }
         Command::Token {
             command: TokenCommand::New { name, scope },
-        } => match admin_cmd::new_token_text(&name, &scope) {
+        } => match admin::new_token_text(&name, &scope) {
             Ok(text) => {
                 print!("{text}");
                 ExitCode::SUCCESS
@@ -160,8 +160,8 @@ pub(crate) fn main(registry: Arc<AdapterRegistry>) -> ExitCode {
             token_file,
             action,
         } => {
-            let parsed = admin_cmd::Action::parse(&action)
-                .and_then(|a| admin_cmd::credential(token_file.as_deref()).map(|t| (a, t)));
+            let parsed = admin::Action::parse(&action)
+                .and_then(|a| admin::credential(token_file.as_deref()).map(|t| (a, t)));
             let (action, credential) = match parsed {
                 Ok(x) => x,
                 Err(e) => {
@@ -173,7 +173,7 @@ pub(crate) fn main(registry: Arc<AdapterRegistry>) -> ExitCode {
                 Ok(rt) => rt,
                 Err(code) => return code,
             };
-            match rt.block_on(admin_cmd::send_with(&url, &credential, &action)) {
+            match rt.block_on(admin::send_with(&url, &credential, &action)) {
                 Ok(body) => {
                     println!("{body}");
                     ExitCode::SUCCESS
@@ -189,13 +189,13 @@ pub(crate) fn main(registry: Arc<AdapterRegistry>) -> ExitCode {
                 Ok(rt) => rt,
                 Err(code) => return code,
             };
-            match rt.block_on(status_cmd::fetch(&url)) {
+            match rt.block_on(status::fetch(&url)) {
                 Ok(v) if json => {
                     println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
                     ExitCode::SUCCESS
                 }
                 Ok(v) => {
-                    print!("{}", status_cmd::render(&v));
+                    print!("{}", status::render(&v));
                     ExitCode::SUCCESS
                 }
                 Err(e) => {

@@ -12,8 +12,8 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tracing::{error, info, warn};
 use vacancy::config::{Config, ConfigErrors, LoadedConfig, SamplerKind, UpstreamConfig};
-use vacancy::engine::{Engine, EngineSpec};
-use vacancy::ledger::{Ledger, LocationInput, resolve_location};
+use vacancy::engine::{Engine, EngineSpec, SpecError};
+use vacancy::ledger::{Ledger, LedgerError, LocationInput, resolve_location};
 use vacancy::pressure::{
     CalibrationFile, NvmlPressureReader, PressureParams, PressureReader, PressureTracker,
     UnavailableReader,
@@ -24,7 +24,7 @@ use vacancy::proxy::pressure::PressureGpu;
 use vacancy::proxy::reclaim::ReclaimTimes;
 use vacancy::proxy::{Lender, Listening, Target, UpstreamRoute};
 use vacancy::proxy::{presence_watch, sampling};
-use vacancy::registry::{AdapterContext, AdapterRegistry};
+use vacancy::registry::{AdapterContext, AdapterRegistry, BuildError};
 use vacancy::traits::Adapter;
 use vacancy::{MonotonicClock, ResourceKind};
 
@@ -46,9 +46,26 @@ pub enum StartError {
     /// The configuration is invalid.
     #[error("{0}")]
     Config(#[from] ConfigErrors),
-    /// Something configured cannot be set up.
-    #[error("{0}")]
-    Setup(String),
+    /// The engine refused the configuration's resources and upstreams.
+    #[error(transparent)]
+    Engine(#[from] SpecError),
+    /// The recovery directory cannot be found or opened (REC-10..22, REC-25).
+    #[error(transparent)]
+    Ledger(#[from] LedgerError),
+    /// An upstream's adapter kind did not build its adapter.
+    #[error(transparent)]
+    Adapter(#[from] BuildError),
+    /// Something else configured cannot be set up. `message` is what the
+    /// operator reads (it already says the source's words); `source` is the
+    /// error behind it, for a program that asks what it was.
+    #[error("{message}")]
+    Setup {
+        /// What could not be set up, and why.
+        message: String,
+        /// The error that stopped it, where there is one.
+        #[source]
+        source: Option<Box<dyn std::error::Error + Send + Sync>>,
+    },
 }
 
 /// Load, assemble and serve with `registry`'s adapter kinds; returns when shut down.
@@ -143,8 +160,23 @@ async fn wait_for_signal() {
     }
 }
 
-fn setup(msg: impl Into<String>) -> StartError {
-    StartError::Setup(msg.into())
+/// A setup error with no error behind it.
+fn setup(message: impl Into<String>) -> StartError {
+    StartError::Setup {
+        message: message.into(),
+        source: None,
+    }
+}
+
+/// A setup error saying `message`, caused by `source`.
+fn setup_because(
+    message: impl Into<String>,
+    source: impl std::error::Error + Send + Sync + 'static,
+) -> StartError {
+    StartError::Setup {
+        message: message.into(),
+        source: Some(Box::new(source)),
+    }
 }
 
 fn read_credential(
@@ -154,22 +186,32 @@ fn read_credential(
         return Ok(None);
     };
     let name = http::HeaderName::from_bytes(c.header.as_bytes()).map_err(|e| {
-        setup(format!(
-            "upstream {:?}: credential header {:?}: {e}",
-            u.name, c.header
-        ))
+        setup_because(
+            format!(
+                "upstream {:?}: credential header {:?}: {e}",
+                u.name, c.header
+            ),
+            e,
+        )
     })?;
     let raw = std::fs::read_to_string(&c.value_file).map_err(|e| {
-        setup(format!(
-            "upstream {:?}: cannot read the credential file {}: {e}",
-            u.name, c.value_file
-        ))
+        setup_because(
+            format!(
+                "upstream {:?}: cannot read the credential file {}: {e}",
+                u.name, c.value_file
+            ),
+            e,
+        )
     })?;
-    let mut value = http::HeaderValue::from_str(raw.trim()).map_err(|_| {
-        setup(format!(
-            "upstream {:?}: the credential in {} is not a valid header value",
-            u.name, c.value_file
-        ))
+    // The message names the file, never the value: it is a credential.
+    let mut value = http::HeaderValue::from_str(raw.trim()).map_err(|e| {
+        setup_because(
+            format!(
+                "upstream {:?}: the credential in {} is not a valid header value",
+                u.name, c.value_file
+            ),
+            e,
+        )
     })?;
     value.set_sensitive(true);
     Ok(Some((name, value)))
@@ -182,10 +224,12 @@ fn build_adapter(
     state_dir: &Path,
     registry: &AdapterRegistry,
 ) -> Result<Arc<dyn Adapter>, StartError> {
-    let target: http::Uri = u
-        .target
-        .parse()
-        .map_err(|e| setup(format!("upstream {:?}: target {:?}: {e}", u.name, u.target)))?;
+    let target: http::Uri = u.target.parse().map_err(|e| {
+        setup_because(
+            format!("upstream {:?}: target {:?}: {e}", u.name, u.target),
+            e,
+        )
+    })?;
     let ctx = AdapterContext {
         upstream: u,
         target,
@@ -193,13 +237,13 @@ fn build_adapter(
         clock,
         state_dir,
     };
-    registry.build(&ctx).map_err(|e| setup(e.to_string()))
+    Ok(registry.build(&ctx)?)
 }
 
 async fn bind(what: &str, addr: &str) -> Result<TcpListener, StartError> {
     TcpListener::bind(addr)
         .await
-        .map_err(|e| setup(format!("cannot listen on {addr} for {what}: {e}")))
+        .map_err(|e| setup_because(format!("cannot listen on {addr} for {what}: {e}"), e))
 }
 
 /// The control listener's accept queue: deep enough that a burst of
@@ -211,13 +255,14 @@ const CONTROL_BACKLOG: u32 = 4096;
 /// Bind the control listener with [`CONTROL_BACKLOG`].
 fn bind_control(addr: &str) -> Result<TcpListener, StartError> {
     let fail = |e: std::io::Error| {
-        setup(format!(
-            "cannot listen on {addr} for the control plane: {e}"
-        ))
+        setup_because(
+            format!("cannot listen on {addr} for the control plane: {e}"),
+            e,
+        )
     };
     let at: SocketAddr = addr
         .parse()
-        .map_err(|e| setup(format!("server.listen {addr:?}: {e}")))?;
+        .map_err(|e| setup_because(format!("server.listen {addr:?}: {e}"), e))?;
     let socket = if at.is_ipv4() {
         tokio::net::TcpSocket::new_v4()
     } else {
@@ -240,8 +285,8 @@ fn open_ledger(
     clock: MonotonicClock,
 ) -> Result<(Ledger, std::path::PathBuf), StartError> {
     let input = LocationInput::from_env(config_path, &config.server.admission_state_dir);
-    let location = resolve_location(&input).map_err(|e| setup(e.to_string()))?;
-    let (ledger, recovered) = Ledger::open(&location.path).map_err(|e| setup(e.to_string()))?;
+    let location = resolve_location(&input)?;
+    let (ledger, recovered) = Ledger::open(&location.path)?;
     info!(dir = %location.path.display(), created = location.created, restored = recovered.len(), "recovery directory open");
     let (now, wall) = (clock.now(), std::time::SystemTime::now());
     for entry in &recovered {
@@ -251,10 +296,13 @@ fn open_ledger(
         let overlaps = engine
             .restore_held(entry.to_restored(now, wall), &reason)
             .map_err(|e| {
-                setup(format!(
-                    "{e} (recovery directory {}); vacancyd does not start rather than forget this work",
-                    location.path.display()
-                ))
+                setup_because(
+                    format!(
+                        "{e} (recovery directory {}); vacancyd does not start rather than forget this work",
+                        location.path.display()
+                    ),
+                    e,
+                )
             })?;
         for o in overlaps {
             warn!(entry = %entry.id, other_entry = %o.holder, resource = %o.resource, "two unresolved records name the same resource (a crash came between one job's end and its record); both are held, since either may still run: stop or verify both at the upstream, then release each as an administrator");
@@ -321,16 +369,15 @@ pub async fn start(
         warn!(config = %origin, "{w}");
     }
     let clock = MonotonicClock::new();
-    let control_addr: SocketAddr = config
-        .server
-        .listen
-        .parse()
-        .map_err(|e| setup(format!("server.listen {:?}: {e}", config.server.listen)))?;
+    let control_addr: SocketAddr =
+        config.server.listen.parse().map_err(|e| {
+            setup_because(format!("server.listen {:?}: {e}", config.server.listen), e)
+        })?;
     if !control_addr.ip().is_loopback() && config.server.tokens.is_empty() {
         warn!(listen = %control_addr, "the control listener is reachable beyond loopback but no [[server.token]] is configured: /status and /metrics answer only loopback clients, and /admin nobody");
     }
 
-    let mut engine = Engine::new(EngineSpec::from(&config)).map_err(|e| setup(e.to_string()))?;
+    let mut engine = Engine::new(EngineSpec::from(&config))?;
     let (ledger, state_dir) = open_ledger(&config, config_path, &mut engine, clock)?;
     let lender = Arc::new(Lender::new(
         engine,
@@ -379,7 +426,7 @@ pub async fn start(
     let control_listener = bind_control(&config.server.listen)?;
     let control = control_listener
         .local_addr()
-        .map_err(|e| setup(format!("control listener: {e}")))?;
+        .map_err(|e| setup_because(format!("control listener: {e}"), e))?;
     #[cfg_attr(not(windows), allow(unused_mut))]
     let mut state = control_state(
         &config,
@@ -429,7 +476,7 @@ async fn spawn_terms(
 ) -> Result<(), StartError> {
     if let Some(hours) = &config.lending.hours {
         let schedule = vacancy::hours::Schedule::parse(hours)
-            .map_err(|e| setup(format!("lending.hours: {e}")))?;
+            .map_err(|e| setup_because(format!("lending.hours: {e}"), e))?;
         let projected = vacancy::proxy::hours_watch::project(&schedule, lender);
         info!(schedule = %projected.schedule, "lending hours in force");
         lender.set_lending_hours(Some(projected));
@@ -552,8 +599,8 @@ async fn open_upstream(
     let id = lender
         .upstream_id(&u.name)
         .ok_or_else(|| setup(format!("upstream {:?} is missing from the engine", u.name)))?;
-    let target =
-        Target::parse(&u.target).map_err(|e| setup(format!("upstream {:?}: {e}", u.name)))?;
+    let target = Target::parse(&u.target)
+        .map_err(|e| setup_because(format!("upstream {:?}: {e}", u.name), e))?;
     // Looked up once now, and again only when connecting fails (issue 31 item 5).
     match tokio::time::timeout(Duration::from_secs(5), target.resolve()).await {
         Ok(Ok(_)) => {}
@@ -683,4 +730,49 @@ fn serve_listeners(
         },
         shutdown.clone(),
     ));
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use std::error::Error as _;
+
+    #[test]
+    fn a_setup_error_keeps_its_message_and_carries_its_source() {
+        // Issue 32 item 6: the operator's words unchanged, the cause typed.
+        let e = bind_control("not an address").unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "server.listen \"not an address\": invalid socket address syntax"
+        );
+        assert!(matches!(e, StartError::Setup { .. }), "{e:?}");
+        let source = e.source().unwrap();
+        assert!(source.is::<std::net::AddrParseError>(), "{source:?}");
+
+        let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = taken.local_addr().unwrap().to_string();
+        let e = bind_control(&addr).unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with(&format!("cannot listen on {addr} for the control plane: ")),
+            "{e}"
+        );
+        let io = e
+            .source()
+            .unwrap()
+            .downcast_ref::<std::io::Error>()
+            .unwrap();
+        assert_eq!(io.kind(), std::io::ErrorKind::AddrInUse);
+    }
+
+    #[test]
+    fn an_adapter_factorys_error_reaches_the_operator_in_its_own_words() {
+        let e = StartError::from(BuildError::because(
+            "llamacpp adapter: overlap",
+            std::io::Error::other("overlap"),
+        ));
+        assert_eq!(e.to_string(), "llamacpp adapter: overlap");
+        assert!(matches!(e, StartError::Adapter(_)), "{e:?}");
+    }
 }

@@ -26,7 +26,7 @@
 //! `check-config` checks the kind's own `[upstream.adapter_settings]`, and an
 //! unknown kind is reported with the list of registered ones.
 
-mod admin_cmd;
+mod admin;
 #[cfg(windows)]
 mod admin_pipe;
 mod calibrate;
@@ -40,7 +40,7 @@ mod logging;
 #[cfg(windows)]
 mod service;
 mod settings;
-mod status_cmd;
+mod status;
 
 use std::path::Path;
 use std::process::ExitCode;

@@ -1,7 +1,8 @@
 //! The state an `Engine` shares with its `Driver`'s threads: the engine
 //! behind its lock, the wakeups of waiting callers, the configured samplers
 //! and presence backend. It feeds the daemon's own sampling and presence
-//! loops (`vacancy::proxy::shells`), which see it as a [`LoopSink`].
+//! loops (`vacancy::proxy::sampling`, `vacancy::proxy::presence_watch`),
+//! which see it as a [`LoopSink`].
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -98,7 +99,20 @@ impl Core {
                         t.notify_one();
                     }
                 }
-                _ => {}
+                // No ledger here: Python's engine persists nothing.
+                Effect::Persist(_)
+                | Effect::MarkHeld { .. }
+                | Effect::RewriteRef { .. }
+                | Effect::Forget(_) => {}
+                // No observation or reclaim loop runs in Python.
+                Effect::Observe(_) | Effect::WakeReclaims => {}
+                // `Effect` is non_exhaustive: one this version does not know
+                // is said in the log, never dropped silently (issue 32 item 2).
+                other => tracing::warn!(
+                    target: "vacancy::effects",
+                    effect = ?other,
+                    "the engine asked for an effect these bindings do not know; it was not carried out"
+                ),
             }
         }
         if wake {

@@ -1,4 +1,4 @@
-//! Engine admit + release throughput (DESIGN §9 target: <= 2 µs, flat in the
+//! Engine admit + release throughput (target: <= 2 µs, flat in the
 //! number of resources and upstreams). Each iteration admits one job, releases
 //! it, and records the post-job sample that the next admission needs (ADM-04),
 //! cycling through the upstreams.

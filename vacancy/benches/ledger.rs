@@ -1,4 +1,4 @@
-//! The cost of durability on the request path (DESIGN §8): one `persist`
+//! The cost of durability on the request path (REC-01: reservations are persisted before forwarding): one `persist`
 //! (an appended journal line and one `fdatasync`) against the floor, a bare
 //! append and `fdatasync` on the same file system, plus `forget`.
 //!

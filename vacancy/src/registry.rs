@@ -64,14 +64,41 @@ impl fmt::Debug for AdapterContext<'_> {
 }
 
 /// Why a factory could not build an adapter; the daemon does not start.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct BuildError(pub String);
+///
+/// Its message is what the operator reads; [`source`](std::error::Error::source)
+/// is the error behind it, where the factory gave one ([`BuildError::because`]).
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct BuildError {
+    message: String,
+    #[source]
+    source: Option<Box<dyn std::error::Error + Send + Sync>>,
+}
 
 impl BuildError {
     /// A build error saying `why`.
     pub fn new(why: impl fmt::Display) -> Self {
-        BuildError(why.to_string())
+        BuildError {
+            message: why.to_string(),
+            source: None,
+        }
+    }
+
+    /// A build error saying `message` (which should say `source`'s words:
+    /// it is what the operator reads), caused by `source`.
+    pub fn because(
+        message: impl fmt::Display,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        BuildError {
+            message: message.to_string(),
+            source: Some(Box::new(source)),
+        }
+    }
+
+    /// What the operator reads.
+    pub fn message(&self) -> &str {
+        &self.message
     }
 }
 
@@ -177,7 +204,7 @@ impl AdapterRegistry {
     pub fn build(&self, ctx: &AdapterContext<'_>) -> Result<Arc<dyn Adapter>, BuildError> {
         let kind = ctx.upstream.adapter.as_str();
         let factory = self.get(kind).ok_or_else(|| {
-            BuildError(format!(
+            BuildError::new(format!(
                 "upstream {:?}: no adapter kind {kind:?} is registered (registered: {})",
                 ctx.upstream.name,
                 self.names().join(", ")
@@ -334,6 +361,6 @@ level = 2
             state_dir: Path::new("/nonexistent"),
         };
         let err = reg.build(&ctx).err().unwrap();
-        assert!(err.0.contains("registered: third"), "{err}");
+        assert!(err.message().contains("registered: third"), "{err}");
     }
 }

@@ -2,7 +2,8 @@
 //! executions as work, capability and result reads without admission, and
 //! engine residency from `GET /status` (VOICE-01..20).
 //!
-//! The routes are DESIGN §4's compatible-voice-server contract. Of
+//! The routes are the compatible-voice-server contract
+//! (docs/operator-guide.md#voice-servers). Of
 //! chatterbox-tts-api's published routes (its README's "core TTS
 //! endpoints"), `POST /v1/audio/speech` (also with `stream_format: "sse"`),
 //! `/v1/audio/speech/stream`, `/v1/audio/speech/upload` and
@@ -83,7 +84,7 @@ pub const ROUTES: &[RouteSpec] = crate::join_routes![
 
 /// [`ROUTES`] as a checked [`RouteTable`].
 ///
-/// Refused if two entries could match the same request (DESIGN §8).
+/// Refused if two entries could match the same request (docs/adapter-guide.md#route-classes).
 pub fn route_table() -> Result<RouteTable, RouteOverlap> {
     RouteTable::new(ROUTES.to_vec())
 }
@@ -240,7 +241,7 @@ impl ChatterboxAdapter {
     }
 
     /// The same adapter answering at the paths of `[upstream.voice_routes]`
-    /// (DESIGN §4: each path configurable per upstream).
+    /// (docs/config.md#upstreamvoice_routes: each path configurable per upstream).
     ///
     /// See [`route_table_for`]; two paths that could match the same request
     /// are refused.
@@ -335,7 +336,7 @@ mod tests {
 
     #[test]
     fn configured_voice_routes_replace_the_default_paths_and_keep_the_rest() {
-        // VOICE-01, VOICE-05..07 under `[upstream.voice_routes]` (DESIGN §4)
+        // VOICE-01, VOICE-05..07 under `[upstream.voice_routes]` (docs/config.md#upstreamvoice_routes)
         let routes = VoiceRoutesConfig {
             speech: "/tts/".to_owned(),
             executions: "/jobs".to_owned(),
@@ -497,7 +498,7 @@ mod tests {
 
     #[test]
     fn the_voice_paths_are_configurable_per_upstream() {
-        // DESIGN §4, VOICE-05..07 on other paths.
+        // docs/config.md#upstreamvoice_routes, VOICE-05..07 on other paths.
         let routes = VoiceRoutesConfig {
             speech: "/tts/speak".into(),
             executions: "/tts/jobs".into(),

@@ -93,7 +93,7 @@ pub const ROUTES: &[RouteSpec] = crate::routes![
 
 /// [`ROUTES`] as a checked [`RouteTable`].
 ///
-/// Refused if two entries could match the same request (DESIGN §8).
+/// Refused if two entries could match the same request (docs/adapter-guide.md#route-classes).
 pub fn route_table() -> Result<RouteTable, RouteOverlap> {
     RouteTable::new(ROUTES.to_vec())
 }

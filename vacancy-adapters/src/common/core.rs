@@ -10,7 +10,7 @@ use super::{AdapterSettings, ObservationClient};
 ///
 /// # Behavior
 ///
-/// [`AdapterCore::new`] checks the table (DESIGN §8: no two entries may match
+/// [`AdapterCore::new`] checks the table (docs/adapter-guide.md#route-classes: no two entries may match
 /// the same request) and connects nothing; the client sends
 /// `[upstream.credential]` only (OBS-01/02).
 #[derive(Debug)]

@@ -110,7 +110,7 @@ const OWN_ROUTES: &[RouteSpec] = crate::routes![
 
 /// [`ROUTES`] as a checked [`RouteTable`].
 ///
-/// Refused if two entries could match the same request (DESIGN §8); the
+/// Refused if two entries could match the same request (docs/adapter-guide.md#route-classes); the
 /// table's tests build it, so an overlap never ships.
 pub fn route_table() -> Result<RouteTable, RouteOverlap> {
     RouteTable::new(ROUTES.to_vec())
@@ -169,7 +169,7 @@ impl OllamaAdapter {
     /// An adapter for the upstream at `settings.target`, learning into an
     /// in-memory [`ContextCache`].
     ///
-    /// Builds and checks [`ROUTES`] (DESIGN §8); connects nothing.
+    /// Builds and checks [`ROUTES`] (docs/adapter-guide.md#route-classes); connects nothing.
     pub fn new(settings: AdapterSettings) -> Result<Self, RouteOverlap> {
         let unload_client = ObservationClient::new(
             &settings

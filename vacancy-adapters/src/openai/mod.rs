@@ -34,7 +34,7 @@ pub const ROUTES: &[RouteSpec] =
 
 /// [`ROUTES`] as a checked [`RouteTable`].
 ///
-/// Refused if two entries could match the same request (DESIGN §8); the
+/// Refused if two entries could match the same request (docs/adapter-guide.md#route-classes); the
 /// table's tests build it, so an overlap never ships.
 pub fn route_table() -> Result<RouteTable, RouteOverlap> {
     RouteTable::new(ROUTES.to_vec())
@@ -71,7 +71,7 @@ impl OpenAiAdapter {
 
     /// An adapter for the upstream at `settings.target`.
     ///
-    /// Builds and checks [`ROUTES`] (DESIGN §8); connects nothing.
+    /// Builds and checks [`ROUTES`] (docs/adapter-guide.md#route-classes); connects nothing.
     pub fn new(settings: AdapterSettings) -> Result<Self, RouteOverlap> {
         Ok(OpenAiAdapter {
             core: AdapterCore::new(settings, ROUTES)?,

@@ -1,4 +1,4 @@
-//! The control listener (DESIGN §4): `/health`, `/health/upstreams/<name>`
+//! The control listener (docs/security.md#the-listeners): `/health`, `/health/upstreams/<name>`
 //! (for load balancers), `/status`, `/metrics`, `/history`, the owner console
 //! at `/` with its live `/events` stream, and the `/admin` calls.
 

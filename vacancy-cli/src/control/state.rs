@@ -57,7 +57,7 @@ pub struct ControlState {
     pub failures: super::failures::AuthFailures,
 }
 
-/// `/status` (DESIGN §4).
+/// `/status` (docs/operator-guide.md#see-what-it-is-doing).
 #[derive(Debug, Serialize)]
 pub struct StatusDoc {
     /// The lending switch.

@@ -1,8 +1,8 @@
 //! Configuration: the TOML schema and its validation.
 //!
 //! A configuration is parsed, then validated, and every problem is reported at
-//! once, each with its key path and line ([`ConfigErrors`]). The schema is the
-//! contract in DESIGN §3; `docs/config.md` documents every key.
+//! once, each with its key path and line ([`ConfigErrors`]). The schema is a
+//! contract: keys may be added, never renamed; `docs/config.md` documents every key.
 //!
 //! ```
 //! use vacancy::config::Config;
@@ -60,7 +60,7 @@ pub use validate::EXAMPLE_TOKEN_PLACEHOLDER;
 
 /// The configuration `vacancyd run` uses when no `--config` is given: system
 /// memory as the one resource, a local llama-server lent on 127.0.0.1:8081 and
-/// a local Ollama lent on 127.0.0.1:11435 (DESIGN §3).
+/// a local Ollama lent on 127.0.0.1:11435 (docs/config.md#the-embedded-default).
 pub const EMBEDDED_DEFAULT: &str = r#"# vacancyd's built-in configuration, used when no --config is given.
 
 [server]

@@ -2,7 +2,7 @@
 //!
 //! Every struct denies unknown keys and takes its defaults from a hand-written
 //! `Default` impl, so a table may leave out any key. The key names are a
-//! contract (DESIGN §3): keys may be added, never renamed.
+//! contract (docs/config.md): keys may be added, never renamed.
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
@@ -601,7 +601,7 @@ pub struct ResourceRequirement {
 }
 
 /// `[upstream.voice_routes]`: where a compatible voice server answers
-/// (DESIGN §4); each path defaults to the contract's. `{id}` stands for a
+/// (docs/config.md#upstreamvoice_routes); each path defaults to the contract's. `{id}` stands for a
 /// result-read ID (`^[A-Za-z0-9_-]{8,80}$`, VOICE-07).
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]

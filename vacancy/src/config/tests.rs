@@ -1513,7 +1513,7 @@ fn a_file_that_is_not_utf8_names_the_byte_offset() {
 
 #[test]
 fn voice_routes_parse_and_their_paths_are_the_adapters_to_check() {
-    // DESIGN §4: the voice paths, configurable per upstream. Core
+    // docs/config.md#upstreamvoice_routes: the voice paths, configurable per upstream. Core
     // configuration parses the table; the chatterbox kind checks the paths
     // (vacancy-adapters' builtin tests), not core keyed on its name.
     let good = with(&[upstream(

@@ -2,7 +2,7 @@
 //!
 //! Pure state plus inputs plus `now`: no sockets, no threads, no clock reads.
 //! Shells feed it capacity samples, observations, presence and pressure, ask it
-//! to admit and release work, and do what its answers say (DESIGN §2).
+//! to admit and release work, and do what its answers say (ARCHITECTURE.md#layers).
 //!
 //! # Behavior
 //!

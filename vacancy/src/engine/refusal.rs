@@ -6,7 +6,7 @@ use std::time::Duration;
 /// Every reason vacancyd refuses a borrowed request, each with exactly one HTTP status.
 ///
 /// The code is what clients match on; it is rendered in every upstream dialect
-/// (DESIGN §4). `resource_busy` always carries `Retry-After: 2` (ADM-02).
+/// (docs/operator-guide.md#refusals). `resource_busy` always carries `Retry-After: 2` (ADM-02).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]

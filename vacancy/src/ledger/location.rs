@@ -88,7 +88,7 @@ pub enum LocationSource {
     /// Beside the configuration file, with the `.admission` extension (REC-11, REC-13).
     BesideConfig,
     /// `$XDG_STATE_HOME/vacancyd/admission` or `~/.local/state/vacancyd/admission`,
-    /// with no configuration file (DESIGN §3).
+    /// with no configuration file (docs/operator-guide.md#the-recovery-directory).
     UserState,
     /// `server.admission_state_dir` named it (REC-10, REC-17).
     Setting,

@@ -41,7 +41,7 @@
 //!
 //! - [`Ledger::persist`](crate::proxy::ReservationStore::persist) appends the
 //!   `admit` line and waits for one `fdatasync` of the journal: the only sync
-//!   on the request path (DESIGN §8). One writer thread does the blocking
+//!   on the request path (REC-01). One writer thread does the blocking
 //!   I/O and applies changes whole, in the order they were submitted, so a
 //!   release never overtakes the admission it releases.
 //! - `mark_held`, `forget` and [`Ledger::rewrite_ref`] append and sync too, off
@@ -97,7 +97,9 @@ pub use location::{
     recovery_path, resolve_location,
 };
 pub use record::RecoveredEntry;
-pub use store::{ReservationStore, StoreChange, StoreError, StoreWrite, VolatileStore};
+pub use store::{
+    ReservationStore, StoreChange, StoreError, StoreFailure, StoreWrite, VolatileStore,
+};
 
 use record::{LiveSet, Replay};
 use writer::{Appended, Change, Job, Writer};
@@ -399,7 +401,7 @@ impl ReservationStore for Ledger {
             };
             result.map_err(|e| StoreError {
                 entry,
-                reason: e.to_string(),
+                reason: e.into(),
             })
         })
     }

@@ -3,16 +3,30 @@
 use std::future::Future;
 use std::pin::Pin;
 
-use crate::engine::{EntryId, Reservation};
+use crate::engine::{Effect, EntryId, Reservation};
+use crate::ledger::LedgerError;
 
 /// A reservation could not be recorded: the request must not be forwarded.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, thiserror::Error)]
 #[error("cannot record work entry {entry}: {reason}")]
 pub struct StoreError {
     /// The entry.
     pub entry: EntryId,
     /// Why, naming the file or directory.
-    pub reason: String,
+    #[source]
+    pub reason: StoreFailure,
+}
+
+/// Why a store could not record a change.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreFailure {
+    /// The recovery directory's journal could not be written or synced.
+    #[error(transparent)]
+    Ledger(#[from] LedgerError),
+    /// Another store's reason, in its words.
+    #[error("{0}")]
+    Other(String),
 }
 
 /// One change to the store, for one entry.
@@ -40,6 +54,29 @@ pub enum StoreChange {
 }
 
 impl StoreChange {
+    /// The change `effect` asks of the store; `None` for an effect that is
+    /// not the store's (a sample, an observation, a wake-up). The one mapping
+    /// from the engine's effects to the store: the lender and the simulation
+    /// both record through it. Exhaustive: a new [`Effect`] does not compile
+    /// until it is sorted here.
+    pub fn of_effect(effect: Effect) -> Option<StoreChange> {
+        match effect {
+            Effect::Persist(reservation) => Some(StoreChange::Admit(reservation)),
+            Effect::MarkHeld { entry, reason } => Some(StoreChange::Held { entry, reason }),
+            Effect::RewriteRef {
+                entry,
+                upstream_ref,
+            } => Some(StoreChange::Ref {
+                entry,
+                upstream_ref,
+            }),
+            Effect::Forget(entry) => Some(StoreChange::Release(entry)),
+            Effect::Sample(_) | Effect::Observe(_) | Effect::WakeReclaims | Effect::WakeWaiters => {
+                None
+            }
+        }
+    }
+
     /// The entry the change is about.
     pub fn entry(&self) -> EntryId {
         match self {

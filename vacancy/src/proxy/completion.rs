@@ -1,5 +1,5 @@
 //! The response body of synchronous work, which carries its [`Exchange`]
-//! (DESIGN §8).
+//! (ARCHITECTURE.md#the-request-path).
 //!
 //! The clean end of the upstream response releases the reservation, recorded
 //! before the borrower's last byte is handed over. A broken-off response holds

@@ -1,5 +1,5 @@
 //! One borrowed request from its admission to the moment its end is known
-//! (DESIGN §8).
+//! (ARCHITECTURE.md#the-request-path).
 //!
 //! An [`Exchange`] owns the entry: whoever holds it is the one place that may
 //! end it, and it ends exactly once, in [`Exchange::finish`], with what was

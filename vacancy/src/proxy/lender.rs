@@ -12,7 +12,7 @@ use crate::engine::{
     Lesson, ModelObservation, OwnerPresence, Phase, PowerSource, Refusal, RefusalCode,
     ReleaseEffect, ReleaseOutcome, Reservation, UpstreamId, Vacancy, WorkRequest,
 };
-use crate::ledger::store::{ReservationStore, StoreError, StoreWrite};
+use crate::ledger::store::{ReservationStore, StoreChange, StoreError, StoreFailure, StoreWrite};
 use crate::proxy::history::History;
 use crate::proxy::live::LiveWork;
 use crate::proxy::metrics::{self, Metrics};
@@ -64,8 +64,8 @@ impl Lender {
         // queued in the store now (it queues on submission, so the futures
         // may go); wake-ups have nobody to wake yet.
         while let Some(effect) = engine.poll_effect() {
-            if let Some((_, write)) = submit(store.as_ref(), effect) {
-                drop(write);
+            if let Some(change) = StoreChange::of_effect(effect) {
+                drop(store.submit(change));
             }
         }
         Lender {
@@ -124,15 +124,24 @@ impl Lender {
                 if recorded == Some(&effect) {
                     continue;
                 }
+                // Exhaustive: a new effect does not compile until the
+                // lender says what it does with it.
                 match effect {
                     Effect::Sample(resource) => wakes.sample.push(resource),
                     Effect::Observe(upstream) => wakes.observe.push(upstream),
                     Effect::WakeReclaims => wakes.reclaims = true,
                     Effect::WakeWaiters => wakes.waiters = true,
-                    ledger => {
-                        work_changed |= matches!(ledger, Effect::Persist(_) | Effect::Forget(_));
-                        if let Some((record, write)) = submit(self.store.as_ref(), ledger) {
-                            writes.push(LedgerWrite { record, write });
+                    ledger @ (Effect::Persist(_)
+                    | Effect::MarkHeld { .. }
+                    | Effect::RewriteRef { .. }
+                    | Effect::Forget(_)) => {
+                        if let Some(change) = StoreChange::of_effect(ledger) {
+                            work_changed |=
+                                matches!(change, StoreChange::Admit(_) | StoreChange::Release(_));
+                            writes.push(LedgerWrite {
+                                record: Record::of(&change),
+                                write: self.store.submit(change),
+                            });
                         }
                     }
                 }
@@ -582,26 +591,6 @@ impl Lender {
     }
 }
 
-/// Submit a ledger effect to the store (queued in the call); `None` for an
-/// effect that is not the store's.
-fn submit(store: &dyn ReservationStore, effect: Effect) -> Option<(Record, StoreWrite)> {
-    Some(match effect {
-        Effect::Persist(r) => (Record::Admission(r.id), store.persist(&r)),
-        Effect::MarkHeld { entry, reason } => {
-            (Record::Hold(entry), store.mark_held(entry, &reason))
-        }
-        Effect::RewriteRef {
-            entry,
-            upstream_ref,
-        } => (
-            Record::Handle(entry),
-            store.rewrite_ref(entry, &upstream_ref),
-        ),
-        Effect::Forget(entry) => (Record::End(entry), store.forget(entry)),
-        _ => return None,
-    })
-}
-
 /// Which record a ledger write carries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Record {
@@ -609,6 +598,18 @@ enum Record {
     Hold(EntryId),
     Handle(EntryId),
     End(EntryId),
+}
+
+impl Record {
+    /// Which record `change` writes.
+    fn of(change: &StoreChange) -> Record {
+        match change {
+            StoreChange::Admit(r) => Record::Admission(r.id),
+            StoreChange::Held { entry, .. } => Record::Hold(*entry),
+            StoreChange::Ref { entry, .. } => Record::Handle(*entry),
+            StoreChange::Release(entry) => Record::End(*entry),
+        }
+    }
 }
 
 /// A ledger effect submitted to the store, on its way to disk.
@@ -700,7 +701,7 @@ fn persisted(reservation: &Reservation, writes: Vec<LedgerWrite>) -> StoreWrite 
     own.unwrap_or_else(|| {
         Box::pin(std::future::ready(Err(StoreError {
             entry,
-            reason: "the engine queued no record for the admission".to_owned(),
+            reason: StoreFailure::Other("the engine queued no record for the admission".to_owned()),
         })))
     })
 }
@@ -752,7 +753,7 @@ pub enum HeldReleaseError {
     Engine(#[from] EngineError),
     /// The release could not be recorded; the entry stays held.
     #[error("the release could not be recorded, so the entry stays held: {0}")]
-    NotRecorded(StoreError),
+    NotRecorded(#[source] StoreError),
 }
 
 /// A change the engine made could not be recorded.
@@ -764,7 +765,7 @@ pub enum RecordError {
     Engine(#[from] EngineError),
     /// The store could not write it.
     #[error("the change could not be recorded: {0}")]
-    NotRecorded(StoreError),
+    NotRecorded(#[source] StoreError),
 }
 
 /// One pass of [`Lender::decide`]: the engine's decision, with an admission's
@@ -839,7 +840,7 @@ mod tests {
                         Ok(true) => Ok(()),
                         _ => Err(StoreError {
                             entry,
-                            reason: "No space left on device".to_owned(),
+                            reason: StoreFailure::Other("No space left on device".to_owned()),
                         }),
                     },
                 }

@@ -1,4 +1,4 @@
-//! Prometheus metrics of the daemon (DESIGN §4 `/metrics`), kept with the
+//! Prometheus metrics of the daemon (`/metrics`, docs/operator-guide.md#see-what-it-is-doing), kept with the
 //! `prometheus-client` crate and exposed in the Prometheus text format 0.0.4.
 //!
 //! Counters and histograms are updated where things happen (admission, the

@@ -46,7 +46,7 @@ pub(crate) mod tracked;
 pub mod tunnel;
 
 pub use crate::ledger::store::{
-    ReservationStore, StoreChange, StoreError, StoreWrite, VolatileStore,
+    ReservationStore, StoreChange, StoreError, StoreFailure, StoreWrite, VolatileStore,
 };
 pub use forward::ProxyBody;
 pub use lender::{Admission, Decided, HeldReleaseError, Lender, RecordError, Seat};

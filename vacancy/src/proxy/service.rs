@@ -153,7 +153,7 @@ fn expects_continue(headers: &http::HeaderMap) -> bool {
 }
 
 /// Refuse, draining a small unread body first so the connection stays usable
-/// (DESIGN §4); a larger body closes the connection instead, and so does one
+/// (docs/operator-guide.md#refusals); a larger body closes the connection instead, and so does one
 /// the client has not sent yet because it waits for `100 Continue`: reading
 /// it would ask for it (issue 30 item 8).
 async fn refuse_after_draining(

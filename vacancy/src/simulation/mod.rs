@@ -56,7 +56,7 @@ use crate::engine::{
 };
 use crate::ledger::Ledger;
 use crate::ledger::disk::{Fault, FaultDisk, MemDisk};
-use crate::proxy::ReservationStore;
+use crate::proxy::{ReservationStore, StoreChange};
 use crate::time::Moment;
 use crate::traits::resource::{CapacitySample, ResourceKind};
 
@@ -524,15 +524,24 @@ impl Simulation {
     fn apply_effects(&mut self, skip: Option<EntryId>) -> Result<bool, Crashed> {
         let mut ok = true;
         while let Some(effect) = self.engine.poll_effect() {
-            let write = match effect {
-                Effect::Persist(r) => self.ledger.persist(&r),
-                Effect::MarkHeld { entry, reason } => self.ledger.mark_held(entry, &reason),
-                Effect::RewriteRef {
-                    entry,
-                    upstream_ref,
-                } => ReservationStore::rewrite_ref(&self.ledger, entry, &upstream_ref),
-                Effect::Forget(entry) if Some(entry) != skip => self.ledger.forget(entry),
-                _ => continue,
+            // Exhaustive, as the lender's: the wake-ups are this scheduler's
+            // own steps, the records go through the lender's mapping.
+            let change = match effect {
+                Effect::Sample(_)
+                | Effect::Observe(_)
+                | Effect::WakeReclaims
+                | Effect::WakeWaiters => {
+                    continue;
+                }
+                ledger @ (Effect::Persist(_)
+                | Effect::MarkHeld { .. }
+                | Effect::RewriteRef { .. }
+                | Effect::Forget(_)) => StoreChange::of_effect(ledger),
+            };
+            let write = match change {
+                Some(StoreChange::Release(entry)) if Some(entry) == skip => continue,
+                Some(change) => ReservationStore::submit(&self.ledger, change),
+                None => continue,
             };
             ok &= self.wait(write)?;
         }

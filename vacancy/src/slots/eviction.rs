@@ -32,7 +32,7 @@ pub const LRU_RETIRED_EVENT: &str = "slot.lru_flag_retired";
 ///
 /// Absent → 50 (EVICT-02). An integer is clamped into 0..=100. Anything that
 /// is not an integer — a float (even `70.0`), a string, a bool — reads as 50.
-/// The seed is silent on out-of-range values and RULES.md's EVICT-02 reading
+/// The seed is silent on out-of-range values and docs/rules.md's EVICT-02 reading
 /// rejects them at validation; that strict check is [`validate_priority`].
 /// This lenient reading follows hal0's sweep, which must still order a slot
 /// file that was loaded leniently. (Python's `bool` is an `int`; reading it as

@@ -2,7 +2,7 @@
 //!
 //! A *slot* is a named place where one model server runs. This module holds the
 //! reusable rules of hal0's slot lifecycle (seed 002; rule IDs are those of the
-//! rule catalog, `RULES.md`), one concept per file:
+//! rule catalog, `docs/rules.md`), one concept per file:
 //!
 //! - [`state`]: the nine [`SlotState`]s, [`LEGAL_TRANSITIONS`],
 //!   [`DISPATCHABLE_STATES`], [`check_transition`] and [`selection_rank`]

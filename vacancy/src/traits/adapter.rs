@@ -241,7 +241,7 @@ mod tests {
 
     #[test]
     fn openai_dialect_carries_code_type_message_and_retry_after() {
-        // ADM-02, DESIGN §4
+        // ADM-02; docs/operator-guide.md#refusals
         let r = render_openai(&Refusal::new(RefusalCode::ResourceBusy, "gpu0 is reserved"));
         assert_eq!(r.status, http::StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(r.headers.get(http::header::RETRY_AFTER).unwrap(), "2");

@@ -9,7 +9,9 @@ use crate::engine::{
     UpstreamSpec, WorkRequest,
 };
 use crate::ledger::record::{self, unix_ms};
-use crate::ledger::{COMPACT_FILE, JOURNAL_FILE, Ledger, LedgerError, RecoveredEntry};
+use crate::ledger::{
+    COMPACT_FILE, JOURNAL_FILE, Ledger, LedgerError, RecoveredEntry, StoreFailure,
+};
 use crate::proxy::ReservationStore;
 use crate::time::Moment;
 use crate::traits::{CapacitySample, ResourceKind};
@@ -171,14 +173,14 @@ async fn a_failed_append_refuses_the_reservation_and_keeps_the_journal_readable(
     ledger.inspect(move |w| w.file = Box::new(crate::ledger::disk::RealFile(read_only)));
     let e = ledger.persist(&reservation(2, None)).await.unwrap_err();
     assert_eq!(e.entry, id(2));
-    assert!(
-        e.reason.contains(&journal.display().to_string()),
-        "{}",
-        e.reason
-    );
+    // The ledger's own error, carried whole (issue 32 item 6).
+    assert!(matches!(e.reason, StoreFailure::Ledger(_)), "{e:?}");
+    let reason = e.reason.to_string();
+    assert!(reason.contains(&journal.display().to_string()), "{reason}");
     let e = ledger.persist(&reservation(3, None)).await.unwrap_err();
-    assert!(e.reason.contains("unavailable"), "{}", e.reason);
-    assert!(e.reason.contains("restarted"), "{}", e.reason);
+    let reason = e.reason.to_string();
+    assert!(reason.contains("unavailable"), "{reason}");
+    assert!(reason.contains("restarted"), "{reason}");
     // A release cannot be recorded either: the record stays, to return held.
     assert!(ledger.forget(id(1)).await.is_err());
     drop(ledger);

@@ -115,7 +115,7 @@ fn under_systemd_the_default_is_state_directory_admission() {
 
 #[test]
 fn without_a_configuration_file_the_default_is_the_users_state_directory() {
-    // DESIGN §3; REC-18, REC-21: created with missing parents, private from creation
+    // docs/operator-guide.md#the-recovery-directory; REC-18, REC-21: created with missing parents, private from creation
     let s = scratch();
     let xdg = s.tmp.path().join("xdg");
     let input = LocationInput {
