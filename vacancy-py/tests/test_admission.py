@@ -92,7 +92,12 @@ def test_pressure_and_failed_samples(engine: vacancy.Engine) -> None:
     with pytest.raises(vacancy.Refused) as caught:
         engine.admit("ollama", now=2.0)
     assert caught.value.code == "capacity_unknown"
-    assert "driver not loaded" in caught.value.reason
+    # The borrower's reason says the sample failed; the sampler's own words
+    # (an OS error, a path) are the owner's, in status.
+    assert "the last sample failed" in caught.value.reason
+    assert "driver not loaded" not in caught.value.reason
+    gpu = next(r for r in engine.status(at=2.0)["resources"] if r["name"] == "gpu0")
+    assert "driver not loaded" in (gpu["capacity_unknown"] or "")
 
 
 def test_post_job_wait_with_explicit_now_raises_wait_for_sample(engine: vacancy.Engine) -> None:
