@@ -518,14 +518,18 @@ async fn vacancys_own_job_is_never_read_as_the_owners_work() {
     // refusal then say the resource is reserved, never that the upstream runs
     // work vacancy did not admit; and once the job ends, sequential borrowers
     // are not refused on a reading of it.
+    // The job must outlast several of vacancyd's 2 s observation ticks (CI
+    // once saw a 200-token job end between two): 1,000 tokens take ~7 s here.
     let llama = LlamaServer::start(LlamaOptions {
         parallel: 2,
+        ctx: 2048,
         ..busy_model()
     })
     .unwrap();
     let d = Daemon::start(&llama.base_url(), 1000, 2000, 20_000, "");
     let url = format!("{}/completion", d.proxy);
-    let mut stream = http_stream("POST", &url, &[JSON], completion(200, true))
+    let body = serde_json::json!({"prompt": "Once upon a time", "n_predict": 1000, "ignore_eos": true, "stream": true});
+    let mut stream = http_stream("POST", &url, &[JSON], body.to_string().into_bytes())
         .await
         .unwrap();
     stream.next_chunk().await.unwrap().unwrap();
