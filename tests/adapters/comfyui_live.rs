@@ -308,8 +308,8 @@ async fn a_running_prompt_is_left_running_on_the_early_release() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_unload_is_skipped_while_comfyui_holds_a_prompt_vacancy_did_not_admit() {
     // RECL-34..37 through the yield shell, RECL-48, OBS-04.
-    use vacancy::proxy::Lender;
-    use vacancy::proxy::observation::{Yielded, yield_upstream};
+    use vacancy::shell::Lender;
+    use vacancy::shell::loops::observation::{Yielded, yield_upstream};
 
     let comfy = ComfyUi::start(ComfyFlavor::V0_3_75).unwrap();
     let adapter = adapter(&comfy);

@@ -308,7 +308,7 @@ async fn unloading_sends_keep_alive_zero_for_every_model_and_checks_the_answer()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_yield_is_counted_and_disturbs_residency_but_releases_nothing() {
     // OBS-04 (vacancyd_yields_total), RECL-45, RECL-49
-    use vacancy::proxy::observation::{Yielded, observe_upstream, yield_upstream};
+    use vacancy::shell::loops::observation::{Yielded, observe_upstream, yield_upstream};
 
     let emulator = OllamaEmulator::start(OllamaOptions::default()).unwrap();
     emulator.preload("llama3", None).unwrap();

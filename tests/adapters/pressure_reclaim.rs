@@ -17,9 +17,9 @@ use vacancy::engine::{
 use vacancy::pressure::{
     Baseline, OwnerLoad, PressureError, PressureParams, PressureReader, PressureTracker,
 };
-use vacancy::proxy::pressure::{PressureGpu, pressure_loop};
-use vacancy::proxy::reclaim::{ReclaimTimes, reclaim_loop};
-use vacancy::proxy::{Lender, Target, UpstreamRoute, VolatileStore};
+use vacancy::shell::loops::pressure::{PressureGpu, pressure_loop};
+use vacancy::shell::loops::reclaim::{ReclaimTimes, reclaim_loop};
+use vacancy::shell::{Lender, Target, UpstreamRoute, VolatileStore};
 use vacancy::{CapacitySample, MonotonicClock, ResourceKind};
 use vacancy_adapters::{AdapterSettings, OllamaAdapter};
 use vacancy_test_support::{OllamaEmulator, OllamaOptions, http_request, http_stream};
@@ -147,18 +147,18 @@ async fn rig() -> Rig {
             connect_timeout: Duration::from_secs(2),
             overhead_header: false,
             tunnel_idle: Duration::from_secs(3600),
-            reads: vacancy::proxy::pool::ReadPool::new(Duration::from_secs(2)),
+            reads: vacancy::shell::upstream::pool::ReadPool::new(Duration::from_secs(2)),
         });
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         urls.push(format!(
             "http://{}/api/generate",
             listener.local_addr().unwrap()
         ));
-        tokio::spawn(vacancy::proxy::serve(
+        tokio::spawn(vacancy::shell::serve(
             listener,
             Arc::clone(&lender),
             Arc::clone(&route),
-            vacancy::proxy::Listening::default(),
+            vacancy::shell::Listening::default(),
             shutdown.clone(),
             Duration::from_secs(1),
         ));

@@ -315,7 +315,7 @@ async fn a_thousand_idle_and_slowloris_control_connections_leave_health_checks_a
     // check asks /health/upstreams/llama every 50 ms on a new connection:
     // every answer must come within 100 ms. (An attacker reopens a closed
     // connection after a second.)
-    let ours = vacancy::proxy::conn::raise_nofile_limit();
+    let ours = vacancy::shell::proxy::conn::raise_nofile_limit();
     assert!(
         ours >= 4096,
         "this test needs 4096 descriptors; the limit is {ours}"

@@ -283,7 +283,7 @@ async fn ten_thousand_idle_and_slow_borrowers_never_stop_work_health_or_status()
     // and the upstream's), so 10,000 need a hard limit above 20,256; where
     // the hard limit is lower (20,000 in this project's containers, which
     // may not raise it) the test holds all the budget allows but 64.
-    let ours = vacancy::proxy::conn::raise_nofile_limit();
+    let ours = vacancy::shell::proxy::conn::raise_nofile_limit();
     let llama = LlamaServer::start(LlamaOptions::default()).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let setup = Setup {

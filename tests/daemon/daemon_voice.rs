@@ -473,7 +473,10 @@ async fn a_status_page_that_is_not_the_voice_status_is_logged_once_with_the_reas
         config(dir, control, proxy, &tts.base_url())
     });
     // Debug lines of the observation loop show each poll.
-    let filter = [("VACANCYD_LOG", "info,vacancy::proxy::observation=debug")];
+    let filter = [(
+        "VACANCYD_LOG",
+        "info,vacancy::shell::loops::observation=debug",
+    )];
     let d = Daemon::start_with_env(dir, &path, control, proxy, &filter);
     let s = d
         .wait_status("the observation failure in /status", |s| {

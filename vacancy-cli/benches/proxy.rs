@@ -932,7 +932,7 @@ fn main() {
             "bench-proxy needs wrk and nginx (Debian packages; scripts/bench-proxy installs them)"
         );
     }
-    let nofile = vacancy::proxy::conn::raise_nofile_limit();
+    let nofile = vacancy::shell::proxy::conn::raise_nofile_limit();
     // vacancyd budgets two descriptors a borrower connection and keeps 128;
     // this process holds one per connection plus the upstream's.
     let idle_n = sizes

@@ -119,7 +119,7 @@ impl AdminPipe {
                     let client = std::mem::replace(&mut server, next);
                     tokio::spawn(serve_client(client, control, Arc::clone(&token)));
                 }
-                () = vacancy::proxy::stopped(&mut shutdown) => return,
+                () = vacancy::shell::stopped(&mut shutdown) => return,
             }
         }
     }

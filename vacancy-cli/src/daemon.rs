@@ -18,13 +18,13 @@ use vacancy::pressure::{
     CalibrationFile, NvmlPressureReader, PressureParams, PressureReader, PressureTracker,
     UnavailableReader,
 };
-use vacancy::proxy::conn::{self, ConnLimits};
-use vacancy::proxy::observation::{self, HealthCell};
-use vacancy::proxy::pressure::PressureGpu;
-use vacancy::proxy::reclaim::ReclaimTimes;
-use vacancy::proxy::{Lender, Listening, Target, UpstreamRoute};
-use vacancy::proxy::{presence_watch, sampling};
 use vacancy::registry::{AdapterContext, AdapterRegistry, BuildError};
+use vacancy::shell::loops::observation::{self, HealthCell};
+use vacancy::shell::loops::pressure::PressureGpu;
+use vacancy::shell::loops::reclaim::ReclaimTimes;
+use vacancy::shell::loops::{presence_watch, sampling};
+use vacancy::shell::proxy::conn::{self, ConnLimits};
+use vacancy::shell::{Lender, Listening, Target, UpstreamRoute};
 use vacancy::traits::Adapter;
 use vacancy::{MonotonicClock, ResourceKind};
 
@@ -404,7 +404,7 @@ pub async fn start(
         shutdown.clone(),
     ));
     if config.owner.gpu_pressure.enabled {
-        tasks.spawn(vacancy::proxy::pressure::pressure_loop(
+        tasks.spawn(vacancy::shell::loops::pressure::pressure_loop(
             Arc::clone(&lender),
             pressure_gpus(&config, &state_dir, clock.now()),
             crate::calibrate::upstream_addrs(&config),
@@ -417,7 +417,7 @@ pub async fn start(
         &config, &lender, &state_dir, &registry, &mut tasks, &shutdown,
     )
     .await?;
-    tasks.spawn(vacancy::proxy::reclaim::reclaim_loop(
+    tasks.spawn(vacancy::shell::loops::reclaim::reclaim_loop(
         Arc::clone(&lender),
         servers.iter().map(|(_, r)| Arc::clone(r)).collect(),
         ReclaimTimes::default(),
@@ -477,10 +477,10 @@ async fn spawn_terms(
     if let Some(hours) = &config.lending.hours {
         let schedule = vacancy::hours::Schedule::parse(hours)
             .map_err(|e| setup_because(format!("lending.hours: {e}"), e))?;
-        let projected = vacancy::proxy::hours_watch::project(&schedule, lender);
+        let projected = vacancy::shell::loops::hours_watch::project(&schedule, lender);
         info!(schedule = %projected.schedule, "lending hours in force");
         lender.set_lending_hours(Some(projected));
-        tasks.spawn(vacancy::proxy::hours_watch::hours_loop(
+        tasks.spawn(vacancy::shell::loops::hours_watch::hours_loop(
             Arc::clone(lender),
             schedule,
             shutdown.clone(),
@@ -490,13 +490,13 @@ async fn spawn_terms(
         let supply: Arc<dyn vacancy::sample::PowerSupply> = Arc::from(
             vacancy::sample::system_power_supply(&config.owner.power_supply_dir),
         );
-        let first = vacancy::proxy::power_watch::read_once(&supply).await;
+        let first = vacancy::shell::loops::power_watch::read_once(&supply).await;
         info!(supply = %supply.name(), power = first.as_str(), "on_battery = \"pause\": borrowed work is refused and reclaimed on battery");
         lender.set_power(Some(first));
-        tasks.spawn(vacancy::proxy::power_watch::power_loop(
+        tasks.spawn(vacancy::shell::loops::power_watch::power_loop(
             Arc::clone(lender),
             supply,
-            vacancy::proxy::power_watch::POWER_EVERY,
+            vacancy::shell::loops::power_watch::POWER_EVERY,
             shutdown.clone(),
         ));
     }
@@ -511,7 +511,7 @@ async fn spawn_terms(
     for r in &config.resources {
         let Some(cap_w) = r.power_cap_w else { continue };
         match vacancy::sample::power_limit_for(r) {
-            Ok(control) => caps.push(vacancy::proxy::power_cap::PowerCap::new(
+            Ok(control) => caps.push(vacancy::shell::loops::power_cap::PowerCap::new(
                 &r.name,
                 cap_w,
                 Arc::from(control),
@@ -522,9 +522,9 @@ async fn spawn_terms(
             }
         }
     }
-    vacancy::proxy::power_cap::restore_after_crash(&caps, state_dir);
+    vacancy::shell::loops::power_cap::restore_after_crash(&caps, state_dir);
     if !caps.is_empty() {
-        tasks.spawn(vacancy::proxy::power_cap::power_cap_loop(
+        tasks.spawn(vacancy::shell::loops::power_cap::power_cap_loop(
             Arc::clone(lender),
             caps,
             shutdown.clone(),
@@ -624,7 +624,7 @@ async fn open_upstream(
         connect_timeout: Duration::from_secs(10),
         overhead_header: config.server.overhead_header,
         tunnel_idle: Duration::from_secs(config.server.tunnel_idle_timeout_s),
-        reads: vacancy::proxy::pool::ReadPool::new(Duration::from_secs(10)),
+        reads: vacancy::shell::upstream::pool::ReadPool::new(Duration::from_secs(10)),
     });
     let listener = bind(&format!("upstream {:?}", u.name), &u.listen).await?;
     let info = UpstreamInfo {
@@ -662,7 +662,7 @@ fn control_state(
         )),
         pressure_gpus: measured_gpus(config),
         event_streams: 0.into(),
-        hosts: vacancy::proxy::host::HostNames::new(&config.server.allowed_hosts),
+        hosts: vacancy::shell::proxy::host::HostNames::new(&config.server.allowed_hosts),
         failures: crate::control::failures::AuthFailures::default(),
     }
 }
@@ -709,7 +709,7 @@ fn serve_listeners(
     );
     for (listener, route) in servers {
         info!(upstream = %route.name, adapter = route.adapter.name(), listen = %listener.local_addr().map(|a| a.to_string()).unwrap_or_default(), target = %route.target.authority, "lending upstream");
-        tasks.spawn(vacancy::proxy::serve(
+        tasks.spawn(vacancy::shell::serve(
             listener,
             Arc::clone(lender),
             route,

@@ -1,7 +1,7 @@
 //! The state an `Engine` shares with its `Driver`'s threads: the engine
 //! behind its lock, the wakeups of waiting callers, the configured samplers
 //! and presence backend. It feeds the daemon's own sampling and presence
-//! loops (`vacancy::proxy::sampling`, `vacancy::proxy::presence_watch`),
+//! loops (`vacancy::shell::loops::sampling`, `vacancy::shell::loops::presence_watch`),
 //! which see it as a [`LoopSink`].
 
 use std::collections::HashMap;
@@ -14,8 +14,8 @@ use tokio::sync::Notify;
 use vacancy::config::{Config as VConfig, ResourceConfig, SamplerKind};
 use vacancy::engine::{Effect, OwnerPresence};
 use vacancy::presence::{ManualPresence, PresenceBackend};
-use vacancy::proxy::sampling;
-use vacancy::proxy::sink::LoopSink;
+use vacancy::shell::loops::sampling;
+use vacancy::shell::loops::sink::LoopSink;
 use vacancy::{CapacitySample, Moment, MonotonicClock, Resource, SampleError};
 
 use crate::inner::{Inner, Timeline};

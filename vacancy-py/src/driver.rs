@@ -10,8 +10,8 @@ use pyo3::prelude::*;
 use pyo3::types::PyType;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
-use vacancy::proxy::sink::LoopSink;
-use vacancy::proxy::{presence_watch, sampling};
+use vacancy::shell::loops::sink::LoopSink;
+use vacancy::shell::loops::{presence_watch, sampling};
 
 use crate::core::Core;
 use crate::engine::Engine;

@@ -19,7 +19,7 @@ use vacancy::pressure::{
     Attendance, Miss, Observation, OwnerLoad, PressureParams, PressureReading, PressureTracker,
     PressureUpdate, TriggerKind,
 };
-use vacancy::proxy::sink::LoopSink;
+use vacancy::shell::loops::sink::LoopSink;
 use vacancy::{CapacitySample, Moment, ResourceKind};
 
 use crate::convert::json_to_py;

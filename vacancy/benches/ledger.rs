@@ -13,7 +13,7 @@ use std::os::unix::fs::DirBuilderExt;
 use criterion::{Criterion, criterion_group, criterion_main};
 use vacancy::engine::{Charge, CompletionMethod, EntryId, Reservation};
 use vacancy::ledger::Ledger;
-use vacancy::proxy::ReservationStore;
+use vacancy::ledger::store::ReservationStore;
 
 fn reservation(n: u128) -> Reservation {
     Reservation {

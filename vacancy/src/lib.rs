@@ -29,12 +29,12 @@ pub mod platform;
 pub mod presence;
 #[cfg(feature = "runtime")]
 pub mod pressure;
-#[cfg(feature = "runtime")]
-pub mod proxy;
 #[cfg(feature = "config")]
 pub mod registry;
 #[cfg(feature = "runtime")]
 pub mod sample;
+#[cfg(feature = "runtime")]
+pub mod shell;
 #[cfg(feature = "testkit")]
 pub mod simulation;
 #[cfg(feature = "runtime")]

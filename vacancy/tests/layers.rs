@@ -69,7 +69,7 @@ fn sources_of(krate: &str) -> Vec<Source> {
     out
 }
 
-/// `proxy/mod.rs` → `proxy`, `proxy/service.rs` → `proxy::service`, `lib.rs` → root.
+/// `shell/mod.rs` → `shell`, `shell/proxy/service.rs` → `shell::proxy::service`, `lib.rs` → root.
 fn module_of(rel: &str) -> ModPath {
     let mut parts: ModPath = rel
         .trim_end_matches(".rs")
@@ -250,44 +250,74 @@ fn layers() -> Vec<Vec<String>> {
         .collect()
 }
 
-/// The top-level modules `lib.rs` declares.
-fn declared_modules() -> BTreeSet<String> {
-    let text = std::fs::read_to_string(crate_root().join("lib.rs")).unwrap();
-    text.lines()
-        .filter_map(|l| {
-            l.trim()
-                .strip_prefix("pub mod ")
-                .or_else(|| l.trim().strip_prefix("mod "))
-        })
-        .map(|l| l.trim_end_matches(';').trim().to_owned())
-        .filter(|m| m != "test_prereq")
-        .collect()
+/// The modules `lib.rs` declares, with a module whose folders the layers
+/// name one by one (`shell::state`) replaced by the modules its `mod.rs`
+/// declares.
+fn declared_modules(layers: &[Vec<String>]) -> BTreeSet<String> {
+    let declared = |file: &Path| -> Vec<String> {
+        let text = std::fs::read_to_string(file).unwrap();
+        text.lines()
+            .filter_map(|l| {
+                l.trim()
+                    .strip_prefix("pub mod ")
+                    .or_else(|| l.trim().strip_prefix("mod "))
+            })
+            .map(|l| l.trim_end_matches(';').trim().to_owned())
+            .filter(|m| m != "test_prereq")
+            .collect()
+    };
+    let split: BTreeSet<&str> = layers
+        .iter()
+        .flatten()
+        .filter_map(|name| name.split_once("::").map(|(parent, _)| parent))
+        .collect();
+    let mut out = BTreeSet::new();
+    for module in declared(&crate_root().join("lib.rs")) {
+        if split.contains(module.as_str()) {
+            for inner in declared(&crate_root().join(&module).join("mod.rs")) {
+                out.insert(format!("{module}::{inner}"));
+            }
+        } else {
+            out.insert(module);
+        }
+    }
+    out
 }
 
-/// Every upward or sideways import between top-level modules, as
-/// `file:line: a imports b (layer n over m)`.
+/// The layer a module path stands on: its longest prefix the layers name
+/// (`shell::proxy::service` stands on `shell::proxy`), with that name.
+fn layer_of<'a>(path: &[String], layer_of: &BTreeMap<&'a str, usize>) -> Option<(&'a str, usize)> {
+    (1..=path.len()).rev().find_map(|k| {
+        let name = path[..k].join("::");
+        layer_of.get_key_value(name.as_str()).map(|(n, l)| (*n, *l))
+    })
+}
+
+/// Every upward or sideways import between layers, as
+/// `file:line: a imports b (layer n over m)`; a name a module re-exports is
+/// followed to the file that defines it.
 fn layer_violations(sources: &[Source], layers: &[Vec<String>]) -> Vec<String> {
-    let layer_of: BTreeMap<&str, usize> = layers
+    let by_name: BTreeMap<&str, usize> = layers
         .iter()
         .enumerate()
         .flat_map(|(n, mods)| mods.iter().map(move |m| (m.as_str(), n)))
         .collect();
+    let files: BTreeSet<ModPath> = sources.iter().map(|s| s.module.clone()).collect();
+    let exports = re_exports(sources);
     let mut out = Vec::new();
     for src in sources {
-        let Some(from) = src.module.first() else {
-            continue;
-        };
-        let Some(&from_layer) = layer_of.get(from.as_str()) else {
+        let Some((from, from_layer)) = layer_of(&src.module, &by_name) else {
             continue;
         };
         for (target, line) in references(src) {
-            let Some(to) = target.first() else { continue };
+            let target = file_of(&target, &files, &exports).unwrap_or(target);
+            let Some((to, to_layer)) = layer_of(&target, &by_name) else {
+                continue;
+            };
             if to == from {
                 continue;
             }
-            if let Some(&to_layer) = layer_of.get(to.as_str())
-                && to_layer >= from_layer
-            {
+            if to_layer >= from_layer {
                 out.push(format!(
                     "{}:{line}: `{from}` (layer {from_layer}) imports `{to}` (layer {to_layer}); a module imports only from lower layers",
                     src.file
@@ -417,7 +447,7 @@ fn every_module_stands_on_exactly_one_layer() {
     let listed: BTreeSet<String> = unique.into_iter().cloned().collect();
     assert_eq!(
         listed,
-        declared_modules(),
+        declared_modules(&layers),
         "ARCHITECTURE.md's layers and lib.rs's modules differ"
     );
 }
@@ -446,9 +476,9 @@ fn no_file_imports_a_file_that_imports_it_back() {
 #[test]
 fn the_reader_sees_grouped_relative_and_re_exported_imports() {
     let src = Source {
-        module: vec!["proxy".into(), "service".into()],
+        module: vec!["shell".into(), "proxy".into(), "service".into()],
         file: "x.rs".into(),
-        code: "use crate::{engine::Refusal, time::{Moment, MonotonicClock}};\nuse super::lender::Lender;\nfn f() { crate::ledger::Ledger::open(); }\n".into(),
+        code: "use crate::{engine::Refusal, time::{Moment, MonotonicClock}};\nuse super::exchange::Exchange;\nfn f() { crate::ledger::Ledger::open(); }\n".into(),
     };
     let refs: Vec<String> = references(&src)
         .into_iter()
@@ -460,25 +490,33 @@ fn the_reader_sees_grouped_relative_and_re_exported_imports() {
             "engine::Refusal@1",
             "time::Moment@1",
             "time::MonotonicClock@1",
-            "proxy::lender::Lender@2",
+            "shell::proxy::exchange::Exchange@2",
             "ledger::Ledger::open@3"
         ]
     );
-    // An upward import is caught, with its file and line.
+    // An upward import is caught, with its file and line, between top-level
+    // layers and between the folders of one module that the layers name.
     let layers = vec![
         vec!["time".to_owned()],
         vec!["engine".to_owned()],
-        vec!["proxy".to_owned()],
+        vec!["shell::state".to_owned()],
+        vec!["shell::proxy".to_owned()],
     ];
     let engine = Source {
         module: vec!["engine".into()],
         file: "vacancy/src/engine/mod.rs".into(),
-        code: "use crate::time::Moment;\nuse crate::proxy::Lender;\n".into(),
+        code: "use crate::time::Moment;\nuse crate::shell::state::lender::Lender;\n".into(),
+    };
+    let lender = Source {
+        module: vec!["shell".into(), "state".into(), "lender".into()],
+        file: "vacancy/src/shell/state/lender.rs".into(),
+        code: "use crate::engine::Engine;\nuse super::live::Live;\nuse crate::shell::proxy::exchange::Exchange;\n".into(),
     };
     assert_eq!(
-        layer_violations(&[engine], &layers),
+        layer_violations(&[engine, lender], &layers),
         [
-            "vacancy/src/engine/mod.rs:2: `engine` (layer 1) imports `proxy` (layer 2); a module imports only from lower layers"
+            "vacancy/src/engine/mod.rs:2: `engine` (layer 1) imports `shell::state` (layer 2); a module imports only from lower layers",
+            "vacancy/src/shell/state/lender.rs:3: `shell::state` (layer 2) imports `shell::proxy` (layer 3); a module imports only from lower layers",
         ]
     );
 }

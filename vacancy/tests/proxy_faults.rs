@@ -209,7 +209,7 @@ async fn a_reclaim_cut_closes_a_gated_websocket_and_holds_it() {
     s.write_all(b"ping").await.unwrap();
     read_until(&mut s, b"ping").await;
     let entry: vacancy::engine::EntryId = p.lender.status().work[0].id.parse().unwrap();
-    let reason = vacancy::proxy::live::CutReason {
+    let reason = vacancy::shell::state::live::CutReason {
         code: vacancy::engine::RefusalCode::OwnerPresent,
         reason: "reclaim-1: the owner is present".to_owned(),
     };
@@ -279,7 +279,7 @@ async fn a_reclaim_cut_closes_the_upstream_even_when_the_borrower_stopped_readin
         .expect("the response stalls with nobody reading")
         .unwrap();
     let entry: vacancy::engine::EntryId = p.lender.status().work[0].id.parse().unwrap();
-    let reason = vacancy::proxy::live::CutReason {
+    let reason = vacancy::shell::state::live::CutReason {
         code: vacancy::engine::RefusalCode::OwnerPresent,
         reason: "reclaim-1: the owner is present".to_owned(),
     };

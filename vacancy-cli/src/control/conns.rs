@@ -4,7 +4,7 @@
 //! # Behavior
 //!
 //! - **Size**: the control listener's share of the descriptor limit
-//!   ([`conn::budgets`](vacancy::proxy::conn::budgets): a sixteenth, 64 to
+//!   ([`conn::budgets`](vacancy::shell::proxy::conn::budgets): a sixteenth, 64 to
 //!   2048), of which an eighth (at least 8) is the reserve and the rest the
 //!   general pool.
 //! - **Short limits**: every request head on the control listener arrives
@@ -33,7 +33,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use tokio::sync::oneshot;
-use vacancy::proxy::conn::ConnLimits;
+use vacancy::shell::proxy::conn::ConnLimits;
 
 /// The longest a request head may take on a general control connection.
 pub const HEADER: Duration = Duration::from_secs(5);

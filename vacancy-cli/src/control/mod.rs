@@ -23,9 +23,9 @@ use vacancy::auth::AuthError;
 use vacancy::config::Scope;
 use vacancy::config::TokenConfig;
 use vacancy::engine::{EngineError, EntryId, HeldRelease, RefusalCode, Vacancy};
-use vacancy::proxy::conn::{AcceptBackoff, BorrowerBody, serve_connection};
-use vacancy::proxy::host::check_host;
-use vacancy::proxy::{HeldReleaseError, Listening};
+use vacancy::shell::proxy::conn::{AcceptBackoff, BorrowerBody, serve_connection};
+use vacancy::shell::proxy::host::check_host;
+use vacancy::shell::{HeldReleaseError, Listening};
 
 use crate::settings::SaveError;
 
@@ -261,7 +261,7 @@ fn host_refusal(state: &ControlState, conn: &Conn, head: &http::request::Parts) 
         .find(|h| !state.hosts.allows(Some(h), conn.local))?;
     let named = refused
         .to_str()
-        .map(vacancy::proxy::host::host_part)
+        .map(vacancy::shell::proxy::host::host_part)
         .unwrap_or_default();
     Some(error(
         421,
@@ -322,7 +322,11 @@ async fn handle(state: &Arc<ControlState>, conn: &Conn, req: http::Request<Borro
         }
         (&http::Method::GET, "/metrics") => match read_allowed(state, conn, &head).await {
             Err(e) => e.reply(),
-            Ok(()) => respond(200, vacancy::proxy::metrics::CONTENT_TYPE, state.metrics()),
+            Ok(()) => respond(
+                200,
+                vacancy::shell::state::metrics::CONTENT_TYPE,
+                state.metrics(),
+            ),
         },
         (&http::Method::GET, "/history") => match read_allowed(state, conn, &head).await {
             Err(e) => e.reply(),
@@ -742,7 +746,7 @@ pub async fn serve(
                     drop(ticket);
                 });
             }
-            () = vacancy::proxy::stopped(&mut shutdown) => return,
+            () = vacancy::shell::stopped(&mut shutdown) => return,
         }
     }
 }

@@ -11,10 +11,10 @@ use vacancy::engine::{
     OwnerVetoStatus, ReclaimStatus, ResourceStatus, TermStatus, Vacancy, WorkStatus,
 };
 use vacancy::presence::ManualPresence;
-use vacancy::proxy::Lender;
-use vacancy::proxy::history::ReclaimLogEntry;
-use vacancy::proxy::metrics::ScrapeFacts;
-use vacancy::proxy::observation::HealthCell;
+use vacancy::shell::Lender;
+use vacancy::shell::loops::observation::HealthCell;
+use vacancy::shell::state::history::ReclaimLogEntry;
+use vacancy::shell::state::metrics::ScrapeFacts;
 
 use crate::settings::{Settings, SettingsStatus};
 
@@ -52,7 +52,7 @@ pub struct ControlState {
     /// Console event streams open now (bounded by [`MAX_EVENT_STREAMS`]).
     pub event_streams: std::sync::atomic::AtomicUsize,
     /// The names the control listener answers to (DNS-rebinding defence).
-    pub hosts: vacancy::proxy::host::HostNames,
+    pub hosts: vacancy::shell::proxy::host::HostNames,
     /// Refused tokens, per peer: counted, logged and slowed.
     pub failures: super::failures::AuthFailures,
 }

@@ -39,7 +39,7 @@
 //!
 //! # Behavior
 //!
-//! - [`Ledger::persist`](crate::proxy::ReservationStore::persist) appends the
+//! - [`Ledger::persist`](crate::ledger::store::ReservationStore::persist) appends the
 //!   `admit` line and waits for one `fdatasync` of the journal: the only sync
 //!   on the request path (REC-01). One writer thread does the blocking
 //!   I/O and applies changes whole, in the order they were submitted, so a

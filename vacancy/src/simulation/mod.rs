@@ -56,7 +56,7 @@ use crate::engine::{
 };
 use crate::ledger::Ledger;
 use crate::ledger::disk::{Fault, FaultDisk, MemDisk};
-use crate::proxy::{ReservationStore, StoreChange};
+use crate::ledger::store::{ReservationStore, StoreChange};
 use crate::time::Moment;
 use crate::traits::resource::{CapacitySample, ResourceKind};
 
@@ -503,7 +503,7 @@ impl Simulation {
 
     /// Wait for a store write; `Err(())` once the simulated machine crashed,
     /// whatever the write said: nothing after the crash point happens.
-    fn wait(&mut self, write: crate::proxy::StoreWrite) -> Result<bool, Crashed> {
+    fn wait(&mut self, write: crate::ledger::store::StoreWrite) -> Result<bool, Crashed> {
         let ok = self.rt.block_on(write).is_ok();
         if self.disk.crashed() {
             return Err(Crashed);

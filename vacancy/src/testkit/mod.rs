@@ -41,8 +41,11 @@ use crate::config::{Management, OnBorrowerDisconnect, UpstreamConfig};
 use crate::engine::{
     Engine, EngineSpec, OwnerPresence, Phase, RefusalCode, ResourceSpec, UpstreamSpec,
 };
-use crate::proxy::{Lender, Target, UpstreamRoute, VolatileStore};
+use crate::ledger::store::VolatileStore;
 use crate::registry::{AdapterContext, AdapterFactory};
+use crate::shell::state::lender::Lender;
+use crate::shell::upstream::route::UpstreamRoute;
+use crate::shell::upstream::target::Target;
 use crate::traits::{Adapter, RouteClass};
 use crate::{CapacitySample, ResourceKind};
 
@@ -92,7 +95,7 @@ pub enum KitError {
     Listen(#[source] std::io::Error),
     /// The proxy cannot reach the upstream's target.
     #[error(transparent)]
-    Unreachable(#[from] crate::proxy::TargetError),
+    Unreachable(#[from] crate::shell::upstream::target::TargetError),
     /// The kit's engine lost the upstream it was built with.
     #[error("the kit's engine has no upstream {0:?}")]
     NoUpstream(String),
@@ -426,7 +429,7 @@ pub fn lone_upstream(
         connect_timeout: Duration::from_secs(2),
         overhead_header: false,
         tunnel_idle: Duration::from_secs(3600),
-        reads: crate::proxy::pool::ReadPool::new(Duration::from_secs(2)),
+        reads: crate::shell::upstream::pool::ReadPool::new(Duration::from_secs(2)),
     });
     Ok((lender, route))
 }
@@ -443,11 +446,11 @@ async fn harness(
         .map_err(KitError::Listen)?;
     let addr = listener.local_addr().map_err(KitError::Listen)?;
     let (stop, rx) = watch::channel(false);
-    tokio::spawn(crate::proxy::serve(
+    tokio::spawn(crate::shell::proxy::listen::serve(
         listener,
         Arc::clone(&lender),
         route,
-        crate::proxy::Listening::default(),
+        crate::shell::proxy::listen::Listening::default(),
         rx,
         Duration::from_secs(1),
     ));

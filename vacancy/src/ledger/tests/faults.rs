@@ -7,8 +7,8 @@ use std::sync::Arc;
 use super::reservation;
 use crate::engine::EntryId;
 use crate::ledger::disk::{Fault, FaultDisk, MemDisk};
+use crate::ledger::store::ReservationStore;
 use crate::ledger::{Ledger, RecoveredEntry};
-use crate::proxy::ReservationStore;
 
 const ENOSPC: i32 = 28;
 const EIO: i32 = 5;

@@ -8,9 +8,9 @@ use std::path::Path;
 
 use super::{reservation, scratch};
 use crate::ledger::location::running_uid;
+use crate::ledger::store::ReservationStore;
 use crate::ledger::{COMPACT_FILE, JOURNAL_FILE, Ledger};
 use crate::pressure::CalibrationFile;
-use crate::proxy::ReservationStore;
 
 fn open_err(dir: &Path) -> String {
     match Ledger::open(dir) {

@@ -9,10 +9,10 @@ use crate::engine::{
     UpstreamSpec, WorkRequest,
 };
 use crate::ledger::record::{self, unix_ms};
+use crate::ledger::store::ReservationStore;
 use crate::ledger::{
     COMPACT_FILE, JOURNAL_FILE, Ledger, LedgerError, RecoveredEntry, StoreFailure,
 };
-use crate::proxy::ReservationStore;
 use crate::time::Moment;
 use crate::traits::{CapacitySample, ResourceKind};
 

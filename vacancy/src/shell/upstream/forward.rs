@@ -12,9 +12,9 @@ use http_body_util::combinators::UnsyncBoxBody;
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 
-use crate::proxy::live::{CutSignal, cut_happens};
-use crate::proxy::origin::rewrite_own_origin;
-use crate::proxy::target::Target;
+use crate::shell::state::live::{CutSignal, cut_happens};
+use crate::shell::upstream::origin::rewrite_own_origin;
+use crate::shell::upstream::target::Target;
 
 /// Errors a body may carry through the proxy.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;

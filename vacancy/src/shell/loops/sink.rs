@@ -6,7 +6,7 @@ use std::sync::Arc;
 use tokio::sync::Notify;
 
 use crate::engine::OwnerPresence;
-use crate::proxy::lender::Lender;
+use crate::shell::state::lender::Lender;
 use crate::traits::resource::{CapacitySample, SampleError};
 use crate::{Moment, MonotonicClock};
 

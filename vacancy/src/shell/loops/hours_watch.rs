@@ -12,8 +12,8 @@ use tracing::info;
 
 use crate::engine::LendingHours;
 use crate::hours::{Schedule, zone_name};
-use crate::proxy::lender::Lender;
-use crate::proxy::shutdown::stopped;
+use crate::shell::state::lender::Lender;
+use crate::shell::state::shutdown::stopped;
 
 /// How often the projection is made again when no change is due sooner:
 /// a wall clock set by NTP or a changed time zone is followed within it.

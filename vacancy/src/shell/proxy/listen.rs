@@ -9,12 +9,12 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tracing::{debug, info, warn};
 
-use crate::proxy::conn;
-use crate::proxy::lender::Lender;
-use crate::proxy::route::UpstreamRoute;
-use crate::proxy::service;
-use crate::proxy::shutdown::stopped;
-use crate::proxy::tunnel::ConnectionPermit;
+use crate::shell::proxy::conn;
+use crate::shell::proxy::service;
+use crate::shell::proxy::tunnel::ConnectionPermit;
+use crate::shell::state::lender::Lender;
+use crate::shell::state::shutdown::stopped;
+use crate::shell::upstream::route::UpstreamRoute;
 
 /// How a listener treats its connections: their time limits and the budget
 /// of open connections it shares with other listeners.

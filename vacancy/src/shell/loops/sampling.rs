@@ -9,8 +9,8 @@ use tokio::sync::watch;
 use tracing::{debug, error, warn};
 
 use crate::MonotonicClock;
-use crate::proxy::shutdown::stopped;
-use crate::proxy::sink::LoopSink;
+use crate::shell::loops::sink::LoopSink;
+use crate::shell::state::shutdown::stopped;
 use crate::traits::resource::{CapacitySample, Resource, ResourceKind, SampleError};
 
 /// How long one sample of a resource polled every `poll` may take: the

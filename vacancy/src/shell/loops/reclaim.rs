@@ -15,12 +15,12 @@ use crate::engine::{
     EntryId, HeldRelease, RESPONSE_CUT_GRACE, ReclaimCommand, ReclaimId, ReclaimTrigger,
     RefusalCode, ReleaseOutcome, UpstreamId,
 };
-use crate::proxy::lender::Lender;
-use crate::proxy::live::CutReason;
-use crate::proxy::metrics::trigger_label;
-use crate::proxy::observation::{UNLOAD_SKIPPED, Yielded, unload_upstream, yield_upstream};
-use crate::proxy::route::UpstreamRoute;
-use crate::proxy::shutdown::stopped;
+use crate::shell::loops::observation::{UNLOAD_SKIPPED, Yielded, unload_upstream, yield_upstream};
+use crate::shell::state::lender::Lender;
+use crate::shell::state::live::CutReason;
+use crate::shell::state::metrics::trigger_label;
+use crate::shell::state::shutdown::stopped;
+use crate::shell::upstream::route::UpstreamRoute;
 use crate::traits::{CancelClaim, CancelItem, CancelOutcome, Reclaimer};
 
 /// The reclaim shell's timers; parameters so tests run fast.
@@ -602,7 +602,7 @@ mod tests {
         Decision, Engine, EngineSpec, OwnerPresence, ReclaimPolicy, ResourceSpec, UpstreamSpec,
         WorkRequest,
     };
-    use crate::proxy::VolatileStore;
+    use crate::ledger::store::VolatileStore;
     use crate::time::MonotonicClock;
     use crate::traits::resource::{CapacitySample, ResourceKind};
 
@@ -653,11 +653,12 @@ mod tests {
         task.await.unwrap();
         tokio::time::sleep(Duration::from_secs(34)).await;
         assert!(
-            crate::proxy::live::cut_reason(&cut).is_none(),
+            crate::shell::state::live::cut_reason(&cut).is_none(),
             "not cut before deadline + 30 s"
         );
         tokio::time::sleep(Duration::from_secs(2)).await;
-        let reason = crate::proxy::live::cut_reason(&cut).expect("cut 30 s after its deadline");
+        let reason =
+            crate::shell::state::live::cut_reason(&cut).expect("cut 30 s after its deadline");
         assert_eq!(reason.code, RefusalCode::OwnerPresent);
         assert!(reason.reason.contains("reclaim-1"), "{}", reason.reason);
     }

@@ -39,7 +39,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio::time::{Instant, Sleep};
 use tracing::{debug, warn};
 
-use crate::proxy::forward::{BoxError, FramePoll};
+use crate::shell::upstream::forward::{BoxError, FramePoll};
 
 /// How long a connection may be slow or idle.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -405,7 +405,7 @@ where
     let first_byte = {
         let stopped = async {
             match stop.as_mut() {
-                Some(s) => crate::proxy::stopped(s).await,
+                Some(s) => crate::shell::state::shutdown::stopped(s).await,
                 None => std::future::pending().await,
             }
         };
@@ -463,7 +463,7 @@ where
     tokio::pin!(conn);
     let stopped = async {
         match stop.as_mut() {
-            Some(s) => crate::proxy::stopped(s).await,
+            Some(s) => crate::shell::state::shutdown::stopped(s).await,
             None => std::future::pending().await,
         }
     };

@@ -16,7 +16,7 @@
 
 use http::header::{self, HeaderMap, HeaderValue};
 
-use crate::proxy::target::Target;
+use crate::shell::upstream::target::Target;
 
 /// Rewrite `Origin` and `Referer` in `headers` to `target`'s origin where
 /// they name `borrower_host`, the `Host` the borrower sent (`None`: none

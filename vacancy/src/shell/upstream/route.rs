@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use crate::config::{Management, OnBorrowerDisconnect};
 use crate::engine::UpstreamId;
-use crate::proxy::pool;
-use crate::proxy::target::Target;
+use crate::shell::upstream::pool;
+use crate::shell::upstream::target::Target;
 use crate::traits::Adapter;
 
 /// Everything the proxy needs to know about one upstream.

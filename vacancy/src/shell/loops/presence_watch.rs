@@ -9,8 +9,8 @@ use tracing::info;
 
 use crate::engine::OwnerPresence;
 use crate::presence::PresenceBackend;
-use crate::proxy::shutdown::stopped;
-use crate::proxy::sink::LoopSink;
+use crate::shell::loops::sink::LoopSink;
+use crate::shell::state::shutdown::stopped;
 
 /// How often the presence backend is asked.
 pub const PRESENCE_EVERY: Duration = Duration::from_secs(1);

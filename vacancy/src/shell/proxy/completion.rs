@@ -20,17 +20,17 @@ use hyper::body::{Body, Incoming, SizeHint};
 use tracing::{info, warn};
 
 use crate::config::OnBorrowerDisconnect;
-use crate::proxy::exchange::{Exchange, Observed};
-use crate::proxy::forward::{BoxError, FramePoll};
-use crate::proxy::lender::Lender;
-use crate::proxy::live::{CutReason, CutSignal, cut_or_end, cut_reason};
-use crate::proxy::metrics::Phase;
+use crate::shell::proxy::exchange::{Exchange, Observed};
+use crate::shell::state::lender::Lender;
+use crate::shell::state::live::{CutReason, CutSignal, cut_or_end, cut_reason};
+use crate::shell::state::metrics::Phase;
+use crate::shell::upstream::forward::{BoxError, FramePoll};
 use crate::traits::ObserveError;
 
 /// A response body that releases its reservation on a proven clean end.
 ///
 /// A reclaim may cut it (RECL-15): its upstream connection is closed at once
-/// (see [`exchange_with_cut`](crate::proxy::forward::exchange_with_cut)),
+/// (see [`exchange_with_cut`](crate::shell::upstream::forward::exchange_with_cut)),
 /// so the body ends early. An end — clean-looking or not — after a cut is
 /// never a completion: the borrower's response ends with an error, and the
 /// reservation is released only if the adapter proves the upstream stopped,

@@ -13,8 +13,8 @@ use crate::engine::OwnerPresence;
 use crate::pressure::{
     Attendance, Miss, Observation, PressureReader, PressureReading, PressureTracker, server_pids,
 };
-use crate::proxy::lender::Lender;
-use crate::proxy::shutdown::stopped;
+use crate::shell::state::lender::Lender;
+use crate::shell::state::shutdown::stopped;
 
 /// One pressure-gated GPU: its tracker and where its owner load comes from.
 pub struct PressureGpu {

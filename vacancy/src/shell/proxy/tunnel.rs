@@ -30,8 +30,8 @@ use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
 use tracing::{debug, info};
 
-use crate::proxy::exchange::{Exchange, Observed};
-use crate::proxy::live::{CutSignal, cut_happens};
+use crate::shell::proxy::exchange::{Exchange, Observed};
+use crate::shell::state::live::{CutSignal, cut_happens};
 
 /// The place one borrower connection holds in its listener's budget,
 /// shared by the connection and, after a protocol switch, its tunnel: the

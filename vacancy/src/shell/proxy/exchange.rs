@@ -12,10 +12,10 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::engine::{EntryId, ReleaseOutcome};
-use crate::proxy::lender::Lender;
-use crate::proxy::live::CutSignal;
-use crate::proxy::metrics::Phase;
-use crate::proxy::route::UpstreamRoute;
+use crate::shell::state::lender::Lender;
+use crate::shell::state::live::CutSignal;
+use crate::shell::state::metrics::Phase;
+use crate::shell::upstream::route::UpstreamRoute;
 use crate::traits::TrackedEnd;
 
 /// What was seen of one exchange with the upstream: the only input to its

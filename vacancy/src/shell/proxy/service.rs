@@ -11,22 +11,22 @@ use tokio::sync::oneshot;
 use tracing::{debug, info, warn};
 
 use crate::engine::{CompletionMethod, EntryId, Refusal, RefusalCode, Reservation, WorkRequest};
-use crate::proxy::answer::{refusal_after_forwarding, refusal_response};
-use crate::proxy::completion::{GuardedBody, verify_cut};
-use crate::proxy::conn::{BorrowerBody, is_stalled};
-use crate::proxy::exchange::{Exchange, Observed};
-use crate::proxy::forward::{
+use crate::shell::loops::observation::observe_upstream;
+use crate::shell::proxy::answer::{refusal_after_forwarding, refusal_response};
+use crate::shell::proxy::completion::{GuardedBody, verify_cut};
+use crate::shell::proxy::conn::{BorrowerBody, is_stalled};
+use crate::shell::proxy::exchange::{Exchange, Observed};
+use crate::shell::proxy::host::check_host;
+use crate::shell::proxy::tracked::exchange_tracked;
+use crate::shell::proxy::tunnel::{BorrowerSide, tunnel};
+use crate::shell::state::lender::{Admission, Decided, Lender};
+use crate::shell::state::live::{CutSignal, cut_happens, cut_reason};
+use crate::shell::state::metrics::Phase;
+use crate::shell::upstream::forward::{
     ExchangeError, ProxyBody, UpstreamTook, exchange_with_cut, full, head_first, is_upgrade,
     prepare_response_head, streaming, upstream_request,
 };
-use crate::proxy::host::check_host;
-use crate::proxy::lender::{Admission, Decided, Lender};
-use crate::proxy::live::{CutSignal, cut_happens, cut_reason};
-use crate::proxy::metrics::Phase;
-use crate::proxy::observation::observe_upstream;
-use crate::proxy::route::UpstreamRoute;
-use crate::proxy::tracked::exchange_tracked;
-use crate::proxy::tunnel::{BorrowerSide, tunnel};
+use crate::shell::upstream::route::UpstreamRoute;
 use crate::traits::{
     InspectContext, Reconsidered, RouteClass, RoutePolicy, WorkRoute, route_policy,
 };
@@ -189,7 +189,7 @@ async fn forward_unreserved(
             return refusal_response(route, &Refusal::new(RefusalCode::InvalidRequest, e), true);
         }
     };
-    // Nothing is reserved: a pooled keep-alive connection (proxy::pool).
+    // Nothing is reserved: a pooled keep-alive connection (shell::upstream::pool).
     let sent = Instant::now();
     match route.reads.send(&route.target, upstream_req).await {
         Ok(resp) => {
@@ -213,7 +213,7 @@ fn exchange_failed(route: &UpstreamRoute, e: &ExchangeError) -> http::Response<P
 
 /// Hand an upstream response to the borrower: streamed, guarded when it is
 /// work, tunnelled when it switches protocols (closed after `tunnel_idle`
-/// with nothing moving, [`tunnel`](crate::proxy::tunnel)).
+/// with nothing moving, [`tunnel`](crate::shell::proxy::tunnel)).
 fn relay(
     mut resp: http::Response<Incoming>,
     borrower: BorrowerSide,

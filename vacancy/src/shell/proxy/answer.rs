@@ -5,8 +5,8 @@
 use http::header;
 
 use crate::engine::Refusal;
-use crate::proxy::forward::{ProxyBody, full};
-use crate::proxy::route::UpstreamRoute;
+use crate::shell::upstream::forward::{ProxyBody, full};
+use crate::shell::upstream::route::UpstreamRoute;
 
 /// The header the OpenAI and Anthropic SDKs read to decide whether to retry.
 const SHOULD_RETRY: http::HeaderName = http::HeaderName::from_static("x-should-retry");

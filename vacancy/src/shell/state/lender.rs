@@ -13,9 +13,9 @@ use crate::engine::{
     ReleaseEffect, ReleaseOutcome, Reservation, UpstreamId, Vacancy, WorkRequest,
 };
 use crate::ledger::store::{ReservationStore, StoreChange, StoreError, StoreFailure, StoreWrite};
-use crate::proxy::history::History;
-use crate::proxy::live::LiveWork;
-use crate::proxy::metrics::{self, Metrics};
+use crate::shell::state::history::History;
+use crate::shell::state::live::LiveWork;
+use crate::shell::state::metrics::{self, Metrics};
 use crate::time::MonotonicClock;
 use crate::traits::resource::{CapacitySample, SampleError};
 

@@ -9,9 +9,9 @@ use tokio::sync::watch;
 use tracing::{info, warn};
 
 use crate::engine::PowerSource;
-use crate::proxy::lender::Lender;
-use crate::proxy::shutdown::stopped;
 use crate::sample::PowerSupply;
+use crate::shell::state::lender::Lender;
+use crate::shell::state::shutdown::stopped;
 
 /// How often the power supply is read.
 pub const POWER_EVERY: Duration = Duration::from_secs(1);

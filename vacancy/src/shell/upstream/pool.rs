@@ -10,7 +10,7 @@
 //!   nothing reached the upstream, which a fresh connection proves (the
 //!   connect failed); on a pooled connection a failure after the request was
 //!   written could not be told from one before it, so work keeps its own
-//!   connection (see `proxy::forward`).
+//!   connection (see `shell::upstream::forward`).
 //! - A request on a pooled connection that the upstream closed while idle is
 //!   retried once on a new one when hyper says it was never sent; an
 //!   unreserved request holds nothing, so this can lend nothing twice.
@@ -22,8 +22,8 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 
-use crate::proxy::forward::{ExchangeError, ProxyBody};
-use crate::proxy::target::Target;
+use crate::shell::upstream::forward::{ExchangeError, ProxyBody};
+use crate::shell::upstream::target::Target;
 
 /// Idle connections kept per upstream.
 pub const MAX_IDLE: usize = 32;

@@ -8,9 +8,9 @@ use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
 use crate::engine::{ModelObservation, ObservedModel, ResidencyEvidence};
-use crate::proxy::lender::Lender;
-use crate::proxy::route::UpstreamRoute;
-use crate::proxy::shutdown::stopped;
+use crate::shell::state::lender::Lender;
+use crate::shell::state::shutdown::stopped;
+use crate::shell::upstream::route::UpstreamRoute;
 use crate::traits::{ForeignWork, ObserveError, ReclaimError, UnloadAck};
 
 /// What `/status` shows about an upstream's server, from the observation loop.

@@ -17,9 +17,9 @@ use tokio::sync::watch;
 use tracing::{info, warn};
 
 use crate::ledger::disk::{RealDisk, write_atomically};
-use crate::proxy::lender::Lender;
-use crate::proxy::shutdown::stopped;
 use crate::sample::PowerLimit;
+use crate::shell::state::lender::Lender;
+use crate::shell::state::shutdown::stopped;
 
 /// How often the loop looks when nothing wakes it.
 const CHECK_EVERY: Duration = Duration::from_millis(250);

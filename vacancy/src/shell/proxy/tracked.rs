@@ -11,12 +11,14 @@ use std::sync::Arc;
 use tracing::{info, warn};
 
 use crate::engine::{EntryId, Refusal, RefusalCode};
-use crate::proxy::answer::refusal_response;
-use crate::proxy::exchange::{Exchange, Observed};
-use crate::proxy::forward::{self, ExchangeError, ProxyBody, full, prepare_response_head};
-use crate::proxy::lender::Lender;
-use crate::proxy::reclaim::cancel_late_reply;
-use crate::proxy::route::UpstreamRoute;
+use crate::shell::loops::reclaim::cancel_late_reply;
+use crate::shell::proxy::answer::refusal_response;
+use crate::shell::proxy::exchange::{Exchange, Observed};
+use crate::shell::state::lender::Lender;
+use crate::shell::upstream::forward::{
+    self, ExchangeError, ProxyBody, full, prepare_response_head,
+};
+use crate::shell::upstream::route::UpstreamRoute;
 use crate::time::Moment;
 use crate::traits::{CancelClaim, Submission, TrackedEnd, TrackedWork, TrackingEvents};
 
