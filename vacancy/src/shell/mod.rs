@@ -35,7 +35,7 @@ pub use crate::ledger::store::{
     ReservationStore, StoreChange, StoreError, StoreFailure, StoreWrite, VolatileStore,
 };
 pub use proxy::listen::{Listening, serve};
-pub use state::lender::{Admission, Decided, HeldReleaseError, Lender, RecordError, Seat};
+pub use state::lender::{Decided, HeldReleaseError, Lender, RecordError, Recording, Seat};
 pub use state::shutdown::stopped;
 pub use upstream::forward::ProxyBody;
 pub use upstream::route::UpstreamRoute;

@@ -23,7 +23,7 @@ use crate::config::OnBorrowerDisconnect;
 use crate::shell::proxy::exchange::{Exchange, Observed};
 use crate::shell::state::lender::Lender;
 use crate::shell::state::live::{CutReason, CutSignal, cut_or_end, cut_reason};
-use crate::shell::state::metrics::Phase;
+use crate::shell::state::metrics::RequestPhase;
 use crate::shell::upstream::forward::{BoxError, FramePoll};
 use crate::traits::ObserveError;
 
@@ -117,7 +117,9 @@ impl Body for GuardedBody {
                 if frame.data_ref().is_some_and(|d| !d.is_empty())
                     && let Some((head, lender)) = this.first_chunk.take()
                 {
-                    lender.metrics().phase(Phase::FirstChunk, head.elapsed());
+                    lender
+                        .metrics()
+                        .phase(RequestPhase::FirstChunk, head.elapsed());
                 }
                 if inner.is_end_stream() {
                     // The upstream's last byte is read: release before handing it on.

@@ -14,7 +14,7 @@ use std::time::Instant;
 use crate::engine::{EntryId, ReleaseOutcome};
 use crate::shell::state::lender::Lender;
 use crate::shell::state::live::CutSignal;
-use crate::shell::state::metrics::Phase;
+use crate::shell::state::metrics::RequestPhase;
 use crate::shell::upstream::route::UpstreamRoute;
 use crate::traits::TrackedEnd;
 
@@ -184,7 +184,9 @@ impl Exchange {
             self.finished = true;
             self.lender.release(self.entry, outcome(observed));
             if let (Observed::Ended, Some(head)) = (observed, self.head_at) {
-                self.lender.metrics().phase(Phase::Relay, head.elapsed());
+                self.lender
+                    .metrics()
+                    .phase(RequestPhase::Relay, head.elapsed());
             }
         }
     }

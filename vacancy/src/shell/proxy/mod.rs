@@ -3,6 +3,7 @@
 //! forwarded and finished as one exchange.
 
 pub(crate) mod answer;
+pub mod arrival;
 pub(crate) mod completion;
 pub mod conn;
 pub(crate) mod exchange;

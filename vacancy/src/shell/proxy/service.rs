@@ -13,15 +13,16 @@ use tracing::{debug, info, warn};
 use crate::engine::{CompletionMethod, EntryId, Refusal, RefusalCode, Reservation, WorkRequest};
 use crate::shell::loops::observation::observe_upstream;
 use crate::shell::proxy::answer::{refusal_after_forwarding, refusal_response};
+use crate::shell::proxy::arrival::Arrival;
 use crate::shell::proxy::completion::{GuardedBody, verify_cut};
 use crate::shell::proxy::conn::{BorrowerBody, is_stalled};
 use crate::shell::proxy::exchange::{Exchange, Observed};
 use crate::shell::proxy::host::check_host;
 use crate::shell::proxy::tracked::exchange_tracked;
 use crate::shell::proxy::tunnel::{BorrowerSide, tunnel};
-use crate::shell::state::lender::{Admission, Decided, Lender};
+use crate::shell::state::lender::{Decided, Lender, Recording};
 use crate::shell::state::live::{CutSignal, cut_happens, cut_reason};
-use crate::shell::state::metrics::Phase;
+use crate::shell::state::metrics::RequestPhase;
 use crate::shell::upstream::forward::{
     ExchangeError, ProxyBody, UpstreamTook, exchange_with_cut, full, head_first, is_upgrade,
     prepare_response_head, streaming, upstream_request,
@@ -42,29 +43,26 @@ pub const WAITED_HEADER: &str = "vacancy-waited-ms";
 /// milliseconds (issue 31 item 6; `[server] overhead_header`, off by default).
 pub const OVERHEAD_HEADER: &str = "vacancy-overhead-ms";
 
-/// How long the request waited in line, once decided.
-type Waited = OnceLock<std::time::Duration>;
-
 /// Answer one borrower request, timing it for the metrics: the whole time to
 /// the response head, and vacancyd's own part of it (all of it but the
 /// upstream's, [`UpstreamTook`]; all of it for a refusal), which
-/// `vacancy-overhead-ms` says where the configuration asks for it.
+/// `vacancy-overhead-ms` says where the configuration asks for it. The
+/// request is counted once, by its outcome, when its [`Arrival`] drops.
 pub async fn handle(
     lender: Arc<Lender>,
     route: Arc<UpstreamRoute>,
     req: http::Request<BorrowerBody>,
 ) -> http::Response<ProxyBody> {
-    let arrived = Instant::now();
-    let waited = Waited::new();
+    let at = Instant::now();
     let path = req
         .uri()
         .path_and_query()
         .map_or("/", |p| p.as_str())
         .to_owned();
     let class = route.adapter.classify(req.method(), &path);
-    let label = class.label();
-    let mut response = answer_request(&lender, &route, req, class, path, &waited).await;
-    if let Some(w) = waited.get()
+    let mut arrival = Arrival::new(lender, route, at, path, class.label());
+    let mut response = answer_request(&mut arrival, req, class).await;
+    if let Some(w) = arrival.waited
         && let Ok(v) = http::HeaderValue::from_str(&w.as_millis().to_string())
     {
         response
@@ -75,48 +73,46 @@ pub async fn handle(
         .extensions_mut()
         .remove::<UpstreamTook>()
         .map_or(Duration::ZERO, |t| t.0);
-    let total = arrived.elapsed();
+    let total = arrival.at.elapsed();
     let own = total.saturating_sub(upstream);
-    if route.overhead_header
+    if arrival.route.overhead_header
         && let Ok(v) = http::HeaderValue::from_str(&format!("{:.3}", own.as_secs_f64() * 1e3))
     {
         response
             .headers_mut()
             .insert(http::HeaderName::from_static(OVERHEAD_HEADER), v);
     }
-    lender.metrics().request(&route.name, label, total, own);
+    arrival.answered(total, own);
     response
 }
 
 async fn answer_request(
-    lender: &Arc<Lender>,
-    route: &Arc<UpstreamRoute>,
+    arrival: &mut Arrival,
     req: http::Request<BorrowerBody>,
     class: RouteClass,
-    path: String,
-    waited: &Waited,
 ) -> http::Response<ProxyBody> {
-    let (lender, route) = (Arc::clone(lender), Arc::clone(route));
+    let route = Arc::clone(&arrival.route);
     // RFC 9112 §3.2: no Host on HTTP/1.1, or two, is a malformed request
     // (issue 30 item 8). Its body is not read, so the connection closes.
     if let Err(e) = check_host(req.version(), req.headers()) {
         let refusal = Refusal::new(RefusalCode::InvalidRequest, e.to_string());
-        lender.metrics().refused(&route.name, refusal.code);
+        arrival.refused(&refusal);
         return refusal_response(&route, &refusal, true);
     }
     match route_policy(class, req.method(), route.management) {
         RoutePolicy::Refuse(code) => {
-            let refusal = match route.adapter.reconsider_refusal(req.method(), &path).await {
-                Reconsidered::Stands => route_refusal(&route, class, code, req.method(), &path),
-                Reconsidered::Forward => return forward_unreserved(&route, req).await,
+            let path = arrival.path.as_str();
+            let refusal = match route.adapter.reconsider_refusal(req.method(), path).await {
+                Reconsidered::Stands => route_refusal(&route, class, code, req.method(), path),
+                Reconsidered::Forward => return forward_unreserved(arrival, req).await,
                 Reconsidered::Refuse(precise) => precise,
             };
-            lender.metrics().refused(&route.name, refusal.code);
+            arrival.refused(&refusal);
             let waits_to_send = expects_continue(req.headers());
             refuse_after_draining(&route, refusal, req.into_body(), waits_to_send).await
         }
-        RoutePolicy::Forward => forward_unreserved(&route, req).await,
-        RoutePolicy::Admit(work) => work_request(lender, route, req, work, &path, waited).await,
+        RoutePolicy::Forward => forward_unreserved(arrival, req).await,
+        RoutePolicy::Admit(work) => work_request(arrival, req, work).await,
     }
 }
 
@@ -178,37 +174,45 @@ async fn refuse_after_draining(
 }
 
 async fn forward_unreserved(
-    route: &UpstreamRoute,
+    arrival: &mut Arrival,
     req: http::Request<BorrowerBody>,
 ) -> http::Response<ProxyBody> {
+    let route = Arc::clone(&arrival.route);
     let (mut parts, body) = req.into_parts();
     let borrower = BorrowerSide::take(&mut parts);
     let upstream_req = match upstream_request(&route.target, &parts, streaming(body)) {
         Ok(r) => r,
         Err(e) => {
-            return refusal_response(route, &Refusal::new(RefusalCode::InvalidRequest, e), true);
+            let refusal = Refusal::new(RefusalCode::InvalidRequest, e);
+            arrival.refused(&refusal);
+            return refusal_response(&route, &refusal, true);
         }
     };
     // Nothing is reserved: a pooled keep-alive connection (shell::upstream::pool).
     let sent = Instant::now();
     match route.reads.send(&route.target, upstream_req).await {
         Ok(resp) => {
+            arrival.forwarded();
             let took = UpstreamTook(sent.elapsed());
             let mut resp = relay(resp, borrower, None, None, route.tunnel_idle);
             resp.extensions_mut().insert(took);
             resp
         }
-        Err(e) => exchange_failed(route, &e),
+        Err(e) => {
+            let refusal = exchange_failed(&route, &e);
+            arrival.refused(&refusal);
+            refusal_response(&route, &refusal, false)
+        }
     }
 }
 
-fn exchange_failed(route: &UpstreamRoute, e: &ExchangeError) -> http::Response<ProxyBody> {
+/// The refusal a failed upstream exchange answers with; logged here.
+fn exchange_failed(route: &UpstreamRoute, e: &ExchangeError) -> Refusal {
     warn!(upstream = %route.name, error = %e, "upstream exchange failed");
-    let refusal = Refusal::new(
+    Refusal::new(
         RefusalCode::UpstreamUnreachable,
         format!("upstream {}: {}", route.name, e.borrower_words()),
-    );
-    refusal_response(route, &refusal, false)
+    )
 }
 
 /// Hand an upstream response to the borrower: streamed, guarded when it is
@@ -246,35 +250,39 @@ fn relay(
 /// Work: read the body within its bound, inspect it, decide, record the
 /// reservation (REC-01), then forward it apart from the borrower's connection.
 async fn work_request(
-    lender: Arc<Lender>,
-    route: Arc<UpstreamRoute>,
+    arrival: &mut Arrival,
     req: http::Request<BorrowerBody>,
     work: WorkRoute,
-    path: &str,
-    waited: &Waited,
 ) -> http::Response<ProxyBody> {
+    let (lender, route) = (Arc::clone(&arrival.lender), Arc::clone(&arrival.route));
     let arrived_at = lender.clock().now();
     let inspecting = Instant::now();
     let (parts, body) = req.into_parts();
-    let body = match read_work_body(&lender, &route, body, work.inspect_body).await {
+    let body = match read_work_body(&route, body, work.inspect_body).await {
         Ok(body) => body,
-        Err(refused) => return refused,
+        Err(refusal) => {
+            arrival.refused(&refusal);
+            return refusal_response(&route, &refusal, true);
+        }
     };
     let entry = EntryId::random();
     let ctx = InspectContext {
         entry,
         method: &parts.method,
-        path,
+        path: &arrival.path,
         headers: &parts.headers,
     };
     let inspection = match route.adapter.inspect(&work, ctx, &body) {
         Ok(i) => i,
         Err(e) => {
-            lender.metrics().refused(&route.name, e.code);
-            return refusal_response(&route, &e.to_refusal(), false);
+            let refusal = e.to_refusal();
+            arrival.refused(&refusal);
+            return refusal_response(&route, &refusal, false);
         }
     };
-    lender.metrics().phase(Phase::Inspect, inspecting.elapsed());
+    lender
+        .metrics()
+        .phase(RequestPhase::Inspect, inspecting.elapsed());
     let request = WorkRequest {
         id: entry,
         upstream: route.id,
@@ -286,10 +294,10 @@ async fn work_request(
         upstream_ref: inspection.upstream_ref,
         wait: None,
     };
-    let admission = match decide(&lender, &route, &request, waited).await {
+    let recording = match decide(arrival, &request).await {
         Ok(a) => a,
         Err(refusal) => {
-            lender.count(&route.name, &Err(refusal.clone()));
+            arrival.refused(&refusal);
             return refusal_response(&route, &refusal, false);
         }
     };
@@ -297,16 +305,17 @@ async fn work_request(
     // REC-01: nothing is forwarded before the record is durable. A request
     // that is not forwarded is counted by its outcome, the refusal.
     let persisting = Instant::now();
-    let recorded = admission.recorded().await;
+    let recorded = recording.recorded().await;
     lender.metrics().persisted(persisting.elapsed());
-    lender.count(&route.name, &recorded);
     let reservation = match recorded {
         Ok(r) => r,
         Err(refusal) => {
+            arrival.refused(&refusal);
             exchange.finish(Observed::NotForwarded);
             return refusal_response(&route, &refusal, false);
         }
     };
+    arrival.admitted(&reservation);
     let body = inspection.rewritten_body.map_or(body, Bytes::from);
     forward_work(exchange, route, parts, body, &reservation, work.completion).await
 }
@@ -364,11 +373,10 @@ async fn forward_work(
 /// The body of a work request, read whole within `max_body_mib` where the
 /// adapter inspects it; a refusal when it is too large, too slow or broken.
 async fn read_work_body(
-    lender: &Lender,
     route: &UpstreamRoute,
     body: BorrowerBody,
     inspect: bool,
-) -> Result<Bytes, http::Response<ProxyBody>> {
+) -> Result<Bytes, Refusal> {
     if !inspect {
         return Ok(Bytes::new());
     }
@@ -394,8 +402,7 @@ async fn read_work_body(
             }
         }
     };
-    lender.metrics().refused(&route.name, refusal.code);
-    Err(refusal_response(route, &refusal, true))
+    Err(refusal)
 }
 
 /// 413 `body_too_large`.
@@ -410,14 +417,10 @@ fn too_large(route: &UpstreamRoute) -> Refusal {
 }
 
 /// The engine's decision on a work request, after its wait in line (noted
-/// in `waited`) and, where the resident observation was only too old, one
+/// on the arrival) and, where the resident observation was only too old, one
 /// more observation (RES-20).
-async fn decide(
-    lender: &Lender,
-    route: &UpstreamRoute,
-    request: &WorkRequest,
-    waited: &Waited,
-) -> Result<Admission, Refusal> {
+async fn decide(arrival: &mut Arrival, request: &WorkRequest) -> Result<Recording, Refusal> {
+    let (lender, route) = (&*arrival.lender, &*arrival.route);
     // One seat for both decisions: a waiter keeps its place in line while
     // the upstream is observed once more (issue 30).
     let mut seat = lender.seat(request);
@@ -435,7 +438,7 @@ async fn decide(
         decided => decided,
     };
     if let Some(w) = seat.finish(&decided) {
-        let _ = waited.set(w);
+        arrival.waited = Some(w);
     }
     match decided {
         Decided::Admitted(a) => Ok(a),
@@ -473,8 +476,8 @@ async fn exchange_synchronous(
             // fresh connection counts as vacancyd's) to its response head.
             let took = connected.get().map(|at| {
                 let metrics = exchange.lender().metrics();
-                metrics.phase(Phase::Connect, at.saturating_duration_since(sent));
-                metrics.phase(Phase::Upstream, at.elapsed());
+                metrics.phase(RequestPhase::Connect, at.saturating_duration_since(sent));
+                metrics.phase(RequestPhase::Upstream, at.elapsed());
                 UpstreamTook(at.elapsed())
             });
             exchange.response_head();
@@ -486,11 +489,11 @@ async fn exchange_synchronous(
         }
         Ok(Err(e @ ExchangeError::Connect { .. })) => {
             exchange.finish(Observed::ConnectFailed(e.to_string()));
-            exchange_failed(route, &e)
+            refusal_response(route, &exchange_failed(route, &e), false)
         }
         Ok(Err(e @ ExchangeError::AfterConnect(_))) => {
             exchange.finish(Observed::FailedAfterConnect(e.to_string()));
-            exchange_failed(route, &e)
+            refusal_response(route, &exchange_failed(route, &e), false)
         }
         Err(reason) => {
             // RECL-15: cut before the reply began; dropping the exchange closed it.

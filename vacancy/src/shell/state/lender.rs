@@ -336,28 +336,12 @@ impl Lender {
     }
 
     /// Decide a request, waiting up to the engine's bound for a post-job
-    /// sample (ADM-06); once admitted, wait for its record to be durable
-    /// (REC-01). Counts the outcome in the metrics, once.
-    pub async fn admit(
-        &self,
-        request: &WorkRequest,
-        upstream: &str,
-    ) -> Result<Reservation, Refusal> {
-        let outcome = match self.decide(request).await {
-            Decided::Admitted(admission) => admission.recorded().await,
-            Decided::Refused(refusal) | Decided::Reobserve(refusal) => Err(refusal),
-        };
-        self.count(upstream, &outcome);
-        outcome
-    }
-
-    /// Decide a request, waiting up to the engine's bound for a post-job
-    /// sample (ADM-06), without counting it: for callers that may decide the
-    /// same request twice (RES-20) and count once with [`count`](Self::count).
+    /// sample (ADM-06). Nothing is counted here: the request path counts
+    /// each request once, by its final outcome (`shell::proxy::arrival`).
     ///
     /// An admission's record is queued in the store under the engine lock, so
     /// the store's order is the engine's; the caller awaits
-    /// [`Admission::recorded`] before forwarding (REC-01).
+    /// [`Recording::recorded`] before forwarding (REC-01).
     pub async fn decide(&self, request: &WorkRequest) -> Decided {
         self.decide_in_line(request).await.0
     }
@@ -409,7 +393,7 @@ impl Lender {
                 seat.joined = Some(std::time::Instant::now());
             }
             let step = match decision {
-                Decision::Admitted(reservation) => Step::Admitted(Admission {
+                Decision::Admitted(reservation) => Step::Admitted(Recording {
                     write: persisted(&reservation, writes),
                     reservation,
                 }),
@@ -420,11 +404,12 @@ impl Lender {
             let (until, resources) = match step {
                 Step::Admitted(admission) => {
                     self.metrics.phase(
-                        metrics::Phase::Admit,
+                        metrics::RequestPhase::Admit,
                         deciding.elapsed().saturating_sub(waited),
                     );
                     if !waited.is_zero() {
-                        self.metrics.phase(metrics::Phase::PostJobSample, waited);
+                        self.metrics
+                            .phase(metrics::RequestPhase::PostJobSample, waited);
                     }
                     return Decided::Admitted(admission);
                 }
@@ -443,21 +428,6 @@ impl Lender {
                 () = tokio::time::sleep_until(deadline) => {}
             }
             waited += waiting.elapsed();
-        }
-    }
-
-    /// Count and log one request's final admission outcome.
-    pub fn count(&self, upstream: &str, outcome: &Result<Reservation, Refusal>) {
-        match outcome {
-            Ok(r) => {
-                self.metrics.admitted(upstream);
-                self.history.job_started(r);
-                info!(entry = %r.id, upstream, model = r.model.as_deref().unwrap_or(""), resident_credit = r.resident_credit, "admitted");
-            }
-            Err(refusal) => {
-                self.metrics.refused(upstream, refusal.code);
-                debug!(upstream, code = %refusal.code, reason = %refusal.reason, "refused");
-            }
         }
     }
 
@@ -707,20 +677,20 @@ fn persisted(reservation: &Reservation, writes: Vec<LedgerWrite>) -> StoreWrite 
 }
 
 /// An admitted request whose record is queued in the store.
-pub struct Admission {
+pub struct Recording {
     reservation: Reservation,
     write: StoreWrite,
 }
 
-impl std::fmt::Debug for Admission {
+impl std::fmt::Debug for Recording {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Admission")
+        f.debug_struct("Recording")
             .field("reservation", &self.reservation)
             .finish_non_exhaustive()
     }
 }
 
-impl Admission {
+impl Recording {
     /// The reservation, before its record is durable.
     pub fn reservation(&self) -> &Reservation {
         &self.reservation
@@ -771,15 +741,15 @@ pub enum RecordError {
 /// One pass of [`Lender::decide`]: the engine's decision, with an admission's
 /// record already queued.
 enum Step {
-    Admitted(Admission),
+    Admitted(Recording),
     Decided(Decided),
     Wait(crate::Moment, Vec<String>),
 }
 
 /// What the lender decided for a request, and what the proxy does next.
 pub enum Decided {
-    /// Admitted: await [`Admission::recorded`], then forward.
-    Admitted(Admission),
+    /// Admitted: await [`Recording::recorded`], then forward.
+    Admitted(Recording),
     /// Refused: answer with it.
     Refused(Refusal),
     /// Refused only because the model observation was too old (RES-20):
@@ -791,6 +761,17 @@ pub enum Decided {
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+    /// Decide and, once admitted, wait for the durable record (REC-01).
+    async fn admit_recorded(
+        lender: &Lender,
+        request: &WorkRequest,
+    ) -> Result<Reservation, Refusal> {
+        match lender.decide(request).await {
+            Decided::Admitted(admission) => admission.recorded().await,
+            Decided::Refused(refusal) | Decided::Reobserve(refusal) => Err(refusal),
+        }
+    }
 
     use std::sync::Mutex;
 
@@ -870,7 +851,7 @@ mod tests {
 
     async fn admit(lender: &Lender, up: UpstreamId) -> Reservation {
         let req = WorkRequest::new(up, None, lender.clock().now());
-        lender.admit(&req, "llm").await.unwrap()
+        admit_recorded(lender, &req).await.unwrap()
     }
 
     fn upstream_ref_of(lender: &Lender, entry: EntryId) -> Option<String> {
@@ -1109,7 +1090,7 @@ mod tests {
                 while done < 25 {
                     n += 1;
                     let req = WorkRequest::new(up, None, lender.clock().now());
-                    let Ok(r) = lender.admit(&req, "llm").await else {
+                    let Ok(r) = admit_recorded(&lender, &req).await else {
                         tokio::task::yield_now().await;
                         continue;
                     };

@@ -51,6 +51,13 @@ struct RouteLabels {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeLabels {
+    upstream: String,
+    route_class: &'static str,
+    outcome: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ResourceLabel {
     resource: String,
 }
@@ -145,6 +152,7 @@ struct PerUpstream {
     admissions: Option<Counter>,
     refusals: HashMap<&'static str, Counter>,
     requests: HashMap<&'static str, (Histogram, Histogram)>,
+    answers: HashMap<(&'static str, &'static str), Counter>,
 }
 
 /// What a scrape needs besides the engine's status.
@@ -162,6 +170,7 @@ pub struct Metrics {
     cache: RwLock<HashMap<String, PerUpstream>>,
     admissions: Family<UpstreamLabel, Counter>,
     refusals: Family<RefusalLabels, Counter>,
+    answers: Family<OutcomeLabels, Counter>,
     yields: Family<UpstreamLabel, Counter>,
     request_duration: Family<RouteLabels, Histogram, Buckets>,
     added: Family<RouteLabels, Histogram, Buckets>,
@@ -211,6 +220,7 @@ impl Default for Metrics {
         let mut registry = Registry::default();
         let admissions = Family::default();
         let refusals = Family::default();
+        let answers = Family::default();
         let yields = Family::default();
         let request_duration = Family::new_with_constructor(Buckets(REQUEST_BUCKETS));
         let added = Family::new_with_constructor(Buckets(ADDED_BUCKETS));
@@ -253,6 +263,11 @@ impl Default for Metrics {
             "vacancyd_refusals",
             "Borrowed requests refused, by code",
             refusals.clone(),
+        );
+        r.register(
+            "vacancyd_requests",
+            "Borrower requests, each counted once when its answer is final, by upstream, route class and outcome (admitted, refused, forwarded: a read the upstream answered; gone: the borrower left before an answer)",
+            answers.clone(),
         );
         r.register(
             "vacancyd_yields",
@@ -419,6 +434,7 @@ impl Default for Metrics {
             cache: RwLock::new(HashMap::new()),
             admissions,
             refusals,
+            answers,
             yields,
             request_duration,
             added,
@@ -482,8 +498,38 @@ impl Metrics {
         }
     }
 
+    /// One borrower request's final answer: `vacancyd_requests_total`, and
+    /// an admission or a refusal by its code. Called once per request, by
+    /// the request path's [`Arrival`](crate::shell::proxy::arrival::Arrival).
+    pub fn answered(&self, upstream: &str, route_class: &'static str, outcome: RequestOutcome) {
+        let key = (route_class, outcome.label());
+        let cached = self
+            .read_cache()
+            .get(upstream)
+            .and_then(|h| h.answers.get(&key).cloned());
+        let counter = cached.unwrap_or_else(|| {
+            let c = self.answers.get_or_create_owned(&OutcomeLabels {
+                upstream: upstream.to_owned(),
+                route_class,
+                outcome: key.1,
+            });
+            self.write_cache()
+                .entry(upstream.to_owned())
+                .or_default()
+                .answers
+                .insert(key, c.clone());
+            c
+        });
+        counter.inc();
+        match outcome {
+            RequestOutcome::Admitted => self.admitted(upstream),
+            RequestOutcome::Refused(code) => self.refused(upstream, code),
+            RequestOutcome::Forwarded | RequestOutcome::Gone => {}
+        }
+    }
+
     /// One admission on `upstream`.
-    pub fn admitted(&self, upstream: &str) {
+    fn admitted(&self, upstream: &str) {
         let cached = self
             .read_cache()
             .get(upstream)
@@ -502,7 +548,7 @@ impl Metrics {
     }
 
     /// One refusal on `upstream` with `code`.
-    pub fn refused(&self, upstream: &str, code: RefusalCode) {
+    fn refused(&self, upstream: &str, code: RefusalCode) {
         let code = code.as_str();
         let cached = self
             .read_cache()
@@ -578,11 +624,11 @@ impl Metrics {
     /// One durable reservation write.
     pub fn persisted(&self, took: Duration) {
         self.persist.observe(took.as_secs_f64());
-        self.phase(Phase::Persist, took);
+        self.phase(RequestPhase::Persist, took);
     }
 
     /// Time an admitted request spent in one phase.
-    pub fn phase(&self, phase: Phase, took: Duration) {
+    pub fn phase(&self, phase: RequestPhase, took: Duration) {
         self.phases
             .get_or_create(&PhaseLabel {
                 phase: phase.label(),
@@ -830,9 +876,34 @@ impl Metrics {
     }
 }
 
+/// How a borrower request ended, as `vacancyd_requests_total` counts it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RequestOutcome {
+    /// Its reservation was recorded and it was forwarded.
+    Admitted,
+    /// Refused with this code before anything was forwarded.
+    Refused(RefusalCode),
+    /// A request that needs no reservation, answered by the upstream.
+    Forwarded,
+    /// The borrower left before the request had an answer.
+    Gone,
+}
+
+impl RequestOutcome {
+    /// The metric label.
+    pub fn label(self) -> &'static str {
+        match self {
+            RequestOutcome::Admitted => "admitted",
+            RequestOutcome::Refused(_) => "refused",
+            RequestOutcome::Forwarded => "forwarded",
+            RequestOutcome::Gone => "gone",
+        }
+    }
+}
+
 /// The phases of an admitted request, in order (`vacancyd_request_phase_seconds`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Phase {
+pub enum RequestPhase {
     /// Reading and inspecting the body.
     Inspect,
     /// The engine's decision, without the post-job sample wait.
@@ -853,18 +924,18 @@ pub enum Phase {
     Relay,
 }
 
-impl Phase {
+impl RequestPhase {
     /// The metric label.
     pub fn label(self) -> &'static str {
         match self {
-            Phase::Inspect => "inspect",
-            Phase::Admit => "admit",
-            Phase::PostJobSample => "post_job_sample",
-            Phase::Persist => "persist",
-            Phase::Connect => "connect",
-            Phase::Upstream => "upstream",
-            Phase::FirstChunk => "first_chunk",
-            Phase::Relay => "relay",
+            RequestPhase::Inspect => "inspect",
+            RequestPhase::Admit => "admit",
+            RequestPhase::PostJobSample => "post_job_sample",
+            RequestPhase::Persist => "persist",
+            RequestPhase::Connect => "connect",
+            RequestPhase::Upstream => "upstream",
+            RequestPhase::FirstChunk => "first_chunk",
+            RequestPhase::Relay => "relay",
         }
     }
 }

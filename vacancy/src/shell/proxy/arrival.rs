@@ -1,0 +1,115 @@
+//! One borrower request from its arrival to its final answer: what the shell
+//! knows of it before an admission makes it an [`Exchange`](crate::shell::proxy::exchange::Exchange)
+//! (pingora's per-request context is the model), and the one place it is
+//! counted.
+//!
+//! # Behavior
+//!
+//! - The request path notes the outcome where the answer becomes final:
+//!   [`Arrival::admitted`] once the reservation is durable, [`Arrival::refused`]
+//!   for a refusal before that, [`Arrival::forwarded`] for a read the upstream
+//!   answered. The first outcome noted stands: a failure after an admission is
+//!   the exchange's end, not a second outcome.
+//! - The request is counted once, when its arrival is dropped: at the end of
+//!   [`handle`](crate::shell::proxy::service::handle), or earlier when the
+//!   borrower leaves and the connection drops the request's future; one with
+//!   no outcome by then is counted `gone`.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tracing::{debug, info};
+
+use crate::engine::{Refusal, Reservation};
+use crate::shell::state::lender::Lender;
+use crate::shell::state::metrics::RequestOutcome;
+use crate::shell::upstream::route::UpstreamRoute;
+
+/// One borrower request before and around its admission; counted once, by
+/// its outcome, when dropped.
+pub struct Arrival {
+    pub(crate) lender: Arc<Lender>,
+    pub(crate) route: Arc<UpstreamRoute>,
+    /// When the request's head arrived.
+    pub(crate) at: Instant,
+    /// The request's path and query, as the borrower sent it.
+    pub(crate) path: String,
+    /// The route class's metric label.
+    class: &'static str,
+    /// How long the request waited in its upstream's line, once decided.
+    pub(crate) waited: Option<Duration>,
+    outcome: Option<RequestOutcome>,
+    /// The whole time to the response head and vacancyd's own part of it,
+    /// once answered.
+    timing: Option<(Duration, Duration)>,
+}
+
+impl Arrival {
+    /// A request whose head arrived `at`, on `route`, in route class `class`.
+    pub fn new(
+        lender: Arc<Lender>,
+        route: Arc<UpstreamRoute>,
+        at: Instant,
+        path: String,
+        class: &'static str,
+    ) -> Self {
+        Self {
+            lender,
+            route,
+            at,
+            path,
+            class,
+            waited: None,
+            outcome: None,
+            timing: None,
+        }
+    }
+
+    /// The reservation is durable: the request is admitted (its history
+    /// entry and log line start here).
+    pub fn admitted(&mut self, reservation: &Reservation) {
+        if self.note(RequestOutcome::Admitted) {
+            self.lender.history().job_started(reservation);
+            info!(entry = %reservation.id, upstream = %self.route.name, model = reservation.model.as_deref().unwrap_or(""), resident_credit = reservation.resident_credit, "admitted");
+        }
+    }
+
+    /// The request is refused with `refusal`, nothing forwarded.
+    pub fn refused(&mut self, refusal: &Refusal) {
+        if self.note(RequestOutcome::Refused(refusal.code)) {
+            debug!(upstream = %self.route.name, code = %refusal.code, reason = %refusal.reason, "refused");
+        }
+    }
+
+    /// A request that needs no reservation reached the upstream and has its
+    /// answer.
+    pub fn forwarded(&mut self) {
+        self.note(RequestOutcome::Forwarded);
+    }
+
+    /// The response head is ready: `total` since arrival, `own` of it
+    /// vacancyd's.
+    pub fn answered(&mut self, total: Duration, own: Duration) {
+        self.timing = Some((total, own));
+    }
+
+    /// Note `outcome` unless one stands already; whether it was noted.
+    fn note(&mut self, outcome: RequestOutcome) -> bool {
+        if self.outcome.is_some() {
+            return false;
+        }
+        self.outcome = Some(outcome);
+        true
+    }
+}
+
+impl Drop for Arrival {
+    fn drop(&mut self) {
+        let outcome = self.outcome.unwrap_or(RequestOutcome::Gone);
+        let metrics = self.lender.metrics();
+        metrics.answered(&self.route.name, self.class, outcome);
+        if let Some((total, own)) = self.timing {
+            metrics.request(&self.route.name, self.class, total, own);
+        }
+    }
+}
