@@ -5,15 +5,16 @@
 //!
 //! # Behavior
 //!
-//! - The request path notes the outcome where the answer becomes final:
-//!   [`Arrival::admitted`] once the reservation is durable, [`Arrival::refused`]
-//!   for a refusal before that, [`Arrival::forwarded`] for a read the upstream
-//!   answered. The first outcome noted stands: a failure after an admission is
-//!   the exchange's end, not a second outcome.
-//! - The request is counted once, when its arrival is dropped: at the end of
-//!   [`handle`](crate::shell::proxy::service::handle), or earlier when the
-//!   borrower leaves and the connection drops the request's future; one with
-//!   no outcome by then is counted `gone`.
+//! - The request path notes the outcome where the answer becomes final, and
+//!   the request is counted then, once: [`Arrival::admitted`] once the
+//!   reservation is durable, [`Arrival::refused`] for a refusal before that,
+//!   [`Arrival::forwarded`] for a read the upstream answered. The first
+//!   outcome noted stands: a failure after an admission is the exchange's
+//!   end, not a second outcome.
+//! - A request dropped with no outcome — the borrower left and the
+//!   connection dropped the request's future, e.g. while it waited in line —
+//!   is counted `gone` when its arrival drops. The time to the response head
+//!   is recorded then too, for a request that had one.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -26,7 +27,7 @@ use crate::shell::state::metrics::RequestOutcome;
 use crate::shell::upstream::route::UpstreamRoute;
 
 /// One borrower request before and around its admission; counted once, by
-/// its outcome, when dropped.
+/// its outcome, when that is final (`gone` if dropped without one).
 pub struct Arrival {
     pub(crate) lender: Arc<Lender>,
     pub(crate) route: Arc<UpstreamRoute>,
@@ -93,21 +94,26 @@ impl Arrival {
         self.timing = Some((total, own));
     }
 
-    /// Note `outcome` unless one stands already; whether it was noted.
+    /// Note and count `outcome` unless one stands already; whether it was
+    /// noted.
     fn note(&mut self, outcome: RequestOutcome) -> bool {
         if self.outcome.is_some() {
             return false;
         }
         self.outcome = Some(outcome);
+        self.lender
+            .metrics()
+            .answered(&self.route.name, self.class, outcome);
         true
     }
 }
 
 impl Drop for Arrival {
     fn drop(&mut self) {
-        let outcome = self.outcome.unwrap_or(RequestOutcome::Gone);
         let metrics = self.lender.metrics();
-        metrics.answered(&self.route.name, self.class, outcome);
+        if self.outcome.is_none() {
+            metrics.answered(&self.route.name, self.class, RequestOutcome::Gone);
+        }
         if let Some((total, own)) = self.timing {
             metrics.request(&self.route.name, self.class, total, own);
         }

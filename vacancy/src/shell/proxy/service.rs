@@ -47,7 +47,7 @@ pub const OVERHEAD_HEADER: &str = "vacancy-overhead-ms";
 /// the response head, and vacancyd's own part of it (all of it but the
 /// upstream's, [`UpstreamTook`]; all of it for a refusal), which
 /// `vacancy-overhead-ms` says where the configuration asks for it. The
-/// request is counted once, by its outcome, when its [`Arrival`] drops.
+/// request is counted once, by its outcome, through its [`Arrival`].
 pub async fn handle(
     lender: Arc<Lender>,
     route: Arc<UpstreamRoute>,
