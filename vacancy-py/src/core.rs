@@ -83,14 +83,14 @@ impl Core {
         g
     }
 
-    /// Python keeps no ledger and runs no reclaim loop of its own: what the
-    /// engine asks of a shell is returned by each call instead (the resources
-    /// to sample after a release), so its queue is emptied rather than left
-    /// to grow. A post-job sample request pulls the resource's trigger (a
-    /// running driver samples it at once); a moved wait line wakes the
-    /// callers waiting in `admit`.
-    pub(crate) fn drain_effects(&self, g: &mut Inner) {
+    /// Python keeps no ledger and runs no reclaim loop of its own: its queue
+    /// is emptied rather than left to grow. A post-job sample request pulls
+    /// the resource's trigger (a running driver samples it at once) and is
+    /// returned, in the engine's order, so that `release` can tell its caller
+    /// what to sample; a moved wait line wakes the callers waiting in `admit`.
+    pub(crate) fn drain_effects(&self, g: &mut Inner) -> Vec<String> {
         let mut wake = false;
+        let mut sample = Vec::new();
         while let Some(effect) = g.engine.poll_effect() {
             match effect {
                 Effect::WakeWaiters => wake = true,
@@ -98,6 +98,7 @@ impl Core {
                     if let Some(t) = self.triggers.get(&resource) {
                         t.notify_one();
                     }
+                    sample.push(resource);
                 }
                 // No ledger here: Python's engine persists nothing.
                 Effect::Persist(_)
@@ -118,6 +119,7 @@ impl Core {
         if wake {
             self.notify_changed(g);
         }
+        sample
     }
 
     /// Wake every caller waiting for a change. Takes the engine's state as

@@ -12,7 +12,7 @@ use pyo3::types::{PyDict, PyList, PyType};
 use vacancy::config::{LoadedConfig, PresenceMode, SamplerKind};
 use vacancy::engine::{
     CompletionMethod, Decision, EngineError, EngineSpec, EntryId, HeldRelease, ModelObservation,
-    ObservedModel, OwnerPresence, Phase, PressureVerdict, ReclaimCommand, ReclaimId, ReleaseEffect,
+    ObservedModel, OwnerPresence, Phase, PressureVerdict, ReclaimCommand, ReclaimId,
     ReleaseOutcome, RequestReuse, ResidencyEvidence, WorkRequest,
 };
 use vacancy::pressure::{
@@ -169,13 +169,6 @@ pub struct Engine {
 fn entry_id(id: &str) -> Result<EntryId, Error> {
     id.parse::<EntryId>()
         .map_err(|_| Error::BadId(id.to_owned()))
-}
-
-fn released(effect: ReleaseEffect) -> Vec<String> {
-    match effect {
-        ReleaseEffect::Released { sample_now, .. } => sample_now,
-        ReleaseEffect::Held => Vec::new(),
-    }
 }
 
 fn attendance_arg(attendance: &str) -> PyResult<Attendance> {
@@ -989,7 +982,9 @@ impl Engine {
         self.with(py, |g| {
             let eid = entry_id(&id)?;
             let m = g.moment(&self.core.clock, at)?;
-            Ok(released(g.engine.release(eid, outcome, m)?))
+            g.engine.release(eid, outcome, m)?;
+            // What to sample now is what the release queued (none when held).
+            Ok(self.core.drain_effects(g))
         })
     }
 
@@ -1016,7 +1011,8 @@ impl Engine {
         self.with(py, |g| {
             let eid = entry_id(&id)?;
             let m = g.moment(&self.core.clock, at)?;
-            Ok(released(g.engine.release_held(eid, by, m)?))
+            g.engine.release_held(eid, by, m)?;
+            Ok(self.core.drain_effects(g))
         })
     }
 
@@ -1336,7 +1332,8 @@ impl Reservation {
             match g.engine.phase(eid) {
                 Some(Phase::Forwarding | Phase::Tracking | Phase::Verifying) => {
                     let m = g.current(&engine.core.clock);
-                    Ok(released(g.engine.release(eid, outcome, m)?))
+                    g.engine.release(eid, outcome, m)?;
+                    Ok(engine.core.drain_effects(g))
                 }
                 Some(Phase::Held) | None => Ok(Vec::new()),
             }

@@ -126,17 +126,15 @@ pub enum EngineError {
     },
 }
 
-/// What a release did.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ReleaseEffect {
-    /// The resources are free; sample each of them now (ADM-05).
-    Released {
-        /// The resources to sample at once.
-        sample_now: Vec<String>,
-        /// The upstream whose work ended: observe it now, so residency has
-        /// evidence taken after the job (RES-02) and a lesson is learned (RES-07).
-        observe_now: Option<UpstreamId>,
-    },
+/// What a release did to its entry. What the shell must do about it (the
+/// record, a sample of each freed resource, an observation of the upstream)
+/// is queued as [`Effect`]s like every other decision: one channel out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Release {
+    /// The entry ended and its resources are free; the queued effects ask
+    /// for a sample of each (ADM-05) and an observation of the upstream
+    /// (RES-02, RES-07).
+    Freed,
     /// The outcome was uncertain: the entry is held and keeps its resources.
     Held,
 }
@@ -1179,8 +1177,9 @@ impl Engine {
     ///
     /// # Behavior
     ///
-    /// `Completed` and `NotForwarded` free every resource and ask for a sample
-    /// of each at once (ADM-04/05). `Uncertain` turns the entry held: it keeps
+    /// `Completed` and `NotForwarded` free every resource and queue a
+    /// [`Effect::Sample`] of each and an [`Effect::Observe`] of the upstream
+    /// (ADM-04/05). `Uncertain` turns the entry held: it keeps
     /// its resources until [`release_held`](Self::release_held). A held entry is
     /// never released here.
     pub fn release(
@@ -1188,41 +1187,46 @@ impl Engine {
         id: EntryId,
         outcome: ReleaseOutcome,
         now: Moment,
-    ) -> Result<ReleaseEffect, EngineError> {
+    ) -> Result<Release, EngineError> {
         let e = self.unheld_entry(id)?;
         match outcome {
             ReleaseOutcome::Completed => {
                 if let Some((model, kind)) = e.kind.take() {
                     let up = e.upstream;
-                    let effect = self.free(id, now);
+                    self.free(id, now);
                     self.upstreams[up].lesson = Some(Lesson {
                         model,
                         kind,
                         finished_at: now,
                     });
-                    return Ok(effect);
+                    return Ok(Release::Freed);
                 }
-                Ok(self.free(id, now))
+                self.free(id, now);
+                Ok(Release::Freed)
             }
-            ReleaseOutcome::NotForwarded => Ok(self.free(id, now)),
+            ReleaseOutcome::NotForwarded => {
+                self.free(id, now);
+                Ok(Release::Freed)
+            }
             ReleaseOutcome::Uncertain(reason) => {
                 e.phase = Phase::Held;
                 e.held_reason = Some(reason.clone());
                 self.effects.push(Effect::MarkHeld { entry: id, reason });
                 self.effects.push(Effect::WakeReclaims);
-                Ok(ReleaseEffect::Held)
+                Ok(Release::Held)
             }
         }
     }
 
     /// Release a held entry on an administrator's confirmation or tracking
-    /// proof. Its resources still wait for a fresh sample (HELD-07).
+    /// proof. Its resources still wait for a fresh sample (HELD-07); the
+    /// effects queued are a plain release's.
     pub fn release_held(
         &mut self,
         id: EntryId,
         _by: HeldRelease,
         now: Moment,
-    ) -> Result<ReleaseEffect, EngineError> {
+    ) -> Result<(), EngineError> {
         let e = self.entries.get(&id).ok_or(EngineError::UnknownEntry(id))?;
         if e.phase != Phase::Held {
             return Err(EngineError::NotHeld {
@@ -1230,17 +1234,17 @@ impl Engine {
                 phase: e.phase.as_str(),
             });
         }
-        Ok(self.free(id, now))
+        self.free(id, now);
+        Ok(())
     }
 
-    fn free(&mut self, id: EntryId, now: Moment) -> ReleaseEffect {
+    /// Free an entry's resources and queue what the shell does after a job:
+    /// forget its record, sample each resource, observe the upstream.
+    fn free(&mut self, id: EntryId, now: Moment) {
         let Some(e) = self.entries.remove(&id) else {
-            return ReleaseEffect::Released {
-                sample_now: Vec::new(),
-                observe_now: None,
-            };
+            return;
         };
-        let mut sample_now = Vec::with_capacity(e.deps.len());
+        let mut freed = Vec::with_capacity(e.deps.len());
         for res in e.deps {
             // Restored records may overlap (see `restore_held`): the resource
             // stays reserved while another entry still holds it.
@@ -1255,19 +1259,15 @@ impl Engine {
                 r.holder = next;
             }
             r.disturbed(now);
-            sample_now.push(r.spec.name.clone());
+            freed.push(r.spec.name.clone());
         }
         self.effects.push(Effect::Forget(id));
-        for name in &sample_now {
-            self.effects.push(Effect::Sample(name.clone()));
+        for name in freed {
+            self.effects.push(Effect::Sample(name));
         }
         self.effects.push(Effect::Observe(UpstreamId(e.upstream)));
         self.effects.push(Effect::WakeReclaims);
         self.wake_waiters();
-        ReleaseEffect::Released {
-            sample_now,
-            observe_now: Some(UpstreamId(e.upstream)),
-        }
     }
 
     /// Return an entry recorded before a restart as held, reserving its

@@ -103,15 +103,23 @@ fn released_resource_needs_a_sample_taken_after_the_job() {
     // ADM-04, ADM-05
     let mut e = ready(gpu_and_ram(), 0);
     let res = admitted(admit(&mut e, "llm", None, 10));
-    let effect = e
+    drain(&mut e);
+    let released = e
         .release(res.id, ReleaseOutcome::Completed, t(100))
         .unwrap();
+    assert_eq!(released, Release::Freed);
+    let up = e.upstream_id("llm").unwrap();
+    let asked: Vec<Effect> = drain(&mut e)
+        .into_iter()
+        .filter(|f| matches!(f, Effect::Sample(_) | Effect::Observe(_)))
+        .collect();
     assert_eq!(
-        effect,
-        ReleaseEffect::Released {
-            sample_now: vec![GPU.to_owned(), RAM.to_owned()],
-            observe_now: e.upstream_id("llm"),
-        }
+        asked,
+        vec![
+            Effect::Sample(GPU.to_owned()),
+            Effect::Sample(RAM.to_owned()),
+            Effect::Observe(up),
+        ]
     );
     assert!(matches!(
         admit(&mut e, "llm", None, 110),
@@ -627,8 +635,10 @@ fn a_finished_request_of_a_kind_teaches_the_next_observation_only() {
     );
     let res = admitted(e.admit(&r, t(10)));
     assert_eq!(e.take_lesson(up, t(15)), None, "nothing finished yet");
-    let effect = e.release(res.id, ReleaseOutcome::Completed, t(20)).unwrap();
-    assert!(matches!(effect, ReleaseEffect::Released { observe_now: Some(u), .. } if u == up));
+    drain(&mut e);
+    let released = e.release(res.id, ReleaseOutcome::Completed, t(20)).unwrap();
+    assert_eq!(released, Release::Freed);
+    assert!(drain(&mut e).contains(&Effect::Observe(up)));
     // An observation that started before the end teaches nothing and leaves the lesson.
     assert_eq!(e.take_lesson(up, t(20)), None);
     let lesson = e.take_lesson(up, t(21)).unwrap();
@@ -1054,7 +1064,7 @@ fn uncertain_outcome_holds_until_an_explicit_release() {
             t(2)
         )
         .unwrap(),
-        ReleaseEffect::Held
+        Release::Held
     );
     assert_eq!(e.phase(res.id), Some(Phase::Held));
     assert_eq!(
@@ -1114,7 +1124,7 @@ fn connection_refused_releases() {
     assert!(matches!(
         e.release(res.id, ReleaseOutcome::NotForwarded, t(2))
             .unwrap(),
-        ReleaseEffect::Released { .. }
+        Release::Freed
     ));
     assert_eq!(e.entry_count(), 0);
 }

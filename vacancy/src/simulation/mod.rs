@@ -50,9 +50,8 @@ pub use rng::Rng;
 use crate::config::{OnOwnerReturn, OwnerScope};
 use crate::engine::{
     CompletionMethod, Decision, Effect, Engine, EngineSpec, EntryId, HeldRelease, ModelObservation,
-    ObservedModel, OwnerPresence, Phase, PressureVerdict, ReclaimCommand, ReleaseEffect,
-    ReleaseOutcome, RequestReuse, ResidencyEvidence, ResourceSpec, UpstreamSpec, VisibleWork,
-    WorkRequest,
+    ObservedModel, OwnerPresence, Phase, PressureVerdict, ReclaimCommand, Release, ReleaseOutcome,
+    RequestReuse, ResidencyEvidence, ResourceSpec, UpstreamSpec, VisibleWork, WorkRequest,
 };
 use crate::ledger::Ledger;
 use crate::ledger::disk::{Fault, FaultDisk, MemDisk};
@@ -909,11 +908,11 @@ impl Simulation {
             ReleaseOutcome::Uncertain(r) => Some(r.clone()),
             _ => None,
         };
-        let Ok(effect) = self.engine.release(id, outcome, self.moment()) else {
+        let Ok(released) = self.engine.release(id, outcome, self.moment()) else {
             return Ok(());
         };
-        match effect {
-            ReleaseEffect::Released { .. } => {
+        match released {
+            Release::Freed => {
                 if let Some(k) = self.known.remove(&id) {
                     self.ended(k.upstream);
                 }
@@ -924,7 +923,7 @@ impl Simulation {
                     self.released.insert(id);
                 }
             }
-            ReleaseEffect::Held => {
+            Release::Held => {
                 self.summary.held += 1;
                 if let Some(k) = self.known.get_mut(&id) {
                     k.phase = Phase::Held;

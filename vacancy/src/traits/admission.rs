@@ -1,8 +1,7 @@
 //! The [`Admission`] trait: decides borrowed work.
 
 use crate::engine::{
-    Decision, Engine, EngineError, EngineStatus, EntryId, ReleaseEffect, ReleaseOutcome,
-    WorkRequest,
+    Decision, Engine, EngineError, EngineStatus, EntryId, Release, ReleaseOutcome, WorkRequest,
 };
 use crate::time::Moment;
 
@@ -23,7 +22,7 @@ pub trait Admission {
         id: EntryId,
         outcome: ReleaseOutcome,
         now: Moment,
-    ) -> Result<ReleaseEffect, EngineError>;
+    ) -> Result<Release, EngineError>;
     /// A snapshot of resources, upstreams and work.
     fn status(&mut self, now: Moment) -> EngineStatus;
 }
@@ -38,7 +37,7 @@ impl Admission for Engine {
         id: EntryId,
         outcome: ReleaseOutcome,
         now: Moment,
-    ) -> Result<ReleaseEffect, EngineError> {
+    ) -> Result<Release, EngineError> {
         Engine::release(self, id, outcome, now)
     }
 

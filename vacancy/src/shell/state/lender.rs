@@ -9,8 +9,8 @@ use tracing::{debug, info, warn};
 
 use crate::engine::{
     Decision, Effect, Engine, EngineError, EngineStatus, EntryId, HeldRelease, LendingHours,
-    Lesson, ModelObservation, OwnerPresence, Phase, PowerSource, Refusal, RefusalCode,
-    ReleaseEffect, ReleaseOutcome, Reservation, UpstreamId, Vacancy, WorkRequest,
+    Lesson, ModelObservation, OwnerPresence, Phase, PowerSource, Refusal, RefusalCode, Release,
+    ReleaseOutcome, Reservation, UpstreamId, Vacancy, WorkRequest,
 };
 use crate::ledger::store::{ReservationStore, StoreChange, StoreError, StoreFailure, StoreWrite};
 use crate::shell::state::history::History;
@@ -460,14 +460,14 @@ impl Lender {
             _ => None,
         };
         let now = self.clock.now();
-        let effect = self.with_engine(|e| e.release(entry, outcome, now));
+        let released = self.with_engine(|e| e.release(entry, outcome, now));
         self.live.forget(entry);
-        match effect {
-            Ok(ReleaseEffect::Released { .. }) => {
+        match released {
+            Ok(Release::Freed) => {
                 info!(entry = %entry, "released");
                 self.history.job_ended(entry, now);
             }
-            Ok(ReleaseEffect::Held) => {
+            Ok(Release::Held) => {
                 let reason = held_reason.unwrap_or_default();
                 warn!(entry = %entry, reason = %reason, "work held: completion is uncertain; release it as an administrator once the upstream has stopped");
             }
@@ -513,12 +513,11 @@ impl Lender {
             write.in_background();
         }
         match released {
-            Ok(ReleaseEffect::Released { .. }) => {
+            Ok(()) => {
                 info!(entry = %entry, by = ?by, "held work released");
                 self.history.job_ended(entry, now);
                 Ok(())
             }
-            Ok(ReleaseEffect::Held) => Ok(()),
             // Released meanwhile by the other door (tracking proof or an administrator).
             Err(EngineError::UnknownEntry(_)) => Ok(()),
             Err(e) => Err(e.into()),
