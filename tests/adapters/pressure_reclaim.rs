@@ -14,10 +14,10 @@ use vacancy::engine::{
     Engine, EngineSpec, EntryId, HeldRelease, OwnerPresence, Phase, ReclaimPolicy, ResourceSpec,
     UpstreamSpec,
 };
-use vacancy::pressure::{
+use vacancy::gpu_pressure::{
     Baseline, OwnerLoad, PressureError, PressureParams, PressureReader, PressureTracker,
 };
-use vacancy::shell::loops::pressure::{PressureGpu, pressure_loop};
+use vacancy::shell::loops::pressure_watch::{PressureGpu, pressure_loop};
 use vacancy::shell::loops::reclaim::{ReclaimTimes, reclaim_loop};
 use vacancy::shell::{Lender, Target, UpstreamRoute, VolatileStore};
 use vacancy::{CapacitySample, MonotonicClock, ResourceKind};

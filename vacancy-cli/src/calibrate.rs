@@ -10,11 +10,11 @@ use clap::ArgGroup;
 use thiserror::Error;
 use vacancy::ResourceKind;
 use vacancy::config::{Config, LOOPBACK, LoadedConfig, SamplerKind, same_server_key};
-use vacancy::ledger::{LocationInput, resolve_location};
-use vacancy::pressure::{
+use vacancy::gpu_pressure::{
     Attendance, CalibrationError, CalibrationFile, NvmlPressureReader, OwnerLoad, PressureError,
     PressureReader, calibrate, server_pids,
 };
+use vacancy::ledger::{LocationInput, resolve_location};
 use vacancy::registry::AdapterRegistry;
 
 /// `vacancyd calibrate-pressure`'s arguments.
@@ -285,7 +285,7 @@ pub async fn calibrate_into(
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use clap::Parser;
-    use vacancy::pressure::ScriptedReader;
+    use vacancy::gpu_pressure::ScriptedReader;
 
     use std::path::Path;
 

@@ -8,8 +8,8 @@ use vacancy::config::{
     SamplerKind,
 };
 use vacancy::engine::{Engine, EngineSpec};
+use vacancy::gpu_pressure::CalibrationFile;
 use vacancy::ledger::{LocationInput, recovery_path};
-use vacancy::pressure::CalibrationFile;
 use vacancy::registry::AdapterRegistry;
 use vacancy::{MonotonicClock, ResourceKind};
 

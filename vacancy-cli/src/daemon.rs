@@ -13,14 +13,14 @@ use tokio::task::JoinSet;
 use tracing::{error, info, warn};
 use vacancy::config::{Config, ConfigErrors, LoadedConfig, SamplerKind, UpstreamConfig};
 use vacancy::engine::{Engine, EngineSpec, SpecError};
-use vacancy::ledger::{Ledger, LedgerError, LocationInput, resolve_location};
-use vacancy::pressure::{
+use vacancy::gpu_pressure::{
     CalibrationFile, NvmlPressureReader, PressureParams, PressureReader, PressureTracker,
     UnavailableReader,
 };
+use vacancy::ledger::{Ledger, LedgerError, LocationInput, resolve_location};
 use vacancy::registry::{AdapterContext, AdapterRegistry, BuildError};
 use vacancy::shell::loops::observation::{self, HealthCell};
-use vacancy::shell::loops::pressure::PressureGpu;
+use vacancy::shell::loops::pressure_watch::PressureGpu;
 use vacancy::shell::loops::reclaim::ReclaimTimes;
 use vacancy::shell::loops::{presence_watch, sampling};
 use vacancy::shell::proxy::conn::{self, ConnLimits};
@@ -404,7 +404,7 @@ pub async fn start(
         shutdown.clone(),
     ));
     if config.owner.gpu_pressure.enabled {
-        tasks.spawn(vacancy::shell::loops::pressure::pressure_loop(
+        tasks.spawn(vacancy::shell::loops::pressure_watch::pressure_loop(
             Arc::clone(&lender),
             pressure_gpus(&config, &state_dir, clock.now()),
             crate::calibrate::upstream_addrs(&config),

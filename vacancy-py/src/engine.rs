@@ -15,7 +15,7 @@ use vacancy::engine::{
     ObservedModel, OwnerPresence, Phase, PressureVerdict, ReclaimCommand, ReclaimId,
     ReleaseOutcome, RequestReuse, ResidencyEvidence, WorkRequest,
 };
-use vacancy::pressure::{
+use vacancy::gpu_pressure::{
     Attendance, Miss, Observation, OwnerLoad, PressureParams, PressureReading, PressureTracker,
     PressureUpdate, TriggerKind,
 };

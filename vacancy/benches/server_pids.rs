@@ -1,5 +1,5 @@
 //! The cost of finding the upstream servers' processes once per GPU-pressure
-//! poll (`vacancy::pressure::server_pids`): every process's descriptors and
+//! poll (`vacancy::gpu_pressure::server_pids`): every process's descriptors and
 //! parent are read from `/proc`, so the cost grows with the process count.
 //! Measured with this machine's processes plus 0, 250 and 1,000 idle
 //! `sleep` children of the listening "server" (a busy desktop runs several
@@ -11,7 +11,7 @@
 use std::process::{Child, Command, Stdio};
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
-use vacancy::pressure::server_pids;
+use vacancy::gpu_pressure::server_pids;
 
 fn sleepers(n: usize) -> Vec<Child> {
     (0..n)

@@ -19,6 +19,8 @@ pub mod config;
 pub mod engine;
 #[cfg(feature = "runtime")]
 pub mod gate;
+#[cfg(feature = "runtime")]
+pub mod gpu_pressure;
 #[cfg(feature = "config")]
 pub mod hours;
 #[cfg(feature = "runtime")]
@@ -27,8 +29,6 @@ pub mod ledger;
 pub mod platform;
 #[cfg(feature = "runtime")]
 pub mod presence;
-#[cfg(feature = "runtime")]
-pub mod pressure;
 #[cfg(feature = "config")]
 pub mod registry;
 #[cfg(feature = "runtime")]

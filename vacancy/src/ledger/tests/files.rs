@@ -7,10 +7,10 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt, symlink};
 use std::path::Path;
 
 use super::{reservation, scratch};
+use crate::gpu_pressure::CalibrationFile;
 use crate::ledger::location::running_uid;
 use crate::ledger::store::ReservationStore;
 use crate::ledger::{COMPACT_FILE, JOURNAL_FILE, Ledger};
-use crate::pressure::CalibrationFile;
 
 fn open_err(dir: &Path) -> String {
     match Ledger::open(dir) {

@@ -8,7 +8,7 @@ pub mod observation;
 pub mod power_cap;
 pub mod power_watch;
 pub mod presence_watch;
-pub mod pressure;
+pub mod pressure_watch;
 pub mod reclaim;
 pub mod sampling;
 pub mod sink;

@@ -535,7 +535,7 @@ mod tests {
             ]);
             c
         };
-        const SELF: &str = "pressure::reader::tests::a_server_under_a_system_account_vacancyd_cannot_inspect_is_found_by_its_account";
+        const SELF: &str = "gpu_pressure::reader::tests::a_server_under_a_system_account_vacancyd_cannot_inspect_is_found_by_its_account";
         // A copy of this test binary that `nobody` may run.
         let tmp = tempfile::tempdir().unwrap();
         std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o755)).unwrap();

@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, HashSet};
 use async_trait::async_trait;
 
 use crate::engine::pressure::OwnerLoad;
-use crate::pressure::reader::{PressureError, PressureReader};
+use crate::gpu_pressure::reader::{PressureError, PressureReader};
 
 /// The owner's load on an NVIDIA GPU, from NVML's per-process accounting.
 ///

@@ -10,7 +10,7 @@ use tokio::sync::watch;
 use tracing::{info, warn};
 
 use crate::engine::OwnerPresence;
-use crate::pressure::{
+use crate::gpu_pressure::{
     Attendance, Miss, Observation, PressureReader, PressureReading, PressureTracker, server_pids,
 };
 use crate::shell::state::lender::Lender;
