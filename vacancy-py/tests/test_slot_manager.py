@@ -38,7 +38,7 @@ def load_example() -> ModuleType:
 def prepared() -> dict[str, str]:
     tool = pathlib.Path(os.environ.get("LLAMA_PREPARE", ROOT / "target" / "debug" / "llama-prepare"))
     if not tool.is_file():
-        why = f"{tool} is missing: cargo build -p vacancy-tests --bin llama-prepare"
+        why = f"{tool} is missing: cargo build -p vacancy-test-support --bin llama-prepare"
         if os.environ.get("CI") == "true":
             pytest.fail(why)
         pytest.skip(why)
