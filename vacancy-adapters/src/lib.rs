@@ -8,9 +8,9 @@
 //! built from the shared checks in [`common`], and, where the upstream can be
 //! observed, an observation made with vacancy's own credential only.
 //!
-//! Every adapter is a folder of the same files: `mod.rs` (the adapter and
-//! its route table), `inspect.rs`, `observe.rs` and `reclaim.rs` where it has
-//! them. What several share is in [`common`] (settings, [`common::AdapterCore`],
+//! Every adapter is a folder: `mod.rs` (the adapter and its route table),
+//! and `inspect.rs`, `observe.rs`, `reclaim.rs` and `tests.rs` where it has
+//! more to say than the shared parts (OpenAI-compatible has none of them). What several share is in [`common`] (settings, [`common::AdapterCore`],
 //! the body rules, the OpenAI `/v1` route block) and [`json_stream`] (the
 //! streaming JSON scanner); `docs/adapter-guide.md` describes the shape.
 #![forbid(unsafe_code)]
