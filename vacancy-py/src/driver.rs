@@ -46,8 +46,12 @@ impl Driver {
 /// The driver thread: first samples and presence (reported on `ready`),
 /// then the loops until `stop` turns true.
 fn run(core: Arc<Core>, stop: watch::Receiver<bool>, ready: mpsc::Sender<Result<(), String>>) {
+    // This thread and its runtime's blocking pool never wait for the GIL,
+    // not even to log.
+    crate::log_bridge::queue_this_thread();
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
+        .on_thread_start(crate::log_bridge::queue_this_thread)
         .build()
     {
         Ok(rt) => rt,

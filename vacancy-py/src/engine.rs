@@ -306,7 +306,6 @@ impl Engine {
         self.core.lock()
     }
 
-    /// Run `f` on the engine with the lock held; map its error after the lock is dropped.
     /// The pressure parameters, if `resource` is a GPU and pressure is on.
     fn pressure_gpu(&self, py: Python<'_>, resource: &str) -> PyResult<PressureParams> {
         match self.kinds.get(resource) {
@@ -351,6 +350,7 @@ impl Engine {
         json_to_py(py, &value)
     }
 
+    /// Run `f` on the engine with the lock held; map its error after the lock is dropped.
     fn with<T>(
         &self,
         py: Python<'_>,

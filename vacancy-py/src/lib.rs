@@ -16,7 +16,9 @@
 //! `log` feature, since no tracing subscriber runs here), which `pyo3-log`
 //! hands to Python's `logging` under the `vacancy` logger (`vacancy.proxy.sampling`,
 //! ...). Handing one over runs Python code, so the rule above covers it: no
-//! event is emitted while the mutex is held.
+//! event is emitted while the mutex is held. A thread without the GIL (the
+//! driver's) only queues its records for a forwarding thread
+//! (`log_bridge`), so it never waits for the GIL.
 
 mod convert;
 mod core;
@@ -24,6 +26,7 @@ mod driver;
 mod engine;
 mod errors;
 mod inner;
+mod log_bridge;
 mod slots;
 
 use pyo3::prelude::*;
@@ -51,11 +54,14 @@ fn _vacancy(m: &Bound<'_, PyModule>) -> PyResult<()> {
 /// `logging.getLogger("vacancy").setLevel(...)` applies whenever it is called.
 /// Another extension's logger installed first keeps its place.
 fn install_logging(py: Python<'_>) -> PyResult<()> {
-    let installed = pyo3_log::Logger::new(py, pyo3_log::Caching::Loggers)?
+    let inner = pyo3_log::Logger::new(py, pyo3_log::Caching::Loggers)?
         .filter(log::LevelFilter::Off)
-        .filter_target("vacancy".to_owned(), log::LevelFilter::Debug)
-        .install();
-    if installed.is_err() {
+        .filter_target("vacancy".to_owned(), log::LevelFilter::Debug);
+    let bridge = log_bridge::Bridge::new(inner, log::LevelFilter::Debug);
+    let installed = log::set_boxed_logger(Box::new(bridge));
+    if installed.is_ok() {
+        log::set_max_level(log::LevelFilter::Debug);
+    } else {
         // A `log` logger is process-wide; the first installed wins.
         py.import("warnings")?.call_method1(
             "warn",

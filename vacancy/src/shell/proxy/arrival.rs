@@ -1,7 +1,7 @@
 //! One borrower request from its arrival to its final answer: what the shell
-//! knows of it before an admission makes it an [`Exchange`](crate::shell::proxy::exchange::Exchange)
-//! (pingora's per-request context is the model), and the one place it is
-//! counted.
+//! knows of it before an admission makes it an `Exchange`
+//! (`shell::proxy::exchange`; pingora's per-request context is the model),
+//! and the one place it is counted.
 //!
 //! # Behavior
 //!
