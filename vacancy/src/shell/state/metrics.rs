@@ -501,26 +501,43 @@ impl Metrics {
     /// One borrower request's final answer: `vacancyd_requests_total`, and
     /// an admission or a refusal by its code. Called once per request, by
     /// the request path's [`Arrival`](crate::shell::proxy::arrival::Arrival).
+    /// Once the labels have been seen, both counters move under one read
+    /// lock, without allocating or cloning a handle.
     pub fn answered(&self, upstream: &str, route_class: &'static str, outcome: RequestOutcome) {
         let key = (route_class, outcome.label());
-        let cached = self
-            .read_cache()
-            .get(upstream)
-            .and_then(|h| h.answers.get(&key).cloned());
-        let counter = cached.unwrap_or_else(|| {
-            let c = self.answers.get_or_create_owned(&OutcomeLabels {
-                upstream: upstream.to_owned(),
-                route_class,
-                outcome: key.1,
-            });
-            self.write_cache()
-                .entry(upstream.to_owned())
-                .or_default()
-                .answers
-                .insert(key, c.clone());
-            c
+        let counted = self.read_cache().get(upstream).is_some_and(|h| {
+            let Some(answers) = h.answers.get(&key) else {
+                return false;
+            };
+            let by_outcome = match outcome {
+                RequestOutcome::Admitted => h.admissions.as_ref(),
+                RequestOutcome::Refused(code) => h.refusals.get(code.as_str()),
+                RequestOutcome::Forwarded | RequestOutcome::Gone => {
+                    answers.inc();
+                    return true;
+                }
+            };
+            let Some(by_outcome) = by_outcome else {
+                return false;
+            };
+            answers.inc();
+            by_outcome.inc();
+            true
         });
-        counter.inc();
+        if counted {
+            return;
+        }
+        let c = self.answers.get_or_create_owned(&OutcomeLabels {
+            upstream: upstream.to_owned(),
+            route_class,
+            outcome: key.1,
+        });
+        self.write_cache()
+            .entry(upstream.to_owned())
+            .or_default()
+            .answers
+            .insert(key, c.clone());
+        c.inc();
         match outcome {
             RequestOutcome::Admitted => self.admitted(upstream),
             RequestOutcome::Refused(code) => self.refused(upstream, code),
@@ -587,28 +604,31 @@ impl Metrics {
         total: Duration,
         added: Duration,
     ) {
-        let cached = self
-            .read_cache()
-            .get(upstream)
-            .and_then(|h| h.requests.get(route_class).cloned());
-        let (duration, own) = cached.unwrap_or_else(|| {
-            let labels = RouteLabels {
-                upstream: upstream.to_owned(),
-                route_class,
-            };
-            let pair = (
-                self.request_duration.get_or_create_owned(&labels),
-                self.added.get_or_create_owned(&labels),
-            );
-            self.write_cache()
-                .entry(upstream.to_owned())
-                .or_default()
-                .requests
-                .insert(route_class, pair.clone());
-            pair
+        let observed = self.read_cache().get(upstream).is_some_and(|h| {
+            h.requests.get(route_class).is_some_and(|(duration, own)| {
+                duration.observe(total.as_secs_f64());
+                own.observe(added.as_secs_f64());
+                true
+            })
         });
+        if observed {
+            return;
+        }
+        let labels = RouteLabels {
+            upstream: upstream.to_owned(),
+            route_class,
+        };
+        let (duration, own) = (
+            self.request_duration.get_or_create_owned(&labels),
+            self.added.get_or_create_owned(&labels),
+        );
         duration.observe(total.as_secs_f64());
         own.observe(added.as_secs_f64());
+        self.write_cache()
+            .entry(upstream.to_owned())
+            .or_default()
+            .requests
+            .insert(route_class, (duration, own));
     }
 
     /// A request that waited in line for `took`, and how it ended.

@@ -4,7 +4,9 @@
 //! run on Linux in `vacancy::platform::access`). A program rather than a
 //! test target: it is built with vacancyd in one compilation, where a test
 //! target would need the standard library compiled again for the target.
-//! Each check panics on failure, so the program fails. What Wine cannot show
+//! It lives in vacancy-cli, which links both vacancy and vacancy-win32, so
+//! the low crate vacancy-win32 does not import the crate above it. Each check
+//! panics on failure, so the program fails. What Wine cannot show
 //! is said where it matters: it reports every folder as owned by the user
 //! running it, with a DACL made from the Unix mode, whatever was set.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
