@@ -848,6 +848,179 @@ async fn wine_service_installs_starts_stops_gracefully_and_uninstalls() {
     assert!(!out.status.success());
 }
 
+/// The installer `scripts/windows test` built (`VACANCY_WINDOWS_INSTALLER`).
+fn installer() -> PathBuf {
+    let path = std::env::var_os("VACANCY_WINDOWS_INSTALLER").map(PathBuf::from);
+    match path {
+        Some(p) if p.is_file() => p,
+        _ => panic!(
+            "VACANCY_WINDOWS_INSTALLER names no installer: run scripts/windows test, which builds it (NSIS, packaging/windows/vacancyd.nsi)"
+        ),
+    }
+}
+
+/// `GET url` answers 200 within `START`, or the test fails saying `what`.
+async fn answers(url: &str, what: &str) {
+    let deadline = Instant::now() + START;
+    while vacancy_test_support::http_get_status(url, Duration::from_secs(2)).ok() != Some(200) {
+        assert!(Instant::now() < deadline, "{what}: {url} never answered");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Whether the Add/Remove Programs entry exists, and its version.
+fn registered_version(wine: &Wine) -> Option<String> {
+    let out = wine
+        .tool(&[
+            "reg",
+            "query",
+            r"HKLM\Software\Microsoft\Windows\CurrentVersion\Uninstall\vacancyd",
+            "/v",
+            "DisplayVersion",
+        ])
+        .ok()?;
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    text.split_whitespace().last().map(str::to_owned)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "the Windows build under Wine: scripts/windows test"]
+async fn wine_installer_installs_upgrades_and_uninstalls_keeping_the_configuration_and_recovery_directory()
+ {
+    // Issue 33 item 4, REC-07: the per-machine installer registers and
+    // starts the service; an upgrade over the running service keeps the
+    // operator's configuration and the recovery directory; uninstalling
+    // removes the service and the program and keeps both.
+    let wine = wine();
+    let setup = installer();
+    let _ = wine.run(&["service", "uninstall"], &[]);
+    wine.tool(&[
+        "reg",
+        "add",
+        r"HKLM\System\CurrentControlSet\Control\Session Manager\Environment",
+        "/v",
+        WINE_TRUST_ENV,
+        "/d",
+        "1",
+        "/f",
+    ])
+    .unwrap();
+    let program = wine.drive_c().join("Program Files/vacancyd");
+    let _cleanup = InstallerCleanup(wine.clone(), program.clone());
+    wine.kill_everything().unwrap();
+    // The operator's configuration, written before the first install: the
+    // installer must keep it (its own default is written only when none is there).
+    let (state, state_win) = wine
+        .program_data_dir(r"t-installer\admission", 0o700)
+        .unwrap();
+    for entry in std::fs::read_dir(&state).unwrap() {
+        std::fs::remove_file(entry.unwrap().path()).unwrap();
+    }
+    let dir = tempfile::tempdir().unwrap();
+    write_capacity(&dir.path().join("gpu0.json"), 20_000, 64_000);
+    let control = free_port().unwrap();
+    let text = config(
+        dir.path(),
+        control,
+        free_port().unwrap(),
+        &state_win,
+        "http://127.0.0.1:9",
+    );
+    let configuration = wine.drive_c().join("ProgramData/vacancyd/vacancyd.toml");
+    std::fs::write(&configuration, &text).unwrap();
+    // Wine 8.0 lacks bcryptprimitives.dll: the stand-in goes where the
+    // installer puts vacancyd.exe (the installer never carries it).
+    std::fs::create_dir_all(&program).unwrap();
+    std::fs::copy(wine.stand_in_dll(), program.join("bcryptprimitives.dll")).unwrap();
+    let health = format!("http://127.0.0.1:{control}/health");
+    let setup_path = setup.to_string_lossy().into_owned();
+
+    // Install: the program, the service running with the operator's file.
+    wine.tool(&[&setup_path, "/S"]).unwrap();
+    for file in ["vacancyd.exe", "uninstall.exe", "vacancyd.example.toml"] {
+        assert!(program.join(file).is_file(), "{file} not installed");
+    }
+    answers(&health, "the installed service").await;
+    let out = wine
+        .tool(&[
+            &windows_path(&program.join("vacancyd.exe")),
+            "service",
+            "status",
+        ])
+        .unwrap();
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(said.contains("vacancyd: running"), "{said}");
+    assert!(
+        state.join("journal.jsonl").is_file(),
+        "the recovery directory"
+    );
+    let version = env!("CARGO_PKG_VERSION");
+    assert_eq!(registered_version(&wine).as_deref(), Some(version));
+
+    // Upgrade over the running service: stopped, replaced, started again,
+    // the configuration and the recovery directory as they were.
+    let journal = std::fs::read(state.join("journal.jsonl")).unwrap();
+    wine.tool(&[&setup_path, "/S"]).unwrap();
+    answers(&health, "the upgraded service").await;
+    assert_eq!(std::fs::read_to_string(&configuration).unwrap(), text);
+    let after = std::fs::read(state.join("journal.jsonl")).unwrap();
+    assert!(after.starts_with(&journal), "the journal was replaced");
+
+    // Uninstall (the silent uninstaller runs a copy of itself and returns):
+    // wait until the program and the entry are gone.
+    wine.tool(&[&windows_path(&program.join("uninstall.exe")), "/S"])
+        .unwrap();
+    let deadline = Instant::now() + START;
+    while program.join("vacancyd.exe").exists() || registered_version(&wine).is_some() {
+        assert!(Instant::now() < deadline, "the uninstaller never finished");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let out = wine.run(&["service", "status"], &[]).unwrap();
+    assert!(!out.status.success(), "the service is still registered");
+    assert!(
+        vacancy_test_support::http_get_status(&health, Duration::from_secs(2)).ok() != Some(200),
+        "vacancyd still answers after the uninstall"
+    );
+    let kept = std::fs::read_to_string(&configuration)
+        .unwrap_or_else(|e| panic!("the configuration is kept: {e}"));
+    assert_eq!(kept, text, "the configuration is kept as it was");
+    assert!(
+        state.join("journal.jsonl").is_file(),
+        "the recovery directory is kept"
+    );
+}
+
+/// After the installer test, pass or fail: no service, no program, no entry,
+/// and the Wine test switch out of the system environment. The
+/// configuration goes too, so later tests start from none.
+struct InstallerCleanup(Wine, PathBuf);
+
+impl Drop for InstallerCleanup {
+    fn drop(&mut self) {
+        let _ = self.0.run(&["service", "uninstall"], &[]);
+        let _ = self.0.tool(&[
+            "reg",
+            "delete",
+            r"HKLM\Software\Microsoft\Windows\CurrentVersion\Uninstall\vacancyd",
+            "/f",
+        ]);
+        let _ = self.0.tool(&[
+            "reg",
+            "delete",
+            r"HKLM\System\CurrentControlSet\Control\Session Manager\Environment",
+            "/v",
+            WINE_TRUST_ENV,
+            "/f",
+        ]);
+        let _ = std::fs::remove_dir_all(&self.1);
+        let _ = std::fs::remove_file(self.0.drive_c().join("ProgramData/vacancyd/vacancyd.toml"));
+    }
+}
+
 /// After the service test, pass or fail: no service left to start with the
 /// prefix, and the Wine test switch out of the system environment.
 struct ServiceCleanup(Wine);

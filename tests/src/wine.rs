@@ -72,6 +72,12 @@ impl Wine {
         Ok(Wine { exe, prefix })
     }
 
+    /// The stand-in `bcryptprimitives.dll` beside the test build (Wine 8.0
+    /// lacks the DLL; the stand-in is never shipped).
+    pub fn stand_in_dll(&self) -> PathBuf {
+        self.exe.with_file_name("bcryptprimitives.dll")
+    }
+
     /// The prefix's `C:\`.
     pub fn drive_c(&self) -> PathBuf {
         self.prefix.join("drive_c")
