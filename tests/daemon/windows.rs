@@ -64,7 +64,8 @@ fn config(dir: &Path, control: u16, proxy: u16, state: &str, target: &str) -> St
     config_with(dir, control, proxy, state, target, "")
 }
 
-/// [`config`], with `owner` added to `[owner]` and `[lending]` tables after it.
+/// [`config`], with `owner` added to `[owner]` and `[lending]` tables after
+/// it; `presence = "none"` unless `owner` sets a presence of its own.
 fn config_with(
     dir: &Path,
     control: u16,
@@ -74,6 +75,11 @@ fn config_with(
     owner: &str,
 ) -> String {
     let capacity = dir.join("gpu0.json");
+    let presence = if owner.contains("presence =") {
+        ""
+    } else {
+        "presence = \"none\""
+    };
     format!(
         r#"[server]
 listen = "127.0.0.1:{control}"
@@ -85,7 +91,7 @@ scopes = ["admin"]
 sha256 = "{hash}"
 
 [owner]
-presence = "none"
+{presence}
 {owner}
 
 [[resource]]
@@ -1090,4 +1096,46 @@ async fn wine_reads_the_power_status_and_the_time_zone_for_the_owners_terms() {
     .await
     .unwrap();
     assert_eq!(r.status, 200, "{}", r.text());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "the Windows build under Wine: scripts/windows test"]
+async fn wine_presence_auto_reads_the_console_session() {
+    // Issue 33 item 2, OWN-01 on the Windows build: presence "auto" is the
+    // console session's backend, no longer "cannot yet tell". Wine 8.0
+    // answers WTSGetActiveConsoleSessionId (1) and WTSUserName (its Unix
+    // user) but not WTSConnectState (ERROR_INVALID_HANDLE), so the owner is
+    // unknown with that reason, and host-scoped work is refused.
+    let llama = LlamaServer::start(LlamaOptions::default()).unwrap();
+    let d = WinDaemon::start_with("presence", &llama.base_url(), "presence = \"auto\"");
+    // The backend logs what the console answered (or why not) on its first read.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !d.process.log().contains("presence windows: ") {
+        assert!(Instant::now() < deadline, "{}", d.process.log());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let s = d.status().await;
+    assert_eq!(s["presence_backend"], "auto: windows", "{s:#}");
+    let log = d.process.log();
+    assert!(
+        log.contains("presence auto: on Windows the console session decides"),
+        "{log}"
+    );
+    assert!(!log.contains("cannot yet tell"), "{log}");
+    if s["owner"] == "unknown" {
+        assert!(
+            log.contains("presence windows: WTSQuerySessionInformationW"),
+            "the reason is logged: {log}"
+        );
+        let r = http_request(
+            "POST",
+            &format!("{}/completion", d.proxy),
+            &[JSON],
+            completion(4, false),
+        )
+        .await
+        .unwrap();
+        assert_eq!(r.status, 503, "{}", r.text());
+    }
+    println!("Wine's console session: owner {}", s["owner"]);
 }

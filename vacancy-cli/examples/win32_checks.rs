@@ -128,8 +128,60 @@ mod checks {
         println!("  GetSystemPowerStatus: {status:?} -> {source:?}");
     }
 
+    // Issue 33 item 2: the console session's calls answer, each Ok or a
+    // precise error, and vacancy decides from them. Wine is not Windows:
+    // what it shows is printed, and checked only where Windows' answer is
+    // certain either way.
+    fn the_console_session_reads_and_is_decided() {
+        use vacancy::presence::windows::{
+            ConsoleState, SessionFacts, SessionSettings, WtsConsole, console_state, describe,
+            windows_session,
+        };
+        use vacancy_win32::session;
+        let id = session::active_console_session();
+        println!("  WTSGetActiveConsoleSessionId: {id:?}");
+        let Some(id) = id else {
+            // A switch under way: nothing else to ask.
+            return;
+        };
+        let state = session::connect_state(id);
+        let user = session::user_name(id);
+        let flags = session::session_flags(id);
+        println!("  WTSConnectState: {state:?}");
+        println!("  WTSUserName: {user:?}");
+        println!("  WTSSessionInfoEx SessionFlags: {flags:?}");
+        if let Ok(s) = &state {
+            assert!((0..=9).contains(s), "WTS_CONNECTSTATE_CLASS {s}");
+        }
+        if let Ok(f) = &flags {
+            assert!([0, 1, -1].contains(f), "SessionFlags {f}");
+        }
+        // A session that does not exist is an error, never an answer.
+        assert!(session::connect_state(0xFFFF_FFF0).is_err());
+        if let (Ok(state), Ok(user)) = (state, user) {
+            let console = WtsConsole {
+                session: Some(id),
+                connect_state: state,
+                user_name: user,
+                session_flags: flags.map_err(|e| e.to_string()),
+            };
+            let read = console_state(&console);
+            let presence = windows_session(
+                &SessionFacts {
+                    console: read,
+                    since_input: None,
+                },
+                &SessionSettings::default(),
+            );
+            println!("  {} -> {read:?} -> {presence:?}", describe(&console));
+            if !matches!(read, ConsoleState::SignedIn { .. }) {
+                assert_ne!(presence, vacancy::engine::OwnerPresence::Present);
+            }
+        }
+    }
+
     pub fn run() {
-        let checks: [(&str, fn()); 6] = [
+        let checks: [(&str, fn()); 7] = [
             (
                 "rec_23_held_09_vacancyds_own_descriptors_let_in_only_administrators_and_system",
                 rec_23_held_09_vacancyds_own_descriptors_let_in_only_administrators_and_system,
@@ -153,6 +205,10 @@ mod checks {
             (
                 "the_power_status_reads_and_is_decided",
                 the_power_status_reads_and_is_decided,
+            ),
+            (
+                "the_console_session_reads_and_is_decided",
+                the_console_session_reads_and_is_decided,
             ),
         ];
         for (name, check) in checks {

@@ -192,6 +192,9 @@ pub struct OwnerConfig {
     pub command: String,
     /// logind: whether remote (SSH) sessions count as the owner. Default `false`.
     pub remote_sessions_count: bool,
+    /// windows: whether a locked console session counts as away (else as
+    /// unlocked). Default `true`.
+    pub locked_counts_as_away: bool,
     /// `[owner.gpu_pressure]`: attributed GPU pressure.
     pub gpu_pressure: GpuPressureConfig,
     /// What happens on battery power. Default `lend` (the term is off).
@@ -207,6 +210,7 @@ impl Default for OwnerConfig {
             presence: PresenceMode::Auto,
             command: String::new(),
             remote_sessions_count: false,
+            locked_counts_as_away: true,
             gpu_pressure: GpuPressureConfig::default(),
             on_battery: OnBattery::Lend,
             power_supply_dir: "/sys/class/power_supply".to_owned(),
@@ -240,7 +244,8 @@ pub struct LendingConfig {
 #[serde(rename_all = "lowercase")]
 #[non_exhaustive]
 pub enum PresenceMode {
-    /// logind on a machine with seats, otherwise `none` (logged).
+    /// On Windows `windows`; elsewhere logind on a machine with seats,
+    /// otherwise `none` (logged).
     #[default]
     Auto,
     /// systemd-logind sessions.
@@ -251,6 +256,8 @@ pub enum PresenceMode {
     Command,
     /// A dedicated machine: the owner is never present.
     None,
+    /// The Windows console session (Windows builds only).
+    Windows,
 }
 
 /// `[owner.gpu_pressure]`: attributed GPU pressure (off by default).
@@ -652,7 +659,7 @@ impl Default for CredentialConfig {
 
 names! {
     Scope { Read => "read", Owner => "owner", Admin => "admin" }
-    PresenceMode { Auto => "auto", Logind => "logind", Manual => "manual", Command => "command", None => "none" }
+    PresenceMode { Auto => "auto", Logind => "logind", Manual => "manual", Command => "command", None => "none", Windows => "windows" }
     SamplerKind { Nvml => "nvml", Amdgpu => "amdgpu", System => "system", File => "file", Manual => "manual" }
     OnBorrowerDisconnect { Drain => "drain", Cut => "cut" }
     OnBattery { Lend => "lend", Pause => "pause" }

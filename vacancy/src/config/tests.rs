@@ -240,7 +240,8 @@ fn enum_names_round_trip() {
         assert_eq!(parsed.config.upstreams[0].adapter, AdapterKind::new(a));
         assert_eq!(parsed.config.upstreams[0].adapter.to_string(), a);
     }
-    assert_eq!(PresenceMode::ALL.len(), 5);
+    assert_eq!(PresenceMode::ALL.len(), 6);
+    assert_eq!(PresenceMode::Windows.as_str(), "windows");
     assert_eq!(OnOwnerReturn::Finish.as_str(), "finish");
     assert_eq!(OnBorrowerDisconnect::Cut.as_str(), "cut");
     assert_eq!(Management::Allow.as_str(), "allow");
@@ -533,7 +534,7 @@ management = "maybe"
         "owner.presence",
         &[
             "\"sometimes\"",
-            "\"auto\", \"logind\", \"manual\", \"command\", \"none\"",
+            "\"auto\", \"logind\", \"manual\", \"command\", \"none\", \"windows\"",
         ],
     );
     assert_eq!(e.line, Some(line_of(text, "sometimes")));
@@ -947,6 +948,26 @@ fn owner_settings_are_checked() {
     find(&errs, "owner.gpu_pressure.poll_ms", &["above 0"]);
     let c = ok("[owner]\npresence = \"command\"\ncommand = \"/bin/true\"\n").config;
     assert_eq!(c.owner.presence, PresenceMode::Command);
+    assert!(c.owner.locked_counts_as_away, "the default");
+}
+
+#[test]
+fn the_windows_session_is_a_windows_builds_presence() {
+    let text = "[owner]\nlocked_counts_as_away = false\npresence = \"windows\"\n";
+    if cfg!(windows) {
+        let c = ok(text).config;
+        assert_eq!(c.owner.presence, PresenceMode::Windows);
+        assert!(!c.owner.locked_counts_as_away);
+    } else {
+        let errs = errors(text);
+        assert_eq!(errs.len(), 1, "{}", list(&errs));
+        let e = find(
+            &errs,
+            "owner.presence",
+            &["reads the Windows console session", "not for Windows"],
+        );
+        assert_eq!(e.line, Some(line_of(text, "windows")));
+    }
 }
 
 #[test]

@@ -404,6 +404,12 @@ impl Checker<'_> {
                 "missing: presence = \"command\" needs a command (exit 0: present, 1: away); set owner.command or choose another presence",
             );
         }
+        if owner.presence == PresenceMode::Windows && !cfg!(windows) {
+            self.error(
+                &op.key("presence"),
+                "presence = \"windows\" reads the Windows console session, and this build is not for Windows; choose \"auto\" (logind on a machine with login seats, else none), \"logind\", \"manual\", \"command\" or \"none\"",
+            );
+        }
         let gp = op.key("gpu_pressure");
         let pressure = &owner.gpu_pressure;
         self.duration(&gp.key("poll_ms"), pressure.poll_ms, PRESSURE_POLL_MS);

@@ -4,16 +4,20 @@
 //! - `manual`: the owner says present or away through the admin API;
 //! - `command`: the owner's own check (exit 0 present, 1 away);
 //! - `logind`: the owner's login sessions (see [`LogindBackend`]);
-//! - `auto` (the default): `logind` on a machine with login seats, else `none`.
+//! - `windows`: the Windows console session (see [`WindowsSessionBackend`]);
+//! - `auto` (the default): on Windows `windows`; elsewhere `logind` on a
+//!   machine with login seats, else `none`.
 //!
 //! A backend that cannot answer reports *unknown*, which refuses host-scoped
 //! work (OWN-01) rather than lending while the owner may be there.
 
 mod command;
 mod logind;
+pub mod windows;
 
 pub use command::CommandBackend;
 pub use logind::LogindBackend;
+pub use windows::{WindowsSessionBackend, windows_session};
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -188,27 +192,26 @@ pub fn from_owner(owner: &OwnerConfig, seats_dir: &Path) -> Presence {
                 format!("presence command: {why}"),
             )
         }
-        // Windows has no logind, and its own sessions are not read yet: on
-        // the owner's side, presence is unknown (host-scoped work refused)
-        // rather than "never present".
-        PresenceMode::Auto | PresenceMode::Logind if cfg!(windows) => {
-            let why = "this build cannot yet tell whether the owner is at this Windows machine, \
-                       so owner presence is unknown and host-scoped upstreams refuse work; set \
-                       [owner] presence = \"none\" on a dedicated machine, or \"manual\" or \
-                       \"command\""
+        PresenceMode::Windows => windows_backend(owner, "presence windows".to_owned()),
+        PresenceMode::Auto if cfg!(windows) => auto(windows_backend(
+            owner,
+            "presence auto: on Windows the console session decides (presence windows)".to_owned(),
+        )),
+        // Windows has no logind: on the owner's side, presence is unknown
+        // (host-scoped work refused) rather than "never present".
+        PresenceMode::Logind if cfg!(windows) => {
+            let why = "logind does not exist on Windows, so owner presence is unknown and \
+                       host-scoped upstreams refuse work; set [owner] presence = \"auto\" or \
+                       \"windows\" (the console session), \"none\" on a dedicated machine, or \
+                       \"manual\" or \"command\""
                 .to_owned();
-            let p = plain(
+            plain(
                 Box::new(UnavailableBackend {
-                    name: "windows".to_owned(),
+                    name: "logind".to_owned(),
                     why: why.clone(),
                 }),
-                format!("presence: {why}"),
-            );
-            if owner.presence == PresenceMode::Auto {
-                auto(p)
-            } else {
-                p
-            }
+                format!("presence logind: {why}"),
+            )
         }
         PresenceMode::Logind => logind("presence logind".to_owned()),
         PresenceMode::Auto if machine_has_seats(seats_dir) => auto(logind(format!(
@@ -222,6 +225,47 @@ pub fn from_owner(owner: &OwnerConfig, seats_dir: &Path) -> Presence {
                 seats_dir.display()
             ),
         )),
+    }
+}
+
+/// `presence = "windows"`: the console session (see [`windows`]), with the
+/// line to log at startup. Not a Windows build: unknown (validation refuses
+/// the configuration).
+fn windows_backend(owner: &OwnerConfig, line: String) -> Presence {
+    let settings = windows::SessionSettings {
+        locked_counts_as_away: owner.locked_counts_as_away,
+        idle_after: None,
+    };
+    let locked = if settings.locked_counts_as_away {
+        "away (locked_counts_as_away)"
+    } else {
+        "present (locked_counts_as_away = false)"
+    };
+    #[cfg(windows)]
+    let (backend, line): (Box<dyn PresenceBackend>, String) = (
+        Box::new(WindowsSessionBackend::console(settings)),
+        format!(
+            "{line}: the owner is present while a user is signed in on the console and the session is unlocked; away when nobody is signed in there; a locked session is {locked}; unknown during a sign-in or a user switch, or when Windows does not answer (host-scoped upstreams then refuse work); input idleness is not read (the service cannot see the owner's input)"
+        ),
+    );
+    #[cfg(not(windows))]
+    let (backend, line): (Box<dyn PresenceBackend>, String) = {
+        let why = format!(
+            "presence = \"windows\" reads the Windows console session and this is not a Windows build, so owner presence is unknown and host-scoped upstreams refuse work (a locked session would be {locked})"
+        );
+        (
+            Box::new(UnavailableBackend {
+                name: "windows".to_owned(),
+                why: why.clone(),
+            }),
+            format!("{line}: {why}"),
+        )
+    };
+    Presence {
+        shown: backend.name().to_owned(),
+        backend,
+        manual: None,
+        line,
     }
 }
 
@@ -304,6 +348,19 @@ mod tests {
             from_owner(&empty, dir.path()).backend.presence().await,
             OwnerPresence::Unknown
         );
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn own_01_the_windows_session_off_windows_is_unknown() {
+        // Validation refuses presence = "windows" off Windows; were it run,
+        // presence stays unknown, never away.
+        let dir = tempfile::tempdir().unwrap();
+        let p = from_mode(PresenceMode::Windows, dir.path());
+        assert_eq!(p.backend.name(), "windows");
+        assert_eq!(p.shown, "windows");
+        assert_eq!(p.backend.presence().await, OwnerPresence::Unknown);
+        assert!(p.line.contains("not a Windows build"), "{}", p.line);
+        assert!(p.line.contains("locked_counts_as_away"), "{}", p.line);
     }
 
     #[tokio::test(flavor = "current_thread")]
