@@ -375,10 +375,19 @@ async fn a_thousand_idle_and_slowloris_control_connections_leave_health_checks_a
             }
         }));
     }
-    // Let the attack build up, then probe for 20 s from a thread of its own,
-    // as a load balancer is a process of its own: its latencies are
-    // vacancyd's, not the attackers' runtime's.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Let the attack build up — every attacker has opened its connection —
+    // then probe for 20 s from a thread of its own, as a load balancer is a
+    // process of its own: its latencies are vacancyd's, not the attackers'
+    // runtime's.
+    let built_up = Instant::now() + common::EVENT_BOUND;
+    while opened.load(Ordering::Relaxed) < 1000 {
+        assert!(
+            Instant::now() < built_up,
+            "only {} of 1,000 attackers connected",
+            opened.load(Ordering::Relaxed)
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let (probe_url, status_url) = (
         format!("{}/health/upstreams/llama", d.control),
         format!("{}/status", d.control),
