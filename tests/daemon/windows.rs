@@ -630,7 +630,10 @@ fn rec_23_wine_refuses_a_recovery_directory_others_may_read_or_that_it_does_not_
     // (real GetNamedSecurityInfoW; Wine keeps no other owner).
     // Not trusted: out of the system environment too (where the service
     // test puts it, and Wine gives it to every program).
-    drop(ServiceCleanup(wine.clone()));
+    drop(ServiceCleanup {
+        wine: wine.clone(),
+        program: None,
+    });
     let (_, private) = wine.program_data_dir(r"t-rec23\private", 0o700).unwrap();
     let text = run(&private, &[(WINE_TRUST_ENV, "0")]);
     assert!(
@@ -761,22 +764,7 @@ async fn rec_18_rec_25_wine_creates_the_default_location_and_one_daemon_holds_it
 #[ignore = "the Windows build under Wine: scripts/windows test"]
 async fn wine_service_installs_starts_stops_gracefully_and_uninstalls() {
     let wine = wine();
-    // A service left by an earlier run would start with Wine: remove it.
-    let _ = wine.run(&["service", "uninstall"], &[]);
-    // Services take the system environment: the Wine test switch goes there.
-    wine.tool(&[
-        "reg",
-        "add",
-        r"HKLM\System\CurrentControlSet\Control\Session Manager\Environment",
-        "/v",
-        WINE_TRUST_ENV,
-        "/d",
-        "1",
-        "/f",
-    ])
-    .unwrap();
-    let _cleanup = ServiceCleanup(wine.clone());
-    wine.kill_everything().unwrap();
+    let _cleanup = ServiceCleanup::prepare(&wine, None);
     let (state, state_win) = wine
         .program_data_dir(r"t-service\admission", 0o700)
         .unwrap();
@@ -899,21 +887,8 @@ async fn wine_installer_installs_upgrades_and_uninstalls_keeping_the_configurati
     // removes the service and the program and keeps both.
     let wine = wine();
     let setup = installer();
-    let _ = wine.run(&["service", "uninstall"], &[]);
-    wine.tool(&[
-        "reg",
-        "add",
-        r"HKLM\System\CurrentControlSet\Control\Session Manager\Environment",
-        "/v",
-        WINE_TRUST_ENV,
-        "/d",
-        "1",
-        "/f",
-    ])
-    .unwrap();
     let program = wine.drive_c().join("Program Files/vacancyd");
-    let _cleanup = InstallerCleanup(wine.clone(), program.clone());
-    wine.kill_everything().unwrap();
+    let _cleanup = ServiceCleanup::prepare(&wine, Some(program.clone()));
     // The operator's configuration, written before the first install: the
     // installer must keep it (its own default is written only when none is there).
     let (state, state_win) = wine
@@ -1000,41 +975,47 @@ async fn wine_installer_installs_upgrades_and_uninstalls_keeping_the_configurati
     );
 }
 
-/// After the installer test, pass or fail: no service, no program, no entry,
-/// and the Wine test switch out of the system environment. The
-/// configuration goes too, so later tests start from none.
-struct InstallerCleanup(Wine, PathBuf);
+/// A service test's set-up and, when dropped (pass or fail), its clean-up:
+/// no service left to start with the prefix, the Wine test switch out of the
+/// system environment, and for the installer's test (`program` set) no
+/// program, no Add/Remove Programs entry and no configuration left for
+/// later tests.
+struct ServiceCleanup {
+    wine: Wine,
+    program: Option<PathBuf>,
+}
 
-impl Drop for InstallerCleanup {
-    fn drop(&mut self) {
-        let _ = self.0.run(&["service", "uninstall"], &[]);
-        let _ = self.0.tool(&[
+impl ServiceCleanup {
+    /// No service left by an earlier run (it would start with Wine), the
+    /// Wine test switch in the system environment (services take theirs
+    /// from there), every process of the prefix ended.
+    fn prepare(wine: &Wine, program: Option<PathBuf>) -> ServiceCleanup {
+        let _ = wine.run(&["service", "uninstall"], &[]);
+        wine.tool(&[
             "reg",
-            "delete",
-            r"HKLM\Software\Microsoft\Windows\CurrentVersion\Uninstall\vacancyd",
-            "/f",
-        ]);
-        let _ = self.0.tool(&[
-            "reg",
-            "delete",
+            "add",
             r"HKLM\System\CurrentControlSet\Control\Session Manager\Environment",
             "/v",
             WINE_TRUST_ENV,
+            "/d",
+            "1",
             "/f",
-        ]);
-        let _ = std::fs::remove_dir_all(&self.1);
-        let _ = std::fs::remove_file(self.0.drive_c().join("ProgramData/vacancyd/vacancyd.toml"));
+        ])
+        .unwrap();
+        let cleanup = ServiceCleanup {
+            wine: wine.clone(),
+            program,
+        };
+        wine.kill_everything().unwrap();
+        cleanup
     }
 }
 
-/// After the service test, pass or fail: no service left to start with the
-/// prefix, and the Wine test switch out of the system environment.
-struct ServiceCleanup(Wine);
-
 impl Drop for ServiceCleanup {
     fn drop(&mut self) {
-        let _ = self.0.run(&["service", "uninstall"], &[]);
-        let _ = self.0.tool(&[
+        let wine = &self.wine;
+        let _ = wine.run(&["service", "uninstall"], &[]);
+        let _ = wine.tool(&[
             "reg",
             "delete",
             r"HKLM\System\CurrentControlSet\Control\Session Manager\Environment",
@@ -1042,6 +1023,16 @@ impl Drop for ServiceCleanup {
             WINE_TRUST_ENV,
             "/f",
         ]);
+        if let Some(program) = &self.program {
+            let _ = wine.tool(&[
+                "reg",
+                "delete",
+                r"HKLM\Software\Microsoft\Windows\CurrentVersion\Uninstall\vacancyd",
+                "/f",
+            ]);
+            let _ = std::fs::remove_dir_all(program);
+            let _ = std::fs::remove_file(wine.drive_c().join("ProgramData/vacancyd/vacancyd.toml"));
+        }
     }
 }
 
