@@ -33,7 +33,8 @@ use crate::control::{ControlState, UpstreamInfo};
 /// How long open exchanges may finish after a shutdown signal.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
 /// Descriptors kept for the ledger, samplers and observation; the control
-/// plane's share and the borrowers' come from the rest ([`conn::budgets`]).
+/// plane's share and the borrowers' come from the rest ([`conn::budgets`]),
+/// after each upstream's idle read-pool connections ([`descriptor_reserve`]).
 const DESCRIPTOR_RESERVE: u64 = 64;
 /// How often upstreams are observed (fresh enough for RES-02's 4 s).
 const OBSERVE_EVERY: Duration = Duration::from_secs(2);
@@ -351,6 +352,16 @@ fn pressure_gpus(
             }
         })
         .collect()
+}
+
+/// The descriptors kept out of the connection budgets: [`DESCRIPTOR_RESERVE`]
+/// and, for each of `upstreams`, the idle keep-alive connections of its read
+/// pool, which no borrower connection accounts for (a pooled connection in
+/// use is the upstream side of a counted borrower connection).
+fn descriptor_reserve(upstreams: usize) -> u64 {
+    let idle = u64::try_from(vacancy::shell::upstream::pool::MAX_IDLE).unwrap_or(u64::MAX);
+    DESCRIPTOR_RESERVE
+        .saturating_add(idle.saturating_mul(u64::try_from(upstreams).unwrap_or(u64::MAX)))
 }
 
 /// Assemble everything and start serving; `shutdown` turning true stops it.
@@ -693,10 +704,12 @@ fn serve_listeners(
 ) {
     let limits = ConnLimits::from_config(&config.server);
     let nofile = conn::raise_nofile_limit();
-    let (borrowers, control_budget) = conn::budgets(nofile, DESCRIPTOR_RESERVE);
+    let reserve = descriptor_reserve(servers.len());
+    let (borrowers, control_budget) = conn::budgets(nofile, reserve);
     let control_pools = crate::control::conns::Sizes::from_total(control_budget.size());
     info!(
         open_files = nofile,
+        descriptor_reserve = reserve,
         borrower_connections = borrowers.size(),
         control_connections = control_budget.size(),
         control_reserve = control_pools.reserve,
@@ -737,6 +750,18 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
     use std::error::Error as _;
+
+    #[test]
+    fn each_upstreams_idle_read_pool_is_kept_out_of_the_connection_budgets() {
+        // A pooled idle connection holds a descriptor no borrower connection
+        // counts: with 600 descriptors and one upstream, 220 borrower
+        // connections (two descriptors each) instead of 236.
+        assert_eq!(descriptor_reserve(0), 64);
+        assert_eq!(descriptor_reserve(2), 64 + 2 * 32);
+        let (borrowers, control) = conn::budgets(600, descriptor_reserve(1));
+        assert_eq!(borrowers.size(), 220);
+        assert!(borrowers.size() * 2 + control.size() + 64 + 32 <= 600);
+    }
 
     #[test]
     fn a_setup_error_keeps_its_message_and_carries_its_source() {
