@@ -122,6 +122,18 @@ fn pipe_of(name: &str) -> String {
 }
 
 impl WinDaemon {
+    /// A non-streamed completion of `n` tokens through the proxy, to its end.
+    async fn complete(&self, n: u32) -> vacancy_test_support::HttpReply {
+        http_request(
+            "POST",
+            &format!("{}/completion", self.proxy),
+            &[JSON],
+            completion(n, false),
+        )
+        .await
+        .unwrap()
+    }
+
     /// vacancyd.exe in front of `target`, its recovery directory made private
     /// (0700: Wine shows LocalSystem and its user alone) under the name `name`.
     fn start(name: &str, target: &str) -> WinDaemon {
@@ -354,14 +366,7 @@ async fn wine_rec_02_rec_27_work_is_held_after_terminate_process_and_wineserver_
         started.elapsed().as_secs()
     );
     // The held entry keeps its resource: a new request is refused.
-    let r = http_request(
-        "POST",
-        &format!("{}/completion", d.proxy),
-        &[JSON],
-        completion(4, false),
-    )
-    .await
-    .unwrap();
+    let r = d.complete(4).await;
     assert_eq!(r.status, 503, "{}", r.text());
     // A power cut to everything in the prefix (wineserver -k): still held.
     d.wine.kill_everything().unwrap();
@@ -520,14 +525,7 @@ fn wine_check_config_names_keys_and_lines() {
 async fn wine_status_metrics_and_the_console_in_chromium() {
     let llama = LlamaServer::start(LlamaOptions::default()).unwrap();
     let d = WinDaemon::start("console", &llama.base_url());
-    let r = http_request(
-        "POST",
-        &format!("{}/completion", d.proxy),
-        &[JSON],
-        completion(4, false),
-    )
-    .await
-    .unwrap();
+    let r = d.complete(4).await;
     assert_eq!(r.status, 200, "{}", r.text());
     let s = d
         .wait_status("the upstream reachable", |s| {
@@ -1078,14 +1076,7 @@ async fn wine_reads_the_power_status_and_the_time_zone_for_the_owners_terms() {
             .is_some_and(|t| t.contains("daily; time zone ")),
         "{hours}"
     );
-    let r = http_request(
-        "POST",
-        &format!("{}/completion", d.proxy),
-        &[JSON],
-        completion(4, false),
-    )
-    .await
-    .unwrap();
+    let r = d.complete(4).await;
     assert_eq!(r.status, 200, "{}", r.text());
 }
 
@@ -1118,14 +1109,7 @@ async fn wine_presence_auto_reads_the_console_session() {
             log.contains("presence windows: WTSQuerySessionInformationW"),
             "the reason is logged: {log}"
         );
-        let r = http_request(
-            "POST",
-            &format!("{}/completion", d.proxy),
-            &[JSON],
-            completion(4, false),
-        )
-        .await
-        .unwrap();
+        let r = d.complete(4).await;
         assert_eq!(r.status, 503, "{}", r.text());
     }
     println!("Wine's console session: owner {}", s["owner"]);
