@@ -15,6 +15,12 @@
 ; service and the program, and KEEPS C:\ProgramData\vacancyd — the
 ; configuration and the recovery directory with any held work (REC-07).
 ;
+; The tray (`vacancyd tray`) is registered for every user in HKLM's Run key,
+; so it starts at each sign-in; the installer starts it for the user who
+; installs (not when silent). Before the program is replaced or removed,
+; every tray of this session is asked to close (they hold vacancyd.exe open);
+; uninstalling removes the registration.
+;
 ; Silent use: `vacancyd-setup.exe /S`, `uninstall.exe /S`.
 
 ; A 64-bit installer: vacancyd.exe is 64-bit, and so is the Wine it is
@@ -27,6 +33,11 @@ Target amd64-unicode
 !endif
 
 !define UNINSTALL_KEY "Software\Microsoft\Windows\CurrentVersion\Uninstall\vacancyd"
+!define RUN_KEY "Software\Microsoft\Windows\CurrentVersion\Run"
+!define TRAY_VALUE "vacancyd tray"
+; The tray's hidden window class (vacancy_win32::tray::TRAY_CLASS).
+!define TRAY_CLASS "vacancyd-tray"
+!define WM_CLOSE 0x0010
 
 Name "vacancyd ${VERSION}"
 OutFile "${OUTFILE}"
@@ -40,6 +51,24 @@ Page directory
 Page instfiles
 UninstPage uninstConfirm
 UninstPage instfiles
+
+; Ask every tray window of this session to close, and wait (5 s at most)
+; until none is left: a running tray holds vacancyd.exe open.
+!macro CLOSE_TRAYS un
+Function ${un}CloseTrays
+  StrCpy $1 0
+  loop:
+    FindWindow $0 "${TRAY_CLASS}"
+    StrCmp $0 0 done
+    SendMessage $0 ${WM_CLOSE} 0 0 /TIMEOUT=2000
+    Sleep 100
+    IntOp $1 $1 + 1
+    IntCmp $1 50 done loop done
+  done:
+FunctionEnd
+!macroend
+!insertmacro CLOSE_TRAYS ""
+!insertmacro CLOSE_TRAYS "un."
 
 Function .onInit
   SetRegView 64
@@ -58,6 +87,8 @@ Section "vacancyd"
     DetailPrint "stopping the running vacancyd service"
     ExecWait '"$INSTDIR\vacancyd.exe" service stop' $0
   ${EndIf}
+
+  Call CloseTrays
 
   SetOutPath "$INSTDIR"
   File "/oname=vacancyd.exe" "${EXE}"
@@ -82,6 +113,12 @@ Section "vacancyd"
     DetailPrint "the vacancyd service did not start (exit $0): check C:\ProgramData\vacancyd\vacancyd.toml with $\"$INSTDIR\vacancyd.exe$\" check-config, then start it with service start"
   ${EndIf}
 
+  ; The tray, for every user at sign-in; now for the one installing.
+  WriteRegStr HKLM "${RUN_KEY}" "${TRAY_VALUE}" '"$INSTDIR\vacancyd.exe" tray'
+  ${IfNot} ${Silent}
+    Exec '"$INSTDIR\vacancyd.exe" tray'
+  ${EndIf}
+
   WriteRegStr HKLM "${UNINSTALL_KEY}" "DisplayName" "vacancyd"
   WriteRegStr HKLM "${UNINSTALL_KEY}" "DisplayVersion" "${VERSION}"
   WriteRegStr HKLM "${UNINSTALL_KEY}" "Publisher" "vacancy"
@@ -99,6 +136,8 @@ FunctionEnd
 Section "Uninstall"
   ; Stops the service (gracefully) and removes it; vacancyd's own command
   ; keeps the configuration and the recovery directory.
+  DeleteRegValue HKLM "${RUN_KEY}" "${TRAY_VALUE}"
+  Call un.CloseTrays
   ExecWait '"$INSTDIR\vacancyd.exe" service uninstall' $0
   ${If} $0 != 0
     DetailPrint "vacancyd service uninstall exited $0 (no service registered, or it could not be stopped)"

@@ -170,7 +170,11 @@ owner_scope = "resource"
     // Manual presence starts unknown: only the exempt route lends (SCOPE-16).
     wait(&mut b, "[data-sign='helper']", "admitting");
     wait(&mut b, "#veto", "Only exempt routes are lending");
-    wait(&mut b, "#exempt-lending", "helper");
+    wait(
+        &mut b,
+        "#veto-detail",
+        "exempt routes still lending: helper",
+    );
     wait(&mut b, "#exempt-routes", "helper");
     wait(&mut b, "[data-sign='llama']", "owner_present");
 
@@ -266,7 +270,11 @@ owner_scope = "resource"
     wait(&mut b, "#presence-state", "present");
     wait(&mut b, "[data-sign='llama']", "owner_present");
     wait(&mut b, "#veto", "Only exempt routes are lending");
-    wait(&mut b, "#exempt-lending", "helper");
+    wait(
+        &mut b,
+        "#veto-detail",
+        "exempt routes still lending: helper",
+    );
     while let Some(Ok(_)) = stream.next_chunk().await {}
     d.wait_status(
         "the cut stream released (llama-server's idle slots prove it)",

@@ -74,6 +74,7 @@ mod binaries;
 mod browser;
 pub mod comfyui;
 pub mod comfyui_emulator;
+mod display;
 mod error;
 pub mod fixed_time;
 pub mod fleet;
@@ -101,6 +102,7 @@ pub use comfyui::{
 pub use comfyui_emulator::{
     ComfyEmulator, ComfyEmulatorOptions, ComfyFaults, ComfyRequest, QueuePadding, Silence, Trickle,
 };
+pub use display::{DISPLAY_DEBIAN_PACKAGES, VirtualDisplay};
 pub use error::SupportError;
 pub use fixed_time::FixedTimeUpstream;
 pub use fleet::FleetDemo;

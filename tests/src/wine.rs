@@ -30,6 +30,8 @@ pub const WINE_USER_SID: &str = "S-1-5-21-0-0-0-1000";
 pub struct Wine {
     exe: PathBuf,
     prefix: PathBuf,
+    /// The X display its programs draw on, when a test gives one.
+    display: Option<String>,
 }
 
 fn workspace() -> PathBuf {
@@ -69,7 +71,26 @@ impl Wine {
         if Command::new("wine").arg("--version").output().is_err() {
             return Err(missing("wine"));
         }
-        Ok(Wine { exe, prefix })
+        Ok(Wine {
+            exe,
+            prefix,
+            display: None,
+        })
+    }
+
+    /// The same, with its programs drawing on the X display `name` (the
+    /// tray's tests): Wine's system tray and menus appear there.
+    pub fn with_display(mut self, name: &str) -> Wine {
+        self.display = Some(name.to_owned());
+        self
+    }
+
+    /// `DISPLAY` for a Wine command: the test's display, else none.
+    fn display_env(&self, cmd: &mut Command) {
+        match &self.display {
+            Some(name) => cmd.env("DISPLAY", name),
+            None => cmd.env_remove("DISPLAY"),
+        };
     }
 
     /// The stand-in `bcryptprimitives.dll` beside the test build (Wine 8.0
@@ -86,13 +107,20 @@ impl Wine {
     /// `vacancyd.exe ARGS` under Wine, not yet started: Wine's own messages
     /// off, no colour, `info` logs.
     pub fn vacancyd(&self, args: &[&str]) -> Command {
+        self.program(&self.exe, args)
+    }
+
+    /// The Windows program `exe` (a Linux path: an installed copy) with
+    /// `args` under Wine, as [`vacancyd`](Self::vacancyd) runs the build.
+    pub fn program(&self, exe: &Path, args: &[&str]) -> Command {
         let mut cmd = Command::new("wine");
-        cmd.arg(&self.exe)
+        cmd.arg(exe)
             .args(args)
             .env("WINEPREFIX", &self.prefix)
             .env("WINEDEBUG", "-all")
             .env("NO_COLOR", "1")
             .env("VACANCYD_LOG", "info");
+        self.display_env(&mut cmd);
         cmd
     }
 
@@ -121,6 +149,7 @@ impl Wine {
         cmd.args(args)
             .env("WINEPREFIX", &self.prefix)
             .env("WINEDEBUG", "-all");
+        self.display_env(&mut cmd);
         let what = format!("wine {}", args.join(" "));
         let out = output_within(cmd, Duration::from_secs(60), &what)?;
         if !out.status.success() {

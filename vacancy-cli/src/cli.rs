@@ -76,6 +76,23 @@ enum Command {
         #[command(subcommand)]
         command: crate::service::ServiceCommand,
     },
+    /// The notification-area icon for the owner at a Windows desktop: the
+    /// console's sign in its words, and a menu to open the console, pause or
+    /// resume lending, and quit (the installer starts it at every sign-in).
+    #[cfg(windows)]
+    Tray {
+        /// The control listener's base URL.
+        #[arg(long, default_value = "http://127.0.0.1:7480")]
+        url: String,
+        /// Seal the owner's token (from --token-file, else $VACANCYD_TOKEN)
+        /// for this user with the Windows data-protection API, for the
+        /// menu's pause and resume, and exit.
+        #[arg(long)]
+        save_token: bool,
+        /// With --save-token: a file holding the token.
+        #[arg(long, requires = "save_token")]
+        token_file: Option<PathBuf>,
+    },
     /// What the Windows service control manager starts (not for a console:
     /// use `run`).
     #[cfg(windows)]
@@ -117,6 +134,35 @@ pub(crate) fn main(registry: Arc<AdapterRegistry>) -> ExitCode {
     match cli.command {
         #[cfg(windows)]
         Command::Service { command } => crate::service::run(&command),
+        #[cfg(windows)]
+        Command::Tray {
+            url,
+            save_token,
+            token_file,
+        } => {
+            if !save_token {
+                return crate::tray::run(url);
+            }
+            match admin::token(token_file.as_deref()) {
+                Ok(token) => match crate::tray::token::save(&token) {
+                    Ok(path) => {
+                        println!(
+                            "The owner's token is sealed for this user in {}; the tray's pause and resume use it.",
+                            path.display()
+                        );
+                        ExitCode::SUCCESS
+                    }
+                    Err(e) => {
+                        eprintln!("vacancyd tray: {e}");
+                        ExitCode::FAILURE
+                    }
+                },
+                Err(e) => {
+                    eprintln!("vacancyd tray: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
         #[cfg(windows)]
         Command::ServiceRun { config } => crate::service::dispatch(config, registry),
         Command::CalibratePressure(args) => calibrate::run(&args, &registry),

@@ -41,6 +41,7 @@ mod logging;
 mod service;
 mod settings;
 mod status;
+mod tray;
 
 use std::path::Path;
 use std::process::ExitCode;

@@ -7,13 +7,14 @@
 //! DACL as an SDDL string, creating a directory with a given security
 //! descriptor, replacing a file with `MoveFileExW`, creating a named pipe
 //! with a DACL, the service dispatcher's entry point, reading the system's
-//! power status, the console session's state (owner presence), and telling
-//! Wine from Windows. Each unsafe block says why it is sound.
+//! power status, the console session's state (owner presence), the tray's
+//! icon and menu and its sealed token (DPAPI), and telling Wine from Windows. Each unsafe block says why it is sound.
 //!
 //! On other systems the crate is empty.
 #![cfg(windows)]
 
 mod descriptor;
+pub mod dpapi;
 pub mod fs;
 pub mod pipe;
 pub mod power;
@@ -21,6 +22,7 @@ pub mod process;
 pub mod security;
 pub mod service;
 pub mod session;
+pub mod tray;
 
 /// The `windows-service` crate this one is built with, for the service's control.
 pub use windows_service;

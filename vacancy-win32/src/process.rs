@@ -81,3 +81,17 @@ fn token_user_sid(token: HANDLE) -> io::Result<String> {
     // SAFETY: on success `text` is a NUL-terminated LocalAlloc'd string only we own.
     Ok(unsafe { take_local_string(text) })
 }
+
+/// Let go of the console window when this process is its only user: a
+/// program started at sign-in (the tray) would otherwise keep an empty
+/// console window open. A console shared with a shell is kept.
+pub fn detach_console_if_alone() {
+    use windows_sys::Win32::System::Console::{FreeConsole, GetConsoleProcessList};
+    let mut ids = [0u32; 2];
+    // SAFETY: `ids` has room for the two ids the call is told of.
+    let count = unsafe { GetConsoleProcessList(ids.as_mut_ptr(), 2) };
+    if count == 1 {
+        // SAFETY: no arguments; detaching from a console is always allowed.
+        unsafe { FreeConsole() };
+    }
+}

@@ -164,23 +164,16 @@ async function loadHistory() {
 
 // ---- pages ----
 
-function upstreamByName(s, name) {
-  return s.upstreams.find((u) => u.name === name);
-}
-
-/** The owner veto line (SCOPE-16). */
+/**
+ * The sign: the daemon's own words (/status "sign"), shown as they are so the
+ * console and the Windows tray say the same (SCOPE-16, SCOPE-17).
+ */
 function vetoLine(s) {
-  const veto = s.owner_veto;
-  const exempt = veto.exempt_upstreams;
-  if (!veto.active) {
-    return h("div", { class: "veto", id: "veto" }, s.lending ? "Owner policy allows new work" : "Lending is paused by its switch");
-  }
-  const lending = exempt.filter((n) => upstreamByName(s, n)?.vacancy.admitting || s.work.some((w) => w.upstream === n));
-  if (lending.length > 0) {
-    return h("div", { class: "veto", id: "veto" }, "Only exempt routes are lending",
-      h("div", { class: "muted" }, `Owner policy pauses host-scoped routes (${veto.reason ?? "owner present"}); exempt routes still lending: `, h("span", { id: "exempt-lending" }, lending.join(", "))));
-  }
-  return h("div", { class: "veto", id: "veto" }, "Owner policy pauses new work", h("div", { class: "muted" }, veto.reason ?? ""));
+  const sg = s.sign;
+  return h("div", { class: "veto", id: "veto", "data-state": sg.state },
+    h("span", { id: "veto-headline" }, sg.headline),
+    sg.detail ? h("div", { class: "muted", id: "veto-detail" }, sg.detail) : null,
+    sg.attention ? h("div", { class: "attention", id: "attention" }, sg.attention) : null);
 }
 
 function sign(u) {

@@ -8,7 +8,7 @@ use std::sync::atomic::AtomicBool;
 use serde::Serialize;
 use vacancy::auth::Tokens;
 use vacancy::engine::{
-    OwnerVetoStatus, ReclaimStatus, ResourceStatus, TermStatus, Vacancy, WorkStatus,
+    OwnerVetoStatus, ReclaimStatus, ResourceStatus, Sign, TermStatus, Vacancy, WorkStatus,
 };
 use vacancy::presence::ManualPresence;
 use vacancy::shell::Lender;
@@ -68,6 +68,9 @@ pub struct StatusDoc {
     pub presence_backend: String,
     /// The owner veto.
     pub owner_veto: OwnerVetoStatus,
+    /// The sign and its words, which the console and the tray show as they
+    /// are (SCOPE-16, SCOPE-17).
+    pub sign: Sign,
     /// Resources.
     pub resources: Vec<ResourceStatus>,
     /// Upstreams.
@@ -122,6 +125,7 @@ impl ControlState {
     /// The `/status` document now.
     pub fn status(&self) -> StatusDoc {
         let s = self.lender.status();
+        let sign = vacancy::engine::sign(&s);
         let upstreams = s
             .upstreams
             .into_iter()
@@ -153,6 +157,7 @@ impl ControlState {
             owner: s.owner.as_str(),
             presence_backend: self.presence_backend.clone(),
             owner_veto: s.owner_veto,
+            sign,
             resources: s.resources,
             upstreams,
             work: s.work,

@@ -23,6 +23,7 @@ pub mod pressure;
 mod priors;
 mod reclaim;
 mod refusal;
+mod sign;
 mod spec;
 mod state;
 mod status;
@@ -45,6 +46,7 @@ pub use reclaim::{
     ReclaimStatus, ReclaimTrigger,
 };
 pub use refusal::{Refusal, RefusalCode};
+pub use sign::{Sign, SignState, sign};
 pub use spec::{EngineSpec, ModelBudget, ResourceSpec, SpecError, UpstreamSpec};
 pub use status::{
     EngineStatus, OwnerVetoStatus, ResourceStatus, UpstreamStatus, Vacancy, WorkStatus,
