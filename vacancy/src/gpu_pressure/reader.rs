@@ -180,7 +180,8 @@ impl PressureReader for ScriptedReader {
 /// - Windows: the listening sockets' owners come from `GetExtendedTcpTable`
 ///   (every account's, IPv4 and IPv6), their descendants from a Toolhelp32
 ///   snapshot of the process tree — except the System process's (PID 4,
-///   which holds HTTP.sys's listeners) and the idle process's. Windows keeps
+///   which holds HTTP.sys's listeners). A listener whose owner is not named
+///   (PID 0: Wine names none) adds nothing, with a warning. Windows keeps
 ///   a process's parent PID after the parent ends and reuses PIDs, so a
 ///   child counts only if it started after its parent (`GetProcessTimes`);
 ///   a process whose start cannot be read is not counted as the server's
@@ -274,7 +275,8 @@ pub fn server_pids(ports: &[SocketAddr]) -> Vec<u32> {
 /// - Windows: the listening sockets' owners come from `GetExtendedTcpTable`
 ///   (every account's, IPv4 and IPv6), their descendants from a Toolhelp32
 ///   snapshot of the process tree — except the System process's (PID 4,
-///   which holds HTTP.sys's listeners) and the idle process's. Windows keeps
+///   which holds HTTP.sys's listeners). A listener whose owner is not named
+///   (PID 0: Wine names none) adds nothing, with a warning. Windows keeps
 ///   a process's parent PID after the parent ends and reuses PIDs, so a
 ///   child counts only if it started after its parent (`GetProcessTimes`);
 ///   a process whose start cannot be read is not counted as the server's
@@ -302,11 +304,17 @@ pub fn server_pids(ports: &[SocketAddr]) -> Vec<u32> {
             return Vec::new();
         }
     };
-    let roots: BTreeSet<u32> = listeners
+    let mut roots: BTreeSet<u32> = listeners
         .iter()
         .filter(|(local, _)| ports.iter().any(|w| same_socket(*local, *w)))
         .map(|(_, pid)| *pid)
         .collect();
+    // PID 0 is no process: the owner was not named (Wine names none).
+    if roots.remove(&0) && first_time(2) {
+        tracing::warn!(
+            "a listening socket of an upstream server names no owning process; that server's GPU use counts as the owner's"
+        );
+    }
     if roots.is_empty() {
         return Vec::new();
     }
