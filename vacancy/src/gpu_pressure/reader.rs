@@ -197,8 +197,20 @@ impl PressureReader for ScriptedReader {
 ///   from the list, a warning says so, and its GPU use counts as the owner's.
 /// - It reads `/proc` (or the Win32 tables) synchronously: from async
 ///   code, call it on a blocking thread, and not more often than once a poll.
-#[cfg(not(windows))]
 pub fn server_pids(ports: &[SocketAddr]) -> Vec<u32> {
+    #[cfg(windows)]
+    {
+        win32_server_pids(ports)
+    }
+    #[cfg(not(windows))]
+    {
+        proc_server_pids(ports)
+    }
+}
+
+/// [`server_pids`] from `/proc`.
+#[cfg(not(windows))]
+fn proc_server_pids(ports: &[SocketAddr]) -> Vec<u32> {
     let mut wanted: Vec<(Listening, SocketAddr)> = Vec::new();
     for (file, v6) in [("/proc/net/tcp", false), ("/proc/net/tcp6", true)] {
         let Ok(text) = std::fs::read_to_string(file) else {
@@ -259,41 +271,9 @@ pub fn server_pids(ports: &[SocketAddr]) -> Vec<u32> {
     with_descendants(pids).into_iter().collect()
 }
 
-/// The PIDs of the upstream servers: the processes listening on `ports` and
-/// every process they started, so that their GPU use is not counted as the
-/// owner's. The descendants matter: an Ollama server's models run in runner
-/// processes it starts, a vLLM server's in engine processes.
-///
-/// # Behavior
-///
-/// - Linux: listening TCP sockets are found in `/proc/net/tcp` and
-///   `/proc/net/tcp6` (this network namespace), then their owners by the
-///   `socket:[inode]` links under `/proc/*/fd`, then those owners'
-///   descendants by the parent PIDs in `/proc/*/stat` (readable for every
-///   process) — except init's and a systemd manager's, which hold sockets
-///   for socket-activated services and are the ancestors of everything.
-/// - Windows: the listening sockets' owners come from `GetExtendedTcpTable`
-///   (every account's, IPv4 and IPv6), their descendants from a Toolhelp32
-///   snapshot of the process tree — except the System process's (PID 4,
-///   which holds HTTP.sys's listeners). A listener whose owner is not named
-///   (PID 0: Wine names none) adds nothing, with a warning. Windows keeps
-///   a process's parent PID after the parent ends and reuses PIDs, so a
-///   child counts only if it started after its parent (`GetProcessTimes`);
-///   a process whose start cannot be read is not counted as the server's
-///   (its GPU use counts as the owner's: this errs toward refusing).
-/// - Elsewhere the list is empty.
-/// - Only host and port are compared; loopback addresses, `0.0.0.0`, `::`
-///   and `localhost` count as the same host.
-/// - Linux: a process of another account is invisible unless vacancyd may read
-///   its `/proc/PID/fd` (the same account, or root). If the socket belongs
-///   to a system account (uid 1 to 999, such as the `ollama` user of the
-///   packaged service), every process of that account counts as the
-///   server's; otherwise (root, a person's account) the server is missing
-///   from the list, a warning says so, and its GPU use counts as the owner's.
-/// - It reads `/proc` (or the Win32 tables) synchronously: from async
-///   code, call it on a blocking thread, and not more often than once a poll.
+/// [`server_pids`] from the Win32 tables.
 #[cfg(windows)]
-pub fn server_pids(ports: &[SocketAddr]) -> Vec<u32> {
+fn win32_server_pids(ports: &[SocketAddr]) -> Vec<u32> {
     use crate::platform::windows as win;
     let listeners = match win::listening_tcp() {
         Ok(l) => l,
