@@ -11,8 +11,13 @@
 //! running it, with a DACL made from the Unix mode, whatever was set.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
 
+/// Run with this argument, the program waits (a child process for the
+/// process-tree check) and exits.
+const WAIT_ARG: &str = "--wait-as-a-child";
+
 #[cfg(windows)]
 mod checks {
+    use super::WAIT_ARG;
     use vacancy::platform::access::{
         ADMIN_PIPE_SDDL, Exposure, PRIVATE_DIR_SDDL, Trusted, describe, exposures,
     };
@@ -180,8 +185,84 @@ mod checks {
         }
     }
 
+    // Issue 33 item 3: the upstream servers' processes, which GPU pressure
+    // leaves out of the owner's load, found through the real Win32 calls: a
+    // listener of this process (IPv4 and IPv6), a child it started (a copy of
+    // this program, waiting), and the GPU Process Memory counters. Wine 8
+    // lists the listeners but names no owner (PID 0), and has no GPU
+    // counters: the check says so, and that nothing is then excluded.
+    fn gpu_pressure_finds_the_servers_processes_and_reads_or_refuses_gpu_memory() {
+        use vacancy_win32::gpu_owners;
+        let me = std::process::id();
+        let wine = process::under_wine();
+        let v4 = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let v4_addr = v4.local_addr().unwrap();
+        let owner_of = |addr: std::net::SocketAddr| {
+            let listeners = gpu_owners::listening_tcp().unwrap();
+            let found = listeners.iter().find(|l| l.local == addr).map(|l| l.pid);
+            println!("  GetExtendedTcpTable: {addr} owned by {found:?} (this process is {me})");
+            assert!(found.is_some(), "{addr} in {listeners:?}");
+            found
+        };
+        let v4_owner = owner_of(v4_addr);
+        match std::net::TcpListener::bind("[::1]:0") {
+            Ok(v6) => {
+                let v6_owner = owner_of(v6.local_addr().unwrap());
+                if !wine {
+                    assert_eq!(v6_owner, Some(me));
+                }
+            }
+            Err(e) => println!("  no IPv6 loopback here ({e}): IPv6 not checked"),
+        }
+        let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+            .arg(WAIT_ARG)
+            .spawn()
+            .unwrap();
+        let tree = gpu_owners::processes().unwrap();
+        let servers = vacancy::gpu_pressure::server_pids(&[v4_addr]);
+        let other_port = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap()
+        };
+        let none = vacancy::gpu_pressure::server_pids(&[other_port]);
+        let (child_started, me_started) =
+            (gpu_owners::started(child.id()), gpu_owners::started(me));
+        let _ = child.kill();
+        let _ = child.wait();
+        println!(
+            "  server_pids({v4_addr}) = {servers:?} (this process {me}, its child {})",
+            child.id()
+        );
+        assert!(
+            tree.iter().any(|p| p.pid == child.id() && p.parent == me),
+            "the child in the Toolhelp32 snapshot: {tree:?}"
+        );
+        assert!(child_started >= me_started && me_started.is_some());
+        assert_eq!(none, Vec::<u32>::new());
+        if v4_owner == Some(0) {
+            // Wine: no owner is named, so nothing is excluded and borrowed
+            // work's GPU use would count as the owner's (refusing, not lending).
+            assert!(wine, "Windows names every listener's owner");
+            assert_eq!(servers, Vec::<u32>::new());
+        } else {
+            assert_eq!(v4_owner, Some(me));
+            assert!(servers.contains(&me), "{servers:?}");
+            assert!(servers.contains(&child.id()), "the child: {servers:?}");
+        }
+        match gpu_owners::gpu_process_dedicated_memory() {
+            Ok(instances) => {
+                println!("  GPU Process Memory: {} instances", instances.len());
+                assert!(!wine, "Wine has GPU counters now: {instances:?}");
+            }
+            Err(e) => {
+                println!("  GPU Process Memory: {e}");
+                assert!(wine, "Windows 10 1709+ has the counters: {e}");
+            }
+        }
+    }
+
     pub fn run() {
-        let checks: [(&str, fn()); 7] = [
+        let checks: [(&str, fn()); 8] = [
             (
                 "rec_23_held_09_vacancyds_own_descriptors_let_in_only_administrators_and_system",
                 rec_23_held_09_vacancyds_own_descriptors_let_in_only_administrators_and_system,
@@ -210,6 +291,10 @@ mod checks {
                 "the_console_session_reads_and_is_decided",
                 the_console_session_reads_and_is_decided,
             ),
+            (
+                "gpu_pressure_finds_the_servers_processes_and_reads_or_refuses_gpu_memory",
+                gpu_pressure_finds_the_servers_processes_and_reads_or_refuses_gpu_memory,
+            ),
         ];
         for (name, check) in checks {
             check();
@@ -219,6 +304,10 @@ mod checks {
 }
 
 fn main() {
+    if std::env::args().nth(1).as_deref() == Some(WAIT_ARG) {
+        std::thread::sleep(std::time::Duration::from_secs(30));
+        return;
+    }
     #[cfg(windows)]
     checks::run();
     #[cfg(not(windows))]

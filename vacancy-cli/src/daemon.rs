@@ -313,6 +313,20 @@ fn open_ledger(
     Ok((ledger, location.path))
 }
 
+/// What tells the presence loop that the console session changed: the
+/// Windows service's session-change notifications; nothing elsewhere (and
+/// in a console run on Windows, where no service control manager sends any).
+fn session_changes() -> Option<Arc<tokio::sync::Notify>> {
+    #[cfg(windows)]
+    {
+        Some(crate::service::session_changes())
+    }
+    #[cfg(not(windows))]
+    {
+        None
+    }
+}
+
 /// One tracker per NVIDIA GPU when `[owner.gpu_pressure]` is enabled, with
 /// its calibrated baselines. A GPU whose reader cannot start reads as
 /// unavailable (refusing, PRES-04); a missing baseline as uncalibrated
@@ -412,6 +426,7 @@ pub async fn start(
         Arc::clone(&lender),
         Arc::from(presence.backend),
         presence_watch::PRESENCE_EVERY,
+        session_changes(),
         shutdown.clone(),
     ));
     if config.owner.gpu_pressure.enabled {

@@ -91,6 +91,7 @@ fn run(core: Arc<Core>, stop: watch::Receiver<bool>, ready: mpsc::Sender<Result<
             Arc::clone(&core),
             Arc::clone(&core.presence),
             presence_watch::PRESENCE_EVERY,
+            None,
             stop.clone(),
         ));
         while tasks.join_next().await.is_some() {}

@@ -7,8 +7,11 @@
 //! DACL as an SDDL string, creating a directory with a given security
 //! descriptor, replacing a file with `MoveFileExW`, creating a named pipe
 //! with a DACL, the service dispatcher's entry point, reading the system's
-//! power status, the console session's state (owner presence), the tray's
-//! icon and menu and its sealed token (DPAPI), and telling Wine from Windows. Each unsafe block says why it is sound.
+//! power status, the console session's state (owner presence), what GPU
+//! pressure needs to attribute GPU use (listening ports' processes, the
+//! process tree, per-process GPU memory), the tray's icon and menu and its
+//! sealed token (DPAPI), and telling Wine from Windows. Each unsafe block
+//! says why it is sound.
 //!
 //! On other systems the crate is empty.
 #![cfg(windows)]
@@ -16,6 +19,7 @@
 mod descriptor;
 pub mod dpapi;
 pub mod fs;
+pub mod gpu_owners;
 pub mod pipe;
 pub mod power;
 pub mod process;

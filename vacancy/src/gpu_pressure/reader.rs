@@ -1,7 +1,11 @@
 //! Reading the owner's load on a GPU, and finding the processes that are not the owner's.
 
-use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+#[cfg(not(windows))]
+use std::collections::HashSet;
+use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::net::SocketAddr;
+#[cfg(not(windows))]
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use async_trait::async_trait;
@@ -167,24 +171,46 @@ impl PressureReader for ScriptedReader {
 ///
 /// # Behavior
 ///
-/// - Linux only: listening TCP sockets are found in `/proc/net/tcp` and
+/// - Linux: listening TCP sockets are found in `/proc/net/tcp` and
 ///   `/proc/net/tcp6` (this network namespace), then their owners by the
 ///   `socket:[inode]` links under `/proc/*/fd`, then those owners'
 ///   descendants by the parent PIDs in `/proc/*/stat` (readable for every
 ///   process) — except init's and a systemd manager's, which hold sockets
 ///   for socket-activated services and are the ancestors of everything.
-///   Elsewhere the list is empty.
+/// - Windows: the listening sockets' owners come from `GetExtendedTcpTable`
+///   (every account's, IPv4 and IPv6), their descendants from a Toolhelp32
+///   snapshot of the process tree — except the System process's (PID 4,
+///   which holds HTTP.sys's listeners). A listener whose owner is not named
+///   (PID 0: Wine names none) adds nothing, with a warning. Windows keeps
+///   a process's parent PID after the parent ends and reuses PIDs, so a
+///   child counts only if it started after its parent (`GetProcessTimes`);
+///   a process whose start cannot be read is not counted as the server's
+///   (its GPU use counts as the owner's: this errs toward refusing).
+/// - Elsewhere the list is empty.
 /// - Only host and port are compared; loopback addresses, `0.0.0.0`, `::`
 ///   and `localhost` count as the same host.
-/// - A process of another account is invisible unless vacancyd may read
+/// - Linux: a process of another account is invisible unless vacancyd may read
 ///   its `/proc/PID/fd` (the same account, or root). If the socket belongs
 ///   to a system account (uid 1 to 999, such as the `ollama` user of the
 ///   packaged service), every process of that account counts as the
 ///   server's; otherwise (root, a person's account) the server is missing
 ///   from the list, a warning says so, and its GPU use counts as the owner's.
-/// - It reads `/proc` synchronously (every process's descriptors): from async
+/// - It reads `/proc` (or the Win32 tables) synchronously: from async
 ///   code, call it on a blocking thread, and not more often than once a poll.
 pub fn server_pids(ports: &[SocketAddr]) -> Vec<u32> {
+    #[cfg(windows)]
+    {
+        win32_server_pids(ports)
+    }
+    #[cfg(not(windows))]
+    {
+        proc_server_pids(ports)
+    }
+}
+
+/// [`server_pids`] from `/proc`.
+#[cfg(not(windows))]
+fn proc_server_pids(ports: &[SocketAddr]) -> Vec<u32> {
     let mut wanted: Vec<(Listening, SocketAddr)> = Vec::new();
     for (file, v6) in [("/proc/net/tcp", false), ("/proc/net/tcp6", true)] {
         let Ok(text) = std::fs::read_to_string(file) else {
@@ -245,6 +271,53 @@ pub fn server_pids(ports: &[SocketAddr]) -> Vec<u32> {
     with_descendants(pids).into_iter().collect()
 }
 
+/// [`server_pids`] from the Win32 tables.
+#[cfg(windows)]
+fn win32_server_pids(ports: &[SocketAddr]) -> Vec<u32> {
+    use crate::platform::windows as win;
+    let listeners = match win::listening_tcp() {
+        Ok(l) => l,
+        Err(e) => {
+            if first_time(0) {
+                tracing::warn!(error = %e, "the listening TCP sockets cannot be read; the upstream servers' GPU use counts as the owner's");
+            }
+            return Vec::new();
+        }
+    };
+    let mut roots: BTreeSet<u32> = listeners
+        .iter()
+        .filter(|(local, _)| ports.iter().any(|w| same_socket(*local, *w)))
+        .map(|(_, pid)| *pid)
+        .collect();
+    // PID 0 is no process: the owner was not named (Wine names none).
+    if roots.remove(&0) && first_time(2) {
+        tracing::warn!(
+            "a listening socket of an upstream server names no owning process; that server's GPU use counts as the owner's"
+        );
+    }
+    if roots.is_empty() {
+        return Vec::new();
+    }
+    let tree = match win::process_tree() {
+        Ok(t) => t,
+        Err(e) => {
+            if first_time(1) {
+                tracing::warn!(error = %e, "the process tree cannot be read; only the upstream servers themselves, not the processes they started, are told from the owner's");
+            }
+            Vec::new()
+        }
+    };
+    let started = |pid: u32| win::process_started(pid);
+    descendants(
+        roots,
+        &tree,
+        |pid| pid == 0 || pid == 4,
+        |child, parent| matches!((started(child), started(parent)), (Some(c), Some(p)) if c >= p),
+    )
+    .into_iter()
+    .collect()
+}
+
 /// Whether `inode` is seen here for the first time in this process: what
 /// cannot be seen is said once per listening socket, not at every poll.
 fn first_time(inode: u64) -> bool {
@@ -254,6 +327,7 @@ fn first_time(inode: u64) -> bool {
         .insert(inode)
 }
 
+#[cfg(not(windows))]
 /// Every PID under `/proc`.
 fn all_pids() -> Vec<u32> {
     let Ok(procs) = std::fs::read_dir("/proc") else {
@@ -265,6 +339,7 @@ fn all_pids() -> Vec<u32> {
         .collect()
 }
 
+#[cfg(not(windows))]
 /// A system account (uid 1 to 999, below Debian's and Fedora's first
 /// login account): a service's own, such as the `ollama` user. Root and
 /// people's accounts run far more than one server.
@@ -274,7 +349,7 @@ fn is_system_account(uid: u32) -> bool {
 
 /// The processes whose effective uid is `uid` (the owner of `/proc/PID`,
 /// readable for every process).
-#[cfg(unix)]
+#[cfg(all(unix, not(windows)))]
 fn processes_of(uid: u32) -> BTreeSet<u32> {
     use std::os::unix::fs::MetadataExt;
     all_pids()
@@ -283,35 +358,50 @@ fn processes_of(uid: u32) -> BTreeSet<u32> {
         .collect()
 }
 
-/// Without `/proc` (Windows) no process is known by its account.
-#[cfg(not(unix))]
+/// Without `/proc` no process is known by its account.
+#[cfg(not(any(unix, windows)))]
 fn processes_of(_uid: u32) -> BTreeSet<u32> {
     BTreeSet::new()
 }
 
 /// `roots` and every process they started, and those started, from the
-/// parent PIDs in `/proc/*/stat`.
-fn with_descendants(mut pids: BTreeSet<u32>) -> BTreeSet<u32> {
-    let mut children: HashMap<u32, Vec<u32>> = HashMap::new();
-    for pid in all_pids() {
-        let Some(ppid) = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .ok()
-            .and_then(|stat| parent_pid(&stat))
-        else {
-            continue;
-        };
-        children.entry(ppid).or_default().push(pid);
-    }
+/// parent PIDs in `/proc/*/stat`. Linux gives an orphan a living parent, so
+/// a parent PID is never stale there.
+#[cfg(not(windows))]
+fn with_descendants(pids: BTreeSet<u32>) -> BTreeSet<u32> {
+    let tree: Vec<(u32, u32)> = all_pids()
+        .into_iter()
+        .filter_map(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            Some((pid, parent_pid(&stat)?))
+        })
+        .collect();
     // A service manager holds the listening sockets of socket-activated
     // services: everything descends from it, the owner's own work included.
-    let mut todo: Vec<u32> = pids
-        .iter()
-        .copied()
-        .filter(|&pid| !is_service_manager(pid))
-        .collect();
+    descendants(pids, &tree, is_service_manager, |_, _| true)
+}
+
+/// `roots` and their descendants in `tree` (`(pid, parent pid)` pairs):
+/// a root for which `not_a_server` holds is kept but not expanded (a service
+/// manager, the ancestor of everything), and a child counts only if
+/// `child_of(child, parent)` confirms it (a parent PID may be stale).
+fn descendants(
+    mut pids: BTreeSet<u32>,
+    tree: &[(u32, u32)],
+    not_a_server: impl Fn(u32) -> bool,
+    child_of: impl Fn(u32, u32) -> bool,
+) -> BTreeSet<u32> {
+    let mut children: HashMap<u32, Vec<u32>> = HashMap::new();
+    for &(pid, ppid) in tree {
+        if pid != ppid {
+            children.entry(ppid).or_default().push(pid);
+        }
+    }
+    let mut todo: Vec<u32> = pids.iter().copied().filter(|&p| !not_a_server(p)).collect();
     while let Some(pid) = todo.pop() {
         for &child in children.get(&pid).map(Vec::as_slice).unwrap_or_default() {
-            if pids.insert(child) {
+            if !pids.contains(&child) && child_of(child, pid) {
+                pids.insert(child);
                 todo.push(child);
             }
         }
@@ -319,6 +409,7 @@ fn with_descendants(mut pids: BTreeSet<u32>) -> BTreeSet<u32> {
     pids
 }
 
+#[cfg(not(windows))]
 /// Whether `pid` is init or a systemd manager (system or `--user`), whose
 /// descendants are not one server's processes.
 fn is_service_manager(pid: u32) -> bool {
@@ -327,6 +418,7 @@ fn is_service_manager(pid: u32) -> bool {
             .is_ok_and(|comm| comm.trim_end() == "systemd")
 }
 
+#[cfg(not(windows))]
 /// The parent PID in a `/proc/PID/stat` line: `pid (comm) state ppid ...`,
 /// where `comm` may hold spaces and parentheses, so fields are counted from
 /// the last `)`.
@@ -341,6 +433,7 @@ fn same_socket(local: SocketAddr, want: SocketAddr) -> bool {
         && normalize_host(&local.ip().to_string()) == normalize_host(&want.ip().to_string())
 }
 
+#[cfg(not(windows))]
 /// The listening sockets of a `/proc/net/tcp` (or `tcp6`) table.
 fn parse_listening(text: &str, v6: bool) -> Vec<Listening> {
     const LISTEN: &str = "0A";
@@ -367,6 +460,7 @@ fn parse_listening(text: &str, v6: bool) -> Vec<Listening> {
         .collect()
 }
 
+#[cfg(not(windows))]
 /// A listening TCP socket in `/proc/net/tcp` or `/proc/net/tcp6`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Listening {
@@ -378,12 +472,14 @@ struct Listening {
     inode: u64,
 }
 
+#[cfg(not(windows))]
 /// The kernel prints each 32-bit word of the address in host byte order.
 fn parse_ipv4(hex: &str) -> Option<IpAddr> {
     let word = u32::from_str_radix(hex, 16).ok()?;
     (hex.len() == 8).then(|| IpAddr::V4(Ipv4Addr::from(word.to_ne_bytes())))
 }
 
+#[cfg(not(windows))]
 fn parse_ipv6(hex: &str) -> Option<IpAddr> {
     if hex.len() != 32 || !hex.is_ascii() {
         return None;
@@ -597,6 +693,46 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn the_descendant_walk_skips_stale_parents_and_unexpanded_roots() {
+        // 10 listens; 11 and 12 are its runners, 13 a runner's child. 20's
+        // parent ended and its PID 10 was reused by the server: 20 started
+        // before 10, so it is not the server's. 4 (System) holds HTTP.sys's
+        // listeners and is never expanded; 30 descends from it.
+        let tree = [
+            (10, 1),
+            (11, 10),
+            (12, 10),
+            (13, 11),
+            (20, 10),
+            (30, 4),
+            (4, 4),
+        ];
+        let start = |pid: u32| match pid {
+            20 => 1,
+            _ => 100 + u64::from(pid),
+        };
+        let child_of = |c: u32, p: u32| start(c) >= start(p);
+        let not_a_server = |pid: u32| pid == 0 || pid == 4;
+        let walk = |roots: &[u32]| {
+            descendants(
+                roots.iter().copied().collect(),
+                &tree,
+                not_a_server,
+                child_of,
+            )
+        };
+        assert_eq!(walk(&[10]), BTreeSet::from([10, 11, 12, 13]));
+        assert_eq!(walk(&[4]), BTreeSet::from([4]));
+        assert_eq!(walk(&[]), BTreeSet::new());
+        // A cycle of stale parents ends.
+        let cycle = [(1, 2), (2, 1)];
+        assert_eq!(
+            descendants(BTreeSet::from([1]), &cycle, |_| false, |_, _| true),
+            BTreeSet::from([1, 2])
+        );
     }
 
     #[test]

@@ -301,3 +301,44 @@ pub fn create_private_dirs(dir: &Path, base: &Path) -> Result<bool, DirRefusal> 
 pub fn create_admin_pipe(name: &str, first: bool) -> io::Result<NamedPipeServer> {
     vacancy_win32::pipe::create_server(name, ADMIN_PIPE_SDDL, first)
 }
+
+/// Every listening TCP socket (IPv4 and IPv6) and its owning process, for
+/// telling the upstream servers' GPU use from the owner's.
+///
+/// # Errors
+///
+/// The operating system's error.
+pub fn listening_tcp() -> io::Result<Vec<(std::net::SocketAddr, u32)>> {
+    Ok(vacancy_win32::gpu_owners::listening_tcp()?
+        .into_iter()
+        .map(|l| (l.local, l.pid))
+        .collect())
+}
+
+/// Every process now, as `(pid, parent pid)`; a parent PID may be stale
+/// (see [`process_started`]).
+///
+/// # Errors
+///
+/// The operating system's error.
+pub fn process_tree() -> io::Result<Vec<(u32, u32)>> {
+    Ok(vacancy_win32::gpu_owners::processes()?
+        .into_iter()
+        .map(|p| (p.pid, p.parent))
+        .collect())
+}
+
+/// When `pid` started (100 ns units since 1601), or `None` if it cannot be read.
+pub fn process_started(pid: u32) -> Option<u64> {
+    vacancy_win32::gpu_owners::started(pid)
+}
+
+/// Each `GPU Process Memory(*)\Dedicated Usage` instance and its bytes.
+///
+/// # Errors
+///
+/// The counters do not exist (before Windows 10 1709, or under Wine) or
+/// cannot be read.
+pub fn gpu_process_memory() -> io::Result<Vec<(String, u64)>> {
+    vacancy_win32::gpu_owners::gpu_process_dedicated_memory()
+}

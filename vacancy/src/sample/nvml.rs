@@ -230,8 +230,13 @@ mod enabled {
                     NvmlError::LibloadingError(_) | NvmlError::LibraryNotFound => "not found",
                     _ => "could not start",
                 };
+                let library = if cfg!(windows) {
+                    "nvml.dll"
+                } else {
+                    "libnvidia-ml"
+                };
                 SampleError::Unavailable(format!(
-                    "NVIDIA driver library (libnvidia-ml) {what}: {e}; \
+                    "NVIDIA driver library ({library}) {what}: {e}; \
                      install the driver or use sampler = \"file\""
                 ))
             })?;
