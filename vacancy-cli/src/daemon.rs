@@ -317,14 +317,20 @@ fn open_ledger(
 /// Windows service's session-change notifications; nothing elsewhere (and
 /// in a console run on Windows, where no service control manager sends any).
 fn session_changes() -> Option<Arc<tokio::sync::Notify>> {
-    #[cfg(windows)]
-    {
-        Some(crate::service::session_changes())
-    }
-    #[cfg(not(windows))]
-    {
+    if cfg!(windows) {
+        Some(session_changed())
+    } else {
         None
     }
+}
+
+/// Notified on each session change the Windows service control manager
+/// reports (a sign-in, sign-out, lock, unlock or user switch on the
+/// console): the presence loop reads the session again at once instead of
+/// at its next poll (issue 33 item 2, `SERVICE_CONTROL_SESSIONCHANGE`).
+pub(crate) fn session_changed() -> Arc<tokio::sync::Notify> {
+    static CHANGES: std::sync::OnceLock<Arc<tokio::sync::Notify>> = std::sync::OnceLock::new();
+    Arc::clone(CHANGES.get_or_init(|| Arc::new(tokio::sync::Notify::new())))
 }
 
 /// One tracker per NVIDIA GPU when `[owner.gpu_pressure]` is enabled, with
@@ -650,7 +656,10 @@ async fn open_upstream(
         connect_timeout: Duration::from_secs(10),
         overhead_header: config.server.overhead_header,
         tunnel_idle: Duration::from_secs(config.server.tunnel_idle_timeout_s),
-        reads: vacancy::shell::upstream::pool::ReadPool::new(Duration::from_secs(10)),
+        reads: vacancy::shell::upstream::pool::ReadPool::per_worker(
+            Duration::from_secs(10),
+            proxy_threads(config),
+        ),
     });
     let listener = bind(&format!("upstream {:?}", u.name), &u.listen).await?;
     let info = UpstreamInfo {
@@ -706,6 +715,14 @@ fn measured_gpus(config: &vacancy::config::Config) -> Vec<String> {
         .collect()
 }
 
+/// The threads serving borrower connections: `[server] proxy_threads`, one
+/// per core when 0.
+fn proxy_threads(config: &vacancy::config::Config) -> usize {
+    vacancy::shell::state::workers::thread_count(
+        usize::try_from(config.server.proxy_threads).unwrap_or(1),
+    )
+}
+
 /// Every borrower listener and the control listener serve, within the
 /// connection budgets the open-files limit allows.
 fn serve_listeners(
@@ -719,6 +736,13 @@ fn serve_listeners(
 ) {
     let limits = ConnLimits::from_config(&config.server);
     let nofile = conn::raise_nofile_limit();
+    let workers = match vacancy::shell::state::workers::ProxyWorkers::start(proxy_threads(config)) {
+        Ok(w) => Some(w),
+        Err(e) => {
+            warn!(error = %e, "cannot start the proxy's worker threads; borrower connections are served on the main runtime");
+            None
+        }
+    };
     let reserve = descriptor_reserve(servers.len());
     let (borrowers, control_budget) = conn::budgets(nofile, reserve);
     let control_pools = crate::control::conns::Sizes::from_total(control_budget.size());
@@ -729,6 +753,7 @@ fn serve_listeners(
         control_connections = control_budget.size(),
         control_reserve = control_pools.reserve,
         control_per_peer = control_pools.per_peer,
+        proxy_threads = workers.as_ref().map_or(0, |w| w.len()),
         header_timeout_s = limits.header.as_secs(),
         idle_timeout_s = limits.idle.as_secs(),
         body_timeout_s = limits.body.as_secs(),
@@ -744,6 +769,7 @@ fn serve_listeners(
             Listening {
                 limits,
                 budget: borrowers.clone(),
+                workers: workers.clone(),
             },
             shutdown.clone(),
             SHUTDOWN_GRACE,
@@ -755,6 +781,7 @@ fn serve_listeners(
         Listening {
             limits,
             budget: control_budget,
+            workers: None,
         },
         shutdown.clone(),
     ));

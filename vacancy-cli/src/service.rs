@@ -313,15 +313,6 @@ pub fn dispatch(config: Option<PathBuf>, registry: Arc<AdapterRegistry>) -> Exit
     }
 }
 
-/// Notified on each session change the control manager reports (a sign-in,
-/// sign-out, lock, unlock or user switch on the console): the presence loop
-/// reads the session again at once instead of at its next poll (issue 33
-/// item 2, `WTS_SESSION_*` through `SERVICE_CONTROL_SESSIONCHANGE`).
-pub(crate) fn session_changes() -> Arc<tokio::sync::Notify> {
-    static CHANGES: OnceLock<Arc<tokio::sync::Notify>> = OnceLock::new();
-    Arc::clone(CHANGES.get_or_init(|| Arc::new(tokio::sync::Notify::new())))
-}
-
 fn status_of(state: ServiceState, exit: u32, wait: Duration) -> ServiceStatus {
     ServiceStatus {
         service_type: ServiceType::OWN_PROCESS,
@@ -355,7 +346,7 @@ fn service_main(_arguments: Vec<OsString>) {
         ServiceControl::Interrogate => ServiceControlHandlerResult::NoError,
         ServiceControl::SessionChange(change) => {
             tracing::debug!(reason = ?change.reason, "console session changed");
-            session_changes().notify_one();
+            crate::daemon::session_changed().notify_one();
             ServiceControlHandlerResult::NoError
         }
         _ => ServiceControlHandlerResult::NotImplemented,

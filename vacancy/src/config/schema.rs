@@ -99,6 +99,10 @@ pub struct ServerConfig {
     /// time vacancyd itself added to it in milliseconds (issue 31 item 6).
     /// Default false.
     pub overhead_header: bool,
+    /// Threads that serve borrower connections, each a single-threaded
+    /// runtime holding its connections from accept to close (issue 31);
+    /// 0 (the default): one per core.
+    pub proxy_threads: u64,
     /// Seconds a WebSocket (or other upgraded) connection may carry no byte
     /// either way before both sides are closed. ComfyUI's progress socket is
     /// quiet between prompts and through a node that reports no progress, so
@@ -126,6 +130,7 @@ impl Default for ServerConfig {
             body_timeout_s: 30,
             body_min_rate_bytes: 1024,
             overhead_header: false,
+            proxy_threads: 0,
             tunnel_idle_timeout_s: 3600,
             allowed_hosts: Vec::new(),
             tokens: Vec::new(),

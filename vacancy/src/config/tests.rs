@@ -2031,3 +2031,20 @@ fn stop_proof_timeout_defaults_to_a_minute_and_is_bounded() {
         );
     }
 }
+
+// Issue 31: the proxy's worker threads; 0 is one per core, past 256 an error
+// naming the key and its line.
+#[test]
+fn proxy_threads_is_bounded_naming_its_line() {
+    let base = "[server]\nproxy_threads = {n}\n\n[[resource]]\nname = \"gpu0\"\nkind = \"gpu\"\nsampler = \"file\"\npath = \"/tmp/x.json\"\n\n[[upstream]]\nname = \"u\"\nadapter = \"openai\"\nlisten = \"127.0.0.1:18081\"\ntarget = \"http://127.0.0.1:18080\"\nresource = \"gpu0\"\n";
+    assert_eq!(ok(&base.replace("{n}", "0")).config.server.proxy_threads, 0);
+    assert_eq!(ok(&base.replace("{n}", "4")).config.server.proxy_threads, 4);
+    let text = base.replace("{n}", "257");
+    let errs = errors(&text);
+    let e = find(
+        &errs,
+        "server.proxy_threads",
+        &["at most 256", "one per core"],
+    );
+    assert_eq!(e.line, Some(line_of(&text, "proxy_threads")));
+}

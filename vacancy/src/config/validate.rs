@@ -293,6 +293,12 @@ impl Checker<'_> {
             self.listen(&listen_path, &server.listen)
         };
 
+        if server.proxy_threads > 256 {
+            self.error(
+                &sp.key("proxy_threads"),
+                "must be at most 256 (threads serving borrower connections; 0 is one per core)",
+            );
+        }
         if server.max_body_mib == 0 {
             self.error(
                 &sp.key("max_body_mib"),

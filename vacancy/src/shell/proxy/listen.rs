@@ -14,6 +14,7 @@ use crate::shell::proxy::service;
 use crate::shell::proxy::tunnel::ConnectionPermit;
 use crate::shell::state::lender::Lender;
 use crate::shell::state::shutdown::stopped;
+use crate::shell::state::workers::ProxyWorkers;
 use crate::shell::upstream::route::UpstreamRoute;
 
 /// How a listener treats its connections: their time limits and the budget
@@ -24,6 +25,9 @@ pub struct Listening {
     pub limits: conn::ConnLimits,
     /// Connections the listeners of this group may hold open at once.
     pub budget: conn::ConnBudget,
+    /// The worker threads connections are served on; `None`: the accepting
+    /// runtime itself.
+    pub workers: Option<Arc<ProxyWorkers>>,
 }
 
 impl Listening {
@@ -47,6 +51,7 @@ impl Default for Listening {
         Listening {
             limits: conn::ConnLimits::default(),
             budget: conn::ConnBudget::new("borrower", 4096),
+            workers: None,
         }
     }
 }
@@ -72,7 +77,7 @@ pub async fn serve(
                 // Shared with a tunnel the connection may become (issue 30
                 // item 1): the place in the budget ends with the last of them.
                 let permit = ConnectionPermit::new(permit);
-                connections.spawn(async move {
+                let connection = async move |stream: tokio::net::TcpStream| {
                     let svc_route = Arc::clone(&route);
                     let handler = move |mut req: http::Request<conn::BorrowerBody>| {
                         req.extensions_mut().insert(permit.clone());
@@ -82,7 +87,27 @@ pub async fn serve(
                     if let Err(e) = conn::serve_connection(stream, limits, handler, Some(stop)).await {
                         debug!(upstream = %route.name, %peer, error = %e, "borrower connection ended with an error");
                     }
-                });
+                };
+                match &listening.workers {
+                    None => {
+                        connections.spawn(connection(stream));
+                    }
+                    // The stream leaves this runtime's reactor and joins the worker's.
+                    Some(workers) => match stream.into_std() {
+                        Ok(stream) => {
+                            connections.spawn_on(
+                                async move {
+                                    match tokio::net::TcpStream::from_std(stream) {
+                                        Ok(stream) => connection(stream).await,
+                                        Err(e) => debug!(%peer, error = %e, "cannot hand a borrower connection to a worker"),
+                                    }
+                                },
+                                workers.next(),
+                            );
+                        }
+                        Err(e) => debug!(%peer, error = %e, "cannot hand a borrower connection to a worker"),
+                    },
+                }
             }
             Some(_) = connections.join_next(), if !connections.is_empty() => {}
             () = stopped(&mut shutdown) => break,

@@ -1,8 +1,9 @@
 //! The shell's shared state: the lender that owns the engine and the ledger, the
-//! metrics, the console's history the lender keeps, live exchanges and the stop signal.
+//! metrics, the console's history the lender keeps, live exchanges, the stop signal and the proxy's worker threads.
 
 pub mod history;
 pub(crate) mod lender;
 pub mod live;
 pub mod metrics;
 pub(crate) mod shutdown;
+pub mod workers;
