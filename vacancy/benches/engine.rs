@@ -70,6 +70,8 @@ fn engine(n: usize) -> (Engine, Vec<WorkRequest>) {
             reuse: RequestReuse::Reuses,
             upstream_ref: None,
             wait: None,
+            borrower: None,
+            priority: None,
         })
         .collect();
     (e, requests)

@@ -32,6 +32,7 @@
 
 use std::time::Duration;
 
+use super::borrowers::{Claim, Priority};
 use super::effect::Effect;
 use super::refusal::{Refusal, RefusalCode};
 use super::work::{Charge, Decision, EntryId, WorkRequest};
@@ -66,7 +67,14 @@ pub(super) struct Waiter {
     /// When it was first its turn with a post-job sample pending: the ADM-06
     /// bound counts from here.
     pub(super) ready_since: Option<Moment>,
+    /// Its borrower and class, with borrowers on.
+    pub(super) borrower: Option<Claim>,
 }
+
+/// A waiter's place in the turn order, lowest first: its rank (0 overdue
+/// batch, 1 interactive, 2 batch), its turn's start in its class's virtual
+/// time, its arrival.
+type Turn = (u8, u64, usize);
 
 /// The waiters ahead of a request that need a resource it needs.
 #[derive(Debug, Clone, Copy, Default)]
@@ -158,11 +166,12 @@ impl Engine {
         req: &WorkRequest,
         seat: Option<usize>,
         evaluated: Result<Vec<Charge>, Blocked>,
+        claim: Option<Claim>,
         now: Moment,
     ) -> Result<Vec<Charge>, Decision> {
         let up = req.upstream.0;
         let deps: Vec<usize> = self.upstreams[up].deps.iter().map(|d| d.res).collect();
-        let behind = self.ahead_of(up, seat, now).first;
+        let behind = self.ahead_of(up, seat, claim, now).first;
         let busy = match (evaluated, behind) {
             (Ok(charges), None) => {
                 if let Some(i) = seat {
@@ -171,7 +180,15 @@ impl Engine {
                 return Ok(charges);
             }
             (Ok(_), Some(res)) => self.line_busy(res),
-            (Err(Blocked::Refused(r)), _) if r.code == RefusalCode::ResourceBusy => r,
+            // A borrower at its max_running waits, as for a reserved resource.
+            (Err(Blocked::Refused(r)), _)
+                if matches!(
+                    r.code,
+                    RefusalCode::ResourceBusy | RefusalCode::BorrowerLimit
+                ) =>
+            {
+                r
+            }
             (Err(Blocked::Wait { until, resources }), _) => {
                 let until = match seat {
                     Some(i) if now >= self.line[i].until => {
@@ -253,6 +270,9 @@ impl Engine {
                     busy.reason.push_str(&why);
                     return Err(Decision::Refused(busy));
                 }
+                if let Some(limit) = self.waiting_limit(claim) {
+                    return Err(Decision::Refused(limit));
+                }
                 let until = now.after(queue.max_wait);
                 self.line.push(Waiter {
                     id: req.id,
@@ -261,6 +281,7 @@ impl Engine {
                     joined: now,
                     until,
                     ready_since: None,
+                    borrower: claim,
                 });
                 Err(Decision::Wait {
                     until,
@@ -271,23 +292,115 @@ impl Engine {
     }
 
     /// The waiters ahead of a request of upstream `up` (at `seat`, or a
-    /// newcomer at the back) that need a resource it needs: it may take its
-    /// resources only when there are none. Waiters gone past their deadline
-    /// by [`LINE_EXPIRY_GRACE`] no longer count.
-    pub(super) fn ahead_of(&self, up: usize, seat: Option<usize>, now: Moment) -> Ahead {
+    /// newcomer of borrower `claim` at the back) that need a resource it
+    /// needs: it may take its resources only when there are none. Waiters
+    /// gone past their deadline by [`LINE_EXPIRY_GRACE`] no longer count.
+    /// With borrowers, "ahead" is the turn order, and a waiter whose
+    /// borrower runs its `max_running` jobs stands aside until one ends.
+    pub(super) fn ahead_of(
+        &self,
+        up: usize,
+        seat: Option<usize>,
+        claim: Option<Claim>,
+        now: Moment,
+    ) -> Ahead {
         let deps = &self.upstreams[up].deps;
-        let end = seat.unwrap_or(self.line.len());
         let mut ahead = Ahead::default();
-        for w in &self.line[..end] {
-            if now >= w.until.after(LINE_EXPIRY_GRACE) {
+        if self.borrowers.is_none() {
+            let end = seat.unwrap_or(self.line.len());
+            for w in &self.line[..end] {
+                if now >= w.until.after(LINE_EXPIRY_GRACE) {
+                    continue;
+                }
+                if let Some(d) = deps.iter().find(|d| w.deps.contains(&d.res)) {
+                    ahead.first.get_or_insert(d.res);
+                    ahead.count += 1;
+                }
+            }
+            return ahead;
+        }
+        let (turns, newcomer) = self.turns(claim, now);
+        let mine = seat.map_or(newcomer, |i| turns[i]);
+        let capped = self.capped_borrowers();
+        let mut first: Option<(Turn, usize)> = None;
+        for (j, w) in self.line.iter().enumerate() {
+            if Some(j) == seat || turns[j] >= mine || now >= w.until.after(LINE_EXPIRY_GRACE) {
+                continue;
+            }
+            if w.borrower
+                .is_some_and(|c| capped.get(c.slot).copied().unwrap_or(false))
+            {
                 continue;
             }
             if let Some(d) = deps.iter().find(|d| w.deps.contains(&d.res)) {
-                ahead.first.get_or_insert(d.res);
+                if first.is_none_or(|(t, _)| turns[j] < t) {
+                    first = Some((turns[j], d.res));
+                }
                 ahead.count += 1;
             }
         }
+        ahead.first = first.map(|(_, res)| res);
         ahead
+    }
+
+    /// Each waiter's turn, and the turn a newcomer of `claim` would get.
+    ///
+    /// Start-time fair queueing, one virtual clock per class: a borrower's
+    /// k-th waiter of a class (in arrival order) starts its turn at
+    /// `max(the class's virtual time, the borrower's next start) + k * cost`,
+    /// `cost` one [`TURN`](super::borrowers::TURN) divided by its share.
+    /// Admission moves the borrower's next start one cost on and the class's
+    /// clock to the admitted turn's start, so a borrower's backlog does not
+    /// push another's first waiter back, and an idle borrower saves no credit.
+    fn turns(&self, claim: Option<Claim>, now: Moment) -> (Vec<Turn>, Turn) {
+        let Some(b) = &self.borrowers else {
+            let n = self.line.len();
+            return ((0..n).map(|i| (0, 0, i)).collect(), (0, 0, n));
+        };
+        let mut counts = vec![0u64; b.state.len() * 2];
+        let mut turn = |c: Option<Claim>, overdue: bool, i: usize| -> Turn {
+            let Some(c) = c else {
+                // A waiter from before borrowers were switched on.
+                return (1, b.vtime[0], i);
+            };
+            let k = c.class.index();
+            let Some(s) = b.state.get(c.slot) else {
+                return (1, b.vtime[0], i);
+            };
+            let n = &mut counts[c.slot * 2 + k];
+            let start = b.vtime[k]
+                .max(s.finish[k])
+                .saturating_add(n.saturating_mul(s.cost()));
+            *n += 1;
+            let rank = match (c.class, overdue) {
+                (Priority::Batch, true) => 0,
+                (Priority::Interactive, _) => 1,
+                (Priority::Batch, false) => 2,
+            };
+            (rank, start, i)
+        };
+        let turns: Vec<Turn> = self
+            .line
+            .iter()
+            .enumerate()
+            .map(|(i, w)| {
+                let overdue = now >= w.joined.after(b.batch_max_wait);
+                turn(w.borrower, overdue, i)
+            })
+            .collect();
+        let newcomer = match claim {
+            Some(c) => turn(Some(c), false, self.line.len()),
+            None => (u8::MAX, u64::MAX, self.line.len()),
+        };
+        (turns, newcomer)
+    }
+
+    /// Per borrower slot, whether it runs its `max_running` jobs now.
+    fn capped_borrowers(&self) -> Vec<bool> {
+        let Some(b) = &self.borrowers else {
+            return Vec::new();
+        };
+        (0..b.state.len()).map(|s| self.at_max_running(s)).collect()
     }
 
     /// The `resource_busy` refusal of a request that found resource `res`
@@ -329,7 +442,7 @@ impl Engine {
         })
     }
 
-    fn leave_at(&mut self, i: usize) {
+    pub(super) fn leave_at(&mut self, i: usize) {
         self.line.remove(i);
         // Those behind may move up.
         self.wake_waiters();

@@ -15,6 +15,7 @@
 //!   learned priors (MEM-07..11), replaced by resident credit on proof (RES-01/02).
 //! - Uncertain work is held, never released without an explicit release.
 
+mod borrowers;
 mod capacity;
 mod effect;
 mod inputs;
@@ -33,6 +34,11 @@ mod work;
 use std::collections::HashMap;
 use std::time::Duration;
 
+pub use borrowers::{
+    ANONYMOUS, BorrowerId, BorrowerRef, BorrowerSpec, BorrowerSpecError, BorrowerStatus,
+    BorrowerTotals, BudgetPeriod, BudgetStatus, KindTimes, MAX_SHARE, Priority, ResourceUse,
+    TimeBudget, UnknownPriority, UsageRecord, utc_words,
+};
 pub use capacity::{CapacitySample, ResourceKind};
 pub use effect::Effect;
 pub use inputs::{
@@ -60,6 +66,7 @@ pub use work::{
 };
 
 use crate::time::Moment;
+use borrowers::{Borrowers, Claim, WallAnchor};
 use effect::Effects;
 use line::Waiter;
 use priors::{PendingFootprint, Priors};
@@ -212,6 +219,12 @@ struct Entry {
     kind: Option<(String, String)>,
     /// Age the entry had before the timeline's origin (REC-27).
     started_before: Duration,
+    /// Its borrower and class, with borrowers on (issue 34).
+    borrower: Option<Claim>,
+    /// How long it waited in line before its admission.
+    waited: Duration,
+    /// Whether it was ever held.
+    was_held: bool,
 }
 
 /// Why [`Engine::evaluate`] did not admit.
@@ -283,6 +296,10 @@ pub struct Engine {
     terms: terms::Terms,
     /// The moment of the last reclaim step.
     last_step: Moment,
+    /// The borrower table, its turns and its use (issue 34); `None`: off.
+    borrowers: Option<Borrowers>,
+    /// The timeline anchored to UTC, for budget periods.
+    wall: WallAnchor,
 }
 
 impl Engine {
@@ -333,6 +350,8 @@ impl Engine {
             line: Vec::new(),
             terms: terms::Terms::default(),
             last_step: Moment::ZERO,
+            borrowers: None,
+            wall: WallAnchor::default(),
         })
     }
 
@@ -654,9 +673,29 @@ impl Engine {
 
     // ---- admission -----------------------------------------------------
 
-    /// Decide a work request. See the [module docs](self) for the rules.
-    // Long: admission in its order (the line, the checks, the reservation, its effects) in one place.
+    /// Decide a work request. See the [module docs](self) for the rules,
+    /// and the `borrowers` module's for a named borrower's.
     pub fn admit(&mut self, req: &WorkRequest, now: Moment) -> Decision {
+        if self.borrowers.is_none() {
+            return self.admit_as(req, None, now);
+        }
+        let claim = match self.claim(req) {
+            Ok(claim) => claim,
+            Err(refusal) => {
+                self.leave_line(req.id);
+                return Decision::Refused(refusal);
+            }
+        };
+        let decision = self.admit_as(req, claim, now);
+        if let Decision::Refused(r) = &decision {
+            self.count_refusal(claim, r.code);
+        }
+        decision
+    }
+
+    /// Decide a request of borrower `claim` (`None`: borrowers off).
+    // Long: admission in its order (the line, the checks, the reservation, its effects) in one place.
+    fn admit_as(&mut self, req: &WorkRequest, claim: Option<Claim>, now: Moment) -> Decision {
         if self.entries.contains_key(&req.id) {
             return Decision::Refused(Refusal::new(
                 RefusalCode::InvalidRequest,
@@ -678,12 +717,26 @@ impl Engine {
             self.expire_line(now);
         }
         let seat = self.seat(req.id);
+        if let Some(refusal) = self.quota_refusal(claim, req.upstream.0, now) {
+            if let Some(i) = seat {
+                self.leave_at(i);
+            }
+            return Decision::Refused(refusal);
+        }
+        let joined = seat.map(|i| self.line[i].joined);
         let arrived = self.line_arrival(req, seat, now);
-        let evaluated = self.evaluate(req.upstream.0, names, &residency, arrived, now);
-        let charges = match self.line_turn(req, seat, evaluated, now) {
+        let mut evaluated = self.evaluate(req.upstream.0, names, &residency, arrived, now);
+        if evaluated.is_ok()
+            && let Some(limit) = self.running_limit(claim)
+        {
+            evaluated = Err(Blocked::Refused(limit));
+        }
+        let charges = match self.line_turn(req, seat, evaluated, claim, now) {
             Ok(charges) => charges,
             Err(decision) => return decision,
         };
+        let waited = joined.map_or(Duration::ZERO, |j| now.since(j));
+        self.count_admission(claim, waited);
         let up = req.upstream.0;
         let deps: Vec<usize> = self.upstreams[up].deps.iter().map(|d| d.res).collect();
         for (dep, charge) in self.upstreams[up].deps.iter().zip(&charges) {
@@ -732,6 +785,9 @@ impl Engine {
                 held_reason: None,
                 kind,
                 started_before: Duration::ZERO,
+                borrower: claim,
+                waited,
+                was_held: false,
             },
         );
         self.effects.push(Effect::Persist(reservation.clone()));
@@ -774,7 +830,7 @@ impl Engine {
     /// upstream's line (behind the waiters that need its resources);
     /// otherwise the refusal it would get.
     fn sign(&self, up: usize, evaluated: Result<(), Blocked>, now: Moment) -> Vacancy {
-        let ahead = self.ahead_of(up, None, now);
+        let ahead = self.ahead_of(up, None, None, now);
         let busy = match (evaluated, ahead.first) {
             (Ok(()), None) => return Vacancy::admitting(),
             (Ok(()), Some(res)) => self.line_busy(res),
@@ -1213,6 +1269,9 @@ impl Engine {
             ReleaseOutcome::Uncertain(reason) => {
                 e.phase = Phase::Held;
                 e.held_reason = Some(reason.clone());
+                e.was_held = true;
+                let claim = e.borrower;
+                self.count_held(claim);
                 self.effects.push(Effect::MarkHeld { entry: id, reason });
                 self.effects.push(Effect::WakeReclaims);
                 Ok(Release::Held)
@@ -1247,7 +1306,7 @@ impl Engine {
             return;
         };
         let mut freed = Vec::with_capacity(e.deps.len());
-        for res in e.deps {
+        for &res in &e.deps {
             // Restored records may overlap (see `restore_held`): the resource
             // stays reserved while another entry still holds it.
             let next = self
@@ -1263,6 +1322,8 @@ impl Engine {
             r.disturbed(now);
             freed.push(r.spec.name.clone());
         }
+        // The owner's record of the borrower's reservation, written with its release.
+        self.account(&e, now);
         self.effects.push(Effect::Forget(id));
         for name in freed {
             self.effects.push(Effect::Sample(name));
@@ -1343,6 +1404,9 @@ impl Engine {
                 held_reason: Some(reason.to_owned()),
                 kind: None,
                 started_before: entry.started_before,
+                borrower: None,
+                waited: Duration::ZERO,
+                was_held: true,
             },
         );
         Ok(overlaps)
@@ -1417,6 +1481,7 @@ impl Engine {
             work,
             reclaims: self.reclaim_statuses(now),
             terms: self.term_statuses(now),
+            borrowers: self.borrower_statuses(now),
         }
     }
 }
