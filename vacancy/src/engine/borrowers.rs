@@ -953,3 +953,7 @@ impl fmt::Display for Priority {
         f.write_str(self.as_str())
     }
 }
+
+#[cfg(test)]
+#[path = "borrowers_tests.rs"]
+mod tests;

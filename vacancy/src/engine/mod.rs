@@ -36,8 +36,8 @@ use std::time::Duration;
 
 pub use borrowers::{
     ANONYMOUS, BorrowerId, BorrowerRef, BorrowerSpec, BorrowerSpecError, BorrowerStatus,
-    BorrowerTotals, BudgetPeriod, BudgetStatus, KindTimes, MAX_SHARE, Priority, ResourceUse,
-    TimeBudget, UnknownPriority, UsageRecord, utc_words,
+    BorrowerTotals, BorrowersSpec, BudgetPeriod, BudgetStatus, KindTimes, MAX_SHARE, Priority,
+    ResourceUse, TimeBudget, UnknownPriority, UsageRecord, utc_words,
 };
 pub use capacity::{CapacitySample, ResourceKind};
 pub use effect::Effect;
