@@ -36,17 +36,18 @@
 //! The turn order of the line is in the `line` module's docs.
 
 use std::collections::{BTreeMap, HashMap};
-use std::fmt;
-use std::str::FromStr;
 use std::time::Duration;
 
 use serde::Serialize;
 
+use super::Engine;
+use super::capacity::ResourceKind;
 use super::effect::Effect;
 use super::refusal::{Refusal, RefusalCode};
 use super::terms::in_words;
-use super::work::{EntryId, WorkRequest};
-use super::{Engine, ResourceKind};
+use super::usage::{ResourceUse, UsageRecord, seconds};
+use super::who::{BorrowerId, BorrowerRef, Priority};
+use super::work::WorkRequest;
 use crate::time::Moment;
 
 /// The most a borrower's `share` may be: turns are counted in whole
@@ -55,56 +56,6 @@ pub const MAX_SHARE: u32 = 1000;
 
 /// The length of one turn of a borrower of share 1 in the line's virtual time.
 pub(super) const TURN: u64 = 1_000_000;
-
-/// A borrower's priority class.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Default)]
-#[serde(rename_all = "snake_case")]
-pub enum Priority {
-    /// Served ahead of batch work.
-    #[default]
-    Interactive,
-    /// Served after interactive work, but within `batch_max_wait`.
-    Batch,
-}
-
-impl Priority {
-    /// `interactive` or `batch`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Priority::Interactive => "interactive",
-            Priority::Batch => "batch",
-        }
-    }
-
-    /// The class a request gets: its borrower's, lowered by its own
-    /// request where it asks for less, never raised.
-    pub fn lowered_by(self, requested: Option<Priority>) -> Priority {
-        requested.map_or(self, |r| r.max(self))
-    }
-
-    pub(super) fn index(self) -> usize {
-        match self {
-            Priority::Interactive => 0,
-            Priority::Batch => 1,
-        }
-    }
-}
-
-/// A priority name that is neither `interactive` nor `batch`.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("priority {0:?} is not one of interactive, batch")]
-pub struct UnknownPriority(pub String);
-
-impl FromStr for Priority {
-    type Err = UnknownPriority;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "interactive" => Ok(Priority::Interactive),
-            "batch" => Ok(Priority::Batch),
-            other => Err(UnknownPriority(other.to_owned())),
-        }
-    }
-}
 
 /// The period a budget is counted over, in UTC.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
@@ -231,68 +182,6 @@ pub enum BorrowerSpecError {
         /// Its share.
         share: u32,
     },
-}
-
-/// A handle on a borrower, resolved once from a name with
-/// [`Engine::borrower_id`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct BorrowerId(pub(super) usize);
-
-/// Who a request is for: a resolved handle, or a name the engine looks up.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum BorrowerRef {
-    /// A handle from [`Engine::borrower_id`].
-    Id(BorrowerId),
-    /// A name.
-    Name(String),
-}
-
-/// One finished reservation as the owner's record keeps it: exactly one per
-/// reservation of a borrower, queued with its release ([`Effect::Account`]).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct UsageRecord {
-    /// The entry.
-    #[serde(serialize_with = "entry_id")]
-    pub entry: EntryId,
-    /// The borrower's name ([`ANONYMOUS`] for requests that named none).
-    pub borrower: String,
-    /// The upstream.
-    pub upstream: String,
-    /// The model, when known.
-    pub model: Option<String>,
-    /// The class it ran in.
-    pub priority: Priority,
-    /// When it was admitted, in Unix milliseconds (see [`Engine::set_wall_clock`]).
-    pub admitted_unix_ms: i64,
-    /// When it was released, in Unix milliseconds.
-    pub released_unix_ms: i64,
-    /// How long it waited in line before its admission.
-    #[serde(rename = "waited_s", serialize_with = "seconds")]
-    pub waited: Duration,
-    /// Whether it was held before its release.
-    pub held: bool,
-    /// Reservation seconds per resource it held, primary first.
-    pub resources: Vec<ResourceUse>,
-}
-
-/// Reservation time on one resource.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct ResourceUse {
-    /// The resource.
-    pub resource: String,
-    /// Its kind.
-    pub kind: ResourceKind,
-    /// How long it was held.
-    #[serde(rename = "seconds", serialize_with = "seconds")]
-    pub held: Duration,
-}
-
-fn entry_id<S: serde::Serializer>(id: &EntryId, s: S) -> Result<S::Ok, S::Error> {
-    s.collect_str(id)
-}
-
-fn seconds<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
-    s.serialize_f64((d.as_secs_f64() * 1000.0).round() / 1000.0)
 }
 
 /// One borrower now, for `/status` and the borrower's own view.
@@ -845,7 +734,7 @@ impl Engine {
             }
             resources.push(ResourceUse {
                 resource: spec.name.clone(),
-                kind: spec.kind,
+                kind: spec.kind.as_str(),
                 held: held_for,
             });
         }
@@ -946,12 +835,6 @@ pub fn utc_words(unix_s: i64) -> String {
         secs / 3600,
         secs % 3600 / 60
     )
-}
-
-impl fmt::Display for Priority {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
 }
 
 #[cfg(test)]

@@ -11,7 +11,7 @@
 
 use std::collections::VecDeque;
 
-use super::borrowers::UsageRecord;
+use super::usage::UsageRecord;
 use super::work::{EntryId, Reservation, UpstreamId};
 
 /// One thing the shell must do.

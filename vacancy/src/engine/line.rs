@@ -32,9 +32,10 @@
 
 use std::time::Duration;
 
-use super::borrowers::{Claim, Priority};
+use super::borrowers::Claim;
 use super::effect::Effect;
 use super::refusal::{Refusal, RefusalCode};
+use super::who::Priority;
 use super::work::{Charge, Decision, EntryId, WorkRequest};
 use super::{Blocked, Engine};
 use crate::time::Moment;

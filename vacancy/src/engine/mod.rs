@@ -29,15 +29,16 @@ mod spec;
 mod state;
 mod status;
 mod terms;
+mod usage;
+mod who;
 mod work;
 
 use std::collections::HashMap;
 use std::time::Duration;
 
 pub use borrowers::{
-    ANONYMOUS, BorrowerId, BorrowerRef, BorrowerSpec, BorrowerSpecError, BorrowerStatus,
-    BorrowerTotals, BorrowersSpec, BudgetPeriod, BudgetStatus, KindTimes, MAX_SHARE, Priority,
-    ResourceUse, TimeBudget, UnknownPriority, UsageRecord, utc_words,
+    ANONYMOUS, BorrowerSpec, BorrowerSpecError, BorrowerStatus, BorrowerTotals, BorrowersSpec,
+    BudgetPeriod, BudgetStatus, KindTimes, MAX_SHARE, TimeBudget, utc_words,
 };
 pub use capacity::{CapacitySample, ResourceKind};
 pub use effect::Effect;
@@ -60,6 +61,8 @@ pub use status::{
 pub use terms::{
     HeatLimits, HeatReading, HoursChange, LendingHours, NextChange, PowerSource, TermStatus,
 };
+pub use usage::{ResourceUse, UsageRecord};
+pub use who::{BorrowerId, BorrowerRef, Priority, UnknownPriority};
 pub use work::{
     Charge, CompletionMethod, Decision, EntryId, HeldRelease, Phase, ReleaseOutcome, RequestReuse,
     Reservation, UpstreamId, WorkRequest,

@@ -122,10 +122,10 @@ pub struct WorkRequest {
     /// Who asks, with borrowers on (issue 34): a name or a handle. `None`:
     /// an anonymous request, refused `unknown_borrower` unless the table
     /// lets anonymous requests in. Ignored with borrowers off.
-    pub borrower: Option<crate::engine::BorrowerRef>,
+    pub borrower: Option<crate::engine::who::BorrowerRef>,
     /// The class the request asks for (a `vacancy-priority` header): it
     /// may lower its borrower's class, never raise it.
-    pub priority: Option<crate::engine::Priority>,
+    pub priority: Option<crate::engine::who::Priority>,
 }
 
 impl WorkRequest {
@@ -154,7 +154,7 @@ impl WorkRequest {
 
     /// The same request for borrower `name`.
     pub fn for_borrower(mut self, name: &str) -> Self {
-        self.borrower = Some(crate::engine::BorrowerRef::Name(name.to_owned()));
+        self.borrower = Some(crate::engine::who::BorrowerRef::Name(name.to_owned()));
         self
     }
 }
