@@ -10,7 +10,8 @@
 //!   paused, resource switched off, pressure) answers at once, for a new
 //!   request and for every waiter the next time it asks: the shell is woken
 //!   by [`Effect::WakeWaiters`] whenever such an input changes.
-//! - Fairness: one line across all upstreams, in arrival order. A request
+//! - Fairness: one line across all upstreams, in arrival order (in turn
+//!   order with borrowers, below). A request
 //!   may take its resources only when no request ahead of it in the line
 //!   needs any of them. So requests on the same resources are served first
 //!   come, first served, and a multi-resource request is never overtaken
@@ -29,6 +30,36 @@
 //!   would be admitted now, `queueing` when it would wait its turn
 //!   ([`Engine::vacancy`], from `Engine::ahead_of`, as admission itself).
 //! - Nothing in the line is reserved or recorded: a restart forgets it.
+//!
+//! # With borrowers (issue 34)
+//!
+//! With a borrower table ([`Engine::set_borrowers`]) "ahead" is no longer
+//! arrival order but a turn order, and every rule above holds with "ahead"
+//! read that way: a request takes its resources only when no waiter with an
+//! earlier turn needs any of them, so nothing runs on a busy resource, a
+//! multi-resource waiter is never overtaken on a resource it needs by a
+//! waiter with a later turn, and every waiter is answered by its deadline;
+//! an owner's return still answers every waiter at once (hard refusals come
+//! before turns).
+//!
+//! - Turns: start-time fair queueing by borrower, weighted by `share`, one
+//!   virtual clock per class (`Engine::turns`). A borrower's 50 waiters
+//!   take turns 1..50 of its own; another borrower's single waiter takes
+//!   the current turn, so it waits about one job (two if its borrower had
+//!   the latest turn), not fifty. An idle borrower saves no credit.
+//! - Classes: interactive waiters go ahead of batch ones. A batch waiter
+//!   that has waited `batch_max_wait` is overdue and goes ahead of every
+//!   waiter that is not (overdue ones among themselves by their batch
+//!   turns): it waits at most `batch_max_wait`, then the job in service
+//!   and the post-job sample, behind only earlier overdue batch turns.
+//! - No starvation: turns only grow, so the waiters that can ever be
+//!   ahead of one are bounded (each borrower's turns between the clock and
+//!   its own); and each still leaves at its deadline.
+//! - A waiter whose borrower runs its `max_running` jobs stands aside: it
+//!   is not ahead of anyone until one of its borrower's jobs ends, so its
+//!   limit never idles a resource another borrower could use.
+//! - Admissions count as turns whether or not they waited, so a borrower
+//!   who is admitted straight away also moves its turns on.
 
 use std::time::Duration;
 
@@ -349,7 +380,7 @@ impl Engine {
     /// Start-time fair queueing, one virtual clock per class: a borrower's
     /// k-th waiter of a class (in arrival order) starts its turn at
     /// `max(the class's virtual time, the borrower's next start) + k * cost`,
-    /// `cost` one [`TURN`](super::borrowers::TURN) divided by its share.
+    /// `cost` one `TURN` divided by its share.
     /// Admission moves the borrower's next start one cost on and the class's
     /// clock to the admitted turn's start, so a borrower's backlog does not
     /// push another's first waiter back, and an idle borrower saves no credit.
