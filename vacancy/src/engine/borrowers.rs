@@ -300,7 +300,7 @@ pub(super) struct Tally {
 pub(super) struct BorrowerState {
     pub(super) spec: BorrowerSpec,
     /// Left the table at a reload: unknown to new requests, kept while its
-    /// jobs run and its waiters wait.
+    /// jobs run (they are accounted to it).
     pub(super) retired: bool,
     /// The virtual time at which its next turn starts, per class.
     pub(super) finish: [u64; 2],
@@ -454,13 +454,11 @@ impl Engine {
     /// The borrower table (issue 34); `None` switches borrowers off. A new
     /// table replaces the last (a keys file reload): each name that stays
     /// keeps its use, budgets and turns; a removed one is refused from now
-    /// on while its jobs run to their end and its waiters wait.
+    /// on (its waiters too, the next time they ask) while its jobs run to
+    /// their end and are accounted to it.
     pub fn set_borrowers(&mut self, spec: Option<BorrowersSpec>) -> Result<(), BorrowerSpecError> {
         let old = self.borrowers.take();
-        let rebuilt = match spec {
-            Some(spec) => Some(Borrowers::build(spec, old.clone())),
-            None => None,
-        };
+        let rebuilt = spec.map(|spec| Borrowers::build(spec, old.clone()));
         match rebuilt.transpose() {
             Ok(b) => {
                 let remap = |slot: usize| {

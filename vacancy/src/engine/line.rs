@@ -351,6 +351,10 @@ impl Engine {
             }
             return ahead;
         }
+        if self.line.is_empty() {
+            // Nothing to order: no per-borrower work on the admission path.
+            return ahead;
+        }
         let (turns, newcomer) = self.turns(claim, now);
         let mine = seat.map_or(newcomer, |i| turns[i]);
         let capped = self.capped_borrowers();
