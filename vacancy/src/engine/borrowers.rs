@@ -36,6 +36,7 @@
 //! The turn order of the line is in the `line` module's docs.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Serialize;
@@ -45,7 +46,7 @@ use super::capacity::ResourceKind;
 use super::effect::Effect;
 use super::refusal::{Refusal, RefusalCode};
 use super::terms::in_words;
-use super::usage::{ResourceUse, UsageRecord, seconds};
+use super::usage::{KindTimes, UsageRecord, seconds};
 use super::who::{BorrowerId, BorrowerRef, Priority};
 use super::work::WorkRequest;
 use crate::time::Moment;
@@ -226,20 +227,6 @@ pub struct BorrowerTotals {
     pub held: u64,
 }
 
-/// Reservation time per resource kind, in seconds in JSON.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
-pub struct KindTimes {
-    /// GPUs.
-    #[serde(serialize_with = "seconds")]
-    pub gpu: Duration,
-    /// System memory.
-    #[serde(serialize_with = "seconds")]
-    pub memory: Duration,
-    /// Processor.
-    #[serde(serialize_with = "seconds")]
-    pub cpu: Duration,
-}
-
 /// One budget's state.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct BudgetStatus {
@@ -295,10 +282,24 @@ pub(super) struct Tally {
     used: [Duration; 3],
 }
 
+/// The current UTC period on the engine's timeline, cached so that the
+/// admission path does no calendar arithmetic while `now` stays inside it.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct Window {
+    /// The period's start in Unix seconds.
+    start_unix: i64,
+    /// Its start and end on the timeline.
+    from: Moment,
+    until: Moment,
+    valid: bool,
+}
+
 /// What the engine keeps per borrower.
 #[derive(Debug, Clone)]
 pub(super) struct BorrowerState {
     pub(super) spec: BorrowerSpec,
+    /// Its name, shared with each accounting row.
+    name: Arc<str>,
     /// Left the table at a reload: unknown to new requests, kept while its
     /// jobs run (they are accounted to it).
     pub(super) retired: bool,
@@ -321,6 +322,7 @@ pub(super) struct Totals {
 impl BorrowerState {
     fn new(spec: BorrowerSpec) -> Self {
         BorrowerState {
+            name: Arc::from(spec.name.as_str()),
             spec,
             retired: false,
             finish: [0; 2],
@@ -345,6 +347,8 @@ pub(super) struct Borrowers {
     pub(super) batch_max_wait: Duration,
     /// The line's virtual time per class: the start of the last turn served.
     pub(super) vtime: [u64; 2],
+    /// The current day and week ([`Engine::set_wall_clock`] clears them).
+    windows: [Window; 2],
 }
 
 pub(super) fn kind_index(kind: ResourceKind) -> usize {
@@ -421,6 +425,7 @@ impl Borrowers {
             anonymous,
             batch_max_wait: spec.batch_max_wait,
             vtime,
+            windows: [Window::default(); 2],
         })
     }
 
@@ -504,6 +509,38 @@ impl Engine {
     /// then, as it projects the lending hours.
     pub fn set_wall_clock(&mut self, at: Moment, unix_ms: i64) {
         self.wall = WallAnchor { at, unix_ms };
+        if let Some(b) = &mut self.borrowers {
+            b.windows = [Window::default(); 2];
+        }
+    }
+
+    /// The `period` holding `now`: the cached window, or a fresh one.
+    fn window(&self, period: BudgetPeriod, now: Moment) -> Window {
+        if let Some(b) = &self.borrowers {
+            let w = b.windows[period.index()];
+            if w.valid && w.from <= now && now < w.until {
+                return w;
+            }
+        }
+        let start_unix = period.start_of(self.wall.unix_ms(now).div_euclid(1000));
+        let len = i64::try_from(period.length().as_secs()).unwrap_or(i64::MAX);
+        Window {
+            start_unix,
+            from: self.wall.moment(start_unix),
+            until: self.wall.moment(start_unix.saturating_add(len)),
+            valid: true,
+        }
+    }
+
+    /// Cache the day and week holding `now`.
+    pub(super) fn refresh_windows(&mut self, now: Moment) {
+        let fresh = [
+            self.window(BudgetPeriod::Day, now),
+            self.window(BudgetPeriod::Week, now),
+        ];
+        if let Some(b) = &mut self.borrowers {
+            b.windows = fresh;
+        }
     }
 
     /// The claim of a request: its borrower's slot and class, `Ok(None)`
@@ -597,14 +634,14 @@ impl Engine {
         let Some(b) = &self.borrowers else {
             return Duration::ZERO;
         };
-        let start = period.start_of(self.wall.unix_ms(now).div_euclid(1000));
+        let w = self.window(period, now);
         let tally = b.state[slot].tallies[period.index()];
-        let mut used = if tally.start == start {
+        let mut used = if tally.start == w.start_unix {
             tally.used[kind_index(kind)]
         } else {
             Duration::ZERO
         };
-        let from = self.wall.moment(start);
+        let from = w.from;
         for e in self.entries.values() {
             if e.borrower.is_some_and(|c| c.slot == slot) {
                 let n = e
@@ -643,11 +680,11 @@ impl Engine {
             if used < budget.allowed {
                 continue;
             }
-            let start = budget
-                .period
-                .start_of(self.wall.unix_ms(now).div_euclid(1000));
-            let reset_unix = start + i64::try_from(budget.period.length().as_secs()).unwrap_or(0);
-            let reset = self.wall.moment(reset_unix);
+            let w = self.window(budget.period, now);
+            let reset_unix = w
+                .start_unix
+                .saturating_add(i64::try_from(budget.period.length().as_secs()).unwrap_or(0));
+            let reset = w.until;
             if spent.as_ref().is_some_and(|(at, _)| *at >= reset) {
                 continue;
             }
@@ -700,57 +737,61 @@ impl Engine {
 
     /// A borrower's entry ended: add its time to the borrower's periods and
     /// totals, and queue its accounting row.
-    pub(super) fn account(&mut self, e: &super::Entry, now: Moment) {
+    /// Takes the entry, so the record moves its names rather than copying them.
+    pub(super) fn account(&mut self, e: super::Entry, now: Moment) {
         let Some(c) = e.borrower else {
             return;
         };
-        let wall = self.wall;
+        self.refresh_windows(now);
+        let released_ms = self.wall.unix_ms(now);
         let Some(b) = &mut self.borrowers else {
             return;
         };
+        let windows = b.windows;
         let Some(s) = b.state.get_mut(c.slot) else {
             return;
         };
         let admitted = e.reservation.admitted_at;
         let held_for = now.since(admitted) + e.started_before;
-        let unix_now = wall.unix_ms(now).div_euclid(1000);
-        let mut resources = Vec::with_capacity(e.deps.len());
+        let mut kinds = [0u32; 3];
         for &r in &e.deps {
-            let spec = &self.resources[r].spec;
-            let k = kind_index(spec.kind);
-            s.totals.reserved[k] += held_for;
-            for period in [BudgetPeriod::Day, BudgetPeriod::Week] {
-                let start = period.start_of(unix_now);
-                let tally = &mut s.tallies[period.index()];
-                if tally.start != start {
-                    *tally = Tally {
-                        start,
-                        used: [Duration::ZERO; 3],
-                    };
-                }
-                tally.used[k] += now.since(admitted.max(wall.moment(start)));
-            }
-            resources.push(ResourceUse {
-                resource: spec.name.clone(),
-                kind: spec.kind.as_str(),
-                held: held_for,
-            });
+            kinds[kind_index(self.resources[r].spec.kind)] += 1;
         }
-        let released_ms = wall.unix_ms(now);
+        for (tally, w) in s.tallies.iter_mut().zip(windows) {
+            if tally.start != w.start_unix {
+                *tally = Tally {
+                    start: w.start_unix,
+                    used: [Duration::ZERO; 3],
+                };
+            }
+            let part = now.since(admitted.max(w.from));
+            for (used, n) in tally.used.iter_mut().zip(kinds) {
+                *used += part * n;
+            }
+        }
+        let per_kind = kinds.map(|n| held_for * n);
+        for (total, d) in s.totals.reserved.iter_mut().zip(per_kind) {
+            *total += d;
+        }
         let record = UsageRecord {
             entry: e.reservation.id,
-            borrower: s.spec.name.clone(),
-            upstream: e.reservation.upstream.clone(),
-            model: e.reservation.model.clone(),
+            borrower: Arc::clone(&s.name),
+            upstream: e.reservation.upstream,
+            model: e.reservation.model,
             priority: c.class,
             admitted_unix_ms: released_ms
                 .saturating_sub(i64::try_from(held_for.as_millis()).unwrap_or(i64::MAX)),
             released_unix_ms: released_ms,
             waited: e.waited,
             held: e.was_held,
-            resources,
+            reserved: KindTimes {
+                gpu: per_kind[0],
+                memory: per_kind[1],
+                cpu: per_kind[2],
+            },
+            resources: e.reservation.charges,
         };
-        self.effects.push(Effect::Account(record));
+        self.effects.push(Effect::Account(Box::new(record)));
     }
 
     /// Every borrower, for status: those in the table and retired ones

@@ -447,16 +447,17 @@ fn borrowers_each_release_queues_one_accounting_row_before_its_forget() {
     let rows: Vec<&UsageRecord> = effects
         .iter()
         .filter_map(|f| match f {
-            Effect::Account(row) => Some(row),
+            Effect::Account(row) => Some(&**row),
             _ => None,
         })
         .collect();
     assert_eq!(rows.len(), 1);
     let row = rows[0];
-    assert_eq!(row.borrower, "alice");
+    assert_eq!(&*row.borrower, "alice");
     assert_eq!(row.upstream, "llm");
     assert!(row.held);
-    assert_eq!(row.resources[0].held, Duration::from_secs(30));
+    assert_eq!(row.reserved.gpu, Duration::from_secs(30));
+    assert_eq!(row.resources[0].resource, GPU);
     assert_eq!(row.admitted_unix_ms, 1_796_328_001_000);
     assert_eq!(row.released_unix_ms, 1_796_328_031_000);
     let account = effects.iter().position(|f| matches!(f, Effect::Account(_)));
@@ -467,7 +468,8 @@ fn borrowers_each_release_queues_one_accounting_row_before_its_forget() {
     assert_eq!((totals.jobs, totals.held), (1, 1));
     assert_eq!(totals.reserved.gpu, Duration::from_secs(30));
     let json = serde_json::to_value(row).unwrap();
-    assert_eq!(json["resources"][0]["seconds"], 30.0);
+    assert_eq!(json["reserved_s"]["gpu"], 30.0);
+    assert_eq!(json["borrower"], "alice");
 }
 
 #[test]
@@ -524,7 +526,7 @@ fn borrowers_a_reload_keeps_use_and_retires_a_removed_name() {
     e.release(r.id, ReleaseOutcome::Completed, t(10)).unwrap();
     assert!(
         std::iter::from_fn(|| e.poll_effect())
-            .any(|f| matches!(f, Effect::Account(row) if row.borrower == "bob"))
+            .any(|f| matches!(f, Effect::Account(row) if &*row.borrower == "bob"))
     );
     assert_eq!(e.status(t(10)).borrowers.len(), 1);
     // A table in error leaves the last in force.

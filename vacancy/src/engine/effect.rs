@@ -38,7 +38,7 @@ pub enum Effect {
     /// A named borrower's reservation ended (issue 34): the owner's record
     /// of it, exactly one per reservation, queued just before its `Forget`
     /// so a store can write both at once. Only with borrowers on.
-    Account(UsageRecord),
+    Account(Box<UsageRecord>),
     /// An entry ended: its record may go.
     Forget(EntryId),
     /// Sample this resource now: a job on it ended (ADM-05).

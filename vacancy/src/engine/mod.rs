@@ -38,7 +38,7 @@ use std::time::Duration;
 
 pub use borrowers::{
     ANONYMOUS, BorrowerSpec, BorrowerSpecError, BorrowerStatus, BorrowerTotals, BorrowersSpec,
-    BudgetPeriod, BudgetStatus, KindTimes, MAX_SHARE, TimeBudget, utc_words,
+    BudgetPeriod, BudgetStatus, MAX_SHARE, TimeBudget, utc_words,
 };
 pub use capacity::{CapacitySample, ResourceKind};
 pub use effect::Effect;
@@ -61,7 +61,7 @@ pub use status::{
 pub use terms::{
     HeatLimits, HeatReading, HoursChange, LendingHours, NextChange, PowerSource, TermStatus,
 };
-pub use usage::{ResourceUse, UsageRecord};
+pub use usage::{KindTimes, UsageRecord};
 pub use who::{BorrowerId, BorrowerRef, Priority, UnknownPriority};
 pub use work::{
     Charge, CompletionMethod, Decision, EntryId, HeldRelease, Phase, ReleaseOutcome, RequestReuse,
@@ -682,6 +682,7 @@ impl Engine {
         if self.borrowers.is_none() {
             return self.admit_as(req, None, now);
         }
+        self.refresh_windows(now);
         let claim = match self.claim(req) {
             Ok(claim) => claim,
             Err(refusal) => {
@@ -1325,13 +1326,14 @@ impl Engine {
             r.disturbed(now);
             freed.push(r.spec.name.clone());
         }
+        let upstream = e.upstream;
         // The owner's record of the borrower's reservation, written with its release.
-        self.account(&e, now);
+        self.account(e, now);
         self.effects.push(Effect::Forget(id));
         for name in freed {
             self.effects.push(Effect::Sample(name));
         }
-        self.effects.push(Effect::Observe(UpstreamId(e.upstream)));
+        self.effects.push(Effect::Observe(UpstreamId(upstream)));
         self.effects.push(Effect::WakeReclaims);
         self.wake_waiters();
     }

@@ -1,12 +1,13 @@
 //! The owner's record of one finished reservation of a borrower (issue 34
 //! item 4): the row a shell persists for each [`Effect::Account`](super::Effect::Account).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Serialize;
 
 use super::who::Priority;
-use super::work::EntryId;
+use super::work::{Charge, EntryId};
 
 /// One finished reservation as the owner's record keeps it: exactly one per
 /// reservation of a borrower, queued with its release ([`Effect::Account`](super::Effect::Account)).
@@ -16,7 +17,8 @@ pub struct UsageRecord {
     #[serde(serialize_with = "entry_id")]
     pub entry: EntryId,
     /// The borrower's name ([`ANONYMOUS`](super::ANONYMOUS) for requests that named none).
-    pub borrower: String,
+    #[serde(serialize_with = "shared_str")]
+    pub borrower: Arc<str>,
     /// The upstream.
     pub upstream: String,
     /// The model, when known.
@@ -32,20 +34,30 @@ pub struct UsageRecord {
     pub waited: Duration,
     /// Whether it was held before its release.
     pub held: bool,
-    /// Reservation seconds per resource it held, primary first.
-    pub resources: Vec<ResourceUse>,
+    /// Reservation time per resource kind: one second of one resource of
+    /// the kind held from admission to release counts one second.
+    #[serde(rename = "reserved_s")]
+    pub reserved: KindTimes,
+    /// The resources it held, primary first, with what admission charged.
+    pub resources: Vec<Charge>,
 }
 
-/// Reservation time on one resource.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct ResourceUse {
-    /// The resource.
-    pub resource: String,
-    /// Its kind: gpu | memory | cpu.
-    pub kind: &'static str,
-    /// How long it was held.
-    #[serde(rename = "seconds", serialize_with = "seconds")]
-    pub held: Duration,
+/// Reservation time per resource kind, in seconds in JSON.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+pub struct KindTimes {
+    /// GPUs.
+    #[serde(serialize_with = "seconds")]
+    pub gpu: Duration,
+    /// System memory.
+    #[serde(serialize_with = "seconds")]
+    pub memory: Duration,
+    /// Processor.
+    #[serde(serialize_with = "seconds")]
+    pub cpu: Duration,
+}
+
+fn shared_str<S: serde::Serializer>(v: &Arc<str>, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(v)
 }
 
 fn entry_id<S: serde::Serializer>(id: &EntryId, s: S) -> Result<S::Ok, S::Error> {
