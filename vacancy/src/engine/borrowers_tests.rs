@@ -553,3 +553,51 @@ fn borrowers_budget_periods_are_utc_days_and_monday_weeks() {
     assert_eq!(utc_words(0), "1970-01-01 00:00 UTC");
     assert_eq!(utc_words(951_782_400), "2000-02-29 00:00 UTC");
 }
+
+#[test]
+fn borrowers_fair_turns_keep_the_multi_resource_no_overtaking_rule() {
+    // bob's job on gpu0+gpu1 waits with the earlier turn; alice's single-GPU
+    // requests on gpu1, free meanwhile, do not overtake it there.
+    let mut spec = spec();
+    let mut pair = UpstreamSpec::new("pair", GPU, 1000);
+    pair.also_requires = vec!["gpu1".into()];
+    pair.queue = spec.upstreams[0].queue;
+    let mut two = UpstreamSpec::new("two", "gpu1", 1000);
+    two.queue = spec.upstreams[0].queue;
+    spec.upstreams.extend([pair, two]);
+    let mut e = Engine::new(spec).unwrap();
+    e.set_owner(OwnerPresence::Away);
+    e.set_borrowers(Some(alice_bob())).unwrap();
+    sample(&mut e, 0);
+    let running = admitted(e.admit(&ask(&e, "llm", "alice", 1), t(1)));
+    let bobs = ask(&e, "pair", "bob", 2);
+    assert!(matches!(e.admit(&bobs, t(2)), Decision::Wait { .. }));
+    // gpu1 is free, but bob's waiter has the earlier turn and needs it.
+    let alices = ask(&e, "two", "alice", 3);
+    match e.admit(&alices, t(3)) {
+        Decision::Wait { .. } => {}
+        other => panic!("alice overtook bob on gpu1: {other:?}"),
+    }
+    e.release(running.id, ReleaseOutcome::Completed, t(10))
+        .unwrap();
+    sample(&mut e, 11);
+    assert!(matches!(e.admit(&alices, t(12)), Decision::Wait { .. }));
+    admitted(e.admit(&bobs, t(12)));
+}
+
+#[test]
+fn borrowers_owner_return_answers_every_waiter_at_once() {
+    let mut e = engine(Some(alice_bob()));
+    let running = admitted(e.admit(&ask(&e, "llm", "alice", 1), t(1)));
+    let pending = queue_up(
+        &mut e,
+        &[("alice", 3, None), ("bob", 3, Some(Priority::Batch))],
+        2,
+    );
+    e.set_owner(OwnerPresence::Present);
+    for (_, r) in &pending {
+        assert_eq!(refused(e.admit(r, t(3))).code, RefusalCode::OwnerPresent);
+        assert!(!e.in_line(r.id));
+    }
+    let _ = running;
+}
