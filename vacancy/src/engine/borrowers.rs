@@ -794,6 +794,15 @@ impl Engine {
         self.effects.push(Effect::Account(Box::new(record)));
     }
 
+    /// One borrower's own view (`/v1/vacancy/me`): its use, limits and
+    /// budgets; `None` for a name the table does not hold.
+    pub fn borrower_status(&self, name: &str, now: Moment) -> Option<BorrowerStatus> {
+        self.borrower_id(name)?;
+        self.borrower_statuses(now)
+            .into_iter()
+            .find(|b| b.name == name)
+    }
+
     /// Every borrower, for status: those in the table and retired ones
     /// that still run or wait.
     pub(super) fn borrower_statuses(&self, now: Moment) -> Vec<BorrowerStatus> {

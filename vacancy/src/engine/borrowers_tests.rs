@@ -601,3 +601,18 @@ fn borrowers_owner_return_answers_every_waiter_at_once() {
     }
     let _ = running;
 }
+
+#[test]
+fn borrowers_see_their_own_place_in_line_and_status() {
+    let mut e = engine(Some(alice_bob()));
+    let running = admitted(e.admit(&ask(&e, "llm", "alice", 1), t(1)));
+    let pending = queue_up(&mut e, &[("alice", 3, None), ("bob", 1, None)], 2);
+    let (_, bobs) = &pending[3];
+    // bob's single waiter is first in turn, alice's third is behind all.
+    assert_eq!(e.line_position(bobs.id, t(3)), Some(0));
+    assert_eq!(e.line_position(pending[2].1.id, t(3)), Some(3));
+    assert_eq!(e.line_position(running.id, t(3)), None);
+    let me = e.borrower_status("bob", t(3)).unwrap();
+    assert_eq!((me.running, me.waiting), (0, 1));
+    assert!(e.borrower_status("mallory", t(3)).is_none());
+}

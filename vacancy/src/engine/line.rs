@@ -143,6 +143,15 @@ impl Engine {
         }
     }
 
+    /// How many waiters are ahead of request `id` on a resource it needs
+    /// (in turn order with borrowers): its place in line for the borrower
+    /// (`vacancy-line-position`, issue 34); `None` when it does not wait.
+    pub fn line_position(&self, id: EntryId, now: Moment) -> Option<u32> {
+        let seat = self.seat(id)?;
+        let w = &self.line[seat];
+        Some(self.ahead_of(w.upstream, Some(seat), w.borrower, now).count)
+    }
+
     /// Whether request `id` waits in line.
     pub fn in_line(&self, id: EntryId) -> bool {
         self.seat(id).is_some()
