@@ -14,6 +14,9 @@
 //! - Memory requirements must fit above the reserve (MEM-01..06), raised by
 //!   learned priors (MEM-07..11), replaced by resident credit on proof (RES-01/02).
 //! - Uncertain work is held, never released without an explicit release.
+//! - With a borrower table (issue 34, off by default) requests name their
+//!   borrower, take fair turns in the wait line and keep within limits and
+//!   budgets; each finished reservation is accounted (`borrowers` module).
 
 mod borrowers;
 mod capacity;
