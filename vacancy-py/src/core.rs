@@ -107,6 +107,8 @@ impl Core {
                 | Effect::Forget(_) => {}
                 // No observation or reclaim loop runs in Python.
                 Effect::Observe(_) | Effect::WakeReclaims => {}
+                // No owner's record either: `status()["borrowers"]` has the totals.
+                Effect::Account(_) => {}
                 // `Effect` is non_exhaustive: one this version does not know
                 // is said in the log, never dropped silently (issue 32 item 2).
                 other => tracing::warn!(

@@ -434,9 +434,14 @@ struct AdmitArgs {
     reuse: RequestReuse,
     canonical_model: Option<String>,
     wait: Option<Duration>,
+    /// The borrower's name (issue 34); ignored with borrowers off.
+    borrower: Option<String>,
+    /// The class asked for: may lower the borrower's, never raise it.
+    priority: Option<vacancy::engine::Priority>,
 }
 
 impl AdmitArgs {
+    #[allow(clippy::too_many_arguments)]
     fn parse(
         upstream: &str,
         model: Option<&str>,
@@ -445,7 +450,13 @@ impl AdmitArgs {
         canonical_model: Option<String>,
         cannot_reuse: Option<String>,
         wait_s: Option<f64>,
+        borrower: Option<String>,
+        priority: Option<&str>,
     ) -> PyResult<Self> {
+        let priority = priority
+            .map(str::parse::<vacancy::engine::Priority>)
+            .transpose()
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
         let completion = parse_completion(completion)?;
         let reuse = match (kind, cannot_reuse) {
             (Some(_), Some(_)) => {
@@ -475,6 +486,8 @@ impl AdmitArgs {
             reuse,
             canonical_model,
             wait,
+            borrower,
+            priority,
         })
     }
 
@@ -486,6 +499,11 @@ impl AdmitArgs {
         req.reuse = self.reuse.clone();
         req.canonical_model = self.canonical_model.clone();
         req.wait = self.wait;
+        req.borrower = self
+            .borrower
+            .as_ref()
+            .map(|name| vacancy::engine::BorrowerRef::Name(name.clone()));
+        req.priority = self.priority;
         Ok(req)
     }
 }
@@ -600,9 +618,20 @@ impl Drop for AdmitTicket {
 #[pymethods]
 impl Engine {
     #[new]
-    fn new(py: Python<'_>, config: &Config) -> PyResult<Self> {
+    #[pyo3(signature = (config, *, borrowers = None))]
+    fn new(
+        py: Python<'_>,
+        config: &Config,
+        borrowers: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
         let spec = EngineSpec::from(&config.loaded.config);
         let mut engine = vacancy::Engine::new(spec).map_err(|e| Error::Spec(e).into_py(py))?;
+        // Budgets reset at UTC day and week boundaries: the timeline's
+        // origin is now on the wall clock until `set_wall_clock` says otherwise.
+        engine.set_wall_clock(Moment::ZERO, unix_ms_now());
+        engine
+            .set_borrowers(borrowers_of(borrowers)?)
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
         // No presence backend runs inside Python: a dedicated machine
         // (presence = "none") starts away, every other mode unknown until told.
         if config.loaded.config.owner.presence == PresenceMode::None {
@@ -628,6 +657,30 @@ impl Engine {
                 .iter()
                 .map(|r| (r.name.clone(), r.kind))
                 .collect(),
+        })
+    }
+
+    /// Replace the borrower table (issue 34): a dict as the constructor's
+    /// `borrowers=`, or `None` to switch borrowers off.
+    #[pyo3(signature = (borrowers))]
+    fn set_borrowers(&self, py: Python<'_>, borrowers: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
+        let spec = borrowers_of(borrowers)?;
+        self.with(py, |g| Ok(g.engine.set_borrowers(spec)))?
+            .map_err(|e| PyValueError::new_err(e.to_string()))
+    }
+
+    /// Anchor the engine's timeline to the wall clock for budget periods:
+    /// `at` (engine seconds; default now) is `unix_s` seconds after
+    /// 1970-01-01 00:00 UTC.
+    #[pyo3(signature = (unix_s, at = None))]
+    fn set_wall_clock(&self, py: Python<'_>, unix_s: f64, at: Option<f64>) -> PyResult<()> {
+        if !unix_s.is_finite() {
+            return Err(PyValueError::new_err("unix_s must be a finite number"));
+        }
+        self.with(py, |g| {
+            let m = g.moment(&self.core.clock, at)?;
+            g.engine.set_wall_clock(m, (unix_s * 1000.0) as i64);
+            Ok(())
         })
     }
 
@@ -728,7 +781,7 @@ impl Engine {
     }
 
     /// Decide borrowed work on `upstream`.
-    #[pyo3(signature = (upstream, model = None, *, now = None, arrived_at = None, completion = "response_end", kind = None, canonical_model = None, cannot_reuse = None, wait_s = None))]
+    #[pyo3(signature = (upstream, model = None, *, now = None, arrived_at = None, completion = "response_end", kind = None, canonical_model = None, cannot_reuse = None, wait_s = None, borrower = None, priority = None))]
     #[allow(clippy::too_many_arguments)]
     fn admit(
         slf: &Bound<'_, Self>,
@@ -741,6 +794,8 @@ impl Engine {
         canonical_model: Option<String>,
         cannot_reuse: Option<String>,
         wait_s: Option<f64>,
+        borrower: Option<String>,
+        priority: Option<&str>,
     ) -> PyResult<Reservation> {
         let py = slf.py();
         let this = slf.get();
@@ -752,6 +807,8 @@ impl Engine {
             canonical_model,
             cannot_reuse,
             wait_s,
+            borrower,
+            priority,
         )?;
         if arrived_at.is_some() && now.is_none() {
             return Err(PyValueError::new_err(
@@ -811,7 +868,7 @@ impl Engine {
     /// `await engine.admit_async(...)`: `admit` on the real clock for asyncio.
     /// Waiting for the post-job sample (or in the wait line) never blocks the
     /// event loop; cancelling the awaiting task reserves nothing.
-    #[pyo3(signature = (upstream, model = None, *, completion = "response_end", kind = None, canonical_model = None, cannot_reuse = None, wait_s = None))]
+    #[pyo3(signature = (upstream, model = None, *, completion = "response_end", kind = None, canonical_model = None, cannot_reuse = None, wait_s = None, borrower = None, priority = None))]
     #[allow(clippy::too_many_arguments)]
     fn admit_async(
         slf: &Bound<'_, Self>,
@@ -822,6 +879,8 @@ impl Engine {
         canonical_model: Option<String>,
         cannot_reuse: Option<String>,
         wait_s: Option<f64>,
+        borrower: Option<String>,
+        priority: Option<&str>,
     ) -> PyResult<Py<PyAny>> {
         let args = AdmitArgs::parse(
             upstream,
@@ -831,13 +890,15 @@ impl Engine {
             canonical_model,
             cannot_reuse,
             wait_s,
+            borrower,
+            priority,
         )?;
         Self::to_aio(slf, args, "admit")
     }
 
     /// `async with engine.admitting(...) as job:`: `admit_async`, released as
     /// the `with` block of a `Reservation` releases.
-    #[pyo3(signature = (upstream, model = None, *, completion = "response_end", kind = None, canonical_model = None, cannot_reuse = None, wait_s = None))]
+    #[pyo3(signature = (upstream, model = None, *, completion = "response_end", kind = None, canonical_model = None, cannot_reuse = None, wait_s = None, borrower = None, priority = None))]
     #[allow(clippy::too_many_arguments)]
     fn admitting(
         slf: &Bound<'_, Self>,
@@ -848,6 +909,8 @@ impl Engine {
         canonical_model: Option<String>,
         cannot_reuse: Option<String>,
         wait_s: Option<f64>,
+        borrower: Option<String>,
+        priority: Option<&str>,
     ) -> PyResult<Py<PyAny>> {
         let args = AdmitArgs::parse(
             upstream,
@@ -857,6 +920,8 @@ impl Engine {
             canonical_model,
             cannot_reuse,
             wait_s,
+            borrower,
+            priority,
         )?;
         Self::to_aio(slf, args, "Admitting")
     }
@@ -1225,6 +1290,24 @@ impl Engine {
             g.engine.entry_count()
         )
     }
+}
+
+/// The borrower table of a `borrowers=` dict (`None`: off).
+fn borrowers_of(v: Option<&Bound<'_, PyAny>>) -> PyResult<Option<vacancy::engine::BorrowersSpec>> {
+    match v {
+        None => Ok(None),
+        Some(v) if v.is_none() => Ok(None),
+        Some(v) => crate::borrowers::spec_of(&crate::convert::py_to_json(v)?)
+            .map(Some)
+            .map_err(PyValueError::new_err),
+    }
+}
+
+/// Milliseconds since 1970-01-01 00:00 UTC on the system clock.
+fn unix_ms_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 
 // ---- Reservation -----------------------------------------------------------

@@ -20,6 +20,7 @@
 //! driver's) only queues its records for a forwarding thread
 //! (`log_bridge`), so it never waits for the GIL.
 
+mod borrowers;
 mod convert;
 mod core;
 mod driver;

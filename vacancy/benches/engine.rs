@@ -70,6 +70,8 @@ fn engine(n: usize) -> (Engine, Vec<WorkRequest>) {
             reuse: RequestReuse::Reuses,
             upstream_ref: None,
             wait: None,
+            borrower: None,
+            priority: None,
         })
         .collect();
     (e, requests)
@@ -115,6 +117,76 @@ fn admit_release(c: &mut Criterion) {
     group.finish();
 }
 
+/// The same cycle on one GPU, effects drained, anonymous and with 1,000
+/// named borrowers configured (issue 34: within 10% of anonymous admission), each with a daily GPU budget and
+/// a `max_running`, the requests cycling through them; the owner's record
+/// (`Effect::Account`) is queued at each release.
+fn admit_release_borrowers(c: &mut Criterion) {
+    use vacancy::engine::{BorrowerSpec, BorrowersSpec, BudgetPeriod, TimeBudget};
+    let mut group = c.benchmark_group("engine_admit_release_sample_drained");
+    for named in [false, true] {
+        let (mut e, mut requests) = engine(1);
+        let borrowers = (0..1000)
+            .map(|i| {
+                let mut b = BorrowerSpec::new(&format!("b{i}"));
+                b.max_running = Some(2);
+                b.budgets = vec![TimeBudget {
+                    kind: ResourceKind::Gpu,
+                    period: BudgetPeriod::Day,
+                    allowed: std::time::Duration::from_secs(3600),
+                }];
+                b
+            })
+            .collect();
+        let ids: Vec<_> = if named {
+            e.set_borrowers(Some(BorrowersSpec {
+                borrowers,
+                batch_max_wait: std::time::Duration::from_secs(60),
+                anonymous: None,
+            }))
+            .unwrap();
+            (0..1000).map(|i| e.borrower_id(&format!("b{i}"))).collect()
+        } else {
+            vec![None]
+        };
+        let mut tick: u64 = 1;
+        let mut next: u128 = 1;
+        let name = if named { "1000_borrowers" } else { "anonymous" };
+        group.bench_function(name, |b| {
+            b.iter(|| {
+                let now = Moment::from_nanos(tick * 1_000);
+                let req = &mut requests[0];
+                req.id = EntryId::from_u128(next);
+                req.arrived_at = now;
+                req.borrower =
+                    ids[(tick as usize) % ids.len()].map(vacancy::engine::BorrowerRef::Id);
+                next += 1;
+                let Decision::Admitted(res) = e.admit(black_box(req), now) else {
+                    panic!("benchmark request refused");
+                };
+                e.release(
+                    res.id,
+                    ReleaseOutcome::Completed,
+                    now.after(std::time::Duration::from_nanos(10)),
+                )
+                .unwrap();
+                e.record_sample(
+                    "gpu0",
+                    CapacitySample::memory(
+                        64_000,
+                        80_000,
+                        now.after(std::time::Duration::from_nanos(20)),
+                    ),
+                )
+                .unwrap();
+                while e.poll_effect().is_some() {}
+                tick += 1;
+            });
+        });
+    }
+    group.finish();
+}
+
 fn reclaim_step(c: &mut Criterion) {
     let mut group = c.benchmark_group("engine_reclaim_step");
     for n in [1usize, 64] {
@@ -147,5 +219,10 @@ fn reclaim_step(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, admit_release, reclaim_step);
+criterion_group!(
+    benches,
+    admit_release,
+    admit_release_borrowers,
+    reclaim_step
+);
 criterion_main!(benches);

@@ -175,6 +175,8 @@ fn run(reserves: [u64; 3], events: Vec<Event>) -> Result<(), TestCaseError> {
                     reuse: Default::default(),
                     upstream_ref: None,
                     wait: None,
+                    borrower: None,
+                    priority: None,
                 };
                 if let Decision::Admitted(res) = e.admit(&req, now) {
                     let needs = deps(upstream);

@@ -25,6 +25,9 @@ from vacancy._errors import (
     WaitForSample,
 )
 from vacancy._types import (
+    BorrowerStatus,
+    BorrowerTotals,
+    BudgetStatus,
     Charge,
     ControlCode,
     EngineStatus,
@@ -62,6 +65,9 @@ __all__ = [
     "ConfigProblem",
     "Driver",
     "Engine",
+    "BorrowerStatus",
+    "BorrowerTotals",
+    "BudgetStatus",
     "EngineStatus",
     "LineStatus",
     "OwnerVeto",

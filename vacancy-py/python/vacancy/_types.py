@@ -26,6 +26,9 @@ RefusalCode: typing.TypeAlias = typing.Union[  # noqa: UP007
     typing.Literal["on_battery"],
     typing.Literal["gpu_too_hot"],
     typing.Literal["gpu_power_limit"],
+    typing.Literal["unknown_borrower"],
+    typing.Literal["quota_exhausted"],
+    typing.Literal["borrower_limit"],
 ]
 """Every refusal code the engine and the daemon answer with (``Refused.code``)."""
 
@@ -223,6 +226,46 @@ class EngineStatus(typing.TypedDict):
     reclaims: list[ReclaimStatus]
     terms: list[TermStatus]
     """The owner's terms in force beyond presence and which refuse now."""
+
+
+class BudgetStatus(typing.TypedDict):
+    """One budget of a borrower in ``Engine.status()["borrowers"]``."""
+
+    kind: typing.Literal["gpu", "memory", "cpu"]
+    period: typing.Literal["day", "week"]
+    allowed_s: int
+    used_s: float
+    """Used in the current UTC period so far, running jobs included."""
+    left_s: float
+    resets_unix_s: int
+    resets: str
+    """The reset in words: ``2026-12-04 00:00 UTC``."""
+
+
+class BorrowerTotals(typing.TypedDict):
+    """What a borrower used since the engine started."""
+
+    jobs: int
+    reserved_s: dict[typing.Literal["gpu", "memory", "cpu"], float]
+    refusals: dict[str, int]
+    waited_s: float
+    held: int
+
+
+class BorrowerStatus(typing.TypedDict):
+    """One borrower in ``Engine.status()["borrowers"]``: the key is there
+    only while the engine has a borrower table (``Engine(config, borrowers=...)``)."""
+
+    name: str
+    priority: typing.Literal["interactive", "batch"]
+    share: int
+    running: int
+    waiting: int
+    held: int
+    max_running: int | None
+    max_waiting: int | None
+    totals: BorrowerTotals
+    budgets: list[BudgetStatus]
 
 
 # ---- Engine.reclaim_step() / pressure_sample() -------------------------------------

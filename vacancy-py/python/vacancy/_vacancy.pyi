@@ -107,7 +107,9 @@ class Config:
 
 @final
 class Engine:
-    def __new__(cls, config: Config) -> Engine: ...
+    def __new__(cls, config: Config, *, borrowers: dict[str, Any] | None = None) -> Engine: ...
+    def set_borrowers(self, borrowers: dict[str, Any] | None) -> None: ...
+    def set_wall_clock(self, unix_s: float, at: float | None = None) -> None: ...
     def now(self) -> float: ...
     @property
     def simulated(self) -> bool | None: ...
@@ -141,6 +143,8 @@ class Engine:
         canonical_model: str | None = None,
         cannot_reuse: str | None = None,
         wait_s: float | None = None,
+        borrower: str | None = None,
+        priority: Literal["interactive", "batch"] | None = None,
     ) -> Reservation: ...
     def admit_async(
         self,
@@ -152,6 +156,8 @@ class Engine:
         canonical_model: str | None = None,
         cannot_reuse: str | None = None,
         wait_s: float | None = None,
+        borrower: str | None = None,
+        priority: Literal["interactive", "batch"] | None = None,
     ) -> Coroutine[Any, Any, Reservation]: ...
     def admitting(
         self,
@@ -163,6 +169,8 @@ class Engine:
         canonical_model: str | None = None,
         cannot_reuse: str | None = None,
         wait_s: float | None = None,
+        borrower: str | None = None,
+        priority: Literal["interactive", "batch"] | None = None,
     ) -> Admitting: ...
     def sample_now(self, resource: str | None = None) -> dict[str, str | None]: ...
     def poll_presence(self) -> bool | None: ...

@@ -11,6 +11,7 @@
 
 use std::collections::VecDeque;
 
+use super::usage::UsageRecord;
 use super::work::{EntryId, Reservation, UpstreamId};
 
 /// One thing the shell must do.
@@ -34,6 +35,10 @@ pub enum Effect {
         /// The upstream's handle.
         upstream_ref: String,
     },
+    /// A named borrower's reservation ended (issue 34): the owner's record
+    /// of it, exactly one per reservation, queued just before its `Forget`
+    /// so a store can write both at once. Only with borrowers on.
+    Account(Box<UsageRecord>),
     /// An entry ended: its record may go.
     Forget(EntryId),
     /// Sample this resource now: a job on it ended (ADM-05).
@@ -58,9 +63,13 @@ impl Effect {
             | Effect::MarkHeld { .. }
             | Effect::RewriteRef { .. }
             | Effect::Forget(_) => true,
-            Effect::Sample(_) | Effect::Observe(_) | Effect::WakeReclaims | Effect::WakeWaiters => {
-                false
-            }
+            // The accounting store is the daemon's (issue 34 item 4), not the
+            // reservation journal's.
+            Effect::Account(_)
+            | Effect::Sample(_)
+            | Effect::Observe(_)
+            | Effect::WakeReclaims
+            | Effect::WakeWaiters => false,
         }
     }
 }

@@ -10,7 +10,8 @@
 //!   paused, resource switched off, pressure) answers at once, for a new
 //!   request and for every waiter the next time it asks: the shell is woken
 //!   by [`Effect::WakeWaiters`] whenever such an input changes.
-//! - Fairness: one line across all upstreams, in arrival order. A request
+//! - Fairness: one line across all upstreams, in arrival order (in turn
+//!   order with borrowers, below). A request
 //!   may take its resources only when no request ahead of it in the line
 //!   needs any of them. So requests on the same resources are served first
 //!   come, first served, and a multi-resource request is never overtaken
@@ -29,11 +30,43 @@
 //!   would be admitted now, `queueing` when it would wait its turn
 //!   ([`Engine::vacancy`], from `Engine::ahead_of`, as admission itself).
 //! - Nothing in the line is reserved or recorded: a restart forgets it.
+//!
+//! # With borrowers (issue 34)
+//!
+//! With a borrower table ([`Engine::set_borrowers`]) "ahead" is no longer
+//! arrival order but a turn order, and every rule above holds with "ahead"
+//! read that way: a request takes its resources only when no waiter with an
+//! earlier turn needs any of them, so nothing runs on a busy resource, a
+//! multi-resource waiter is never overtaken on a resource it needs by a
+//! waiter with a later turn, and every waiter is answered by its deadline;
+//! an owner's return still answers every waiter at once (hard refusals come
+//! before turns).
+//!
+//! - Turns: start-time fair queueing by borrower, weighted by `share`, one
+//!   virtual clock per class (`Engine::turns`). A borrower's 50 waiters
+//!   take turns 1..50 of its own; another borrower's single waiter takes
+//!   the current turn, so it waits about one job (two if its borrower had
+//!   the latest turn), not fifty. An idle borrower saves no credit.
+//! - Classes: interactive waiters go ahead of batch ones. A batch waiter
+//!   that has waited `batch_max_wait` is overdue and goes ahead of every
+//!   waiter that is not (overdue ones among themselves by their batch
+//!   turns): it waits at most `batch_max_wait`, then the job in service
+//!   and the post-job sample, behind only earlier overdue batch turns.
+//! - No starvation: turns only grow, so the waiters that can ever be
+//!   ahead of one are bounded (each borrower's turns between the clock and
+//!   its own); and each still leaves at its deadline.
+//! - A waiter whose borrower runs its `max_running` jobs stands aside: it
+//!   is not ahead of anyone until one of its borrower's jobs ends, so its
+//!   limit never idles a resource another borrower could use.
+//! - Admissions count as turns whether or not they waited, so a borrower
+//!   who is admitted straight away also moves its turns on.
 
 use std::time::Duration;
 
+use super::borrowers::Claim;
 use super::effect::Effect;
 use super::refusal::{Refusal, RefusalCode};
+use super::who::Priority;
 use super::work::{Charge, Decision, EntryId, WorkRequest};
 use super::{Blocked, Engine};
 use crate::time::Moment;
@@ -66,7 +99,14 @@ pub(super) struct Waiter {
     /// When it was first its turn with a post-job sample pending: the ADM-06
     /// bound counts from here.
     pub(super) ready_since: Option<Moment>,
+    /// Its borrower and class, with borrowers on.
+    pub(super) borrower: Option<Claim>,
 }
+
+/// A waiter's place in the turn order, lowest first: its rank (0 overdue
+/// batch, 1 interactive, 2 batch), its turn's start in its class's virtual
+/// time, its arrival.
+type Turn = (u8, u64, usize);
 
 /// The waiters ahead of a request that need a resource it needs.
 #[derive(Debug, Clone, Copy, Default)]
@@ -101,6 +141,15 @@ impl Engine {
         if let Some(i) = self.line.iter().position(|w| w.id == id) {
             self.leave_at(i);
         }
+    }
+
+    /// How many waiters are ahead of request `id` on a resource it needs
+    /// (in turn order with borrowers): its place in line for the borrower
+    /// (`vacancy-line-position`, issue 34); `None` when it does not wait.
+    pub fn line_position(&self, id: EntryId, now: Moment) -> Option<u32> {
+        let seat = self.seat(id)?;
+        let w = &self.line[seat];
+        Some(self.ahead_of(w.upstream, Some(seat), w.borrower, now).count)
     }
 
     /// Whether request `id` waits in line.
@@ -158,11 +207,12 @@ impl Engine {
         req: &WorkRequest,
         seat: Option<usize>,
         evaluated: Result<Vec<Charge>, Blocked>,
+        claim: Option<Claim>,
         now: Moment,
     ) -> Result<Vec<Charge>, Decision> {
         let up = req.upstream.0;
         let deps: Vec<usize> = self.upstreams[up].deps.iter().map(|d| d.res).collect();
-        let behind = self.ahead_of(up, seat, now).first;
+        let behind = self.ahead_of(up, seat, claim, now).first;
         let busy = match (evaluated, behind) {
             (Ok(charges), None) => {
                 if let Some(i) = seat {
@@ -171,7 +221,15 @@ impl Engine {
                 return Ok(charges);
             }
             (Ok(_), Some(res)) => self.line_busy(res),
-            (Err(Blocked::Refused(r)), _) if r.code == RefusalCode::ResourceBusy => r,
+            // A borrower at its max_running waits, as for a reserved resource.
+            (Err(Blocked::Refused(r)), _)
+                if matches!(
+                    r.code,
+                    RefusalCode::ResourceBusy | RefusalCode::BorrowerLimit
+                ) =>
+            {
+                r
+            }
             (Err(Blocked::Wait { until, resources }), _) => {
                 let until = match seat {
                     Some(i) if now >= self.line[i].until => {
@@ -253,6 +311,9 @@ impl Engine {
                     busy.reason.push_str(&why);
                     return Err(Decision::Refused(busy));
                 }
+                if let Some(limit) = self.waiting_limit(claim) {
+                    return Err(Decision::Refused(limit));
+                }
                 let until = now.after(queue.max_wait);
                 self.line.push(Waiter {
                     id: req.id,
@@ -261,6 +322,7 @@ impl Engine {
                     joined: now,
                     until,
                     ready_since: None,
+                    borrower: claim,
                 });
                 Err(Decision::Wait {
                     until,
@@ -271,23 +333,119 @@ impl Engine {
     }
 
     /// The waiters ahead of a request of upstream `up` (at `seat`, or a
-    /// newcomer at the back) that need a resource it needs: it may take its
-    /// resources only when there are none. Waiters gone past their deadline
-    /// by [`LINE_EXPIRY_GRACE`] no longer count.
-    pub(super) fn ahead_of(&self, up: usize, seat: Option<usize>, now: Moment) -> Ahead {
+    /// newcomer of borrower `claim` at the back) that need a resource it
+    /// needs: it may take its resources only when there are none. Waiters
+    /// gone past their deadline by [`LINE_EXPIRY_GRACE`] no longer count.
+    /// With borrowers, "ahead" is the turn order, and a waiter whose
+    /// borrower runs its `max_running` jobs stands aside until one ends.
+    pub(super) fn ahead_of(
+        &self,
+        up: usize,
+        seat: Option<usize>,
+        claim: Option<Claim>,
+        now: Moment,
+    ) -> Ahead {
         let deps = &self.upstreams[up].deps;
-        let end = seat.unwrap_or(self.line.len());
         let mut ahead = Ahead::default();
-        for w in &self.line[..end] {
-            if now >= w.until.after(LINE_EXPIRY_GRACE) {
+        if self.borrowers.is_none() {
+            let end = seat.unwrap_or(self.line.len());
+            for w in &self.line[..end] {
+                if now >= w.until.after(LINE_EXPIRY_GRACE) {
+                    continue;
+                }
+                if let Some(d) = deps.iter().find(|d| w.deps.contains(&d.res)) {
+                    ahead.first.get_or_insert(d.res);
+                    ahead.count += 1;
+                }
+            }
+            return ahead;
+        }
+        if self.line.is_empty() {
+            // Nothing to order: no per-borrower work on the admission path.
+            return ahead;
+        }
+        let (turns, newcomer) = self.turns(claim, now);
+        let mine = seat.map_or(newcomer, |i| turns[i]);
+        let capped = self.capped_borrowers();
+        let mut first: Option<(Turn, usize)> = None;
+        for (j, w) in self.line.iter().enumerate() {
+            if Some(j) == seat || turns[j] >= mine || now >= w.until.after(LINE_EXPIRY_GRACE) {
+                continue;
+            }
+            if w.borrower
+                .is_some_and(|c| capped.get(c.slot).copied().unwrap_or(false))
+            {
                 continue;
             }
             if let Some(d) = deps.iter().find(|d| w.deps.contains(&d.res)) {
-                ahead.first.get_or_insert(d.res);
+                if first.is_none_or(|(t, _)| turns[j] < t) {
+                    first = Some((turns[j], d.res));
+                }
                 ahead.count += 1;
             }
         }
+        ahead.first = first.map(|(_, res)| res);
         ahead
+    }
+
+    /// Each waiter's turn, and the turn a newcomer of `claim` would get.
+    ///
+    /// Start-time fair queueing, one virtual clock per class: a borrower's
+    /// k-th waiter of a class (in arrival order) starts its turn at
+    /// `max(the class's virtual time, the borrower's next start) + k * cost`,
+    /// `cost` one `TURN` divided by its share.
+    /// Admission moves the borrower's next start one cost on and the class's
+    /// clock to the admitted turn's start, so a borrower's backlog does not
+    /// push another's first waiter back, and an idle borrower saves no credit.
+    fn turns(&self, claim: Option<Claim>, now: Moment) -> (Vec<Turn>, Turn) {
+        let Some(b) = &self.borrowers else {
+            let n = self.line.len();
+            return ((0..n).map(|i| (0, 0, i)).collect(), (0, 0, n));
+        };
+        let mut counts = vec![0u64; b.state.len() * 2];
+        let mut turn = |c: Option<Claim>, overdue: bool, i: usize| -> Turn {
+            let Some(c) = c else {
+                // A waiter from before borrowers were switched on.
+                return (1, b.vtime[0], i);
+            };
+            let k = c.class.index();
+            let Some(s) = b.state.get(c.slot) else {
+                return (1, b.vtime[0], i);
+            };
+            let n = &mut counts[c.slot * 2 + k];
+            let start = b.vtime[k]
+                .max(s.finish[k])
+                .saturating_add(n.saturating_mul(s.cost()));
+            *n += 1;
+            let rank = match (c.class, overdue) {
+                (Priority::Batch, true) => 0,
+                (Priority::Interactive, _) => 1,
+                (Priority::Batch, false) => 2,
+            };
+            (rank, start, i)
+        };
+        let turns: Vec<Turn> = self
+            .line
+            .iter()
+            .enumerate()
+            .map(|(i, w)| {
+                let overdue = now >= w.joined.after(b.batch_max_wait);
+                turn(w.borrower, overdue, i)
+            })
+            .collect();
+        let newcomer = match claim {
+            Some(c) => turn(Some(c), false, self.line.len()),
+            None => (u8::MAX, u64::MAX, self.line.len()),
+        };
+        (turns, newcomer)
+    }
+
+    /// Per borrower slot, whether it runs its `max_running` jobs now.
+    fn capped_borrowers(&self) -> Vec<bool> {
+        let Some(b) = &self.borrowers else {
+            return Vec::new();
+        };
+        (0..b.state.len()).map(|s| self.at_max_running(s)).collect()
     }
 
     /// The `resource_busy` refusal of a request that found resource `res`
@@ -329,7 +487,7 @@ impl Engine {
         })
     }
 
-    fn leave_at(&mut self, i: usize) {
+    pub(super) fn leave_at(&mut self, i: usize) {
         self.line.remove(i);
         // Those behind may move up.
         self.wake_waiters();

@@ -14,7 +14,11 @@
 //! - Memory requirements must fit above the reserve (MEM-01..06), raised by
 //!   learned priors (MEM-07..11), replaced by resident credit on proof (RES-01/02).
 //! - Uncertain work is held, never released without an explicit release.
+//! - With a borrower table (issue 34, off by default) requests name their
+//!   borrower, take fair turns in the wait line and keep within limits and
+//!   budgets; each finished reservation is accounted (`borrowers` module).
 
+mod borrowers;
 mod capacity;
 mod effect;
 mod inputs;
@@ -28,11 +32,17 @@ mod spec;
 mod state;
 mod status;
 mod terms;
+mod usage;
+mod who;
 mod work;
 
 use std::collections::HashMap;
 use std::time::Duration;
 
+pub use borrowers::{
+    ANONYMOUS, BorrowerSpec, BorrowerSpecError, BorrowerStatus, BorrowerTotals, BorrowersSpec,
+    BudgetPeriod, BudgetStatus, MAX_SHARE, TimeBudget, utc_words,
+};
 pub use capacity::{CapacitySample, ResourceKind};
 pub use effect::Effect;
 pub use inputs::{
@@ -54,12 +64,15 @@ pub use status::{
 pub use terms::{
     HeatLimits, HeatReading, HoursChange, LendingHours, NextChange, PowerSource, TermStatus,
 };
+pub use usage::{KindTimes, UsageRecord};
+pub use who::{BorrowerId, BorrowerRef, Priority, UnknownPriority};
 pub use work::{
     Charge, CompletionMethod, Decision, EntryId, HeldRelease, Phase, ReleaseOutcome, RequestReuse,
     Reservation, UpstreamId, WorkRequest,
 };
 
 use crate::time::Moment;
+use borrowers::{Borrowers, Claim, WallAnchor};
 use effect::Effects;
 use line::Waiter;
 use priors::{PendingFootprint, Priors};
@@ -212,6 +225,12 @@ struct Entry {
     kind: Option<(String, String)>,
     /// Age the entry had before the timeline's origin (REC-27).
     started_before: Duration,
+    /// Its borrower and class, with borrowers on (issue 34).
+    borrower: Option<Claim>,
+    /// How long it waited in line before its admission.
+    waited: Duration,
+    /// Whether it was ever held.
+    was_held: bool,
 }
 
 /// Why [`Engine::evaluate`] did not admit.
@@ -283,6 +302,10 @@ pub struct Engine {
     terms: terms::Terms,
     /// The moment of the last reclaim step.
     last_step: Moment,
+    /// The borrower table, its turns and its use (issue 34); `None`: off.
+    borrowers: Option<Borrowers>,
+    /// The timeline anchored to UTC, for budget periods.
+    wall: WallAnchor,
 }
 
 impl Engine {
@@ -333,6 +356,8 @@ impl Engine {
             line: Vec::new(),
             terms: terms::Terms::default(),
             last_step: Moment::ZERO,
+            borrowers: None,
+            wall: WallAnchor::default(),
         })
     }
 
@@ -654,9 +679,30 @@ impl Engine {
 
     // ---- admission -----------------------------------------------------
 
-    /// Decide a work request. See the [module docs](self) for the rules.
-    // Long: admission in its order (the line, the checks, the reservation, its effects) in one place.
+    /// Decide a work request. See the [module docs](self) for the rules,
+    /// and the `borrowers` module's for a named borrower's.
     pub fn admit(&mut self, req: &WorkRequest, now: Moment) -> Decision {
+        if self.borrowers.is_none() {
+            return self.admit_as(req, None, now);
+        }
+        self.refresh_windows(now);
+        let claim = match self.claim(req) {
+            Ok(claim) => claim,
+            Err(refusal) => {
+                self.leave_line(req.id);
+                return Decision::Refused(refusal);
+            }
+        };
+        let decision = self.admit_as(req, claim, now);
+        if let Decision::Refused(r) = &decision {
+            self.count_refusal(claim, r.code);
+        }
+        decision
+    }
+
+    /// Decide a request of borrower `claim` (`None`: borrowers off).
+    // Long: admission in its order (the line, the checks, the reservation, its effects) in one place.
+    fn admit_as(&mut self, req: &WorkRequest, claim: Option<Claim>, now: Moment) -> Decision {
         if self.entries.contains_key(&req.id) {
             return Decision::Refused(Refusal::new(
                 RefusalCode::InvalidRequest,
@@ -678,12 +724,26 @@ impl Engine {
             self.expire_line(now);
         }
         let seat = self.seat(req.id);
+        if let Some(refusal) = self.quota_refusal(claim, req.upstream.0, now) {
+            if let Some(i) = seat {
+                self.leave_at(i);
+            }
+            return Decision::Refused(refusal);
+        }
+        let joined = seat.map(|i| self.line[i].joined);
         let arrived = self.line_arrival(req, seat, now);
-        let evaluated = self.evaluate(req.upstream.0, names, &residency, arrived, now);
-        let charges = match self.line_turn(req, seat, evaluated, now) {
+        let mut evaluated = self.evaluate(req.upstream.0, names, &residency, arrived, now);
+        if evaluated.is_ok()
+            && let Some(limit) = self.running_limit(claim)
+        {
+            evaluated = Err(Blocked::Refused(limit));
+        }
+        let charges = match self.line_turn(req, seat, evaluated, claim, now) {
             Ok(charges) => charges,
             Err(decision) => return decision,
         };
+        let waited = joined.map_or(Duration::ZERO, |j| now.since(j));
+        self.count_admission(claim, waited);
         let up = req.upstream.0;
         let deps: Vec<usize> = self.upstreams[up].deps.iter().map(|d| d.res).collect();
         for (dep, charge) in self.upstreams[up].deps.iter().zip(&charges) {
@@ -732,6 +792,9 @@ impl Engine {
                 held_reason: None,
                 kind,
                 started_before: Duration::ZERO,
+                borrower: claim,
+                waited,
+                was_held: false,
             },
         );
         self.effects.push(Effect::Persist(reservation.clone()));
@@ -774,7 +837,7 @@ impl Engine {
     /// upstream's line (behind the waiters that need its resources);
     /// otherwise the refusal it would get.
     fn sign(&self, up: usize, evaluated: Result<(), Blocked>, now: Moment) -> Vacancy {
-        let ahead = self.ahead_of(up, None, now);
+        let ahead = self.ahead_of(up, None, None, now);
         let busy = match (evaluated, ahead.first) {
             (Ok(()), None) => return Vacancy::admitting(),
             (Ok(()), Some(res)) => self.line_busy(res),
@@ -1213,6 +1276,9 @@ impl Engine {
             ReleaseOutcome::Uncertain(reason) => {
                 e.phase = Phase::Held;
                 e.held_reason = Some(reason.clone());
+                e.was_held = true;
+                let claim = e.borrower;
+                self.count_held(claim);
                 self.effects.push(Effect::MarkHeld { entry: id, reason });
                 self.effects.push(Effect::WakeReclaims);
                 Ok(Release::Held)
@@ -1247,7 +1313,7 @@ impl Engine {
             return;
         };
         let mut freed = Vec::with_capacity(e.deps.len());
-        for res in e.deps {
+        for &res in &e.deps {
             // Restored records may overlap (see `restore_held`): the resource
             // stays reserved while another entry still holds it.
             let next = self
@@ -1263,11 +1329,14 @@ impl Engine {
             r.disturbed(now);
             freed.push(r.spec.name.clone());
         }
+        let upstream = e.upstream;
+        // The owner's record of the borrower's reservation, written with its release.
+        self.account(e, now);
         self.effects.push(Effect::Forget(id));
         for name in freed {
             self.effects.push(Effect::Sample(name));
         }
-        self.effects.push(Effect::Observe(UpstreamId(e.upstream)));
+        self.effects.push(Effect::Observe(UpstreamId(upstream)));
         self.effects.push(Effect::WakeReclaims);
         self.wake_waiters();
     }
@@ -1343,6 +1412,9 @@ impl Engine {
                 held_reason: Some(reason.to_owned()),
                 kind: None,
                 started_before: entry.started_before,
+                borrower: None,
+                waited: Duration::ZERO,
+                was_held: true,
             },
         );
         Ok(overlaps)
@@ -1417,6 +1489,7 @@ impl Engine {
             work,
             reclaims: self.reclaim_statuses(now),
             terms: self.term_statuses(now),
+            borrowers: self.borrower_statuses(now),
         }
     }
 }

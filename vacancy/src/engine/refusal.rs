@@ -52,11 +52,20 @@ pub enum RefusalCode {
     GpuTooHot,
     /// A GPU draws more than its `max_power_w`, or has no power reading.
     GpuPowerLimit,
+    /// The request names no borrower the lender knows, while it lends to
+    /// named borrowers only (issue 34); the daemon answers it 401.
+    UnknownBorrower,
+    /// The borrower spent a budget of reservation time for the period
+    /// (issue 34); the refusal's `Retry-After` is the reset.
+    QuotaExhausted,
+    /// The borrower runs its `max_running` jobs, or has its `max_waiting`
+    /// requests in line (issue 34).
+    BorrowerLimit,
 }
 
 impl RefusalCode {
     /// Every code, for tables and tests.
-    pub const ALL: [RefusalCode; 19] = [
+    pub const ALL: [RefusalCode; 22] = [
         RefusalCode::ResourceBusy,
         RefusalCode::OwnerPresent,
         RefusalCode::Pressure,
@@ -76,6 +85,9 @@ impl RefusalCode {
         RefusalCode::OnBattery,
         RefusalCode::GpuTooHot,
         RefusalCode::GpuPowerLimit,
+        RefusalCode::UnknownBorrower,
+        RefusalCode::QuotaExhausted,
+        RefusalCode::BorrowerLimit,
     ];
 
     /// The stable machine-readable name, e.g. `resource_busy`.
@@ -100,6 +112,9 @@ impl RefusalCode {
             RefusalCode::OnBattery => "on_battery",
             RefusalCode::GpuTooHot => "gpu_too_hot",
             RefusalCode::GpuPowerLimit => "gpu_power_limit",
+            RefusalCode::UnknownBorrower => "unknown_borrower",
+            RefusalCode::QuotaExhausted => "quota_exhausted",
+            RefusalCode::BorrowerLimit => "borrower_limit",
         }
     }
 
@@ -125,6 +140,8 @@ impl RefusalCode {
             | RefusalCode::OnBattery
             | RefusalCode::GpuTooHot
             | RefusalCode::GpuPowerLimit => 503,
+            RefusalCode::UnknownBorrower => 401,
+            RefusalCode::QuotaExhausted | RefusalCode::BorrowerLimit => 429,
         }
     }
 
@@ -137,10 +154,12 @@ impl RefusalCode {
     /// cools slowly) and power (10 s) limits; the owner's choices (presence,
     /// the lending and resource switches, the battery) and malformed requests
     /// carry none. `outside_lending_hours` carries none here: each such
-    /// refusal carries its own, the next opening ([`Refusal::retry_after`]).
+    /// refusal carries its own, the next opening ([`Refusal::retry_after`]);
+    /// so does `quota_exhausted`, the budget's reset. `borrower_limit` is
+    /// 2 s, as a busy resource: one of the borrower's jobs may end soon.
     pub fn retry_after(self) -> Option<Duration> {
         match self {
-            RefusalCode::ResourceBusy => Some(Duration::from_secs(2)),
+            RefusalCode::ResourceBusy | RefusalCode::BorrowerLimit => Some(Duration::from_secs(2)),
             RefusalCode::CapacityUnknown | RefusalCode::LedgerUnavailable => {
                 Some(Duration::from_secs(5))
             }
@@ -278,7 +297,7 @@ mod tests {
         for code in RefusalCode::ALL {
             assert!(matches!(
                 code.http_status(),
-                400 | 403 | 413 | 501 | 502 | 503
+                400 | 401 | 403 | 413 | 429 | 501 | 502 | 503
             ));
             let json = serde_json::to_string(&code).unwrap_or_default();
             assert_eq!(json, format!("\"{}\"", code.as_str()));

@@ -269,6 +269,7 @@ mod tests {
             work: Vec::new(),
             reclaims: Vec::new(),
             terms: Vec::new(),
+            borrowers: Vec::new(),
         }
     }
 

@@ -28,6 +28,10 @@ pub struct EngineStatus {
     /// The owner's terms in force beyond presence (issue 35): lending
     /// hours, the battery, each GPU's heat and power limits; which refuse now.
     pub terms: Vec<TermStatus>,
+    /// Named borrowers (issue 34): who runs and waits now, their use and
+    /// budgets. Empty, and absent from JSON, with borrowers off.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub borrowers: Vec<super::BorrowerStatus>,
 }
 
 /// The owner veto (SCOPE-13, SCOPE-14).

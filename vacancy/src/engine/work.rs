@@ -119,6 +119,13 @@ pub struct WorkRequest {
     /// overriding its upstream's `max_wait_s`; `None`: the upstream's line,
     /// if it has one (see the engine's `line` module).
     pub wait: Option<std::time::Duration>,
+    /// Who asks, with borrowers on (issue 34): a name or a handle. `None`:
+    /// an anonymous request, refused `unknown_borrower` unless the table
+    /// lets anonymous requests in. Ignored with borrowers off.
+    pub borrower: Option<crate::engine::who::BorrowerRef>,
+    /// The class the request asks for (a `vacancy-priority` header): it
+    /// may lower its borrower's class, never raise it.
+    pub priority: Option<crate::engine::who::Priority>,
 }
 
 impl WorkRequest {
@@ -140,7 +147,15 @@ impl WorkRequest {
             reuse: RequestReuse::Reuses,
             upstream_ref: None,
             wait: None,
+            borrower: None,
+            priority: None,
         }
+    }
+
+    /// The same request for borrower `name`.
+    pub fn for_borrower(mut self, name: &str) -> Self {
+        self.borrower = Some(crate::engine::who::BorrowerRef::Name(name.to_owned()));
+        self
     }
 }
 

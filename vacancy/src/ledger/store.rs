@@ -71,9 +71,12 @@ impl StoreChange {
                 upstream_ref,
             }),
             Effect::Forget(entry) => Some(StoreChange::Release(entry)),
-            Effect::Sample(_) | Effect::Observe(_) | Effect::WakeReclaims | Effect::WakeWaiters => {
-                None
-            }
+            // The accounting row goes to the owner's record (issue 34), not the journal.
+            Effect::Account(_)
+            | Effect::Sample(_)
+            | Effect::Observe(_)
+            | Effect::WakeReclaims
+            | Effect::WakeWaiters => None,
         }
     }
 

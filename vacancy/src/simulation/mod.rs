@@ -529,7 +529,9 @@ impl Simulation {
                 Effect::Sample(_)
                 | Effect::Observe(_)
                 | Effect::WakeReclaims
-                | Effect::WakeWaiters => {
+                | Effect::WakeWaiters
+                // The simulation lends to no named borrowers.
+                | Effect::Account(_) => {
                     continue;
                 }
                 ledger @ (Effect::Persist(_)
@@ -748,6 +750,8 @@ impl Simulation {
             reuse: RequestReuse::Reuses,
             upstream_ref: (upstream == 0).then(|| format!("prompt-{n}")),
             wait: None,
+            borrower: None,
+            priority: None,
         };
         let reservation = match self.engine.admit(&request, self.moment()) {
             Decision::Admitted(r) => r,

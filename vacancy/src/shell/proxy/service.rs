@@ -293,6 +293,8 @@ async fn work_request(
         reuse: inspection.reuse,
         upstream_ref: inspection.upstream_ref,
         wait: None,
+        borrower: None,
+        priority: None,
     };
     let recording = match decide(arrival, &request).await {
         Ok(a) => a,

@@ -131,6 +131,13 @@ impl Lender {
                     Effect::Observe(upstream) => wakes.observe.push(upstream),
                     Effect::WakeReclaims => wakes.reclaims = true,
                     Effect::WakeWaiters => wakes.waiters = true,
+                    // The owner's record of a named borrower's reservation
+                    // (issue 34 item 4): no store keeps it yet, so the log does.
+                    Effect::Account(record) => tracing::info!(
+                        target: "vacancy::accounting",
+                        record = %serde_json::to_string(&record).unwrap_or_default(),
+                        "a borrower's reservation ended"
+                    ),
                     ledger @ (Effect::Persist(_)
                     | Effect::MarkHeld { .. }
                     | Effect::RewriteRef { .. }
