@@ -933,11 +933,13 @@ fn main() {
         );
     }
     let nofile = vacancy::shell::proxy::conn::raise_nofile_limit();
-    // vacancyd budgets two descriptors a borrower connection and keeps 128;
-    // this process holds one per connection plus the upstream's.
+    // No more than vacancyd's borrower budget at this limit (its two
+    // upstreams' read pools reserved, as the daemon does), less a margin for
+    // the warm-up; this process holds one descriptor per connection.
+    let (borrowers, _) = vacancy::shell::proxy::conn::budgets(nofile, 64 + 2 * 32);
     let idle_n = sizes
         .idle_connections
-        .min((nofile.saturating_sub(128) / 2).saturating_sub(128) as usize);
+        .min(borrowers.size().saturating_sub(128));
     let _ = origin();
 
     let upstream_rt = tokio::runtime::Builder::new_multi_thread()
