@@ -4,10 +4,11 @@
 //! numbers, and at the end each target of issue 31 beside what was measured.
 //! Run it with `scripts/bench-proxy` (which installs nginx and wrk).
 //!
-//! Fairness: nginx runs as many worker processes as vacancyd has runtime
+//! Fairness: nginx runs as many worker processes as vacancyd has proxy
 //! threads (`BENCH_WORKERS`, default the machine's cores; vacancyd gets it
-//! as `TOKIO_WORKER_THREADS`), and the run prints both counts as it found
-//! them in `/proc`.
+//! as `TOKIO_WORKER_THREADS`, which sets both its runtime and, with
+//! `proxy_threads = 0`, its proxy threads), and the run prints the counts as
+//! it found them in `/proc`.
 //!
 //! What it measures, each for direct / nginx / vacancyd where it applies:
 //! - memory first, on a fresh daemon: RSS per idle borrower connection
@@ -1037,8 +1038,10 @@ fn main() {
             .iter()
             .zip(&runtime_threads)
             .map(|(d, n)| format!(
-                "{} TOKIO_WORKER_THREADS={} ({n} tokio threads in /proc with the blocking pool's)",
-                d.name, sizes.workers
+                "{} TOKIO_WORKER_THREADS={} ({} proxy threads and {n} runtime threads in /proc)",
+                d.name,
+                sizes.workers,
+                threads_named(d.process.pid(), "vacancyd-proxy")
             ))
             .collect::<Vec<_>>()
             .join(", "),

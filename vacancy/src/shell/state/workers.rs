@@ -70,7 +70,7 @@ impl ProxyWorkers {
         for i in 0..threads.max(1) {
             let runtime = Builder::new_current_thread()
                 .enable_all()
-                .thread_name(format!("vacancyd-proxy-{i}-blocking"))
+                .thread_name("vacancyd-blocking")
                 .build()?;
             handles.push(runtime.handle().clone());
             let (stop, stopped) = oneshot::channel::<()>();
@@ -108,12 +108,24 @@ impl ProxyWorkers {
     }
 }
 
-/// One worker per core the system reports, when `configured` is 0.
+/// The workers for `[server] proxy_threads = configured`: when 0, what
+/// `TOKIO_WORKER_THREADS` says if it is set (as tokio's own runtime does),
+/// else one per core the system reports.
 pub fn thread_count(configured: usize) -> usize {
     if configured > 0 {
         return configured;
     }
-    std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
+    let from_env = std::env::var("TOKIO_WORKER_THREADS").ok();
+    default_count(from_env.as_deref())
+}
+
+fn default_count(tokio_worker_threads: Option<&str>) -> usize {
+    tokio_worker_threads
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or_else(|| {
+            std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
+        })
 }
 
 #[cfg(test)]
@@ -147,8 +159,11 @@ mod tests {
     }
 
     #[test]
-    fn zero_threads_means_one_per_core() {
-        assert!(thread_count(0) >= 1);
-        assert_eq!(thread_count(3), 3);
+    fn zero_threads_means_tokio_worker_threads_else_one_per_core() {
+        assert!(default_count(None) >= 1);
+        assert_eq!(default_count(Some("3")), 3);
+        assert_eq!(default_count(Some("0")), default_count(None));
+        assert_eq!(default_count(Some("many")), default_count(None));
+        assert_eq!(thread_count(5), 5);
     }
 }
