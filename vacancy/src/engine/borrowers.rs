@@ -52,7 +52,7 @@ use super::work::WorkRequest;
 use crate::time::Moment;
 
 /// The most a borrower's `share` may be: turns are counted in whole
-/// fractions of [`TURN`], so a larger share would round its turn to nothing.
+/// fractions of one turn (`TURN`), so a larger share would round its turn to nothing.
 pub const MAX_SHARE: u32 = 1000;
 
 /// The length of one turn of a borrower of share 1 in the line's virtual time.
