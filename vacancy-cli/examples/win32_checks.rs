@@ -185,6 +185,22 @@ mod checks {
         }
     }
 
+    // Issue 33 item 2, OWN-01: the session decision's table, the one the
+    // unit tests check on Linux, holds on the Windows build too.
+    fn own_01_the_session_decision_table_holds_on_the_windows_build() {
+        use vacancy::presence::windows::{decision_table, windows_session};
+        let table = decision_table();
+        assert_eq!(table.len(), 17);
+        for row in table {
+            assert_eq!(
+                windows_session(&row.facts, &row.settings),
+                row.expected,
+                "{}",
+                row.what
+            );
+        }
+    }
+
     // Issue 33 item 3: the upstream servers' processes, which GPU pressure
     // leaves out of the owner's load, found through the real Win32 calls: a
     // listener of this process (IPv4 and IPv6), a child it started (a copy of
@@ -262,7 +278,7 @@ mod checks {
     }
 
     pub fn run() {
-        let checks: [(&str, fn()); 8] = [
+        let checks: [(&str, fn()); 9] = [
             (
                 "rec_23_held_09_vacancyds_own_descriptors_let_in_only_administrators_and_system",
                 rec_23_held_09_vacancyds_own_descriptors_let_in_only_administrators_and_system,
@@ -290,6 +306,10 @@ mod checks {
             (
                 "the_console_session_reads_and_is_decided",
                 the_console_session_reads_and_is_decided,
+            ),
+            (
+                "own_01_the_session_decision_table_holds_on_the_windows_build",
+                own_01_the_session_decision_table_holds_on_the_windows_build,
             ),
             (
                 "gpu_pressure_finds_the_servers_processes_and_reads_or_refuses_gpu_memory",

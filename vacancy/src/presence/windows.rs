@@ -287,6 +287,10 @@ fn read_console() -> Result<WtsConsole, String> {
     })
 }
 
+#[path = "windows_table.rs"]
+mod table;
+pub use table::{DecisionRow, decision_table};
+
 #[cfg(test)]
 #[path = "windows_tests.rs"]
 mod tests;

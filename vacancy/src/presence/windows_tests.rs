@@ -9,152 +9,16 @@ const UNLOCKED: ConsoleState = ConsoleState::SignedIn {
 };
 const LOCK_UNSAID: ConsoleState = ConsoleState::SignedIn { locked: None };
 
-fn decide(
-    console: ConsoleState,
-    since_input_s: Option<u64>,
-    locked_away: bool,
-    idle_s: Option<u64>,
-) -> OwnerPresence {
-    windows_session(
-        &SessionFacts {
-            console,
-            since_input: since_input_s.map(Duration::from_secs),
-        },
-        &SessionSettings {
-            locked_counts_as_away: locked_away,
-            idle_after: idle_s.map(Duration::from_secs),
-        },
-    )
-}
-
-/// (what, console, seconds since input, locked_counts_as_away, idle_after_s, expected)
-type Row = (
-    &'static str,
-    ConsoleState,
-    Option<u64>,
-    bool,
-    Option<u64>,
-    OwnerPresence,
-);
-
 #[test]
 fn own_01_the_session_decision_table() {
-    use OwnerPresence::{Away, Present, Unknown};
-    let table: [Row; 17] = [
-        ("signed out", SIGNED_OUT, None, true, None, Away),
-        (
-            "signed out, locked kept",
-            SIGNED_OUT,
-            None,
-            false,
-            None,
-            Away,
-        ),
-        (
-            "signed out, recent input",
-            SIGNED_OUT,
-            Some(1),
-            true,
-            Some(300),
-            Away,
-        ),
-        ("locked", LOCKED, None, true, None, Away),
-        (
-            "locked, not counted as away",
-            LOCKED,
-            None,
-            false,
-            None,
-            Present,
-        ),
-        (
-            "locked, not away, input idle",
-            LOCKED,
-            Some(900),
-            false,
-            Some(300),
-            Away,
-        ),
-        (
-            "locked, recent input",
-            LOCKED,
-            Some(1),
-            true,
-            Some(300),
-            Away,
-        ),
-        (
-            "lock state not said",
-            LOCK_UNSAID,
-            None,
-            true,
-            None,
-            Unknown,
-        ),
-        (
-            "lock state not said, locks do not count",
-            LOCK_UNSAID,
-            None,
-            false,
-            None,
-            Present,
-        ),
-        ("unlocked", UNLOCKED, None, true, None, Present),
-        (
-            "unlocked, locks do not count",
-            UNLOCKED,
-            None,
-            false,
-            None,
-            Present,
-        ),
-        (
-            "unlocked, input recent",
-            UNLOCKED,
-            Some(10),
-            true,
-            Some(300),
-            Present,
-        ),
-        (
-            "unlocked, input idle",
-            UNLOCKED,
-            Some(300),
-            true,
-            Some(300),
-            Away,
-        ),
-        (
-            "unlocked, input time unknown",
-            UNLOCKED,
-            None,
-            true,
-            Some(300),
-            Present,
-        ),
-        (
-            "unlocked, input idle, no idle_after",
-            UNLOCKED,
-            Some(9999),
-            true,
-            None,
-            Present,
-        ),
-        ("switching", CHANGING, None, true, None, Unknown),
-        (
-            "switching, recent input",
-            CHANGING,
-            Some(1),
-            false,
-            Some(300),
-            Unknown,
-        ),
-    ];
-    for (what, console, since, locked_away, idle, expected) in table {
+    let table = decision_table();
+    assert_eq!(table.len(), 17);
+    for row in table {
         assert_eq!(
-            decide(console, since, locked_away, idle),
-            expected,
-            "{what}"
+            windows_session(&row.facts, &row.settings),
+            row.expected,
+            "{}",
+            row.what
         );
     }
 }
