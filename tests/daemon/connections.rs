@@ -329,17 +329,18 @@ async fn ten_thousand_idle_and_slow_borrowers_never_stop_work_health_or_status()
     let mut slow = Vec::with_capacity(slow_n);
     let connect_started = Instant::now();
     // In batches, each accepted before the next, so the accept queue never
-    // overflows into SYN-ACK retransmissions.
+    // overflows into SYN-ACK retransmissions. The last batch opens only what
+    // is left: a connection past the budget would wait in the accept queue
+    // (the daemon accepts no more until one of its own closes), and the
+    // test's own connect would time out behind it.
     while idle.len() + slow.len() < total {
-        wait_accepted(&p, fds_before, idle.len() + slow.len()).await;
-        let batch: Vec<_> = (0..250)
+        let opened = idle.len() + slow.len();
+        wait_accepted(&p, fds_before, opened).await;
+        let batch: Vec<_> = (0..250.min(total - opened))
             .map(|_| tokio::spawn(TcpStream::connect(target.clone())))
             .collect();
         for b in batch {
             let s = b.await.unwrap().unwrap();
-            if idle.len() + slow.len() >= total {
-                break;
-            }
             if idle.len() < idle_n {
                 idle.push(s);
             } else {
