@@ -29,6 +29,7 @@ fn reservation(n: u128) -> Reservation {
         admitted_at: vacancy::Moment::ZERO,
         completion: CompletionMethod::ResponseEnd,
         upstream_ref: None,
+        borrower: None,
     }
 }
 

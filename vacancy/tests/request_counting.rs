@@ -109,12 +109,7 @@ struct BrokenStore;
 
 impl ReservationStore for BrokenStore {
     fn submit(&self, change: StoreChange) -> StoreWrite {
-        let entry = match change {
-            StoreChange::Admit(r) => r.id,
-            StoreChange::Held { entry, .. }
-            | StoreChange::Release(entry)
-            | StoreChange::Ref { entry, .. } => entry,
-        };
+        let entry = change.entry();
         Box::pin(std::future::ready(Err(StoreError {
             entry,
             reason: StoreFailure::Other("the disk is gone".to_owned()),

@@ -47,7 +47,7 @@ use super::effect::Effect;
 use super::refusal::{Refusal, RefusalCode};
 use super::terms::in_words;
 use super::usage::{KindTimes, UsageRecord, seconds};
-use super::who::{BorrowerId, BorrowerRef, Priority};
+use super::who::{BorrowerId, BorrowerRef, BorrowerTag, Priority};
 use super::work::WorkRequest;
 use crate::time::Moment;
 
@@ -495,6 +495,41 @@ impl Engine {
                 Err(e)
             }
         }
+    }
+
+    /// The tag a reservation of `claim` records: its borrower's name and class.
+    pub(super) fn tag_of(&self, claim: Claim) -> Option<BorrowerTag> {
+        let s = self.borrowers.as_ref()?.state.get(claim.slot)?;
+        Some(BorrowerTag {
+            name: Arc::clone(&s.name),
+            priority: claim.class,
+        })
+    }
+
+    /// The claim of an entry restored after a restart, from its recorded
+    /// tag: its borrower's slot, or a retired one for a name the table no
+    /// longer holds, so that its release is still accounted to it. `None`
+    /// with borrowers off.
+    pub(super) fn restore_claim(&mut self, tag: &BorrowerTag) -> Option<Claim> {
+        let b = self.borrowers.as_mut()?;
+        let known = if &*tag.name == ANONYMOUS {
+            b.anonymous
+        } else {
+            b.index.get(&*tag.name).copied()
+        };
+        let slot = known
+            .or_else(|| b.state.iter().position(|s| s.retired && s.name == tag.name))
+            .unwrap_or_else(|| {
+                b.state.push(BorrowerState {
+                    retired: true,
+                    ..BorrowerState::new(BorrowerSpec::new(&tag.name))
+                });
+                b.state.len() - 1
+            });
+        Some(Claim {
+            slot,
+            class: tag.priority,
+        })
     }
 
     /// The handle of borrower `name`, if the table holds it.

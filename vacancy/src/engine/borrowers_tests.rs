@@ -616,3 +616,55 @@ fn borrowers_see_their_own_place_in_line_and_status() {
     assert_eq!((me.running, me.waiting), (0, 1));
     assert!(e.borrower_status("mallory", t(3)).is_none());
 }
+
+#[test]
+fn borrowers_a_reservation_records_its_borrower_and_class() {
+    let mut e = engine(Some(alice_bob()));
+    let r = admitted(e.admit(&ask(&e, "llm", "alice", 1_000), t(1_000)));
+    let tag = r.borrower.expect("the reservation names its borrower");
+    assert_eq!((&*tag.name, tag.priority), ("alice", Priority::Interactive));
+    let mut off = engine(None);
+    let r = admitted(off.admit(&ask(&off, "llm", "alice", 1_000), t(1_000)));
+    assert_eq!(r.borrower, None, "borrowers off record none");
+}
+
+#[test]
+fn borrowers_a_restored_entry_is_accounted_to_its_recorded_borrower() {
+    // A restart brings the entry back held; its release is accounted to the
+    // borrower its record names, even one the table no longer holds.
+    for name in ["alice", "mallory"] {
+        let mut e = engine(Some(alice_bob()));
+        let id = EntryId::from_u128(7);
+        e.restore_held(
+            RestoredEntry {
+                id,
+                upstream: "llm".to_owned(),
+                model: None,
+                resources: vec![GPU.to_owned()],
+                admitted_at: t(0),
+                started_before: Duration::from_secs(10),
+                completion: CompletionMethod::ResponseEnd,
+                upstream_ref: None,
+                borrower: Some(BorrowerTag {
+                    name: name.into(),
+                    priority: Priority::Batch,
+                }),
+            },
+            "restored",
+        )
+        .unwrap();
+        while e.poll_effect().is_some() {}
+        e.release_held(id, HeldRelease::AdministratorConfirmed, t(5_000))
+            .unwrap();
+        let row = std::iter::from_fn(|| e.poll_effect())
+            .find_map(|f| match f {
+                Effect::Account(row) => Some(row),
+                _ => None,
+            })
+            .expect("one accounting row");
+        assert_eq!(&*row.borrower, name);
+        assert_eq!(row.priority, Priority::Batch);
+        assert!(row.held);
+        assert_eq!(row.reserved.gpu, Duration::from_secs(15));
+    }
+}

@@ -65,7 +65,7 @@ pub use terms::{
     HeatLimits, HeatReading, HoursChange, LendingHours, NextChange, PowerSource, TermStatus,
 };
 pub use usage::{KindTimes, UsageRecord};
-pub use who::{BorrowerId, BorrowerRef, Priority, UnknownPriority};
+pub use who::{BorrowerId, BorrowerRef, BorrowerTag, Priority, UnknownPriority};
 pub use work::{
     Charge, CompletionMethod, Decision, EntryId, HeldRelease, Phase, ReleaseOutcome, RequestReuse,
     Reservation, UpstreamId, WorkRequest,
@@ -186,6 +186,9 @@ pub struct RestoredEntry {
     pub completion: CompletionMethod,
     /// The upstream's own handle for it (REC-03).
     pub upstream_ref: Option<String>,
+    /// Its borrower as recorded (issue 34): the restored entry is accounted
+    /// to it when it is released.
+    pub borrower: Option<BorrowerTag>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -781,6 +784,7 @@ impl Engine {
             admitted_at: now,
             completion: req.completion,
             upstream_ref: req.upstream_ref.clone(),
+            borrower: claim.and_then(|c| self.tag_of(c)),
         };
         self.entries.insert(
             req.id,
@@ -1393,6 +1397,7 @@ impl Engine {
                 free_mib: 0,
             })
             .collect();
+        let claim = entry.borrower.as_ref().and_then(|t| self.restore_claim(t));
         self.entries.insert(
             entry.id,
             Entry {
@@ -1405,6 +1410,7 @@ impl Engine {
                     admitted_at: entry.admitted_at,
                     completion: entry.completion,
                     upstream_ref: entry.upstream_ref,
+                    borrower: entry.borrower.clone(),
                 },
                 upstream: up,
                 deps,
@@ -1412,7 +1418,7 @@ impl Engine {
                 held_reason: Some(reason.to_owned()),
                 kind: None,
                 started_before: entry.started_before,
-                borrower: None,
+                borrower: claim,
                 waited: Duration::ZERO,
                 was_held: true,
             },

@@ -658,6 +658,7 @@ fn restore(e: &mut Engine, upstream: &str, resource: &str, upstream_ref: Option<
             started_before: std::time::Duration::ZERO,
             completion: CompletionMethod::Tracked,
             upstream_ref: upstream_ref.map(str::to_owned),
+            borrower: None,
         },
         "restored after a restart",
     )

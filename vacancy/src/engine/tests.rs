@@ -1142,6 +1142,7 @@ fn restored_entries_return_held_and_a_changed_mapping_is_an_error() {
         started_before: Duration::ZERO,
         completion: CompletionMethod::ResponseEnd,
         upstream_ref: Some("prompt-1".to_owned()),
+        borrower: None,
     };
     e.restore_held(entry.clone(), "restored after a restart")
         .unwrap();
@@ -1172,6 +1173,7 @@ fn restored(id: u128, upstream: &str, resources: &[&str]) -> RestoredEntry {
         started_before: Duration::ZERO,
         completion: CompletionMethod::ResponseEnd,
         upstream_ref: None,
+        borrower: None,
     }
 }
 

@@ -4,6 +4,7 @@
 
 use std::fmt;
 use std::str::FromStr;
+use std::sync::Arc;
 
 use serde::Serialize;
 
@@ -55,6 +56,17 @@ impl FromStr for Priority {
             other => Err(UnknownPriority(other.to_owned())),
         }
     }
+}
+
+/// The borrower a reservation is for and the class it runs in, as the
+/// reservation's record keeps them (issue 34): a restart gives the restored
+/// entry back to its borrower, and its release is accounted to it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct BorrowerTag {
+    /// The borrower's name ([`ANONYMOUS`](super::ANONYMOUS) for one that named none).
+    pub name: Arc<str>,
+    /// Its class for this reservation.
+    pub priority: Priority,
 }
 
 /// A handle on a borrower, resolved once from a name with

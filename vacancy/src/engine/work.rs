@@ -189,6 +189,8 @@ pub struct Reservation {
     pub completion: CompletionMethod,
     /// The upstream's own handle for the work (REC-03), when it has one.
     pub upstream_ref: Option<String>,
+    /// Its borrower, with borrowers on (issue 34).
+    pub borrower: Option<crate::engine::who::BorrowerTag>,
 }
 
 /// The engine's answer to a work request.

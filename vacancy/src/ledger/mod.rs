@@ -98,7 +98,7 @@ pub use location::{
 };
 pub use record::RecoveredEntry;
 pub use store::{
-    ReservationStore, StoreChange, StoreError, StoreFailure, StoreWrite, VolatileStore,
+    ReservationStore, StoreChange, StoreError, StoreFailure, StoreWrite, UsageSink, VolatileStore,
 };
 
 use record::{LiveSet, Replay};
@@ -252,6 +252,7 @@ impl Ledger {
             compact_min_lines: writer::COMPACT_MIN_LINES,
             deferred_sync: writer::DEFERRED_SYNC,
             syncs: 0,
+            usage: None,
         };
         let (tx, worker) = writer::spawn(writer, lock)?;
         let ledger = Ledger {
@@ -308,6 +309,16 @@ impl Ledger {
         let (tx, rx) = oneshot::channel();
         self.send(Job::Compact(tx))?;
         rx.await.map_err(|_| self.stopped())?
+    }
+
+    /// Write each borrower's finished reservation to `sink` from now on
+    /// (issue 34), from the writer's thread, before the entry's release.
+    ///
+    /// # Errors
+    ///
+    /// The writer has stopped.
+    pub fn set_usage_sink(&self, sink: Box<dyn UsageSink>) -> Result<(), LedgerError> {
+        self.send(Job::UsageSink(sink))
     }
 
     /// Queue a change synchronously, before the caller's first await: the
@@ -423,6 +434,7 @@ fn journal_change(change: StoreChange) -> Change {
             upstream_ref,
         },
         StoreChange::Release(entry) => Change::Release { id: entry },
+        StoreChange::Account(record) => Change::Account(record),
     }
 }
 

@@ -5,6 +5,7 @@
 //!
 //! ```text
 //! {"v":1,"op":"admit","id":"…","upstream":"comfy","model":null,"resources":["gpu0","ram"],"completion":"tracked","started_unix_ms":1767225600000,"upstream_ref":"…"}
+//! {"v":1,"op":"admit",…,"upstream_ref":null,"borrower":"alice","priority":"batch"}
 //! {"v":1,"op":"held","id":"…","reason":"response broke off"}
 //! {"v":1,"op":"ref","id":"…","upstream_ref":"…"}
 //! {"v":1,"op":"release","id":"…"}
@@ -12,6 +13,9 @@
 //! ```
 //!
 //! `end` closes a compacted file; its count is the number of entries before it.
+//! `borrower` and `priority` appear only with named borrowers on (issue 34):
+//! a journal without them reads as before, and a build without borrowers
+//! writes none.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
@@ -19,7 +23,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
-use crate::engine::{CompletionMethod, EntryId, Reservation, RestoredEntry};
+use crate::engine::{BorrowerTag, CompletionMethod, EntryId, Priority, Reservation, RestoredEntry};
 use crate::ledger::error::LedgerError;
 use crate::time::Moment;
 
@@ -59,6 +63,8 @@ pub struct RecoveredEntry {
     pub upstream_ref: Option<String>,
     /// Why it turned held before the restart, when it had.
     pub held_reason: Option<String>,
+    /// Its borrower, with borrowers on (issue 34).
+    pub borrower: Option<BorrowerTag>,
 }
 
 impl RecoveredEntry {
@@ -86,6 +92,7 @@ impl RecoveredEntry {
             started_before: age - on_timeline,
             completion: self.completion,
             upstream_ref: self.upstream_ref.clone(),
+            borrower: self.borrower.clone(),
         }
     }
 
@@ -100,6 +107,7 @@ impl RecoveredEntry {
             started_unix_ms,
             upstream_ref: r.upstream_ref.clone(),
             held_reason: None,
+            borrower: r.borrower.clone(),
         }
     }
 }
@@ -151,6 +159,10 @@ struct LineOut<'a> {
     reason: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     entries: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    borrower: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    priority: Option<&'static str>,
 }
 
 impl LineOut<'_> {
@@ -167,6 +179,8 @@ impl LineOut<'_> {
             upstream_ref: None,
             reason: None,
             entries: None,
+            borrower: None,
+            priority: None,
         }
     }
 
@@ -188,6 +202,8 @@ pub(crate) fn admit_line(e: &RecoveredEntry) -> Vec<u8> {
         completion: Some(completion_name(e.completion)),
         started_unix_ms: Some(e.started_unix_ms),
         upstream_ref: Some(e.upstream_ref.as_deref()),
+        borrower: e.borrower.as_ref().map(|b| &*b.name),
+        priority: e.borrower.as_ref().map(|b| b.priority.as_str()),
         ..LineOut::bare("admit")
     }
     .encode()
@@ -254,6 +270,10 @@ struct LineIn {
     reason: Option<String>,
     #[serde(default)]
     entries: Option<u64>,
+    #[serde(default)]
+    borrower: Option<String>,
+    #[serde(default)]
+    priority: Option<String>,
 }
 
 /// The live entries, in admission order.
@@ -483,6 +503,19 @@ fn apply(
                      not a time vacancyd writes"
                 )));
             }
+            let borrower = match l.borrower {
+                None => None,
+                Some(name) => {
+                    let text = l.priority.unwrap_or_default();
+                    let priority: Priority = text
+                        .parse()
+                        .map_err(|e| bad(format!("admit of {id} for borrower {name:?}: {e}")))?;
+                    Some(BorrowerTag {
+                        name: name.into(),
+                        priority,
+                    })
+                }
+            };
             live.insert(RecoveredEntry {
                 id,
                 upstream,
@@ -492,6 +525,7 @@ fn apply(
                 started_unix_ms,
                 upstream_ref: l.upstream_ref,
                 held_reason: None,
+                borrower,
             });
             seen.lines.insert(id, (line, None));
         }

@@ -3,7 +3,7 @@
 use std::future::Future;
 use std::pin::Pin;
 
-use crate::engine::{Effect, EntryId, Reservation};
+use crate::engine::{Effect, EntryId, Reservation, UsageRecord};
 use crate::ledger::LedgerError;
 
 /// A reservation could not be recorded: the request must not be forwarded.
@@ -51,6 +51,11 @@ pub enum StoreChange {
     },
     /// The entry was released: its record may go.
     Release(EntryId),
+    /// A borrower's reservation ended (issue 34): the owner's record of it,
+    /// queued just before its [`Release`](Self::Release) so that the row is
+    /// durable before the journal forgets the entry. A store without a usage
+    /// record ignores it.
+    Account(Box<UsageRecord>),
 }
 
 impl StoreChange {
@@ -71,12 +76,10 @@ impl StoreChange {
                 upstream_ref,
             }),
             Effect::Forget(entry) => Some(StoreChange::Release(entry)),
-            // The accounting row goes to the owner's record (issue 34), not the journal.
-            Effect::Account(_)
-            | Effect::Sample(_)
-            | Effect::Observe(_)
-            | Effect::WakeReclaims
-            | Effect::WakeWaiters => None,
+            Effect::Account(record) => Some(StoreChange::Account(record)),
+            Effect::Sample(_) | Effect::Observe(_) | Effect::WakeReclaims | Effect::WakeWaiters => {
+                None
+            }
         }
     }
 
@@ -87,6 +90,7 @@ impl StoreChange {
             StoreChange::Held { entry, .. }
             | StoreChange::Ref { entry, .. }
             | StoreChange::Release(entry) => *entry,
+            StoreChange::Account(record) => record.entry,
         }
     }
 }
@@ -94,6 +98,20 @@ impl StoreChange {
 /// A submitted change on its way to disk: resolves once it would survive a
 /// crash, or with why it will not.
 pub type StoreWrite = Pin<Box<dyn Future<Output = Result<(), StoreError>> + Send>>;
+
+/// Where the owner's record of borrowers' reservations is kept (issue 34):
+/// the ledger's writer hands it each [`StoreChange::Account`] before the
+/// entry's release is written, so a row is never lost to a crash; a row
+/// written twice (a crash after the row, before the release, and the entry
+/// released again after the restart) must count once.
+pub trait UsageSink: Send {
+    /// Write `record` durably, once per entry.
+    ///
+    /// # Errors
+    ///
+    /// Why it could not be written, in words for the log.
+    fn record(&mut self, record: &UsageRecord) -> Result<(), String>;
+}
 
 /// Where reservations are recorded.
 ///

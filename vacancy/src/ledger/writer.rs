@@ -20,10 +20,11 @@ use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 use tracing::{debug, info, warn};
 
-use crate::engine::EntryId;
+use crate::engine::{EntryId, UsageRecord};
 use crate::ledger::disk::{Disk, DiskFile};
 use crate::ledger::error::LedgerError;
 use crate::ledger::record::{self, LiveSet, RecoveredEntry};
+use crate::ledger::store::UsageSink;
 use crate::ledger::{COMPACT_FILE, sync_dir_on};
 
 /// Compact once the journal has more lines than this…
@@ -39,9 +40,20 @@ const MAX_BATCH: usize = 256;
 /// One change to the journal.
 pub(crate) enum Change {
     Admit(RecoveredEntry),
-    Held { id: EntryId, reason: String },
-    Ref { id: EntryId, upstream_ref: String },
-    Release { id: EntryId },
+    Held {
+        id: EntryId,
+        reason: String,
+    },
+    Ref {
+        id: EntryId,
+        upstream_ref: String,
+    },
+    Release {
+        id: EntryId,
+    },
+    /// A borrower's finished reservation for the usage record (issue 34):
+    /// no journal line; written to the sink before the release that follows it.
+    Account(Box<UsageRecord>),
 }
 
 impl Change {
@@ -49,6 +61,7 @@ impl Change {
         match self {
             Change::Admit(e) => e.id,
             Change::Held { id, .. } | Change::Ref { id, .. } | Change::Release { id } => *id,
+            Change::Account(r) => r.entry,
         }
     }
 
@@ -78,6 +91,8 @@ pub(crate) enum Appended {
 pub(crate) enum Job {
     Change(Change, oneshot::Sender<Result<Appended, LedgerError>>),
     Compact(oneshot::Sender<Result<(), LedgerError>>),
+    /// Where accounting rows go from now on (issue 34).
+    UsageSink(Box<dyn UsageSink>),
     #[cfg(any(test, feature = "testkit"))]
     CompactMinLines(u64),
     #[cfg(any(test, feature = "testkit"))]
@@ -87,7 +102,6 @@ pub(crate) enum Job {
 }
 
 /// The journal's state, owned by the writer thread.
-#[derive(Debug)]
 pub(crate) struct Writer {
     pub(crate) dir: PathBuf,
     pub(crate) journal_path: PathBuf,
@@ -108,6 +122,8 @@ pub(crate) struct Writer {
     pub(crate) deferred_sync: Duration,
     /// Syncs so far (tests count them).
     pub(crate) syncs: u64,
+    /// Where accounting rows go (issue 34); none: they are logged only.
+    pub(crate) usage: Option<Box<dyn UsageSink>>,
 }
 
 /// Start the writer thread. It owns the journal and the directory's lock
@@ -174,6 +190,7 @@ fn run(rx: mpsc::Receiver<Job>, mut w: Writer, lock: Option<File>) {
                     };
                     let _ = reply.send(result);
                 }
+                Job::UsageSink(sink) => w.usage = Some(sink),
                 #[cfg(any(test, feature = "testkit"))]
                 Job::CompactMinLines(n) => w.compact_min_lines = n,
                 #[cfg(any(test, feature = "testkit"))]
@@ -201,6 +218,19 @@ fn run(rx: mpsc::Receiver<Job>, mut w: Writer, lock: Option<File>) {
     drop(lock);
 }
 
+impl std::fmt::Debug for Writer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Writer")
+            .field("journal_path", &self.journal_path)
+            .field("len", &self.len)
+            .field("lines", &self.lines)
+            .field("live", &self.live.len())
+            .field("unavailable", &self.unavailable)
+            .field("usage", &self.usage.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
 impl Writer {
     fn unavailable_error(&self, reason: &str) -> LedgerError {
         LedgerError::Unavailable {
@@ -217,6 +247,10 @@ impl Writer {
         let id = change.id();
         let mut previous_ref = None;
         let line = match &change {
+            Change::Account(r) => {
+                self.account(r);
+                return Ok(Appended::NoEntry);
+            }
             Change::Admit(e) => {
                 if self.live.contains(e.id) {
                     return Err(LedgerError::DuplicateEntry {
@@ -285,8 +319,26 @@ impl Writer {
                     self.live_lines -= 1 + u64::from(e.held_reason.is_some());
                 }
             }
+            Change::Account(_) => {}
         }
         Ok(Appended::Written { previous_ref })
+    }
+
+    /// Hand a borrower's finished reservation to the usage record, before
+    /// its release is appended. A row that cannot be written is logged and
+    /// the release goes on: the resource is free either way, and holding it
+    /// for want of a statistics row would take it from every borrower.
+    fn account(&mut self, r: &UsageRecord) {
+        match &mut self.usage {
+            Some(sink) => {
+                if let Err(reason) = sink.record(r) {
+                    warn!(entry = %r.entry, borrower = %r.borrower, reason = %reason, "the usage record could not be written; this reservation is missing from `vacancyd usage`");
+                }
+            }
+            None => {
+                info!(target: "vacancy::accounting", entry = %r.entry, borrower = %r.borrower, upstream = %r.upstream, "a borrower's reservation ended (no usage record is kept)")
+            }
+        }
     }
 
     /// Sync every appended change and answer its waiting reply; then compact

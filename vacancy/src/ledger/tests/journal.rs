@@ -864,3 +864,89 @@ async fn rec_07_vacancyd_never_deletes_the_directory_or_its_journal() {
     assert_eq!(fs::read(&journal).unwrap(), before);
     assert!(s.rec.is_dir());
 }
+
+/// A usage sink that keeps its rows in memory, shared with the test.
+struct Rows(
+    std::sync::Arc<std::sync::Mutex<Vec<(EntryId, bool)>>>,
+    std::path::PathBuf,
+);
+
+impl crate::ledger::UsageSink for Rows {
+    fn record(&mut self, r: &crate::engine::UsageRecord) -> Result<(), String> {
+        // Whether the journal still held the entry when the row was written.
+        let journal = fs::read_to_string(self.1.join(JOURNAL_FILE)).unwrap_or_default();
+        let released = journal.contains(&format!("\"op\":\"release\",\"id\":\"{}\"", r.entry));
+        self.0.lock().unwrap().push((r.entry, released));
+        Ok(())
+    }
+}
+
+fn usage_record(n: u128) -> crate::engine::UsageRecord {
+    crate::engine::UsageRecord {
+        entry: id(n),
+        borrower: "alice".into(),
+        upstream: "comfy".to_owned(),
+        model: None,
+        priority: crate::engine::Priority::Batch,
+        admitted_unix_ms: 1,
+        released_unix_ms: 2,
+        waited: Duration::ZERO,
+        held: false,
+        reserved: crate::engine::KindTimes::default(),
+        resources: Vec::new(),
+    }
+}
+
+#[tokio::test]
+async fn a_borrowers_reservation_comes_back_to_its_borrower_after_a_restart() {
+    // issue 34 item 4: the admit line carries the borrower and its class
+    let s = scratch();
+    {
+        let (ledger, _) = open(&s.rec);
+        let mut r = reservation(1, None);
+        r.borrower = Some(crate::engine::BorrowerTag {
+            name: "alice".into(),
+            priority: crate::engine::Priority::Batch,
+        });
+        ledger.persist(&r).await.unwrap();
+        ledger.persist(&reservation(2, None)).await.unwrap();
+    }
+    let journal = fs::read_to_string(s.rec.join(JOURNAL_FILE)).unwrap();
+    assert!(
+        journal.contains("\"borrower\":\"alice\",\"priority\":\"batch\""),
+        "{journal}"
+    );
+    let (_ledger, entries) = open(&s.rec);
+    let tag = entries[0].borrower.as_ref().unwrap();
+    assert_eq!(
+        (&*tag.name, tag.priority),
+        ("alice", crate::engine::Priority::Batch)
+    );
+    assert_eq!(
+        entries[1].borrower, None,
+        "an anonymous entry's line has no borrower"
+    );
+    assert!(!journal.lines().nth(1).unwrap().contains("borrower"));
+}
+
+#[tokio::test]
+async fn the_usage_row_is_written_before_the_journal_forgets_the_entry() {
+    // issue 34 item 4: a crash between the two never loses the row
+    let s = scratch();
+    let (ledger, _) = open(&s.rec);
+    let rows = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    ledger
+        .set_usage_sink(Box::new(Rows(std::sync::Arc::clone(&rows), s.rec.clone())))
+        .unwrap();
+    ledger.persist(&reservation(1, None)).await.unwrap();
+    ReservationStore::submit(
+        &ledger,
+        crate::ledger::StoreChange::Account(Box::new(usage_record(1))),
+    )
+    .await
+    .unwrap();
+    ledger.forget(id(1)).await.unwrap();
+    assert_eq!(*rows.lock().unwrap(), vec![(id(1), false)]);
+    let journal = fs::read_to_string(s.rec.join(JOURNAL_FILE)).unwrap();
+    assert!(journal.contains("\"op\":\"release\""), "{journal}");
+}

@@ -52,6 +52,7 @@ pub(super) fn reservation(n: u128, upstream_ref: Option<&str>) -> Reservation {
         admitted_at: Moment::from_secs(1),
         completion: CompletionMethod::Tracked,
         upstream_ref: upstream_ref.map(str::to_owned),
+        borrower: None,
     }
 }
 

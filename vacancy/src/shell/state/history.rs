@@ -439,6 +439,7 @@ mod tests {
                 admitted_at: at(s),
                 completion: crate::engine::CompletionMethod::ResponseEnd,
                 upstream_ref: None,
+                borrower: None,
             };
             ids.push(r.id);
             h.job_started(&r);

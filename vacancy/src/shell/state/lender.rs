@@ -131,14 +131,10 @@ impl Lender {
                     Effect::Observe(upstream) => wakes.observe.push(upstream),
                     Effect::WakeReclaims => wakes.reclaims = true,
                     Effect::WakeWaiters => wakes.waiters = true,
-                    // The owner's record of a named borrower's reservation
-                    // (issue 34 item 4): no store keeps it yet, so the log does.
-                    Effect::Account(record) => tracing::info!(
-                        target: "vacancy::accounting",
-                        record = %serde_json::to_string(&record).unwrap_or_default(),
-                        "a borrower's reservation ended"
-                    ),
+                    // The owner's record of a borrower's reservation (issue
+                    // 34 item 4) goes through the store, ahead of its release.
                     ledger @ (Effect::Persist(_)
+                    | Effect::Account(_)
                     | Effect::MarkHeld { .. }
                     | Effect::RewriteRef { .. }
                     | Effect::Forget(_)) => {
@@ -574,6 +570,7 @@ enum Record {
     Hold(EntryId),
     Handle(EntryId),
     End(EntryId),
+    Usage(EntryId),
 }
 
 impl Record {
@@ -584,6 +581,7 @@ impl Record {
             StoreChange::Held { entry, .. } => Record::Hold(*entry),
             StoreChange::Ref { entry, .. } => Record::Handle(*entry),
             StoreChange::Release(entry) => Record::End(*entry),
+            StoreChange::Account(r) => Record::Usage(r.entry),
         }
     }
 }
@@ -608,6 +606,7 @@ impl LedgerWrite {
                 match self.record {
                     Record::End(entry) | Record::Hold(entry) => warn!(entry = %entry, error = %e.reason, "could not record the end of the work; a restart returns it as held"),
                     Record::Admission(entry) | Record::Handle(entry) => warn!(entry = %entry, error = %e.reason, "could not record the work"),
+                    Record::Usage(entry) => warn!(entry = %entry, error = %e.reason, "could not record the borrower's use of the work"),
                 }
             }
         });
@@ -813,6 +812,7 @@ mod tests {
                 StoreChange::Held { entry, .. } => format!("held {entry}"),
                 StoreChange::Ref { entry, .. } => format!("ref {entry}"),
                 StoreChange::Release(entry) => format!("release {entry}"),
+                StoreChange::Account(r) => format!("account {}", r.entry),
             };
             self.order.lock().unwrap().push(line);
             let gate = match change {
@@ -1033,7 +1033,7 @@ mod tests {
                         r.charges.iter().map(|c| c.resource.clone()).collect(),
                     );
                 }
-                StoreChange::Held { .. } | StoreChange::Ref { .. } => {
+                StoreChange::Held { .. } | StoreChange::Ref { .. } | StoreChange::Account(_) => {
                     if !live.contains_key(&entry) {
                         return Err(format!("line {line}: {change:?} before its admission"));
                     }
