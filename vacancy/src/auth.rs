@@ -19,7 +19,7 @@ pub fn hash_token(token: &str) -> String {
 const HEX: &[u8; 16] = b"0123456789abcdef";
 
 /// Equal without an early exit, so timing does not reveal how much matched.
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+pub(crate) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     if a.len() != b.len() {
         return false;
     }

@@ -29,6 +29,7 @@
 //! # Ok::<(), vacancy::config::ConfigErrors>(())
 //! ```
 
+mod borrowers;
 mod edit;
 mod engine_spec;
 mod error;
@@ -43,6 +44,9 @@ mod tests;
 
 use std::path::Path;
 
+pub use borrowers::{
+    BorrowerEntry, BorrowerKeys, BudgetEntry, KeysFile, hash_borrower_key, new_borrower_key,
+};
 pub use edit::{ModelEdit, ResourceEdit, SettingsEdit, UpstreamEdit, pending_keys};
 pub use error::{ConfigError, ConfigErrors, ConfigWarning};
 #[cfg(feature = "runtime")]
@@ -50,11 +54,11 @@ pub(crate) use hosts::parse_target;
 pub use hosts::{LOOPBACK, normalize_host, same_server_key};
 pub use kinds::{AdapterKinds, SettingProblem};
 pub use schema::{
-    AdapterKind, Config, CredentialConfig, DEFAULT_STOP_PROOF_TIMEOUT_S, GpuPressureConfig,
-    LendingConfig, MAX_STOP_PROOF_TIMEOUT_S, Management, ModelRequirement, OnBattery,
-    OnBorrowerDisconnect, OnOwnerReturn, OwnerConfig, OwnerScope, PresenceMode, QueueConfig,
-    ResourceConfig, ResourceRequirement, SamplerKind, Scope, ServerConfig, TokenConfig,
-    UpstreamConfig, VoiceRoutesConfig,
+    AdapterKind, BorrowersConfig, Config, CredentialConfig, DEFAULT_STOP_PROOF_TIMEOUT_S,
+    GpuPressureConfig, LendingConfig, MAX_STOP_PROOF_TIMEOUT_S, Management, ModelRequirement,
+    OnBattery, OnBorrowerDisconnect, OnOwnerReturn, OwnerConfig, OwnerScope, PresenceMode,
+    QueueConfig, ResourceConfig, ResourceRequirement, SamplerKind, Scope, ServerConfig,
+    TokenConfig, UpstreamConfig, VoiceRoutesConfig,
 };
 pub use validate::EXAMPLE_TOKEN_PLACEHOLDER;
 

@@ -12,21 +12,23 @@
 use std::collections::{HashMap, HashSet};
 use std::ops::Range;
 
-use serde::Deserialize as _;
 use serde::de::{self, DeserializeOwned};
 use toml::Spanned;
 use toml::de::{DeString, DeTable, DeValue, ValueDeserializer};
 
 use super::error::ConfigError;
 use super::schema::{
-    Config, CredentialConfig, GpuPressureConfig, LendingConfig, ModelRequirement, OwnerConfig,
-    QueueConfig, ResourceConfig, ResourceRequirement, ServerConfig, TokenConfig, UpstreamConfig,
-    VoiceRoutesConfig,
+    BorrowersConfig, Config, CredentialConfig, GpuPressureConfig, LendingConfig, ModelRequirement,
+    OwnerConfig, QueueConfig, ResourceConfig, ResourceRequirement, ServerConfig, TokenConfig,
+    UpstreamConfig, VoiceRoutesConfig,
 };
 
 /// A configuration that parsed, with the line of every key that was written.
-pub(crate) struct Parsed {
-    pub config: Config,
+pub(crate) type Parsed = ParsedDoc<Config>;
+
+/// A document of schema `T` that parsed, with the line of every key that was written.
+pub(crate) struct ParsedDoc<T> {
+    pub config: T,
     pub index: KeyIndex,
     /// Keys the schema does not have, left out of `config`; errors still, to
     /// be reported with the semantic ones.
@@ -36,6 +38,15 @@ pub(crate) struct Parsed {
 /// Parse `text` into a [`Config`] (leaving out unknown keys, which are
 /// returned as errors beside it), or return every syntax and schema error.
 pub(crate) fn parse(text: &str) -> Result<Parsed, Vec<ConfigError>> {
+    parse_doc::<Config>(text, check_root)
+}
+
+/// Parse `text` as a document of schema `T` whose root table `check` walks
+/// (the main configuration, the borrowers' keys file).
+pub(crate) fn parse_doc<T: DeserializeOwned>(
+    text: &str,
+    check: Check,
+) -> Result<ParsedDoc<T>, Vec<ConfigError>> {
     let lines = LineMap::new(text);
     let (root, syntax_errors) = DeTable::parse_recoverable(text);
     if !syntax_errors.is_empty() {
@@ -64,7 +75,7 @@ pub(crate) fn parse(text: &str) -> Result<Parsed, Vec<ConfigError>> {
         unknown: Vec::new(),
         index: KeyIndex::default(),
     };
-    check_root(&mut walker, &root, &KeyPath::root());
+    check(&mut walker, &root, &KeyPath::root());
     if !walker.errors.is_empty() {
         // A value that does not parse leaves nothing sound to check further.
         let mut errors = walker.errors;
@@ -77,8 +88,8 @@ pub(crate) fn parse(text: &str) -> Result<Parsed, Vec<ConfigError>> {
     let mut unknown_keys: Vec<ConfigError> = walker.unknown.into_iter().map(|(_, e)| e).collect();
     sort_by_line(&mut unknown_keys);
     let root_span = root.span();
-    match Config::deserialize(ValueDeserializer::from(root)) {
-        Ok(config) => Ok(Parsed {
+    match T::deserialize(ValueDeserializer::from(root)) {
+        Ok(config) => Ok(ParsedDoc {
             config,
             index: walker.index,
             unknown_keys,
@@ -270,7 +281,7 @@ impl LineMap {
     }
 }
 
-struct Walker {
+pub(crate) struct Walker {
     lines: LineMap,
     /// Values that do not parse.
     errors: Vec<ConfigError>,
@@ -294,7 +305,7 @@ impl Walker {
     }
 }
 
-type Check = fn(&mut Walker, &Spanned<DeValue<'_>>, &KeyPath);
+pub(crate) type Check = fn(&mut Walker, &Spanned<DeValue<'_>>, &KeyPath);
 
 /// How a nested key is walked.
 enum Nested {
@@ -320,7 +331,34 @@ fn check_root(w: &mut Walker, v: &Spanned<DeValue<'_>>, p: &KeyPath) {
                 Nested::Array(check_struct_leaf::<ResourceConfig>),
             ),
             ("upstream", Nested::Array(check_upstream)),
+            (
+                "borrowers",
+                Nested::Table(check_struct_leaf::<BorrowersConfig>),
+            ),
         ],
+    );
+}
+
+/// The borrowers' keys file (issue 34): `[[borrower]]` tables, each with
+/// its `[[borrower.budget]]` tables.
+pub(crate) fn check_keys_file(w: &mut Walker, v: &Spanned<DeValue<'_>>, p: &KeyPath) {
+    check_struct::<super::borrowers::KeysFile>(
+        w,
+        v,
+        p,
+        &[("borrower", Nested::Array(check_borrower))],
+    );
+}
+
+fn check_borrower(w: &mut Walker, v: &Spanned<DeValue<'_>>, p: &KeyPath) {
+    check_struct::<super::borrowers::BorrowerEntry>(
+        w,
+        v,
+        p,
+        &[(
+            "budget",
+            Nested::Array(check_struct_leaf::<super::borrowers::BudgetEntry>),
+        )],
     );
 }
 
@@ -494,6 +532,7 @@ pub(crate) fn all_tables() -> Vec<(&'static str, &'static [&'static str])> {
         ("lending", field_names::<LendingConfig>()),
         ("resource", field_names::<ResourceConfig>()),
         ("upstream", field_names::<UpstreamConfig>()),
+        ("borrowers", field_names::<BorrowersConfig>()),
         ("upstream.models.*", field_names::<ModelRequirement>()),
         (
             "upstream.requirements.*",
@@ -652,7 +691,14 @@ mod tests {
     fn field_probe_sees_renamed_keys() {
         assert_eq!(
             field_names::<Config>(),
-            &["server", "owner", "resource", "upstream", "lending"]
+            &[
+                "server",
+                "owner",
+                "resource",
+                "upstream",
+                "lending",
+                "borrowers"
+            ]
         );
         assert!(field_names::<ServerConfig>().contains(&"token"));
     }

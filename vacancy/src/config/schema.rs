@@ -31,6 +31,9 @@ pub struct Config {
     pub upstreams: Vec<UpstreamConfig>,
     /// `[lending]`: when the owner lends (issue 35).
     pub lending: LendingConfig,
+    /// `[borrowers]`: borrowers with names and keys (issue 34); absent (the
+    /// default), every borrower is anonymous.
+    pub borrowers: Option<BorrowersConfig>,
 }
 
 impl Config {
@@ -65,6 +68,45 @@ impl Config {
                 exempt.join(", ")
             )
         })
+    }
+}
+
+/// `[borrowers]`: borrowers with names (issue 34). Who they are, their keys'
+/// hashes, classes, limits and budgets live in the keys file, which
+/// `vacancyd borrower add|remove` edits and the daemon reloads on change.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BorrowersConfig {
+    /// Whether work needs a key. Default true; false lets key-less work in
+    /// as one more borrower, `(anonymous)`, of class `anonymous_priority`.
+    pub require_key: bool,
+    /// The keys file. Default `borrowers.toml` beside the configuration; a
+    /// relative path resolves against the configuration's directory.
+    pub keys_file: String,
+    /// Whether discovery and the reads the seed keeps open also need a key.
+    /// Default false.
+    pub reads_need_key: bool,
+    /// Seconds a batch request may wait in line before it goes ahead of
+    /// interactive ones, so batch work never starves. Default 120.
+    pub batch_max_wait_s: u64,
+    /// The class of key-less work with `require_key = false`. Default `batch`.
+    pub anonymous_priority: crate::engine::Priority,
+    /// The owner's record of who used the machine, an SQLite file. Default
+    /// `usage.sqlite` in the recovery directory's parent; a relative path
+    /// resolves against the configuration's directory.
+    pub usage_db: String,
+}
+
+impl Default for BorrowersConfig {
+    fn default() -> Self {
+        BorrowersConfig {
+            require_key: true,
+            keys_file: String::new(),
+            reads_need_key: false,
+            batch_max_wait_s: 120,
+            anonymous_priority: crate::engine::Priority::Batch,
+            usage_db: String::new(),
+        }
     }
 }
 

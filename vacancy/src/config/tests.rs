@@ -1961,7 +1961,7 @@ fn no_duration_key_is_left_unbounded() {
             .filter(|k| k.ends_with("_s") || k.ends_with("_ms"))
         {
             let (text, path) = match table {
-                "server" | "owner.gpu_pressure" => (
+                "server" | "owner.gpu_pressure" | "borrowers" => (
                     format!("[{table}]\n{key} = {max}\n"),
                     format!("{table}.{key}"),
                 ),
@@ -2047,4 +2047,32 @@ fn proxy_threads_is_bounded_naming_its_line() {
         &["at most 256", "one per core"],
     );
     assert_eq!(e.line, Some(line_of(&text, "proxy_threads")));
+}
+
+#[test]
+fn borrowers_table_is_off_by_default_and_checked_when_present() {
+    // issue 34: with no [borrowers] every borrower is anonymous
+    let c = ok(&with(&[])).config;
+    assert_eq!(c.borrowers, None);
+    let c = ok(&format!("{}[borrowers]\n", with(&[]))).config;
+    let b = c.borrowers.unwrap();
+    assert!(b.require_key && !b.reads_need_key);
+    assert_eq!(b.batch_max_wait_s, 120);
+    let text = format!(
+        "{}[borrowers]\nbatch_max_wait_s = 0\nanonymous_priority = \"urgent\"\n",
+        with(&[])
+    );
+    let e = errors(&text);
+    find(&e, "borrowers.anonymous_priority", &["urgent"]);
+}
+
+#[test]
+fn the_example_keys_file_is_valid() {
+    // issue 34: examples/borrowers.toml parses as the daemon reads it
+    let keys = BorrowerKeys::parse(
+        include_str!("../../../examples/borrowers.toml"),
+        "examples/borrowers.toml",
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(keys.len(), 3);
 }

@@ -1,7 +1,7 @@
 //! Semantic checks on a parsed [`Config`]: every problem is collected, each with
 //! its key path and line.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::net::SocketAddr;
 
 use super::Purpose;
@@ -37,9 +37,80 @@ pub(crate) fn validate(
     cx.upstreams(config, &root, server_listen);
     cx.same_servers(config, &root);
     cx.exemptions(config, &root);
+    cx.borrowers(config, &root);
     sort_by_line(&mut cx.errors);
     sort_by_line(&mut cx.warnings);
     (cx.errors, cx.warnings)
+}
+
+/// The borrowers' keys file's problems (issue 34), each with its key and line.
+pub(crate) fn validate_keys_file(
+    file: &super::borrowers::KeysFile,
+    index: &KeyIndex,
+) -> Vec<ConfigError> {
+    let mut cx = Checker {
+        index,
+        kinds: None,
+        engine_only: false,
+        errors: Vec::new(),
+        warnings: Vec::new(),
+    };
+    let list = KeyPath::root().key("borrower");
+    let mut names: HashMap<&str, usize> = HashMap::new();
+    let mut hashes: HashMap<String, &str> = HashMap::new();
+    for (i, b) in file.borrowers.iter().enumerate() {
+        let bp = list.elem(i, Some(&b.name));
+        if cx.name(&bp.key("name"), "borrower", &b.name) {
+            if let Some(first) = names.insert(&b.name, i) {
+                cx.error(
+                    &bp.key("name"),
+                    format!(
+                        "borrower {:?} is listed twice (also borrower[{first}]); give each borrower one entry",
+                        b.name
+                    ),
+                );
+            }
+        }
+        let hash = b.key_sha256.to_ascii_lowercase();
+        if hash.len() != 64 || !hash.bytes().all(|c| c.is_ascii_hexdigit()) {
+            cx.error(
+                &bp.key("key_sha256"),
+                "missing or not a SHA-256 in hex (64 characters); create the borrower with `vacancyd borrower add NAME`, which writes it",
+            );
+        } else if let Some(other) = hashes.insert(hash, &b.name) {
+            cx.error(
+                &bp.key("key_sha256"),
+                format!("the same key as borrower {other:?}; each borrower needs a key of its own"),
+            );
+        }
+        if b.share == 0 || b.share > crate::engine::MAX_SHARE {
+            cx.error(
+                &bp.key("share"),
+                format!(
+                    "{} is outside 1 to {}: a share is a borrower's weight in the line's turns",
+                    b.share,
+                    crate::engine::MAX_SHARE
+                ),
+            );
+        }
+        let mut seen = HashSet::new();
+        for (j, budget) in b.budgets.iter().enumerate() {
+            let pp = bp.key("budget").elem(j, None);
+            cx.duration(&pp.key("seconds"), budget.seconds, BUDGET_S);
+            if !seen.insert((budget.kind, budget.per)) {
+                cx.error(
+                    &pp,
+                    format!(
+                        "a second {} budget per {}; give each kind and period one budget",
+                        budget.kind.as_str(),
+                        budget.per.as_str()
+                    ),
+                );
+            }
+        }
+    }
+    sort_by_line(&mut cx.errors);
+    cx.errors
 }
 
 struct Checker<'a> {
@@ -157,6 +228,19 @@ const HOT_FOR_S: DurationBounds = secs(
     0,
     DAY,
     "seconds a GPU may stay above a limit before its accepted work is reclaimed",
+);
+/// `[borrowers] batch_max_wait_s` (issue 34).
+const BATCH_MAX_WAIT_S: DurationBounds = secs(
+    1,
+    DAY,
+    "seconds a batch request may wait before it goes ahead of interactive ones",
+);
+/// A keys file's `[[borrower.budget]] seconds` (issue 34): up to a year of
+/// one resource's time.
+const BUDGET_S: DurationBounds = secs(
+    1,
+    365 * DAY,
+    "seconds of reservation time the period allows",
 );
 /// `[upstream.queue] max_wait_s`.
 const MAX_WAIT_S: DurationBounds = secs(
@@ -451,6 +535,19 @@ impl Checker<'_> {
     }
 
     /// `[lending] hours`: every window parses (issue 35 item 1).
+    /// `[borrowers]` (issue 34).
+    fn borrowers(&mut self, config: &Config, root: &KeyPath) {
+        let Some(b) = &config.borrowers else {
+            return;
+        };
+        let bp = root.key("borrowers");
+        self.duration(
+            &bp.key("batch_max_wait_s"),
+            b.batch_max_wait_s,
+            BATCH_MAX_WAIT_S,
+        );
+    }
+
     fn lending(&mut self, config: &Config, root: &KeyPath) {
         let Some(hours) = &config.lending.hours else {
             return;

@@ -59,7 +59,7 @@ pub const MAX_SHARE: u32 = 1000;
 pub(super) const TURN: u64 = 1_000_000;
 
 /// The period a budget is counted over, in UTC.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum BudgetPeriod {
     /// 00:00 UTC to 00:00 UTC.
