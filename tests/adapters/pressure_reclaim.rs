@@ -147,6 +147,7 @@ async fn rig() -> Rig {
             connect_timeout: Duration::from_secs(2),
             overhead_header: false,
             tunnel_idle: Duration::from_secs(3600),
+            credential: None,
             reads: vacancy::shell::upstream::pool::ReadPool::new(Duration::from_secs(2)),
         });
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

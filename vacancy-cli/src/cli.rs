@@ -52,6 +52,11 @@ enum Command {
         #[arg(required = true, num_args = 1..)]
         action: Vec<String>,
     },
+    /// Named borrowers' keys (issue 34): add, remove, list.
+    Borrower {
+        #[command(subcommand)]
+        command: crate::borrower_cmd::BorrowerCommand,
+    },
     /// Tokens for the control plane.
     Token {
         #[command(subcommand)]
@@ -166,6 +171,7 @@ pub(crate) fn main(registry: Arc<AdapterRegistry>) -> ExitCode {
         #[cfg(windows)]
         Command::ServiceRun { config } => crate::service::dispatch(config, registry),
         Command::CalibratePressure(args) => calibrate::run(&args, &registry),
+        Command::Borrower { command } => crate::borrower_cmd::run(&command),
         Command::CheckConfig { config, no_sample } => {
             check_config::run(config.as_deref(), !no_sample, &registry)
         }

@@ -409,6 +409,29 @@ pub async fn start(
     }
 
     let mut engine = Engine::new(EngineSpec::from(&config))?;
+    // Named borrowers (issue 34) before the ledger opens, so that restored
+    // entries go back to their borrowers.
+    let borrowers = match &config.borrowers {
+        None => None,
+        Some(b) => {
+            let path = crate::borrowers::keys_path(b, config_path);
+            let keys = vacancy::config::BorrowerKeys::load(&path).map_err(|e| {
+                setup(format!("{e}\n(the [borrowers] keys file; fix it, or remove [borrowers] to lend anonymously)"))
+            })?;
+            engine.set_borrowers(Some(keys.spec(b))).map_err(|e| {
+                setup_because(format!("borrowers' keys file {}: {e}", path.display()), e)
+            })?;
+            if keys.is_empty() {
+                warn!(path = %path.display(), "[borrowers] is on but no borrower has a key yet: work is refused 401 until `vacancyd borrower add NAME` writes one");
+            }
+            info!(path = %path.display(), borrowers = keys.len(), require_key = b.require_key, "named borrowers on");
+            let unix_ms = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+            engine.set_wall_clock(clock.now(), unix_ms);
+            Some((b.clone(), path, keys))
+        }
+    };
     let (ledger, state_dir) = open_ledger(&config, config_path, &mut engine, clock)?;
     let lender = Arc::new(Lender::new(
         engine,
@@ -416,6 +439,15 @@ pub async fn start(
         clock,
         Arc::new(ledger),
     ));
+    let keys_watch = match borrowers {
+        None => None,
+        Some((b, path, keys)) => {
+            lender.set_borrowers(keys, &b).map_err(|e| {
+                setup_because(format!("borrowers' keys file {}: {e}", path.display()), e)
+            })?;
+            Some((b, path))
+        }
+    };
 
     let presence = vacancy::presence::from_owner(&config.owner, Path::new(SEATS_DIR));
     info!("{}", presence.line);
@@ -426,6 +458,14 @@ pub async fn start(
     }
 
     let mut tasks = JoinSet::new();
+    if let Some((b, path)) = keys_watch {
+        tasks.spawn(crate::borrowers::keys_loop(
+            Arc::clone(&lender),
+            path,
+            b,
+            shutdown.clone(),
+        ));
+    }
     spawn_terms(&config, &lender, &state_dir, &mut tasks, &shutdown).await?;
     spawn_samplers(&config, &lender, &mut tasks, &shutdown).await;
     tasks.spawn(presence_watch::presence_loop(
@@ -656,6 +696,7 @@ async fn open_upstream(
         connect_timeout: Duration::from_secs(10),
         overhead_header: config.server.overhead_header,
         tunnel_idle: Duration::from_secs(config.server.tunnel_idle_timeout_s),
+        credential: read_credential(u)?,
         reads: vacancy::shell::upstream::pool::ReadPool::per_worker(
             Duration::from_secs(10),
             proxy_threads(config),

@@ -29,6 +29,8 @@
 mod admin;
 #[cfg(windows)]
 mod admin_pipe;
+mod borrower_cmd;
+mod borrowers;
 mod calibrate;
 mod check_config;
 mod cli;

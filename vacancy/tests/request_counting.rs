@@ -149,6 +149,7 @@ async fn proxy(target: SocketAddr, store: Arc<dyn ReservationStore>) -> Proxy {
         connect_timeout: Duration::from_secs(2),
         overhead_header: false,
         tunnel_idle: Duration::from_secs(60),
+        credential: None,
         reads: ReadPool::new(Duration::from_secs(2)),
     });
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();

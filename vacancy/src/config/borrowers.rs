@@ -226,6 +226,79 @@ impl BorrowerKeys {
     }
 }
 
+/// `text` (a keys file) with `entry` added as a new `[[borrower]]` at its
+/// end, every comment and entry before it kept (`vacancyd borrower add`).
+/// The result is checked as the daemon checks it.
+///
+/// # Errors
+///
+/// `text` is not TOML, or the result does not pass (a name taken twice).
+pub fn keys_file_with(text: &str, entry: &BorrowerEntry) -> Result<String, ConfigErrors> {
+    let mut doc: toml_edit::DocumentMut = text
+        .parse()
+        .map_err(|e| ConfigErrors::whole("the keys file", format!("invalid TOML: {e}")))?;
+    let mut t = toml_edit::Table::new();
+    t["name"] = toml_edit::value(entry.name.as_str());
+    t["key_sha256"] = toml_edit::value(entry.key_sha256.as_str());
+    t["priority"] = toml_edit::value(entry.priority.as_str());
+    t["share"] = toml_edit::value(i64::from(entry.share));
+    if let Some(n) = entry.max_running {
+        t["max_running"] = toml_edit::value(i64::from(n));
+    }
+    if let Some(n) = entry.max_waiting {
+        t["max_waiting"] = toml_edit::value(i64::from(n));
+    }
+    if !entry.budgets.is_empty() {
+        let mut budgets = toml_edit::ArrayOfTables::new();
+        for b in &entry.budgets {
+            let mut bt = toml_edit::Table::new();
+            bt["kind"] = toml_edit::value(b.kind.as_str());
+            bt["per"] = toml_edit::value(b.per.as_str());
+            bt["seconds"] = toml_edit::value(i64::try_from(b.seconds).unwrap_or(i64::MAX));
+            budgets.push(bt);
+        }
+        t.insert("budget", toml_edit::Item::ArrayOfTables(budgets));
+    }
+    match doc
+        .entry("borrower")
+        .or_insert(toml_edit::Item::ArrayOfTables(toml_edit::ArrayOfTables::new()))
+    {
+        toml_edit::Item::ArrayOfTables(list) => list.push(t),
+        _ => {
+            return Err(ConfigErrors::whole(
+                "the keys file",
+                "its `borrower` key is not a list of [[borrower]] tables".to_owned(),
+            ));
+        }
+    }
+    let out = doc.to_string();
+    BorrowerKeys::parse(&out, "the keys file")?;
+    Ok(out)
+}
+
+/// `text` (a keys file) without borrower `name`; `None` if it has no such
+/// borrower (`vacancyd borrower remove`).
+///
+/// # Errors
+///
+/// `text` is not TOML.
+pub fn keys_file_without(text: &str, name: &str) -> Result<Option<String>, ConfigErrors> {
+    let mut doc: toml_edit::DocumentMut = text
+        .parse()
+        .map_err(|e| ConfigErrors::whole("the keys file", format!("invalid TOML: {e}")))?;
+    let Some(toml_edit::Item::ArrayOfTables(list)) = doc.get_mut("borrower") else {
+        return Ok(None);
+    };
+    let Some(i) = list
+        .iter()
+        .position(|t| t.get("name").and_then(|n| n.as_str()) == Some(name))
+    else {
+        return Ok(None);
+    };
+    list.remove(i);
+    Ok(Some(doc.to_string()))
+}
+
 /// The 32 bytes of a hex SHA-256; `None` if it is not one.
 fn digest_of_hex(hex: &str) -> Option<[u8; 32]> {
     let bytes = hex.as_bytes();
@@ -359,6 +432,35 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let keys = BorrowerKeys::load(&dir.path().join("borrowers.toml")).unwrap();
         assert!(keys.is_empty());
+    }
+
+    #[test]
+    fn borrowers_are_added_and_removed_keeping_the_files_comments() {
+        // issue 34 item 1: `vacancyd borrower add|remove`
+        let start = "# who may borrow\n".to_owned() + &alice_file("");
+        let bob = BorrowerEntry {
+            name: "bob".to_owned(),
+            key_sha256: hash_borrower_key("vbk_bob"),
+            max_running: Some(2),
+            budgets: vec![BudgetEntry {
+                kind: ResourceKind::Gpu,
+                per: BudgetPeriod::Week,
+                seconds: 60,
+            }],
+            ..BorrowerEntry::default()
+        };
+        let added = keys_file_with(&start, &bob).unwrap();
+        assert!(added.starts_with("# who may borrow\n"), "{added}");
+        let keys = BorrowerKeys::parse(&added, "k").unwrap();
+        assert_eq!(keys.identify("vbk_bob").map(|n| &**n), Some("bob"));
+        assert_eq!(keys.entries()[1].budgets.len(), 1);
+        assert!(keys_file_with(&added, &bob).is_err(), "a name is taken once");
+        let removed = keys_file_without(&added, "alice").unwrap().unwrap();
+        let keys = BorrowerKeys::parse(&removed, "k").unwrap();
+        assert_eq!(keys.len(), 1);
+        assert_eq!(keys.identify(ALICE_KEY), None);
+        assert_eq!(keys_file_without(&removed, "alice").unwrap(), None);
+        assert!(keys_file_with("", &bob).is_ok(), "an empty file takes a first borrower");
     }
 
     #[test]

@@ -45,7 +45,8 @@ mod tests;
 use std::path::Path;
 
 pub use borrowers::{
-    BorrowerEntry, BorrowerKeys, BudgetEntry, KeysFile, hash_borrower_key, new_borrower_key,
+    BorrowerEntry, BorrowerKeys, BudgetEntry, KeysFile, hash_borrower_key, keys_file_with,
+    keys_file_without, new_borrower_key,
 };
 pub use edit::{ModelEdit, ResourceEdit, SettingsEdit, UpstreamEdit, pending_keys};
 pub use error::{ConfigError, ConfigErrors, ConfigWarning};

@@ -60,8 +60,10 @@ pub(crate) fn validate_keys_file(
     let mut hashes: HashMap<String, &str> = HashMap::new();
     for (i, b) in file.borrowers.iter().enumerate() {
         let bp = list.elem(i, Some(&b.name));
-        if cx.name(&bp.key("name"), "borrower", &b.name) {
-            if let Some(first) = names.insert(&b.name, i) {
+        if cx.name(&bp.key("name"), "borrower", &b.name)
+            && let Some(first) = names.insert(&b.name, i)
+        {
+            {
                 cx.error(
                     &bp.key("name"),
                     format!(

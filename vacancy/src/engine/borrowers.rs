@@ -829,6 +829,23 @@ impl Engine {
         self.effects.push(Effect::Account(Box::new(record)));
     }
 
+    /// Where borrower `name`'s requests wait now: each one's upstream and
+    /// place in its line, 1 being next, in line order.
+    pub fn borrower_line(&self, name: &str, now: Moment) -> Vec<(String, u32)> {
+        let Some(id) = self.borrower_id(name) else {
+            return Vec::new();
+        };
+        self.line
+            .iter()
+            .filter(|w| w.borrower.is_some_and(|c| c.slot == id.0))
+            .filter_map(|w| {
+                let place = self.line_position(w.id, now)?;
+                let upstream = self.upstreams.get(w.upstream)?.spec.name.clone();
+                Some((upstream, place + 1))
+            })
+            .collect()
+    }
+
     /// One borrower's own view (`/v1/vacancy/me`): its use, limits and
     /// budgets; `None` for a name the table does not hold.
     pub fn borrower_status(&self, name: &str, now: Moment) -> Option<BorrowerStatus> {

@@ -429,6 +429,7 @@ pub fn lone_upstream(
         connect_timeout: Duration::from_secs(2),
         overhead_header: false,
         tunnel_idle: Duration::from_secs(3600),
+        credential: None,
         reads: crate::shell::upstream::pool::ReadPool::new(Duration::from_secs(2)),
     });
     Ok((lender, route))

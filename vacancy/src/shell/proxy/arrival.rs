@@ -39,6 +39,10 @@ pub struct Arrival {
     class: &'static str,
     /// How long the request waited in its upstream's line, once decided.
     pub(crate) waited: Option<Duration>,
+    /// Its place in line when it joined, 1 being next (issue 34).
+    pub(crate) line_position: Option<u32>,
+    /// Its borrower's name, with named borrowers on (issue 34).
+    pub(crate) borrower: Option<Arc<str>>,
     outcome: Option<RequestOutcome>,
     /// The whole time to the response head and vacancyd's own part of it,
     /// once answered.
@@ -61,6 +65,8 @@ impl Arrival {
             path,
             class,
             waited: None,
+            line_position: None,
+            borrower: None,
             outcome: None,
             timing: None,
         }
@@ -71,14 +77,14 @@ impl Arrival {
     pub fn admitted(&mut self, reservation: &Reservation) {
         if self.note(RequestOutcome::Admitted) {
             self.lender.history().job_started(reservation);
-            info!(entry = %reservation.id, upstream = %self.route.name, model = reservation.model.as_deref().unwrap_or(""), resident_credit = reservation.resident_credit, "admitted");
+            info!(entry = %reservation.id, upstream = %self.route.name, model = reservation.model.as_deref().unwrap_or(""), resident_credit = reservation.resident_credit, borrower = self.borrower.as_deref().unwrap_or(""), "admitted");
         }
     }
 
     /// The request is refused with `refusal`, nothing forwarded.
     pub fn refused(&mut self, refusal: &Refusal) {
         if self.note(RequestOutcome::Refused(refusal.code)) {
-            debug!(upstream = %self.route.name, code = %refusal.code, reason = %refusal.reason, "refused");
+            debug!(upstream = %self.route.name, code = %refusal.code, reason = %refusal.reason, borrower = self.borrower.as_deref().unwrap_or(""), "refused");
         }
     }
 

@@ -10,13 +10,16 @@ use hyper::body::Incoming;
 use tokio::sync::oneshot;
 use tracing::{debug, info, warn};
 
-use crate::engine::{CompletionMethod, EntryId, Refusal, RefusalCode, Reservation, WorkRequest};
+use crate::engine::{
+    BorrowerRef, CompletionMethod, EntryId, Refusal, RefusalCode, Reservation, WorkRequest,
+};
 use crate::shell::loops::observation::observe_upstream;
 use crate::shell::proxy::answer::{refusal_after_forwarding, refusal_response};
 use crate::shell::proxy::arrival::Arrival;
 use crate::shell::proxy::completion::{GuardedBody, verify_cut};
 use crate::shell::proxy::conn::{BorrowerBody, is_stalled};
 use crate::shell::proxy::exchange::{Exchange, Observed};
+use crate::shell::proxy::gate::{Caller, LINE_POSITION_HEADER, ME_PATH, take_priority};
 use crate::shell::proxy::host::check_host;
 use crate::shell::proxy::tracked::exchange_tracked;
 use crate::shell::proxy::tunnel::{BorrowerSide, tunnel};
@@ -62,6 +65,12 @@ pub async fn handle(
     let class = route.adapter.classify(req.method(), &path);
     let mut arrival = Arrival::new(lender, route, at, path, class.label());
     let mut response = answer_request(&mut arrival, req, class).await;
+    if let Some(p) = arrival.line_position {
+        response.headers_mut().insert(
+            http::HeaderName::from_static(LINE_POSITION_HEADER),
+            http::HeaderValue::from(p),
+        );
+    }
     if let Some(w) = arrival.waited
         && let Ok(v) = http::HeaderValue::from_str(&w.as_millis().to_string())
     {
@@ -88,7 +97,7 @@ pub async fn handle(
 
 async fn answer_request(
     arrival: &mut Arrival,
-    req: http::Request<BorrowerBody>,
+    mut req: http::Request<BorrowerBody>,
     class: RouteClass,
 ) -> http::Response<ProxyBody> {
     let route = Arc::clone(&arrival.route);
@@ -99,7 +108,38 @@ async fn answer_request(
         arrival.refused(&refusal);
         return refusal_response(&route, &refusal, true);
     }
-    match route_policy(class, req.method(), route.management) {
+    let lender = Arc::clone(&arrival.lender);
+    let caller = match lender.borrower_gate() {
+        None => None,
+        Some(gate) => {
+            let caller = gate.take_caller(req.headers_mut());
+            if let Some((name, value)) = &route.credential {
+                req.headers_mut().insert(name.clone(), value.clone());
+            }
+            arrival.borrower = caller.name().cloned();
+            Some((gate, caller))
+        }
+    };
+    if let Some((_, caller)) = &caller
+        && req.method() == http::Method::GET
+        && arrival.path.split('?').next() == Some(ME_PATH)
+    {
+        return borrower_view(arrival, caller);
+    }
+    let policy = route_policy(class, req.method(), route.management);
+    if let Some((gate, caller)) = &caller {
+        let refused = match policy {
+            RoutePolicy::Admit(_) => gate.refuse_work(caller),
+            RoutePolicy::Forward => gate.refuse_read(caller),
+            RoutePolicy::Refuse(_) => None,
+        };
+        if let Some(refusal) = refused {
+            arrival.refused(&refusal);
+            let waits_to_send = expects_continue(req.headers());
+            return refuse_after_draining(&route, refusal, req.into_body(), waits_to_send).await;
+        }
+    }
+    match policy {
         RoutePolicy::Refuse(code) => {
             let path = arrival.path.as_str();
             let refusal = match route.adapter.reconsider_refusal(req.method(), path).await {
@@ -114,6 +154,34 @@ async fn answer_request(
         RoutePolicy::Forward => forward_unreserved(arrival, req).await,
         RoutePolicy::Admit(work) => work_request(arrival, req, work).await,
     }
+}
+
+/// `GET /v1/vacancy/me`: the borrower's own use, limits, budgets and place
+/// in line, as JSON (issue 34 item 5); 401 without a known key.
+fn borrower_view(arrival: &mut Arrival, caller: &Caller) -> http::Response<ProxyBody> {
+    let route = Arc::clone(&arrival.route);
+    let view = caller
+        .name()
+        .and_then(|name| arrival.lender.borrower_view(name));
+    let Some(view) = view else {
+        let refusal = Refusal::new(
+            RefusalCode::UnknownBorrower,
+            "send your key (Authorization: Bearer <key>) to see your own use; ask the machine's owner for one",
+        );
+        arrival.refused(&refusal);
+        return refusal_response(&route, &refusal, false);
+    };
+    arrival.forwarded();
+    let mut resp = http::Response::new(full(Bytes::from(view.to_string())));
+    resp.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    resp.headers_mut().insert(
+        http::header::CACHE_CONTROL,
+        http::HeaderValue::from_static("no-store"),
+    );
+    resp
 }
 
 /// Why a route is not lent, in words that say which case it is (ROUTE-04).
@@ -257,7 +325,17 @@ async fn work_request(
     let (lender, route) = (Arc::clone(&arrival.lender), Arc::clone(&arrival.route));
     let arrived_at = lender.clock().now();
     let inspecting = Instant::now();
-    let (parts, body) = req.into_parts();
+    let (mut parts, body) = req.into_parts();
+    let priority = match lender.borrower_gate() {
+        None => None,
+        Some(_) => match take_priority(&mut parts.headers) {
+            Ok(p) => p,
+            Err(refusal) => {
+                arrival.refused(&refusal);
+                return refusal_response(&route, &refusal, true);
+            }
+        },
+    };
     let body = match read_work_body(&route, body, work.inspect_body).await {
         Ok(body) => body,
         Err(refusal) => {
@@ -293,8 +371,11 @@ async fn work_request(
         reuse: inspection.reuse,
         upstream_ref: inspection.upstream_ref,
         wait: None,
-        borrower: None,
-        priority: None,
+        borrower: arrival
+            .borrower
+            .as_deref()
+            .map(|name| BorrowerRef::Name(name.to_owned())),
+        priority,
     };
     let recording = match decide(arrival, &request).await {
         Ok(a) => a,
@@ -439,6 +520,7 @@ async fn decide(arrival: &mut Arrival, request: &WorkRequest) -> Result<Recordin
         }
         decided => decided,
     };
+    arrival.line_position = seat.position;
     if let Some(w) = seat.finish(&decided) {
         arrival.waited = Some(w);
     }

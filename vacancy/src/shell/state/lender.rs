@@ -7,12 +7,14 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::Notify;
 use tracing::{debug, info, warn};
 
+use crate::config::{BorrowerKeys, BorrowersConfig};
 use crate::engine::{
-    Decision, Effect, Engine, EngineError, EngineStatus, EntryId, HeldRelease, LendingHours,
-    Lesson, ModelObservation, OwnerPresence, Phase, PowerSource, Refusal, RefusalCode, Release,
-    ReleaseOutcome, Reservation, UpstreamId, Vacancy, WorkRequest,
+    BorrowerSpecError, Decision, Effect, Engine, EngineError, EngineStatus, EntryId, HeldRelease,
+    LendingHours, Lesson, ModelObservation, OwnerPresence, Phase, PowerSource, Refusal,
+    RefusalCode, Release, ReleaseOutcome, Reservation, UpstreamId, Vacancy, WorkRequest,
 };
 use crate::ledger::store::{ReservationStore, StoreChange, StoreError, StoreFailure, StoreWrite};
+use crate::shell::proxy::gate::BorrowerGate;
 use crate::shell::state::history::History;
 use crate::shell::state::live::LiveWork;
 use crate::shell::state::metrics::{self, Metrics};
@@ -43,6 +45,8 @@ pub struct Lender {
     reclaim_wake: Notify,
     /// Pulled when work is admitted or ends: the power cap (issue 35) follows it.
     work_changed: Notify,
+    /// Named borrowers' keys (issue 34); unset: every borrower is anonymous.
+    gate: std::sync::OnceLock<Arc<BorrowerGate>>,
 }
 
 impl std::fmt::Debug for Lender {
@@ -83,7 +87,82 @@ impl Lender {
             live: LiveWork::default(),
             reclaim_wake: Notify::new(),
             work_changed: Notify::new(),
+            gate: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Turn named borrowers on (issue 34): `keys` under `config`'s terms, in
+    /// the engine and at the proxy's door. Once, at start; a keys file reload
+    /// goes through [`reload_borrowers`](Self::reload_borrowers).
+    ///
+    /// # Errors
+    ///
+    /// The engine refused the table, or borrowers are on already.
+    pub fn set_borrowers(
+        &self,
+        keys: BorrowerKeys,
+        config: &BorrowersConfig,
+    ) -> Result<(), BorrowerSpecError> {
+        let spec = keys.spec(config);
+        self.with_engine(|e| e.set_borrowers(Some(spec)))?;
+        let gate = Arc::new(BorrowerGate::new(keys, config));
+        self.gate.set(gate).map_err(|_| {
+            BorrowerSpecError::BadName("borrowers are on already; reload them instead".to_owned())
+        })
+    }
+
+    /// Replace the borrowers' keys and terms (a keys file reload): each name
+    /// that stays keeps its use, budgets and turns.
+    ///
+    /// # Errors
+    ///
+    /// The engine refused the table; the old one stays in force.
+    pub fn reload_borrowers(
+        &self,
+        keys: BorrowerKeys,
+        config: &BorrowersConfig,
+    ) -> Result<(), BorrowerSpecError> {
+        let spec = keys.spec(config);
+        self.with_engine(|e| e.set_borrowers(Some(spec)))?;
+        if let Some(gate) = self.gate.get() {
+            gate.replace_keys(keys);
+        }
+        Ok(())
+    }
+
+    /// The borrowers' door, with named borrowers on.
+    pub fn borrower_gate(&self) -> Option<&Arc<BorrowerGate>> {
+        self.gate.get()
+    }
+
+    /// Anchor the engine's timeline to the wall clock now (budgets count UTC
+    /// days and weeks; accounting rows carry Unix times).
+    pub fn anchor_wall_clock(&self) {
+        let now = self.clock.now();
+        let unix_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+        self.with_engine(|e| e.set_wall_clock(now, unix_ms));
+    }
+
+    /// Borrower `name`'s own view (`/v1/vacancy/me`): its use, limits,
+    /// budgets and its waiting requests' places in line.
+    pub fn borrower_view(&self, name: &str) -> Option<serde_json::Value> {
+        let now = self.clock.now();
+        let engine = self.lock();
+        let status = engine.borrower_status(name, now)?;
+        let line: Vec<serde_json::Value> = engine
+            .borrower_line(name, now)
+            .into_iter()
+            .map(|(upstream, position)| {
+                serde_json::json!({"upstream": upstream, "position": position})
+            })
+            .collect();
+        let mut v = serde_json::to_value(status).ok()?;
+        if let Some(o) = v.as_object_mut() {
+            o.insert("line".to_owned(), serde_json::Value::Array(line));
+        }
+        Some(v)
     }
 
     /// Run `f` with the engine locked and apply what it decided. Keep `f`
@@ -372,6 +451,7 @@ impl Lender {
             entry: request.id,
             upstream: request.upstream,
             joined: None,
+            position: None,
         }
     }
 
@@ -388,12 +468,20 @@ impl Lender {
             tokio::pin!(landed);
             landed.as_mut().enable();
             let now = self.clock.now();
-            let ((decision, in_line), writes) = self.engine_call(|e| {
+            let first = seat.joined.is_none();
+            let ((decision, place), writes) = self.engine_call(|e| {
                 let d = e.admit(request, now);
-                (d, e.in_line(request.id))
+                // Where it waits, asked once: when it joins the line.
+                let place = if first && e.in_line(request.id) {
+                    Some(e.line_position(request.id, now).map_or(1, |n| n + 1))
+                } else {
+                    None
+                };
+                (d, place)
             });
-            if in_line && seat.joined.is_none() {
+            if let Some(place) = place {
                 seat.joined = Some(std::time::Instant::now());
+                seat.position = Some(place);
             }
             let step = match decision {
                 Decision::Admitted(reservation) => Step::Admitted(Recording {
@@ -621,6 +709,8 @@ pub struct Seat<'a> {
     upstream: UpstreamId,
     /// When it joined the line, if it did.
     joined: Option<std::time::Instant>,
+    /// Its place in line when it joined, 1 being next (`vacancy-line-position`).
+    pub position: Option<u32>,
 }
 
 impl Seat<'_> {

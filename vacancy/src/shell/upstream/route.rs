@@ -37,6 +37,10 @@ pub struct UpstreamRoute {
     /// How long an upgraded connection (a WebSocket) may carry nothing
     /// before it is closed (`[server] tunnel_idle_timeout_s`).
     pub tunnel_idle: Duration,
+    /// The upstream's own credential (`[upstream.credential]`): with named
+    /// borrowers on, a borrower's `Authorization` is its key to vacancyd and
+    /// is taken off, so the upstream gets this in its place (issue 34).
+    pub credential: Option<(http::HeaderName, http::HeaderValue)>,
     /// Keep-alive connections for what reserves nothing (discovery, reads,
     /// allowed management): [`pool::ReadPool`].
     pub reads: pool::ReadPool,
