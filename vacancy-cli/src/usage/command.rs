@@ -8,9 +8,9 @@ use thiserror::Error;
 use vacancy::ledger::{LocationInput, recovery_path};
 use vacancy::registry::AdapterRegistry;
 
-use super::db::{UsageDb, UsageError};
+use super::db::{UsageDb, UsageError, path_beside};
 use super::format;
-use super::report::{By, usage};
+use super::report::{By, usage, utc_day};
 use super::since::Since;
 
 /// The command line of `vacancyd usage`.
@@ -111,7 +111,7 @@ fn default_path(
     let loaded = crate::check_config::load(config, registry)
         .map_err(|e| CommandError::Config(e.to_string()))?;
     let input = LocationInput::from_env(config, &loaded.config.server.admission_state_dir);
-    Ok(super::path_beside(&recovery_path(&input)?))
+    Ok(path_beside(&recovery_path(&input)?))
 }
 
 /// The report of the database at `path`; a missing file is an empty report.
@@ -141,7 +141,7 @@ fn render(path: &Path, since: i64, by: By, format: Format) -> Result<Rendered, U
     };
     let notice = notice.or_else(|| {
         (rows.is_empty() && format == Format::Table)
-            .then(|| format!("nothing recorded since {}", super::utc_day(since)))
+            .then(|| format!("nothing recorded since {}", utc_day(since)))
     });
     Ok(Rendered { out, notice })
 }
@@ -174,7 +174,7 @@ mod tests {
     // issue 34 item 4
     #[test]
     fn the_default_database_is_beside_the_recovery_directory() {
-        let p = super::super::path_beside(Path::new("/etc/vacancyd/vacancyd.admission"));
+        let p = path_beside(Path::new("/etc/vacancyd/vacancyd.admission"));
         assert_eq!(p, Path::new("/etc/vacancyd/usage.sqlite"));
     }
 }

@@ -47,6 +47,15 @@ CREATE TABLE IF NOT EXISTS refusals (
 );
 ";
 
+/// The database's file name.
+pub const DB_FILE: &str = "usage.sqlite";
+
+/// The database of the daemon whose recovery directory is `recovery_dir`:
+/// beside it, so the journal's directory keeps only the journal's files.
+pub fn path_beside(recovery_dir: &Path) -> PathBuf {
+    recovery_dir.parent().unwrap_or(recovery_dir).join(DB_FILE)
+}
+
 /// Why the record cannot be opened, read or written; each names the file.
 #[derive(Debug, Error)]
 pub enum UsageError {
@@ -201,9 +210,7 @@ impl UsageDb {
     /// The file cannot be opened (a missing file is an error: check first),
     /// or a newer vacancyd wrote it.
     pub fn open_read_only(path: &Path) -> Result<UsageDb, UsageError> {
-        let flags = OpenFlags::SQLITE_OPEN_READ_ONLY
-            | OpenFlags::SQLITE_OPEN_URI
-            | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+        let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX;
         let conn =
             Connection::open_with_flags(path, flags).map_err(sqlite(path, "open read-only"))?;
         conn.busy_timeout(BUSY_TIMEOUT)

@@ -13,24 +13,16 @@ mod format;
 mod report;
 mod since;
 
-use std::path::{Path, PathBuf};
-
 pub use command::{Args, run};
 #[allow(
     unused_imports,
     reason = "the daemon's ledger hook uses these (issue 34 item 4)"
 )]
-pub use db::{RefusalRow, ReservationRow, SCHEMA_VERSION, StoredCharge, UsageDb, UsageError};
-pub use report::{By, usage, utc_day};
-
-/// The database's file name.
-pub const DB_FILE: &str = "usage.sqlite";
-
-/// The database of the daemon whose recovery directory is `recovery_dir`:
-/// beside it, so the journal's directory keeps only the journal's files.
-pub fn path_beside(recovery_dir: &Path) -> PathBuf {
-    recovery_dir.parent().unwrap_or(recovery_dir).join(DB_FILE)
-}
+pub use db::{
+    DB_FILE, RefusalRow, ReservationRow, SCHEMA_VERSION, StoredCharge, UsageDb, UsageError,
+    path_beside,
+};
+pub use report::{By, usage};
 
 /// The report `vacancyd usage --json` prints, for the control API to serve
 /// the console's chart: `{"since", "since_unix_ms", "by", "rows"}`.
