@@ -7,7 +7,7 @@ use std::sync::Arc;
 use clap::{Parser, Subcommand};
 use vacancy::registry::AdapterRegistry;
 
-use crate::{admin, calibrate, check_config, daemon, logging, status};
+use crate::{admin, calibrate, check_config, daemon, logging, status, usage};
 
 /// Lend idle AI hardware without getting in its owner's way.
 #[derive(Debug, Parser)]
@@ -75,6 +75,10 @@ enum Command {
     /// Measure a GPU's normal owner load for a while and save it as its
     /// attended or unattended GPU pressure baseline.
     CalibratePressure(calibrate::Args),
+    /// The owner's record of who used the machine: reservations, reserved
+    /// seconds, waits and refusals by borrower, day or resource (read-only:
+    /// it runs while the daemon writes).
+    Usage(usage::Args),
     /// The Windows service: install, uninstall, start, stop, status.
     #[cfg(windows)]
     Service {
@@ -172,6 +176,7 @@ pub(crate) fn main(registry: Arc<AdapterRegistry>) -> ExitCode {
         Command::ServiceRun { config } => crate::service::dispatch(config, registry),
         Command::CalibratePressure(args) => calibrate::run(&args, &registry),
         Command::Borrower { command } => crate::borrower_cmd::run(&command),
+        Command::Usage(args) => usage::run(&args, &registry),
         Command::CheckConfig { config, no_sample } => {
             check_config::run(config.as_deref(), !no_sample, &registry)
         }

@@ -44,6 +44,7 @@ mod service;
 mod settings;
 mod status;
 mod tray;
+mod usage;
 
 use std::path::Path;
 use std::process::ExitCode;
