@@ -88,9 +88,7 @@ fn dispatch(command: &BorrowerCommand) -> Result<(), String> {
             file,
         } => {
             let path = keys_path(file)?;
-            let priority: Priority = priority
-                .parse()
-                .map_err(|e| format!("--priority: {e}"))?;
+            let priority: Priority = priority.parse().map_err(|e| format!("--priority: {e}"))?;
             let budgets = budget
                 .iter()
                 .map(|b| parse_budget(b))
@@ -239,8 +237,17 @@ mod tests {
     #[test]
     fn budgets_are_kind_period_seconds() {
         let b = parse_budget("gpu:week:600").unwrap();
-        assert_eq!((b.kind, b.per, b.seconds), (vacancy::ResourceKind::Gpu, BudgetPeriod::Week, 600));
-        for bad in ["gpu:day", "disk:day:1", "gpu:month:1", "gpu:day:x", "gpu:day:1:2"] {
+        assert_eq!(
+            (b.kind, b.per, b.seconds),
+            (vacancy::ResourceKind::Gpu, BudgetPeriod::Week, 600)
+        );
+        for bad in [
+            "gpu:day",
+            "disk:day:1",
+            "gpu:month:1",
+            "gpu:day:x",
+            "gpu:day:1:2",
+        ] {
             assert!(parse_budget(bad).is_err(), "{bad}");
         }
     }

@@ -18,9 +18,6 @@ pub const KEYS_EVERY: Duration = Duration::from_secs(2);
 /// The keys file's default name, beside the configuration.
 pub const KEYS_FILE: &str = "borrowers.toml";
 
-/// The usage record's default name, beside the recovery directory.
-pub const USAGE_DB: &str = "usage.sqlite";
-
 /// `value` as a path: relative ones resolve against the configuration's
 /// directory (the working directory without a configuration file); empty
 /// is `default` there.
@@ -51,11 +48,9 @@ pub fn usage_path(
     state_dir: &Path,
 ) -> PathBuf {
     if config.usage_db.is_empty() {
-        state_dir
-            .parent()
-            .map_or_else(|| PathBuf::from(USAGE_DB), |p| p.join(USAGE_DB))
+        crate::usage::path_beside(state_dir)
     } else {
-        beside_config(config_path, &config.usage_db, USAGE_DB)
+        beside_config(config_path, &config.usage_db, crate::usage::DB_FILE)
     }
 }
 
@@ -73,15 +68,25 @@ pub async fn keys_loop(
     lender: Arc<Lender>,
     path: PathBuf,
     config: BorrowersConfig,
+    mut usage: Option<crate::usage::UsageDb>,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let mut seen = stamp(&path);
+    let mut refusals = RefusalTally::default();
     loop {
         tokio::select! {
             () = tokio::time::sleep(KEYS_EVERY) => {}
-            _ = shutdown.changed() => return,
+            _ = shutdown.changed() => {
+                if let Some(db) = &mut usage {
+                    refusals.flush(&lender, db);
+                }
+                return;
+            }
         }
         lender.anchor_wall_clock();
+        if let Some(db) = &mut usage {
+            refusals.flush(&lender, db);
+        }
         let now = stamp(&path);
         if now == seen {
             continue;
@@ -102,6 +107,55 @@ pub async fn keys_loop(
             Err(e) => {
                 warn!(path = %path.display(), errors = %e, "the borrowers' keys file has problems; the previous keys stay in force")
             }
+        }
+    }
+}
+
+/// The usage record as the ledger's writer sees it: one row per finished
+/// reservation, written before the journal forgets the entry.
+pub struct UsageRows(pub crate::usage::UsageDb);
+
+impl vacancy::ledger::UsageSink for UsageRows {
+    fn record(&mut self, r: &vacancy::engine::UsageRecord) -> Result<(), String> {
+        self.0.record(r).map(|_| ()).map_err(|e| e.to_string())
+    }
+}
+
+/// Each borrower's refusals by code as last written, so each pass writes
+/// only what was added since.
+#[derive(Default)]
+pub struct RefusalTally {
+    seen: std::collections::HashMap<(String, &'static str), u64>,
+}
+
+impl RefusalTally {
+    /// Add the refusals counted since the last pass to `db`, in today's UTC day.
+    pub fn flush(&mut self, lender: &Lender, db: &mut crate::usage::UsageDb) {
+        let status = lender.status();
+        let day = vacancy::engine::BudgetPeriod::Day.start_of(
+            SystemTime::now()
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX)),
+        );
+        let mut rows: Vec<(String, &'static str, u64)> = Vec::new();
+        for b in &status.borrowers {
+            for (code, &n) in &b.totals.refusals {
+                let last = self.seen.entry((b.name.clone(), code)).or_insert(0);
+                if n > *last {
+                    rows.push((b.name.clone(), code, n - *last));
+                    *last = n;
+                }
+            }
+        }
+        if rows.is_empty() {
+            return;
+        }
+        let counts: Vec<(&str, i64, &str, u64)> = rows
+            .iter()
+            .map(|(name, code, n)| (name.as_str(), day, *code, *n))
+            .collect();
+        if let Err(e) = db.add_refusals(&counts) {
+            warn!(error = %e, "the borrowers' refusal counts could not be written to the usage record");
         }
     }
 }

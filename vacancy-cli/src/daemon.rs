@@ -289,8 +289,31 @@ fn open_ledger(
     let location = resolve_location(&input)?;
     let (ledger, recovered) = Ledger::open(&location.path)?;
     info!(dir = %location.path.display(), created = location.created, restored = recovered.len(), "recovery directory open");
+    // Named borrowers (issue 34): the owner's record, and the entries it
+    // shows were released (their row was written, the crash came before the
+    // journal's release line): released now, not restored held.
+    let mut settled = std::collections::HashSet::new();
+    if let Some(b) = &config.borrowers {
+        let path = crate::borrowers::usage_path(b, config_path, &location.path);
+        let db = crate::usage::UsageDb::open(&path)
+            .map_err(|e| setup_because(format!("the usage record: {e}"), e))?;
+        let ids: Vec<_> = recovered.iter().map(|e| e.id).collect();
+        settled = db
+            .recorded(&ids)
+            .map_err(|e| setup_because(format!("the usage record: {e}"), e))?;
+        ledger
+            .set_usage_sink(Box::new(crate::borrowers::UsageRows(db)))
+            .map_err(|e| setup_because(format!("the usage record: {e}"), e))?;
+        info!(path = %path.display(), "usage record open");
+    }
     let (now, wall) = (clock.now(), std::time::SystemTime::now());
     for entry in &recovered {
+        if settled.contains(&entry.id) {
+            info!(entry = %entry.id, upstream = %entry.upstream, "released before the restart (its use is recorded); its journal record goes now");
+            // Queued in order now; a failure brings it back at the next start.
+            drop(vacancy::ledger::ReservationStore::forget(&ledger, entry.id));
+            continue;
+        }
         let reason = entry.held_reason.clone().unwrap_or_else(|| {
             "restored after a restart; the daemon stopped before its end was proven".to_owned()
         });
@@ -459,10 +482,14 @@ pub async fn start(
 
     let mut tasks = JoinSet::new();
     if let Some((b, path)) = keys_watch {
+        let usage_path = crate::borrowers::usage_path(&b, config_path, &state_dir);
+        let usage = crate::usage::UsageDb::open(&usage_path)
+            .map_err(|e| setup_because(format!("the usage record: {e}"), e))?;
         tasks.spawn(crate::borrowers::keys_loop(
             Arc::clone(&lender),
             path,
             b,
+            Some(usage),
             shutdown.clone(),
         ));
     }
@@ -499,7 +526,6 @@ pub async fn start(
     let control = control_listener
         .local_addr()
         .map_err(|e| setup_because(format!("control listener: {e}"), e))?;
-    #[cfg_attr(not(windows), allow(unused_mut))]
     let mut state = control_state(
         &config,
         config_path,
@@ -518,6 +544,9 @@ pub async fn start(
         state.tokens = vacancy::auth::Tokens::new(tokens);
         pipe
     };
+    if let Some(b) = &config.borrowers {
+        state.usage_db = Some(crate::borrowers::usage_path(b, config_path, &state_dir));
+    }
     let state = Arc::new(state);
     serve_listeners(
         &config,
@@ -740,6 +769,7 @@ fn control_state(
         event_streams: 0.into(),
         hosts: vacancy::shell::proxy::host::HostNames::new(&config.server.allowed_hosts),
         failures: crate::control::failures::AuthFailures::default(),
+        usage_db: None,
     }
 }
 

@@ -40,6 +40,60 @@ pub use state::{ControlState, UpstreamInfo};
 
 type Reply = http::Response<UnsyncBoxBody<Bytes, Infallible>>;
 
+/// `GET /usage?since=30d&by=day|borrower|resource`: the owner's record of
+/// borrowers' use (issue 34), as `vacancyd usage --json` prints it; 404
+/// with named borrowers off.
+async fn usage_report(state: &ControlState, query: &str) -> Reply {
+    let Some(path) = state.usage_db.clone() else {
+        return error(
+            404,
+            "not_found",
+            "named borrowers are off: there is no usage record ([borrowers] in the configuration turns them on)",
+        );
+    };
+    let mut since = "30d".to_owned();
+    let mut by = "day".to_owned();
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        match pair.split_once('=') {
+            Some(("since", v)) => since = v.to_owned(),
+            Some(("by", v)) => by = v.to_owned(),
+            _ => {}
+        }
+    }
+    let since: crate::usage::Since = match since.parse() {
+        Ok(s) => s,
+        Err(e) => return error(400, "invalid_request", format!("since: {e}")),
+    };
+    let by: crate::usage::By = match by.parse() {
+        Ok(b) => b,
+        Err(e) => return error(400, "invalid_request", format!("by: {e}")),
+    };
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+    let start = since.start_unix_ms(now_ms);
+    let report = tokio::task::spawn_blocking(move || {
+        if !path.exists() {
+            return Ok(serde_json::json!({"since_unix_ms": start, "by": by.as_str(), "rows": []}));
+        }
+        let db = crate::usage::UsageDb::open_read_only(&path)?;
+        crate::usage::usage_json(&db, start, by)
+    })
+    .await;
+    match report {
+        Ok(Ok(v)) => respond(200, "application/json", v.to_string()),
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "the usage record could not be read");
+            error(
+                500,
+                "internal",
+                "the usage record could not be read; the daemon's log says why",
+            )
+        }
+        Err(_) => error(500, "internal", "the usage report stopped"),
+    }
+}
+
 fn respond(status: u16, content_type: &str, body: impl Into<Bytes>) -> Reply {
     let mut resp = http::Response::new(Full::new(body.into()).boxed_unsync());
     *resp.status_mut() =
@@ -337,6 +391,10 @@ async fn handle(state: &Arc<ControlState>, conn: &Conn, req: http::Request<Borro
                     Err(e) => error(500, "internal", format!("cannot render history: {e}")),
                 }
             }
+        },
+        (&http::Method::GET, "/usage") => match read_allowed(state, conn, &head).await {
+            Err(e) => e.reply(),
+            Ok(()) => usage_report(state, head.uri.query().unwrap_or("")).await,
         },
         (&http::Method::GET, "/settings") => match read_allowed(state, conn, &head).await {
             Err(e) => e.reply(),

@@ -55,6 +55,8 @@ pub struct ControlState {
     pub hosts: vacancy::shell::proxy::host::HostNames,
     /// Refused tokens, per peer: counted, logged and slowed.
     pub failures: super::failures::AuthFailures,
+    /// The owner's record of borrowers' use (issue 34), with named borrowers on.
+    pub usage_db: Option<std::path::PathBuf>,
 }
 
 /// `/status` (docs/operator-guide.md#see-what-it-is-doing).

@@ -111,7 +111,11 @@ fn default_path(
     let loaded = crate::check_config::load(config, registry)
         .map_err(|e| CommandError::Config(e.to_string()))?;
     let input = LocationInput::from_env(config, &loaded.config.server.admission_state_dir);
-    Ok(path_beside(&recovery_path(&input)?))
+    let recovery = recovery_path(&input)?;
+    Ok(match &loaded.config.borrowers {
+        Some(b) => crate::borrowers::usage_path(b, config, &recovery),
+        None => path_beside(&recovery),
+    })
 }
 
 /// The report of the database at `path`; a missing file is an empty report.

@@ -17,10 +17,6 @@ pub const SCHEMA_VERSION: i32 = 1;
 /// daemon's writes are one row, so any wait this long means something is wrong.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
-#[allow(
-    dead_code,
-    reason = "UsageDb::open creates it; wired separately (issue 34 item 4)"
-)]
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS reservations (
     entry TEXT PRIMARY KEY NOT NULL,
@@ -157,10 +153,6 @@ pub struct UsageDb {
     empty: bool,
 }
 
-#[allow(
-    dead_code,
-    reason = "the daemon's ledger hook writes through it (issue 34 item 4), wired separately"
-)]
 impl UsageDb {
     /// Open for writing, creating the file and its tables if missing.
     ///
@@ -223,19 +215,6 @@ impl UsageDb {
         })
     }
 
-    #[allow(
-        dead_code,
-        reason = "the daemon's ledger hook writes through it (issue 34 item 4), wired separately"
-    )]
-    /// The file.
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
-    #[allow(
-        dead_code,
-        reason = "the daemon's ledger hook writes through it (issue 34 item 4), wired separately"
-    )]
     /// Store one finished reservation; `false` when its entry was stored
     /// already (a record written again after a crash counts once).
     ///
@@ -279,10 +258,6 @@ impl UsageDb {
         Ok(n == 1)
     }
 
-    #[allow(
-        dead_code,
-        reason = "the daemon's ledger hook writes through it (issue 34 item 4), wired separately"
-    )]
     /// Which of `ids` have a row already: on restart the daemon writes the
     /// others before its journal forgets them.
     ///
@@ -310,10 +285,6 @@ impl UsageDb {
         Ok(found)
     }
 
-    #[allow(
-        dead_code,
-        reason = "the daemon's ledger hook writes through it (issue 34 item 4), wired separately"
-    )]
     /// Add refusal counts `(borrower, UTC day's midnight in Unix seconds,
     /// code, n)`, all in one transaction.
     ///

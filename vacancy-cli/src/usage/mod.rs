@@ -14,15 +14,9 @@ mod report;
 mod since;
 
 pub use command::{Args, run};
-#[allow(
-    unused_imports,
-    reason = "the daemon's ledger hook uses these (issue 34 item 4)"
-)]
-pub use db::{
-    DB_FILE, RefusalRow, ReservationRow, SCHEMA_VERSION, StoredCharge, UsageDb, UsageError,
-    path_beside,
-};
+pub use db::{DB_FILE, UsageDb, UsageError, path_beside};
 pub use report::{By, usage};
+pub use since::Since;
 
 /// The report `vacancyd usage --json` prints, for the control API to serve
 /// the console's chart: `{"since", "since_unix_ms", "by", "rows"}`.
@@ -30,10 +24,6 @@ pub use report::{By, usage};
 /// # Errors
 ///
 /// The database cannot be read.
-#[allow(
-    dead_code,
-    reason = "the control API serves it (issue 34 item 4); wired separately"
-)]
 pub fn usage_json(
     db: &UsageDb,
     since_unix_ms: i64,

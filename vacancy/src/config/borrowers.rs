@@ -261,8 +261,9 @@ pub fn keys_file_with(text: &str, entry: &BorrowerEntry) -> Result<String, Confi
     }
     match doc
         .entry("borrower")
-        .or_insert(toml_edit::Item::ArrayOfTables(toml_edit::ArrayOfTables::new()))
-    {
+        .or_insert(toml_edit::Item::ArrayOfTables(
+            toml_edit::ArrayOfTables::new(),
+        )) {
         toml_edit::Item::ArrayOfTables(list) => list.push(t),
         _ => {
             return Err(ConfigErrors::whole(
@@ -454,13 +455,19 @@ mod tests {
         let keys = BorrowerKeys::parse(&added, "k").unwrap();
         assert_eq!(keys.identify("vbk_bob").map(|n| &**n), Some("bob"));
         assert_eq!(keys.entries()[1].budgets.len(), 1);
-        assert!(keys_file_with(&added, &bob).is_err(), "a name is taken once");
+        assert!(
+            keys_file_with(&added, &bob).is_err(),
+            "a name is taken once"
+        );
         let removed = keys_file_without(&added, "alice").unwrap().unwrap();
         let keys = BorrowerKeys::parse(&removed, "k").unwrap();
         assert_eq!(keys.len(), 1);
         assert_eq!(keys.identify(ALICE_KEY), None);
         assert_eq!(keys_file_without(&removed, "alice").unwrap(), None);
-        assert!(keys_file_with("", &bob).is_ok(), "an empty file takes a first borrower");
+        assert!(
+            keys_file_with("", &bob).is_ok(),
+            "an empty file takes a first borrower"
+        );
     }
 
     #[test]
