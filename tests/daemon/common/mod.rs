@@ -245,6 +245,20 @@ impl Daemon {
         Self::start_with(dir, &path, control, proxy)
     }
 
+    /// A crash: kill vacancyd with SIGKILL and start it again on the same
+    /// configuration file, directory and ports.
+    pub fn crash_restart(self) -> Daemon {
+        let port = |url: &str| -> u16 { url.rsplit(':').next().unwrap().parse().unwrap() };
+        let (control, proxy) = (port(&self.control), port(&self.proxy));
+        let Daemon {
+            mut process, dir, ..
+        } = self;
+        process.kill().unwrap();
+        drop(process);
+        let path = dir.path().join("vacancyd.toml");
+        Self::start_with(dir, &path, control, proxy)
+    }
+
     pub fn capacity_file(&self) -> PathBuf {
         self.dir.path().join("gpu0.json")
     }

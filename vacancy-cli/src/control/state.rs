@@ -91,6 +91,10 @@ pub struct StatusDoc {
     /// The owner's terms in force beyond presence (lending hours, the
     /// battery, GPU heat and power limits) and which refuse now (issue 35).
     pub terms: Vec<TermStatus>,
+    /// Named borrowers (issue 34): who runs and waits now, their use since
+    /// the start and their budgets; absent with borrowers off.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub borrowers: Vec<vacancy::engine::BorrowerStatus>,
 }
 
 /// One upstream in `/status`.
@@ -165,6 +169,7 @@ impl ControlState {
             work: s.work,
             reclaims: s.reclaims,
             terms: s.terms,
+            borrowers: s.borrowers,
         }
     }
 

@@ -204,6 +204,8 @@ pub struct Metrics {
     power_cap: Family<ResourceLabel, Gauge>,
     auth_failures: Family<AuthLabels, Counter>,
     control_shed: Family<ReasonLabel, Counter>,
+    /// Named borrowers' use (issue 34).
+    borrowers: super::borrower_metrics::BorrowerMetrics,
     /// Scrapes set gauges and then encode: one at a time.
     scrape: Mutex<()>,
 }
@@ -429,8 +431,10 @@ impl Default for Metrics {
             "Control connections closed or limited to make room, by reason (evicted_idle: an idle or slow connection closed for a newer one; to_reserve: a newcomer served health checks only; evicted_reserve: a reserve connection that had sent nothing closed for a newer one; refused: closed at once)",
             control_shed.clone(),
         );
+        let borrowers = super::borrower_metrics::BorrowerMetrics::register(r);
         Metrics {
             registry,
+            borrowers,
             cache: RwLock::new(HashMap::new()),
             admissions,
             refusals,
@@ -758,6 +762,7 @@ impl Metrics {
 
     fn set_gauges(&self, status: &EngineStatus, facts: &ScrapeFacts) {
         let gauge = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        self.borrowers.set(&status.borrowers);
         for u in &status.upstreams {
             let upstream = UpstreamLabel {
                 upstream: u.name.clone(),

@@ -1,6 +1,7 @@
 //! The shell's shared state: the lender that owns the engine and the ledger, the
 //! metrics, the console's history the lender keeps, live exchanges, the stop signal and the proxy's worker threads.
 
+pub(crate) mod borrower_metrics;
 pub mod history;
 pub(crate) mod lender;
 pub mod live;
