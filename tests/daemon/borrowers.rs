@@ -259,8 +259,8 @@ async fn three_named_borrowers_get_keys_fair_turns_budgets_and_an_honest_record(
 
     // Fair turns: alice queues 20 batch jobs; bob's one interactive job
     // waits for at most the one running.
-    let mut alice_client = Client::start(&base, &alice, 20, 1500, "");
-    let mut bob_client = Client::start(&base, &bob, 1, 1500, "");
+    let mut alice_client = Client::start(&base, &alice, 20, 500, "");
+    let mut bob_client = Client::start(&base, &bob, 1, 500, "");
     alice_client.go();
     d.wait_status_within("alice's backlog", Duration::from_secs(60), |s| {
         s["borrowers"]
@@ -385,27 +385,38 @@ async fn three_named_borrowers_get_keys_fair_turns_budgets_and_an_honest_record(
         "{bb}"
     );
     assert_eq!(c["jobs"].as_u64(), Some(carol_jobs.len() as u64), "{c}");
+    // Each job's reservation lies inside its request as the client saw it
+    // (less its time in line): the record never says more than the
+    // clients saw, and at most 100 ms a job less (the client's own HTTP,
+    // vacancyd's inspection and its post-job sample).
     let sum = |jobs: &[serde_json::Value]| jobs.iter().map(served_s).sum::<f64>();
-    let close = |what: &str, recorded: f64, seen: f64| {
+    let close = |what: &str, recorded: f64, seen: f64, jobs: usize| {
         assert!(
-            (recorded - seen).abs() <= 1.0,
-            "{what}: the record says {recorded:.3} GPU-seconds, the client saw {seen:.3}"
+            recorded <= seen + 0.05 && recorded >= seen - 0.1 * jobs as f64,
+            "{what}: the record says {recorded:.3} GPU-seconds for {jobs} jobs, the client saw {seen:.3}"
         );
     };
     let bob_seen = sum(&bob_jobs) + sum(&more_bob);
-    close("bob", bb["reserved_s"]["gpu"].as_f64().unwrap(), bob_seen);
+    close(
+        "bob",
+        bb["reserved_s"]["gpu"].as_f64().unwrap(),
+        bob_seen,
+        3,
+    );
     close(
         "carol",
         c["reserved_s"]["gpu"].as_f64().unwrap(),
         sum(&carol_jobs),
+        carol_jobs.len(),
     );
-    // Alice's held job counts from its admission to the owner's release.
+    // Alice's held job counts from its admission (just before the kill) to
+    // the owner's release.
     let held_span = released_at - killed_at;
-    let alice_gpu = a["reserved_s"]["gpu"].as_f64().unwrap();
-    let alice_seen = sum(&alice_jobs);
-    assert!(
-        alice_gpu >= alice_seen + held_span - 1.0 && alice_gpu <= alice_seen + held_span + 3.0,
-        "alice: the record says {alice_gpu:.3} GPU-seconds; the client saw {alice_seen:.3} served and the held job spanned {held_span:.3}"
+    close(
+        "alice",
+        a["reserved_s"]["gpu"].as_f64().unwrap() - held_span,
+        sum(&alice_jobs),
+        alice_jobs.len() + 1,
     );
     // Carol's refusal is in the record too (written within seconds).
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
