@@ -7,9 +7,9 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Args, Subcommand};
+use vacancy::auth::{hash_borrower_key, new_borrower_key};
 use vacancy::config::{
-    BorrowerEntry, BorrowerKeys, BudgetEntry, Config, hash_borrower_key, keys_file_with,
-    keys_file_without, new_borrower_key,
+    BorrowerEntry, BudgetEntry, Config, KeysFile, keys_file_with, keys_file_without,
 };
 use vacancy::engine::{BudgetPeriod, Priority};
 
@@ -128,11 +128,11 @@ fn dispatch(command: &BorrowerCommand) -> Result<(), String> {
         }
         BorrowerCommand::List { file } => {
             let path = keys_path(file)?;
-            let keys = BorrowerKeys::load(&path).map_err(|e| e.to_string())?;
-            if keys.is_empty() {
+            let keys = KeysFile::load(&path).map_err(|e| e.to_string())?;
+            if keys.borrowers.is_empty() {
                 eprintln!("no borrowers in {}", path.display());
             }
-            for b in keys.entries() {
+            for b in &keys.borrowers {
                 let limit = |n: Option<u32>| n.map_or_else(|| "-".to_owned(), |n| n.to_string());
                 let budgets: Vec<String> = b
                     .budgets

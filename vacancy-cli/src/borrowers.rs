@@ -8,7 +8,8 @@ use std::time::{Duration, SystemTime};
 
 use tokio::sync::watch;
 use tracing::{info, warn};
-use vacancy::config::{BorrowerKeys, BorrowersConfig};
+use vacancy::auth::BorrowerKeys;
+use vacancy::config::BorrowersConfig;
 use vacancy::shell::Lender;
 
 /// How often the keys file is looked at, and the engine's wall clock

@@ -438,7 +438,7 @@ pub async fn start(
         None => None,
         Some(b) => {
             let path = crate::borrowers::keys_path(b, config_path);
-            let keys = vacancy::config::BorrowerKeys::load(&path).map_err(|e| {
+            let keys = vacancy::auth::BorrowerKeys::load(&path).map_err(|e| {
                 setup(format!("{e}\n(the [borrowers] keys file; fix it, or remove [borrowers] to lend anonymously)"))
             })?;
             engine.set_borrowers(Some(keys.spec(b))).map_err(|e| {

@@ -107,6 +107,113 @@ impl Tokens {
     }
 }
 
+/// The keys of a checked keys file (issue 34), for telling who a borrower
+/// request is for.
+///
+/// # Behavior
+///
+/// A presented key is hashed (SHA-256) and looked up by its hash; the hash
+/// found is compared again in constant time. The lookup's timing depends
+/// only on the hash of what was presented, which tells an attacker nothing
+/// about any key, and no key is ever stored or logged.
+#[derive(Debug, Clone, Default)]
+pub struct BorrowerKeys {
+    by_hash: std::collections::HashMap<[u8; 32], usize>,
+    names: Vec<std::sync::Arc<str>>,
+    file: crate::config::KeysFile,
+}
+
+impl BorrowerKeys {
+    /// The keys of `file`.
+    pub fn new(file: crate::config::KeysFile) -> Self {
+        let mut by_hash = std::collections::HashMap::new();
+        let mut names = Vec::new();
+        for (i, b) in file.borrowers.iter().enumerate() {
+            if let Some(hash) = digest_of_hex(&b.key_sha256) {
+                by_hash.insert(hash, i);
+            }
+            names.push(std::sync::Arc::from(b.name.as_str()));
+        }
+        BorrowerKeys {
+            by_hash,
+            names,
+            file,
+        }
+    }
+
+    /// Read and check the keys file at `path` ([`KeysFile::load`](crate::config::KeysFile::load)).
+    ///
+    /// # Errors
+    ///
+    /// Every problem of the file, each with its key and line.
+    pub fn load(path: &std::path::Path) -> Result<Self, crate::config::ConfigErrors> {
+        crate::config::KeysFile::load(path).map(Self::new)
+    }
+
+    /// The borrower whose key `presented` is, if any.
+    pub fn identify(&self, presented: &str) -> Option<&std::sync::Arc<str>> {
+        let digest: [u8; 32] = Sha256::digest(presented.as_bytes()).into();
+        let &i = self.by_hash.get(&digest)?;
+        let stored = digest_of_hex(&self.file.borrowers[i].key_sha256)?;
+        constant_time_eq(&stored, &digest).then(|| &self.names[i])
+    }
+
+    /// How many borrowers the file names.
+    pub fn len(&self) -> usize {
+        self.names.len()
+    }
+
+    /// Whether it names none.
+    pub fn is_empty(&self) -> bool {
+        self.names.is_empty()
+    }
+
+    /// The file the keys come from.
+    pub fn file(&self) -> &crate::config::KeysFile {
+        &self.file
+    }
+
+    /// The engine's borrower table under `config`'s terms.
+    pub fn spec(&self, config: &crate::config::BorrowersConfig) -> crate::engine::BorrowersSpec {
+        self.file.spec(config)
+    }
+}
+
+/// The 32 bytes of a hex SHA-256; `None` if it is not one.
+fn digest_of_hex(hex: &str) -> Option<[u8; 32]> {
+    let bytes = hex.as_bytes();
+    if bytes.len() != 64 {
+        return None;
+    }
+    let nibble = |c: u8| {
+        char::from(c)
+            .to_digit(16)
+            .and_then(|d| u8::try_from(d).ok())
+    };
+    let mut out = [0u8; 32];
+    for (i, pair) in bytes.chunks_exact(2).enumerate() {
+        out[i] = (nibble(pair[0])? << 4) | nibble(pair[1])?;
+    }
+    Some(out)
+}
+
+/// A fresh borrower key: 32 random bytes from the operating system,
+/// hex-encoded after `vbk_`, so a key found in a log or a paste is
+/// recognizable as vacancy's.
+///
+/// # Errors
+///
+/// The operating system's random source failed.
+pub fn new_borrower_key() -> Result<String, getrandom::Error> {
+    let token = new_token()?;
+    Ok(format!("vbk_{}", token.trim_start_matches("vac_")))
+}
+
+/// The hash a keys file stores for `key`.
+pub fn hash_borrower_key(key: &str) -> String {
+    hash_token(key)
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -214,5 +321,30 @@ mod tests {
                 "{header:?}"
             );
         }
+    }
+
+    #[test]
+    fn a_borrowers_key_names_its_borrower_and_nothing_else_does() {
+        // issue 34 item 1
+        let text = format!(
+            "[[borrower]]\nname = \"alice\"\nkey_sha256 = \"{}\"\n",
+            hash_borrower_key("vbk_alice")
+        );
+        let keys = BorrowerKeys::new(crate::config::KeysFile::parse(&text, "keys").unwrap());
+        assert_eq!(keys.identify("vbk_alice").map(|n| &**n), Some("alice"));
+        assert_eq!(keys.identify("vbk_alicf"), None);
+        assert_eq!(keys.identify(""), None);
+        assert_eq!(
+            keys.identify(&hash_borrower_key("vbk_alice")),
+            None,
+            "the hash is not a key"
+        );
+    }
+
+    #[test]
+    fn new_borrower_keys_are_random_long_and_recognizable() {
+        let (a, b) = (new_borrower_key().unwrap(), new_borrower_key().unwrap());
+        assert_ne!(a, b);
+        assert!(a.starts_with("vbk_") && a.len() == 68, "{a}");
     }
 }

@@ -44,10 +44,7 @@ mod tests;
 
 use std::path::Path;
 
-pub use borrowers::{
-    BorrowerEntry, BorrowerKeys, BudgetEntry, KeysFile, hash_borrower_key, keys_file_with,
-    keys_file_without, new_borrower_key,
-};
+pub use borrowers::{keys_file_with, keys_file_without};
 pub use edit::{ModelEdit, ResourceEdit, SettingsEdit, UpstreamEdit, pending_keys};
 pub use error::{ConfigError, ConfigErrors, ConfigWarning};
 #[cfg(feature = "runtime")]
@@ -55,11 +52,12 @@ pub(crate) use hosts::parse_target;
 pub use hosts::{LOOPBACK, normalize_host, same_server_key};
 pub use kinds::{AdapterKinds, SettingProblem};
 pub use schema::{
-    AdapterKind, BorrowersConfig, Config, CredentialConfig, DEFAULT_STOP_PROOF_TIMEOUT_S,
-    GpuPressureConfig, LendingConfig, MAX_STOP_PROOF_TIMEOUT_S, Management, ModelRequirement,
-    OnBattery, OnBorrowerDisconnect, OnOwnerReturn, OwnerConfig, OwnerScope, PresenceMode,
-    QueueConfig, ResourceConfig, ResourceRequirement, SamplerKind, Scope, ServerConfig,
-    TokenConfig, UpstreamConfig, VoiceRoutesConfig,
+    AdapterKind, BorrowerEntry, BorrowersConfig, BudgetEntry, Config, CredentialConfig,
+    DEFAULT_STOP_PROOF_TIMEOUT_S, GpuPressureConfig, KeysFile, LendingConfig,
+    MAX_STOP_PROOF_TIMEOUT_S, Management, ModelRequirement, OnBattery, OnBorrowerDisconnect,
+    OnOwnerReturn, OwnerConfig, OwnerScope, PresenceMode, QueueConfig, ResourceConfig,
+    ResourceRequirement, SamplerKind, Scope, ServerConfig, TokenConfig, UpstreamConfig,
+    VoiceRoutesConfig,
 };
 pub use validate::EXAMPLE_TOKEN_PLACEHOLDER;
 

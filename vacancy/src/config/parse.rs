@@ -342,7 +342,7 @@ fn check_root(w: &mut Walker, v: &Spanned<DeValue<'_>>, p: &KeyPath) {
 /// The borrowers' keys file (issue 34): `[[borrower]]` tables, each with
 /// its `[[borrower.budget]]` tables.
 pub(crate) fn check_keys_file(w: &mut Walker, v: &Spanned<DeValue<'_>>, p: &KeyPath) {
-    check_struct::<super::borrowers::KeysFile>(
+    check_struct::<super::schema::KeysFile>(
         w,
         v,
         p,
@@ -351,13 +351,13 @@ pub(crate) fn check_keys_file(w: &mut Walker, v: &Spanned<DeValue<'_>>, p: &KeyP
 }
 
 fn check_borrower(w: &mut Walker, v: &Spanned<DeValue<'_>>, p: &KeyPath) {
-    check_struct::<super::borrowers::BorrowerEntry>(
+    check_struct::<super::schema::BorrowerEntry>(
         w,
         v,
         p,
         &[(
             "budget",
-            Nested::Array(check_struct_leaf::<super::borrowers::BudgetEntry>),
+            Nested::Array(check_struct_leaf::<super::schema::BudgetEntry>),
         )],
     );
 }

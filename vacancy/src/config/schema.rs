@@ -732,3 +732,71 @@ impl Default for QueueConfig {
         }
     }
 }
+
+// ---- the borrowers' keys file (issue 34; config::borrowers) ----
+
+/// The whole keys file.
+#[derive(Debug, Clone, PartialEq, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct KeysFile {
+    /// `[[borrower]]`.
+    #[serde(rename = "borrower")]
+    pub borrowers: Vec<BorrowerEntry>,
+}
+
+/// `[[borrower]]`: one named borrower.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BorrowerEntry {
+    /// Its name: up to 64 letters, digits, '-', '_' or '.'.
+    pub name: String,
+    /// The lowercase hex SHA-256 of its key.
+    pub key_sha256: String,
+    /// Its class. Default `interactive`.
+    pub priority: crate::engine::Priority,
+    /// Its weight in the line's turns, 1 to 1000. Default 1.
+    pub share: u32,
+    /// At most this many jobs at once.
+    pub max_running: Option<u32>,
+    /// At most this many requests waiting at once.
+    pub max_waiting: Option<u32>,
+    /// `[[borrower.budget]]`: reservation time per kind and period.
+    #[serde(rename = "budget")]
+    pub budgets: Vec<BudgetEntry>,
+}
+
+impl Default for BorrowerEntry {
+    fn default() -> Self {
+        BorrowerEntry {
+            name: String::new(),
+            key_sha256: String::new(),
+            priority: crate::engine::Priority::Interactive,
+            share: 1,
+            max_running: None,
+            max_waiting: None,
+            budgets: Vec::new(),
+        }
+    }
+}
+
+/// `[[borrower.budget]]`: seconds of one kind of resource per period.
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BudgetEntry {
+    /// `gpu` (default), `memory` or `cpu`.
+    pub kind: ResourceKind,
+    /// `day` (default) or `week`.
+    pub per: crate::engine::BudgetPeriod,
+    /// Seconds of one resource of the kind held, from admission to release.
+    pub seconds: u64,
+}
+
+impl Default for BudgetEntry {
+    fn default() -> Self {
+        BudgetEntry {
+            kind: ResourceKind::Gpu,
+            per: crate::engine::BudgetPeriod::Day,
+            seconds: 0,
+        }
+    }
+}

@@ -2069,10 +2069,10 @@ fn borrowers_table_is_off_by_default_and_checked_when_present() {
 #[test]
 fn the_example_keys_file_is_valid() {
     // issue 34: examples/borrowers.toml parses as the daemon reads it
-    let keys = BorrowerKeys::parse(
+    let keys = KeysFile::parse(
         include_str!("../../../examples/borrowers.toml"),
         "examples/borrowers.toml",
     )
     .unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(keys.len(), 3);
+    assert_eq!(keys.borrowers.len(), 3);
 }

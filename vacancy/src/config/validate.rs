@@ -45,7 +45,7 @@ pub(crate) fn validate(
 
 /// The borrowers' keys file's problems (issue 34), each with its key and line.
 pub(crate) fn validate_keys_file(
-    file: &super::borrowers::KeysFile,
+    file: &super::schema::KeysFile,
     index: &KeyIndex,
 ) -> Vec<ConfigError> {
     let mut cx = Checker {

@@ -7,7 +7,6 @@ pub mod arrival;
 pub(crate) mod completion;
 pub mod conn;
 pub(crate) mod exchange;
-pub mod gate;
 pub mod host;
 pub(crate) mod listen;
 pub(crate) mod service;

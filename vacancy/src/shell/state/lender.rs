@@ -7,14 +7,15 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::Notify;
 use tracing::{debug, info, warn};
 
-use crate::config::{BorrowerKeys, BorrowersConfig};
+use crate::auth::BorrowerKeys;
+use crate::config::BorrowersConfig;
 use crate::engine::{
     BorrowerSpecError, Decision, Effect, Engine, EngineError, EngineStatus, EntryId, HeldRelease,
     LendingHours, Lesson, ModelObservation, OwnerPresence, Phase, PowerSource, Refusal,
     RefusalCode, Release, ReleaseOutcome, Reservation, UpstreamId, Vacancy, WorkRequest,
 };
 use crate::ledger::store::{ReservationStore, StoreChange, StoreError, StoreFailure, StoreWrite};
-use crate::shell::proxy::gate::BorrowerGate;
+use crate::shell::state::gate::BorrowerGate;
 use crate::shell::state::history::History;
 use crate::shell::state::live::LiveWork;
 use crate::shell::state::metrics::{self, Metrics};

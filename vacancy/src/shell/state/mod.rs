@@ -2,6 +2,7 @@
 //! metrics, the console's history the lender keeps, live exchanges, the stop signal and the proxy's worker threads.
 
 pub(crate) mod borrower_metrics;
+pub mod gate;
 pub mod history;
 pub(crate) mod lender;
 pub mod live;

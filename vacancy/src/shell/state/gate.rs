@@ -18,7 +18,8 @@ use std::sync::{Arc, RwLock};
 
 use http::HeaderMap;
 
-use crate::config::{BorrowerKeys, BorrowersConfig};
+use crate::auth::BorrowerKeys;
+use crate::config::BorrowersConfig;
 use crate::engine::{Priority, Refusal, RefusalCode};
 
 /// The header a borrower may send its key in, besides `Authorization: Bearer`.
@@ -172,7 +173,7 @@ mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
     use super::*;
-    use crate::config::hash_borrower_key;
+    use crate::auth::hash_borrower_key;
 
     fn gate(require_key: bool, reads_need_key: bool) -> BorrowerGate {
         let text = format!(
@@ -184,7 +185,8 @@ mod tests {
             reads_need_key,
             ..BorrowersConfig::default()
         };
-        BorrowerGate::new(BorrowerKeys::parse(&text, "k").unwrap(), &config)
+        let file = crate::config::KeysFile::parse(&text, "k").unwrap();
+        BorrowerGate::new(BorrowerKeys::new(file), &config)
     }
 
     fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
