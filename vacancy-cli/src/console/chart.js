@@ -76,7 +76,7 @@ export function usageChart(report) {
   for (let t = Date.parse(`${day(from)}T00:00:00Z`); day(t) <= day(today); t += 86400000) days.push(day(t));
   const rows = new Map((report?.rows ?? []).map((r) => [r.day, r]));
   const total = (r) => KINDS.reduce((n, k) => n + (r?.reserved_s?.[k] ?? 0), 0);
-  const top = Math.max(...days.map((d) => total(rows.get(d))), 1);
+  const top = Math.max(...days.map((d) => total(rows.get(d)))) || 1;
   const slot = (UW - L - R) / Math.max(days.length, 1);
   const y = (v) => T + (UH - T - UB) * (1 - v / top);
   svg.append(el("title", {}, "Seconds reserved by borrowers per UTC day, by resource kind"));
