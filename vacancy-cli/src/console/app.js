@@ -505,7 +505,7 @@ function budgetLine(b) {
 function borrowersPage(s) {
   const all = s.borrowers;
   if (!all) {
-    return [h("p", { class: "empty", id: "borrowers" }, "Named borrowers are off: [borrowers] in the configuration turns them on (docs/borrowers.md).")];
+    return [h("p", { class: "empty", id: "borrowers" }, "No named borrowers: [borrowers] in the configuration turns them on, and vacancyd borrower add NAME adds one (docs/borrowers.md).")];
   }
   const busy = all.filter((b) => b.running > 0).map((b) => `${b.name} (${b.running} running)`);
   const waiting = all.filter((b) => b.waiting > 0).map((b) => `${b.name} (${b.waiting} waiting)`);
