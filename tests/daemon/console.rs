@@ -4,7 +4,8 @@
 //! an exempt route (SCOPE-16), target health apart from admission (UI-04),
 //! work entries (HELD-01), held work with its release command and no release
 //! control (HELD-08), the controls and their refusals, saved settings
-//! (SCOPE-03), and `promtool check metrics` on `/metrics`.
+//! (SCOPE-03), `promtool check metrics` on `/metrics`, and the Borrowers
+//! page (issue 34) with no borrower's key or hash anywhere the owner looks.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 mod common;
@@ -581,6 +582,156 @@ resource = "gpu0"
     let problems = wait(&mut b, "#settings-problems", "nothing was written");
     assert!(problems.contains("owner_scope"), "{problems}");
     assert_eq!(std::fs::read_to_string(&path).unwrap(), saved);
+}
+
+/// Adds borrower `name` with the real `vacancyd borrower add` and returns
+/// the key it prints, once.
+fn add_borrower(config: &Path, name: &str, options: &[&str]) -> String {
+    let out = Command::new(vacancy_test_support::vacancyd())
+        .args(["borrower", "add", name, "--config"])
+        .arg(config)
+        .args(options)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "vacancyd borrower add {name} failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let key = String::from_utf8(out.stdout).unwrap().trim().to_owned();
+    assert!(key.len() >= 20, "not a key: {key:?}");
+    key
+}
+
+async fn get_text(url: &str) -> String {
+    let r = http_request("GET", url, &[], Vec::new()).await.unwrap();
+    assert_eq!(r.status, 200, "{url}: {}", r.text());
+    r.text()
+}
+
+// issue 34: the console's Borrowers page; the key never appears in logs,
+// /status, /metrics or the console.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn borrowers_page_shows_who_borrowed_and_never_a_key() {
+    let llama = LlamaServer::start(LlamaOptions::default()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (control, proxy) = (free_port().unwrap(), free_port().unwrap());
+    let config = format!(
+        r#"[server]
+listen = "127.0.0.1:{control}"
+{tokens}
+[owner]
+presence = "none"
+
+[borrowers]
+{gpu0}
+[[upstream]]
+name = "llama"
+adapter = "llamacpp"
+listen = "127.0.0.1:{proxy}"
+target = "{target}"
+resource = "gpu0"
+default_min_free_mib = 2000
+"#,
+        tokens = tokens(),
+        gpu0 = resource(dir.path(), "gpu0", 1000),
+        target = llama.base_url(),
+    );
+    let path = dir.path().join("vacancyd.toml");
+    std::fs::write(&path, &config).unwrap();
+    let alice = add_borrower(&path, "alice", &["--budget", "gpu:day:3600"]);
+    let bob = add_borrower(&path, "bob", &["--priority", "batch", "--share", "2"]);
+    let secrets = [
+        ("alice's key", alice.clone()),
+        ("bob's key", bob.clone()),
+        ("alice's hash", vacancy::config::hash_borrower_key(&alice)),
+        ("bob's hash", vacancy::config::hash_borrower_key(&bob)),
+    ];
+    let d = Daemon::start_with(dir, &path, control, proxy);
+
+    // Two completions as alice, one as bob, each with its key as a bearer token.
+    for key in [&alice, &alice, &bob] {
+        let auth = format!("Bearer {key}");
+        let r = http_request(
+            "POST",
+            &format!("{}/completion", d.proxy),
+            &[JSON, ("authorization", &auth)],
+            completion(4, false),
+        )
+        .await
+        .unwrap();
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+    d.wait_status("both borrowers' jobs ended", |s| {
+        let jobs = |name: &str| {
+            s["borrowers"]
+                .as_array()
+                .and_then(|b| b.iter().find(|b| b["name"] == name))
+                .map(|b| (b["totals"]["jobs"].clone(), b["running"].clone()))
+        };
+        jobs("alice") == Some((2.into(), 0.into())) && jobs("bob") == Some((1.into(), 0.into()))
+    })
+    .await;
+
+    let mut b = browser();
+    b.get(&format!("{}/#borrowers", d.control)).unwrap();
+    wait(&mut b, "[data-jobs='alice']", "2");
+    wait(&mut b, "[data-jobs='bob']", "1");
+    let table = wait(&mut b, "#borrowers-table", "alice");
+    for part in ["bob", "interactive", "batch"] {
+        assert!(table.contains(part), "{part} missing from:\n{table}");
+    }
+    let budget = wait(
+        &mut b,
+        "tr[data-borrower='alice'] [data-budget='gpu:day']",
+        "resets",
+    );
+    assert!(budget.contains("UTC"), "{budget}");
+    wait(&mut b, "#borrowers-now", "Nobody is borrowing now");
+    // The chart draws the record as the ledger writer wrote it: today's bar.
+    wait(&mut b, "#usage-chart rect.bar", "");
+    assert_eq!(
+        b.js("return document.getElementById('nav-borrowers').hidden")
+            .unwrap(),
+        false,
+        "the page is in the navigation with borrowers on"
+    );
+    if let Ok(out) = std::env::var("VACANCY_CONSOLE_SHOTS") {
+        b.screenshot(&PathBuf::from(out).join("borrowers.png"))
+            .unwrap();
+    }
+
+    // Neither key nor hash anywhere the owner looks: the log, /status,
+    // /metrics, the usage report, or the page as the browser built it.
+    let page = b
+        .js("return document.documentElement.outerHTML")
+        .unwrap()
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(page.contains("alice") && page.contains("bob"), "{page}");
+    let places = [
+        ("the daemon's log", d.process.log()),
+        ("/status", get_text(&format!("{}/status", d.control)).await),
+        (
+            "/metrics",
+            get_text(&format!("{}/metrics", d.control)).await,
+        ),
+        (
+            "/usage by borrower",
+            get_text(&format!("{}/usage?by=borrower", d.control)).await,
+        ),
+        (
+            "/usage by day",
+            get_text(&format!("{}/usage?since=30d&by=day", d.control)).await,
+        ),
+        ("the console page", page),
+    ];
+    for (place, text) in &places {
+        for (what, secret) in &secrets {
+            assert!(!text.contains(secret.as_str()), "{what} is in {place}");
+        }
+    }
 }
 
 fn previous(path: &Path) -> PathBuf {

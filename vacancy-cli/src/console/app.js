@@ -1,12 +1,13 @@
 // The owner console. Everything it shows comes from /status (pushed by the
-// /events stream), /history and /settings; every control is an /admin call
+// /events stream), /history, /usage and /settings; every control is an /admin call
 // with the same token and Vacancy-Intent header as the API. The token is
 // kept in sessionStorage only: never a cookie, never the URL.
 
-import { memoryChart } from "./chart.js";
+import { memoryChart, usageChart } from "./chart.js";
 
 const TOKEN_KEY = "vacancy-token";
-const state = { status: null, history: null, form: null, seen: 0, down: null, page: "overview" };
+const state = { status: null, history: null, usage: null, usageJobs: null, form: null, seen: 0, down: null, page: "overview" };
+const PAGES = ["overview", "workloads", "borrowers", "settings"];
 
 // ---- small DOM helpers (text only: nothing from the daemon becomes markup) ----
 
@@ -33,6 +34,11 @@ function age(s) {
   return `${Math.floor(s / 3600)} h ${Math.floor((s % 3600) / 60)} min`;
 }
 const clock = (t) => new Date(t).toLocaleTimeString();
+/** Seconds with a fraction (reserved and waited time). */
+function dur(s) {
+  if (s == null) return "—";
+  return s < 60 ? `${s.toFixed(s < 10 ? 1 : 0)} s` : age(Math.round(s));
+}
 
 // ---- the token and the admin calls ----
 
@@ -473,6 +479,67 @@ async function saveSettings(form, base) {
   }
 }
 
+// ---- borrowers (issue 34): who borrows now, and their use per day ----
+
+async function loadUsage() {
+  if (!state.status?.borrowers) return;
+  try {
+    const r = await fetch("/usage?since=30d&by=day", reading());
+    state.usage = r.ok ? await r.json() : null;
+  } catch {
+    /* shown by the stream's state */
+  }
+  if (state.page === "borrowers") render();
+}
+
+/** Jobs admitted so far, all borrowers: when it moves, the record has news. */
+const jobsSoFar = (s) => (s.borrowers ?? []).reduce((n, b) => n + b.totals.jobs + b.running, 0);
+
+function budgetLine(b) {
+  const inS = Math.max(0, Math.round(b.resets_unix_s - Date.now() / 1000));
+  return h("li", { class: b.left_s <= 0 ? "spent" : "", "data-budget": `${b.kind}:${b.period}` },
+    `${b.kind} per ${b.period}: ${dur(b.used_s)} used of ${dur(b.allowed_s)}, ${dur(b.left_s)} left; resets ${b.resets} (in ${age(inS)})`);
+}
+
+/** Names, classes and counts only: keys and their hashes never reach /status. */
+function borrowersPage(s) {
+  const all = s.borrowers;
+  if (!all) {
+    return [h("p", { class: "empty", id: "borrowers" }, "No named borrowers: [borrowers] in the configuration turns them on, and vacancyd borrower add NAME adds one (docs/borrowers.md).")];
+  }
+  const busy = all.filter((b) => b.running > 0).map((b) => `${b.name} (${b.running} running)`);
+  const waiting = all.filter((b) => b.waiting > 0).map((b) => `${b.name} (${b.waiting} waiting)`);
+  const limit = (n) => (n == null ? "" : ` of ${n}`);
+  const rows = all.map((b) => h("tr", { "data-borrower": b.name, class: b.running || b.waiting || b.held ? "" : "idle" },
+    h("td", {}, h("strong", {}, b.name)),
+    h("td", {}, b.priority),
+    h("td", { class: "num" }, b.share),
+    h("td", { class: "num", "data-running": b.name }, `${b.running}${limit(b.max_running)}`),
+    h("td", { class: "num", "data-waiting": b.name }, `${b.waiting}${limit(b.max_waiting)}`),
+    h("td", { class: "num" }, b.held ? h("span", { class: "pill held" }, b.held) : "0"),
+    h("td", { class: "num", "data-jobs": b.name }, b.totals.jobs),
+    h("td", { class: "num", "data-gpu-s": b.name }, dur(b.totals.reserved_s.gpu)),
+    h("td", { class: "num" }, dur(b.totals.reserved_s.memory)),
+    h("td", { class: "num" }, dur(b.totals.waited_s)),
+    h("td", { class: "num", title: Object.entries(b.totals.refusals).map(([c, n]) => `${c}: ${n}`).join(", ") },
+      Object.values(b.totals.refusals).reduce((n, x) => n + x, 0)),
+    h("td", {}, b.budgets.length ? h("ul", { class: "budgets" }, b.budgets.map(budgetLine)) : h("span", { class: "muted" }, "none"))));
+  const heads = [["Borrower"], ["Class"], ["Share", "num"], ["Running", "num"], ["Waiting", "num"], ["Held", "num"], ["Jobs", "num"],
+    ["GPU reserved", "num"], ["Memory reserved", "num"], ["Waited", "num"], ["Refused", "num"], ["Budgets"]];
+  return [h("div", { id: "borrowers" },
+    h("h2", {}, `Borrowers (${all.length})`),
+    h("p", { id: "borrowers-now" },
+      busy.length ? `Borrowing now: ${busy.join(", ")}` : "Nobody is borrowing now",
+      waiting.length ? `; in line: ${waiting.join(", ")}` : ""),
+    all.length ? h("table", { id: "borrowers-table", class: "borrowers" },
+      h("thead", {}, h("tr", {}, heads.map(([c, cls]) => h("th", { class: cls ?? null }, c)))), h("tbody", {}, rows))
+      : h("p", { class: "empty" }, "No borrowers yet: vacancyd borrower add NAME --config FILE adds one."),
+    h("p", { class: "note" }, "Jobs, reserved and waited time and refusals count since vacancyd started; budgets count their own day or week (UTC). Keys are never shown: vacancyd borrower add prints a key once."),
+    h("h2", {}, "Use per day"),
+    h("p", { class: "note" }, "Seconds reserved by all borrowers per UTC day over the last 30 days, from the owner's record (vacancyd usage --by day says the same). A job counts on the day it ended."),
+    usageChart(state.usage))];
+}
+
 // ---- page switching and rendering ----
 
 function render() {
@@ -481,6 +548,13 @@ function render() {
   if (!s) return;
   if (state.page === "overview") $("page-overview").replaceChildren(...overview(s).flat());
   if (state.page === "workloads") $("page-workloads").replaceChildren(...workloads(s).flat().filter((x) => x != null));
+  $("nav-borrowers").hidden = !s.borrowers;
+  const jobs = jobsSoFar(s);
+  if (s.borrowers && jobs !== state.usageJobs) {
+    state.usageJobs = jobs;
+    loadUsage();
+  }
+  if (state.page === "borrowers") $("page-borrowers").replaceChildren(...borrowersPage(s));
   if (state.page === "settings") {
     const old = $("settings-pending");
     if (old) old.replaceWith(pendingBanner());
@@ -489,13 +563,14 @@ function render() {
 
 function show() {
   const page = (location.hash || "#overview").slice(1);
-  state.page = ["overview", "workloads", "settings"].includes(page) ? page : "overview";
-  for (const p of ["overview", "workloads", "settings"]) {
+  state.page = PAGES.includes(page) ? page : "overview";
+  for (const p of PAGES) {
     $(`page-${p}`).hidden = p !== state.page;
     document.querySelector(`nav a[data-page="${p}"]`).classList.toggle("current", p === state.page);
   }
   if (state.page === "settings") loadForm();
   if (state.page === "overview") loadHistory();
+  if (state.page === "borrowers") loadUsage();
   render();
 }
 
@@ -518,5 +593,7 @@ $("token-forget").addEventListener("click", () => {
 });
 window.addEventListener("hashchange", show);
 setInterval(loadHistory, 10000);
+// A job's record is written when it ends, a moment after /status shows it.
+setInterval(() => state.page === "borrowers" && loadUsage(), 10000);
 show();
 connect();

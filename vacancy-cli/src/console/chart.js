@@ -53,3 +53,61 @@ export function memoryChart(resource, history, jobs) {
   }
   return svg;
 }
+
+// The borrowers' use per UTC day: the seconds reserved on each resource kind,
+// stacked, one bar a day from the report's start to today.
+
+const KINDS = ["gpu", "memory", "cpu"];
+const UW = 900, UH = 190, UB = 32;
+
+function seconds(s) {
+  if (s < 60) return `${s.toFixed(s < 10 ? 1 : 0)} s`;
+  if (s < 3600) return `${(s / 60).toFixed(1)} min`;
+  return `${(s / 3600).toFixed(1)} h`;
+}
+
+/** An SVG bar chart of `/usage?by=day` (`report`): reserved seconds per day. */
+export function usageChart(report) {
+  const svg = el("svg", { viewBox: `0 0 ${UW} ${UH}`, class: "chart usage", role: "img", id: "usage-chart" });
+  const day = (ms) => new Date(ms).toISOString().slice(0, 10);
+  const today = Date.now();
+  const from = Math.max(report?.since_unix_ms ?? today - 30 * 86400000, today - 400 * 86400000);
+  const days = [];
+  for (let t = Date.parse(`${day(from)}T00:00:00Z`); day(t) <= day(today); t += 86400000) days.push(day(t));
+  const rows = new Map((report?.rows ?? []).map((r) => [r.day, r]));
+  const total = (r) => KINDS.reduce((n, k) => n + (r?.reserved_s?.[k] ?? 0), 0);
+  const top = Math.max(...days.map((d) => total(rows.get(d)))) || 1;
+  const slot = (UW - L - R) / Math.max(days.length, 1);
+  const y = (v) => T + (UH - T - UB) * (1 - v / top);
+  svg.append(el("title", {}, "Seconds reserved by borrowers per UTC day, by resource kind"));
+  svg.append(el("line", { class: "axis", x1: L, x2: UW - R, y1: y(0), y2: y(0) }));
+  svg.append(el("text", { x: L - 4, y: y(top) + 4, "text-anchor": "end" }, seconds(top)));
+  svg.append(el("text", { x: L - 4, y: y(0), "text-anchor": "end" }, "0"));
+  days.forEach((d, i) => {
+    const r = rows.get(d);
+    const x = L + i * slot;
+    if (i === 0 || i === days.length - 1 || i % 7 === 0) {
+      svg.append(el("text", { x: x + slot / 2, y: UH - UB + 14, "text-anchor": "middle" }, d.slice(5)));
+    }
+    if (!r || (r.jobs === 0 && total(r) === 0)) return;
+    const g = el("g", { class: "day", "data-day": d, "data-jobs": r.jobs });
+    g.append(el("title", {}, `${d}: ${r.jobs} ${r.jobs === 1 ? "job" : "jobs"}; reserved ${KINDS.map((k) => `${k} ${seconds(r.reserved_s?.[k] ?? 0)}`).join(", ")}`));
+    let base = 0;
+    for (const k of KINDS) {
+      const v = r.reserved_s?.[k] ?? 0;
+      if (v <= 0) continue;
+      // A sliver stays visible beside a long day.
+      const h = Math.max(y(base) - y(base + v), 2);
+      g.append(el("rect", { class: `bar ${k}`, "data-kind": k, x: x + slot * 0.15, y: y(base) - h, width: slot * 0.7, height: h }));
+      base += v;
+    }
+    if (base === 0) g.append(el("rect", { class: "bar none", x: x + slot * 0.15, y: y(0) - 2, width: slot * 0.7, height: 2 }));
+    svg.append(g);
+  });
+  KINDS.forEach((k, i) => {
+    svg.append(el("rect", { class: `key ${k}`, x: L + i * 130, y: UH - 12, width: 10, height: 10 }));
+    svg.append(el("text", { x: L + i * 130 + 14, y: UH - 3 }, `${k} seconds`));
+  });
+  if (!rows.size) svg.append(el("text", { x: (L + UW) / 2, y: UH / 2, "text-anchor": "middle" }, "nothing recorded in these days yet"));
+  return svg;
+}
