@@ -644,8 +644,8 @@ default_min_free_mib = 2000
     let secrets = [
         ("alice's key", alice.clone()),
         ("bob's key", bob.clone()),
-        ("alice's hash", vacancy::config::hash_borrower_key(&alice)),
-        ("bob's hash", vacancy::config::hash_borrower_key(&bob)),
+        ("alice's hash", vacancy::auth::hash_borrower_key(&alice)),
+        ("bob's hash", vacancy::auth::hash_borrower_key(&bob)),
     ];
     let d = Daemon::start_with(dir, &path, control, proxy);
 
