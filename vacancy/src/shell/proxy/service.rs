@@ -22,7 +22,9 @@ use crate::shell::proxy::exchange::{Exchange, Observed};
 use crate::shell::proxy::host::check_host;
 use crate::shell::proxy::tracked::exchange_tracked;
 use crate::shell::proxy::tunnel::{BorrowerSide, tunnel};
-use crate::shell::state::gate::{Caller, LINE_POSITION_HEADER, ME_PATH, take_priority};
+use crate::shell::state::gate::{
+    BorrowerGate, Caller, LINE_POSITION_HEADER, ME_PATH, take_priority,
+};
 use crate::shell::state::lender::{Decided, Lender, Recording};
 use crate::shell::state::live::{CutSignal, cut_happens, cut_reason};
 use crate::shell::state::metrics::RequestPhase;
@@ -108,32 +110,13 @@ async fn answer_request(
         arrival.refused(&refusal);
         return refusal_response(&route, &refusal, true);
     }
-    let lender = Arc::clone(&arrival.lender);
-    let caller = match lender.borrower_gate() {
-        None => None,
-        Some(gate) => {
-            let caller = gate.take_caller(req.headers_mut());
-            if let Some((name, value)) = &route.credential {
-                req.headers_mut().insert(name.clone(), value.clone());
-            }
-            arrival.borrower = caller.name().cloned();
-            Some((gate, caller))
-        }
-    };
-    if let Some((_, caller)) = &caller
-        && req.method() == http::Method::GET
-        && arrival.path.split('?').next() == Some(ME_PATH)
-    {
-        return borrower_view(arrival, caller);
-    }
     let policy = route_policy(class, req.method(), route.management);
-    if let Some((gate, caller)) = &caller {
-        let refused = match policy {
-            RoutePolicy::Admit(_) => gate.refuse_work(caller),
-            RoutePolicy::Forward => gate.refuse_read(caller),
-            RoutePolicy::Refuse(_) => None,
-        };
-        if let Some(refusal) = refused {
+    if let Some(gate) = arrival.lender.borrower_gate().cloned() {
+        let caller = identify(arrival, &gate, &mut req);
+        if req.method() == http::Method::GET && arrival.path.split('?').next() == Some(ME_PATH) {
+            return borrower_view(arrival, &caller);
+        }
+        if let Some(refusal) = gate.refusal(&caller, &policy) {
             arrival.refused(&refusal);
             let waits_to_send = expects_continue(req.headers());
             return refuse_after_draining(&route, refusal, req.into_body(), waits_to_send).await;
@@ -154,6 +137,22 @@ async fn answer_request(
         RoutePolicy::Forward => forward_unreserved(arrival, req).await,
         RoutePolicy::Admit(work) => work_request(arrival, req, work).await,
     }
+}
+
+/// With named borrowers on: who sent `req`. Its key is taken off (never
+/// forwarded) and the upstream's own credential put on in its place; the
+/// borrower's name goes on the arrival for its admission and its log lines.
+fn identify(
+    arrival: &mut Arrival,
+    gate: &BorrowerGate,
+    req: &mut http::Request<BorrowerBody>,
+) -> Caller {
+    let caller = gate.take_caller(req.headers_mut());
+    if let Some((name, value)) = &arrival.route.credential {
+        req.headers_mut().insert(name.clone(), value.clone());
+    }
+    arrival.borrower = caller.name().cloned();
+    caller
 }
 
 /// `GET /v1/vacancy/me`: the borrower's own use, limits, budgets and place

@@ -21,6 +21,7 @@ use http::HeaderMap;
 use crate::auth::BorrowerKeys;
 use crate::config::BorrowersConfig;
 use crate::engine::{Priority, Refusal, RefusalCode};
+use crate::traits::RoutePolicy;
 
 /// The header a borrower may send its key in, besides `Authorization: Bearer`.
 pub const KEY_HEADER: &str = "x-vacancy-key";
@@ -104,6 +105,17 @@ impl BorrowerGate {
                 Some(name) => Caller::Named(Arc::clone(name)),
                 None => Caller::UnknownKey,
             },
+        }
+    }
+
+    /// Why a request of `policy` from `caller` is refused before it is
+    /// read, if it is: work without a known key, and reads too with
+    /// `reads_need_key`. What the seed refuses anyway is left to its refusal.
+    pub fn refusal(&self, caller: &Caller, policy: &RoutePolicy) -> Option<Refusal> {
+        match policy {
+            RoutePolicy::Admit(_) => self.refuse_work(caller),
+            RoutePolicy::Forward => self.refuse_read(caller),
+            RoutePolicy::Refuse(_) => None,
         }
     }
 
