@@ -105,7 +105,12 @@ fn dispatch(command: &BorrowerCommand) -> Result<(), String> {
                 budgets,
             };
             let text = read_keys(&path)?;
-            let out = keys_file_with(&text, &entry).map_err(|e| e.to_string())?;
+            let out = keys_file_with(&text, &entry).map_err(|e| {
+                format!(
+                    "borrower {name:?} was not added, {} is unchanged:\n{e}",
+                    path.display()
+                )
+            })?;
             write_keys(&path, &out)?;
             println!("{key}");
             eprintln!(
