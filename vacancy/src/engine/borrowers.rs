@@ -308,6 +308,17 @@ pub(super) struct BorrowerState {
     /// Finished reservation time per period (day, week).
     tallies: [Tally; 2],
     pub(super) totals: Totals,
+    /// What it has now, kept as entries and waiters come and go so that
+    /// admission never scans them (`Engine::recount_borrowers` rebuilds it).
+    pub(super) now: NowCounts,
+}
+
+/// A borrower's entries (held ones included), held entries and waiters now.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) struct NowCounts {
+    pub(super) running: u32,
+    pub(super) held: u32,
+    pub(super) waiting: u32,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -328,6 +339,7 @@ impl BorrowerState {
             finish: [0; 2],
             tallies: [Tally::default(); 2],
             totals: Totals::default(),
+            now: NowCounts::default(),
         }
     }
 
@@ -487,6 +499,7 @@ impl Engine {
                     });
                 }
                 self.borrowers = b;
+                self.recount_borrowers();
                 self.wake_waiters();
                 Ok(())
             }
@@ -554,38 +567,76 @@ impl Engine {
         Ok(Some(Claim { slot, class }))
     }
 
-    /// How many jobs of borrower `slot` exist now, and how many are held.
-    fn running_of(&self, slot: usize) -> (u32, u32) {
-        let mut running = 0u32;
-        let mut held = 0u32;
+    /// Each borrower's entries, held entries and waiters, counted afresh.
+    fn counted_borrowers(&self) -> Vec<NowCounts> {
+        let Some(b) = &self.borrowers else {
+            return Vec::new();
+        };
+        let mut counts = vec![NowCounts::default(); b.state.len()];
         for e in self.entries.values() {
-            if e.borrower.is_some_and(|c| c.slot == slot) {
-                running += 1;
+            if let Some(n) = e.borrower.and_then(|c| counts.get_mut(c.slot)) {
+                n.running += 1;
                 if e.phase == super::Phase::Held {
-                    held += 1;
+                    n.held += 1;
                 }
             }
         }
-        (running, held)
+        for w in &self.line {
+            if let Some(n) = w.borrower.and_then(|c| counts.get_mut(c.slot)) {
+                n.waiting += 1;
+            }
+        }
+        counts
     }
 
-    /// How many requests of borrower `slot` wait in line now.
-    pub(super) fn waiting_of(&self, slot: usize) -> u32 {
-        let n = self
-            .line
-            .iter()
-            .filter(|w| w.borrower.is_some_and(|c| c.slot == slot))
-            .count();
-        u32::try_from(n).unwrap_or(u32::MAX)
+    /// Rebuild each borrower's counts from the entries and the line (a new
+    /// table moves slots).
+    fn recount_borrowers(&mut self) {
+        let counts = self.counted_borrowers();
+        if let Some(b) = &mut self.borrowers {
+            for (s, n) in b.state.iter_mut().zip(counts) {
+                s.now = n;
+            }
+        }
+    }
+
+    /// Debug builds: the kept counts match a recount.
+    pub(super) fn debug_check_counts(&self) {
+        if cfg!(debug_assertions)
+            && let Some(b) = &self.borrowers
+        {
+            let kept: Vec<NowCounts> = b.state.iter().map(|s| s.now).collect();
+            debug_assert_eq!(kept, self.counted_borrowers(), "borrower counts drifted");
+        }
+    }
+
+    /// The counts of borrower `slot` now.
+    fn now_of(&self, slot: usize) -> NowCounts {
+        self.borrowers
+            .as_ref()
+            .and_then(|b| b.state.get(slot))
+            .map_or_else(NowCounts::default, |s| s.now)
+    }
+
+    /// Borrower `slot`'s counts, changed by `f` (with borrowers on).
+    pub(super) fn adjust_counts(&mut self, claim: Option<Claim>, f: impl FnOnce(&mut NowCounts)) {
+        if let Some(s) = claim.and_then(|c| self.borrowers.as_mut()?.state.get_mut(c.slot)) {
+            f(&mut s.now);
+        }
+    }
+
+    /// A waiter of `claim` left the line.
+    pub(super) fn count_left_line(&mut self, claim: Option<Claim>) {
+        self.adjust_counts(claim, |n| n.waiting = n.waiting.saturating_sub(1));
     }
 
     /// Whether borrower `slot` runs as many jobs as it may.
     pub(super) fn at_max_running(&self, slot: usize) -> bool {
-        let Some(b) = &self.borrowers else {
+        let Some(s) = self.borrowers.as_ref().and_then(|b| b.state.get(slot)) else {
             return false;
         };
-        match b.state[slot].spec.max_running {
-            Some(max) => self.running_of(slot).0 >= max,
+        match s.spec.max_running {
+            Some(max) => s.now.running >= max,
             None => false,
         }
     }
@@ -615,7 +666,7 @@ impl Engine {
         let c = claim?;
         let s = &self.borrowers.as_ref()?.state[c.slot];
         let max = s.spec.max_waiting?;
-        let waiting = self.waiting_of(c.slot);
+        let waiting = s.now.waiting;
         (waiting >= max).then(|| {
             Refusal::new(
                 RefusalCode::BorrowerLimit,
@@ -641,6 +692,9 @@ impl Engine {
         } else {
             Duration::ZERO
         };
+        if b.state[slot].now.running == 0 {
+            return used;
+        }
         let from = w.from;
         for e in self.entries.values() {
             if e.borrower.is_some_and(|c| c.slot == slot) {
@@ -725,13 +779,17 @@ impl Engine {
         s.finish[k] = start.saturating_add(s.cost());
         s.totals.jobs += 1;
         s.totals.waited += waited;
+        // Its entry is inserted next.
+        s.now.running += 1;
         b.vtime[k] = b.vtime[k].max(start);
     }
 
     /// An entry of borrower `claim` turned held.
     pub(super) fn count_held(&mut self, claim: Option<Claim>) {
         if let (Some(c), Some(b)) = (claim, &mut self.borrowers) {
-            b.state[c.slot].totals.held += 1;
+            let s = &mut b.state[c.slot];
+            s.totals.held += 1;
+            s.now.held += 1;
         }
     }
 
@@ -742,6 +800,13 @@ impl Engine {
         let Some(c) = e.borrower else {
             return;
         };
+        let was_held = e.phase == super::Phase::Held;
+        self.adjust_counts(Some(c), |n| {
+            n.running = n.running.saturating_sub(1);
+            if was_held {
+                n.held = n.held.saturating_sub(1);
+            }
+        });
         self.refresh_windows(now);
         let released_ms = self.wall.unix_ms(now);
         let Some(b) = &mut self.borrowers else {
@@ -812,8 +877,11 @@ impl Engine {
         let unix_now = self.wall.unix_ms(now).div_euclid(1000);
         let mut out = Vec::with_capacity(b.state.len());
         for (slot, s) in b.state.iter().enumerate() {
-            let (running, held) = self.running_of(slot);
-            let waiting = self.waiting_of(slot);
+            let NowCounts {
+                running,
+                held,
+                waiting,
+            } = self.now_of(slot);
             if s.retired && running == 0 && waiting == 0 {
                 continue;
             }

@@ -697,6 +697,7 @@ impl Engine {
         if let Decision::Refused(r) = &decision {
             self.count_refusal(claim, r.code);
         }
+        self.debug_check_counts();
         decision
     }
 
@@ -1279,6 +1280,7 @@ impl Engine {
                 e.was_held = true;
                 let claim = e.borrower;
                 self.count_held(claim);
+                self.debug_check_counts();
                 self.effects.push(Effect::MarkHeld { entry: id, reason });
                 self.effects.push(Effect::WakeReclaims);
                 Ok(Release::Held)
@@ -1339,6 +1341,7 @@ impl Engine {
         self.effects.push(Effect::Observe(UpstreamId(upstream)));
         self.effects.push(Effect::WakeReclaims);
         self.wake_waiters();
+        self.debug_check_counts();
     }
 
     /// Return an entry recorded before a restart as held, reserving its
