@@ -294,6 +294,13 @@ pub(super) struct Window {
     valid: bool,
 }
 
+impl Window {
+    /// Whether it is filled in and holds `now`.
+    fn holds(&self, now: Moment) -> bool {
+        self.valid && self.from <= now && now < self.until
+    }
+}
+
 /// What the engine keeps per borrower.
 #[derive(Debug, Clone)]
 pub(super) struct BorrowerState {
@@ -311,6 +318,9 @@ pub(super) struct BorrowerState {
     /// What it has now, kept as entries and waiters come and go so that
     /// admission never scans them (`Engine::recount_borrowers` rebuilds it).
     pub(super) now: NowCounts,
+    /// Its turn length in virtual time, divided out once here rather than
+    /// at every admission.
+    cost: u64,
 }
 
 /// A borrower's entries (held ones included), held entries and waiters now.
@@ -334,6 +344,7 @@ impl BorrowerState {
     fn new(spec: BorrowerSpec) -> Self {
         BorrowerState {
             name: Arc::from(spec.name.as_str()),
+            cost: TURN / u64::from(spec.share.clamp(1, MAX_SHARE)),
             spec,
             retired: false,
             finish: [0; 2],
@@ -343,9 +354,19 @@ impl BorrowerState {
         }
     }
 
+    /// Reservation time of `kind` its finished jobs used in window `w`.
+    fn finished_in(&self, kind: ResourceKind, period: BudgetPeriod, w: &Window) -> Duration {
+        let tally = &self.tallies[period.index()];
+        if tally.start == w.start_unix {
+            tally.used[kind_index(kind)]
+        } else {
+            Duration::ZERO
+        }
+    }
+
     /// Its turn length in virtual time.
     pub(super) fn cost(&self) -> u64 {
-        TURN / u64::from(self.spec.share.clamp(1, MAX_SHARE))
+        self.cost
     }
 }
 
@@ -528,13 +549,21 @@ impl Engine {
     }
 
     /// The `period` holding `now`: the cached window, or a fresh one.
+    #[inline]
     fn window(&self, period: BudgetPeriod, now: Moment) -> Window {
         if let Some(b) = &self.borrowers {
             let w = b.windows[period.index()];
-            if w.valid && w.from <= now && now < w.until {
+            if w.holds(now) {
                 return w;
             }
         }
+        self.fresh_window(period, now)
+    }
+
+    /// The `period` holding `now`, computed: the calendar arithmetic that
+    /// the cache saves while `now` stays inside the period.
+    #[cold]
+    fn fresh_window(&self, period: BudgetPeriod, now: Moment) -> Window {
         let start_unix = period.start_of(self.wall.unix_ms(now).div_euclid(1000));
         let len = i64::try_from(period.length().as_secs()).unwrap_or(i64::MAX);
         Window {
@@ -546,7 +575,18 @@ impl Engine {
     }
 
     /// Cache the day and week holding `now`.
+    #[inline]
     pub(super) fn refresh_windows(&mut self, now: Moment) {
+        if let Some(b) = &self.borrowers
+            && !(b.windows[0].holds(now) && b.windows[1].holds(now))
+        {
+            self.cache_windows(now);
+        }
+    }
+
+    /// Cache fresh windows: a new period began, or the clock was anchored.
+    #[cold]
+    fn cache_windows(&mut self, now: Moment) {
         let fresh = [
             self.window(BudgetPeriod::Day, now),
             self.window(BudgetPeriod::Week, now),
@@ -682,17 +722,12 @@ impl Engine {
     /// holding `now`: its finished jobs' part inside the period and its
     /// running jobs' part so far.
     fn used(&self, slot: usize, kind: ResourceKind, period: BudgetPeriod, now: Moment) -> Duration {
-        let Some(b) = &self.borrowers else {
+        let Some(s) = self.borrowers.as_ref().and_then(|b| b.state.get(slot)) else {
             return Duration::ZERO;
         };
         let w = self.window(period, now);
-        let tally = b.state[slot].tallies[period.index()];
-        let mut used = if tally.start == w.start_unix {
-            tally.used[kind_index(kind)]
-        } else {
-            Duration::ZERO
-        };
-        if b.state[slot].now.running == 0 {
+        let mut used = s.finished_in(kind, period, &w);
+        if s.now.running == 0 {
             return used;
         }
         let from = w.from;
@@ -721,6 +756,9 @@ impl Engine {
     ) -> Option<Refusal> {
         let c = claim?;
         let s = &self.borrowers.as_ref()?.state[c.slot];
+        if s.spec.budgets.is_empty() {
+            return None;
+        }
         let mut spent: Option<(Moment, String)> = None;
         for budget in &s.spec.budgets {
             let needs = self.upstreams[up]
@@ -730,7 +768,12 @@ impl Engine {
             if !needs {
                 continue;
             }
-            let used = self.used(c.slot, budget.kind, budget.period, now);
+            // A borrower running nothing used only its finished jobs' time.
+            let used = if s.now.running == 0 {
+                s.finished_in(budget.kind, budget.period, &self.window(budget.period, now))
+            } else {
+                self.used(c.slot, budget.kind, budget.period, now)
+            };
             if used < budget.allowed {
                 continue;
             }
@@ -830,11 +873,14 @@ impl Engine {
                 };
             }
             let part = now.since(admitted.max(w.from));
+            // Kinds it holds none of add nothing: skip their arithmetic.
             for (used, n) in tally.used.iter_mut().zip(kinds) {
-                *used += part * n;
+                if n != 0 {
+                    *used += part * n;
+                }
             }
         }
-        let per_kind = kinds.map(|n| held_for * n);
+        let per_kind = kinds.map(|n| if n == 0 { Duration::ZERO } else { held_for * n });
         for (total, d) in s.totals.reserved.iter_mut().zip(per_kind) {
             *total += d;
         }
