@@ -294,6 +294,13 @@ pub(super) struct Window {
     valid: bool,
 }
 
+impl Window {
+    /// Whether it is filled in and holds `now`.
+    fn holds(&self, now: Moment) -> bool {
+        self.valid && self.from <= now && now < self.until
+    }
+}
+
 /// What the engine keeps per borrower.
 #[derive(Debug, Clone)]
 pub(super) struct BorrowerState {
@@ -308,6 +315,20 @@ pub(super) struct BorrowerState {
     /// Finished reservation time per period (day, week).
     tallies: [Tally; 2],
     pub(super) totals: Totals,
+    /// What it has now, kept as entries and waiters come and go so that
+    /// admission never scans them (`Engine::recount_borrowers` rebuilds it).
+    pub(super) now: NowCounts,
+    /// Its turn length in virtual time, divided out once here rather than
+    /// at every admission.
+    cost: u64,
+}
+
+/// A borrower's entries (held ones included), held entries and waiters now.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) struct NowCounts {
+    pub(super) running: u32,
+    pub(super) held: u32,
+    pub(super) waiting: u32,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -323,17 +344,29 @@ impl BorrowerState {
     fn new(spec: BorrowerSpec) -> Self {
         BorrowerState {
             name: Arc::from(spec.name.as_str()),
+            cost: TURN / u64::from(spec.share.clamp(1, MAX_SHARE)),
             spec,
             retired: false,
             finish: [0; 2],
             tallies: [Tally::default(); 2],
             totals: Totals::default(),
+            now: NowCounts::default(),
+        }
+    }
+
+    /// Reservation time of `kind` its finished jobs used in window `w`.
+    fn finished_in(&self, kind: ResourceKind, period: BudgetPeriod, w: &Window) -> Duration {
+        let tally = &self.tallies[period.index()];
+        if tally.start == w.start_unix {
+            tally.used[kind_index(kind)]
+        } else {
+            Duration::ZERO
         }
     }
 
     /// Its turn length in virtual time.
     pub(super) fn cost(&self) -> u64 {
-        TURN / u64::from(self.spec.share.clamp(1, MAX_SHARE))
+        self.cost
     }
 }
 
@@ -487,6 +520,7 @@ impl Engine {
                     });
                 }
                 self.borrowers = b;
+                self.recount_borrowers();
                 self.wake_waiters();
                 Ok(())
             }
@@ -550,13 +584,21 @@ impl Engine {
     }
 
     /// The `period` holding `now`: the cached window, or a fresh one.
+    #[inline]
     fn window(&self, period: BudgetPeriod, now: Moment) -> Window {
         if let Some(b) = &self.borrowers {
             let w = b.windows[period.index()];
-            if w.valid && w.from <= now && now < w.until {
+            if w.holds(now) {
                 return w;
             }
         }
+        self.fresh_window(period, now)
+    }
+
+    /// The `period` holding `now`, computed: the calendar arithmetic that
+    /// the cache saves while `now` stays inside the period.
+    #[cold]
+    fn fresh_window(&self, period: BudgetPeriod, now: Moment) -> Window {
         let start_unix = period.start_of(self.wall.unix_ms(now).div_euclid(1000));
         let len = i64::try_from(period.length().as_secs()).unwrap_or(i64::MAX);
         Window {
@@ -568,7 +610,18 @@ impl Engine {
     }
 
     /// Cache the day and week holding `now`.
+    #[inline]
     pub(super) fn refresh_windows(&mut self, now: Moment) {
+        if let Some(b) = &self.borrowers
+            && !(b.windows[0].holds(now) && b.windows[1].holds(now))
+        {
+            self.cache_windows(now);
+        }
+    }
+
+    /// Cache fresh windows: a new period began, or the clock was anchored.
+    #[cold]
+    fn cache_windows(&mut self, now: Moment) {
         let fresh = [
             self.window(BudgetPeriod::Day, now),
             self.window(BudgetPeriod::Week, now),
@@ -589,38 +642,76 @@ impl Engine {
         Ok(Some(Claim { slot, class }))
     }
 
-    /// How many jobs of borrower `slot` exist now, and how many are held.
-    fn running_of(&self, slot: usize) -> (u32, u32) {
-        let mut running = 0u32;
-        let mut held = 0u32;
+    /// Each borrower's entries, held entries and waiters, counted afresh.
+    fn counted_borrowers(&self) -> Vec<NowCounts> {
+        let Some(b) = &self.borrowers else {
+            return Vec::new();
+        };
+        let mut counts = vec![NowCounts::default(); b.state.len()];
         for e in self.entries.values() {
-            if e.borrower.is_some_and(|c| c.slot == slot) {
-                running += 1;
+            if let Some(n) = e.borrower.and_then(|c| counts.get_mut(c.slot)) {
+                n.running += 1;
                 if e.phase == super::Phase::Held {
-                    held += 1;
+                    n.held += 1;
                 }
             }
         }
-        (running, held)
+        for w in &self.line {
+            if let Some(n) = w.borrower.and_then(|c| counts.get_mut(c.slot)) {
+                n.waiting += 1;
+            }
+        }
+        counts
     }
 
-    /// How many requests of borrower `slot` wait in line now.
-    pub(super) fn waiting_of(&self, slot: usize) -> u32 {
-        let n = self
-            .line
-            .iter()
-            .filter(|w| w.borrower.is_some_and(|c| c.slot == slot))
-            .count();
-        u32::try_from(n).unwrap_or(u32::MAX)
+    /// Rebuild each borrower's counts from the entries and the line (a new
+    /// table moves slots).
+    fn recount_borrowers(&mut self) {
+        let counts = self.counted_borrowers();
+        if let Some(b) = &mut self.borrowers {
+            for (s, n) in b.state.iter_mut().zip(counts) {
+                s.now = n;
+            }
+        }
+    }
+
+    /// Debug builds: the kept counts match a recount.
+    pub(super) fn debug_check_counts(&self) {
+        if cfg!(debug_assertions)
+            && let Some(b) = &self.borrowers
+        {
+            let kept: Vec<NowCounts> = b.state.iter().map(|s| s.now).collect();
+            debug_assert_eq!(kept, self.counted_borrowers(), "borrower counts drifted");
+        }
+    }
+
+    /// The counts of borrower `slot` now.
+    fn now_of(&self, slot: usize) -> NowCounts {
+        self.borrowers
+            .as_ref()
+            .and_then(|b| b.state.get(slot))
+            .map_or_else(NowCounts::default, |s| s.now)
+    }
+
+    /// Borrower `slot`'s counts, changed by `f` (with borrowers on).
+    pub(super) fn adjust_counts(&mut self, claim: Option<Claim>, f: impl FnOnce(&mut NowCounts)) {
+        if let Some(s) = claim.and_then(|c| self.borrowers.as_mut()?.state.get_mut(c.slot)) {
+            f(&mut s.now);
+        }
+    }
+
+    /// A waiter of `claim` left the line.
+    pub(super) fn count_left_line(&mut self, claim: Option<Claim>) {
+        self.adjust_counts(claim, |n| n.waiting = n.waiting.saturating_sub(1));
     }
 
     /// Whether borrower `slot` runs as many jobs as it may.
     pub(super) fn at_max_running(&self, slot: usize) -> bool {
-        let Some(b) = &self.borrowers else {
+        let Some(s) = self.borrowers.as_ref().and_then(|b| b.state.get(slot)) else {
             return false;
         };
-        match b.state[slot].spec.max_running {
-            Some(max) => self.running_of(slot).0 >= max,
+        match s.spec.max_running {
+            Some(max) => s.now.running >= max,
             None => false,
         }
     }
@@ -650,7 +741,7 @@ impl Engine {
         let c = claim?;
         let s = &self.borrowers.as_ref()?.state[c.slot];
         let max = s.spec.max_waiting?;
-        let waiting = self.waiting_of(c.slot);
+        let waiting = s.now.waiting;
         (waiting >= max).then(|| {
             Refusal::new(
                 RefusalCode::BorrowerLimit,
@@ -666,16 +757,14 @@ impl Engine {
     /// holding `now`: its finished jobs' part inside the period and its
     /// running jobs' part so far.
     fn used(&self, slot: usize, kind: ResourceKind, period: BudgetPeriod, now: Moment) -> Duration {
-        let Some(b) = &self.borrowers else {
+        let Some(s) = self.borrowers.as_ref().and_then(|b| b.state.get(slot)) else {
             return Duration::ZERO;
         };
         let w = self.window(period, now);
-        let tally = b.state[slot].tallies[period.index()];
-        let mut used = if tally.start == w.start_unix {
-            tally.used[kind_index(kind)]
-        } else {
-            Duration::ZERO
-        };
+        let mut used = s.finished_in(kind, period, &w);
+        if s.now.running == 0 {
+            return used;
+        }
         let from = w.from;
         for e in self.entries.values() {
             if e.borrower.is_some_and(|c| c.slot == slot) {
@@ -702,6 +791,9 @@ impl Engine {
     ) -> Option<Refusal> {
         let c = claim?;
         let s = &self.borrowers.as_ref()?.state[c.slot];
+        if s.spec.budgets.is_empty() {
+            return None;
+        }
         let mut spent: Option<(Moment, String)> = None;
         for budget in &s.spec.budgets {
             let needs = self.upstreams[up]
@@ -711,7 +803,12 @@ impl Engine {
             if !needs {
                 continue;
             }
-            let used = self.used(c.slot, budget.kind, budget.period, now);
+            // A borrower running nothing used only its finished jobs' time.
+            let used = if s.now.running == 0 {
+                s.finished_in(budget.kind, budget.period, &self.window(budget.period, now))
+            } else {
+                self.used(c.slot, budget.kind, budget.period, now)
+            };
             if used < budget.allowed {
                 continue;
             }
@@ -760,13 +857,17 @@ impl Engine {
         s.finish[k] = start.saturating_add(s.cost());
         s.totals.jobs += 1;
         s.totals.waited += waited;
+        // Its entry is inserted next.
+        s.now.running += 1;
         b.vtime[k] = b.vtime[k].max(start);
     }
 
     /// An entry of borrower `claim` turned held.
     pub(super) fn count_held(&mut self, claim: Option<Claim>) {
         if let (Some(c), Some(b)) = (claim, &mut self.borrowers) {
-            b.state[c.slot].totals.held += 1;
+            let s = &mut b.state[c.slot];
+            s.totals.held += 1;
+            s.now.held += 1;
         }
     }
 
@@ -777,6 +878,13 @@ impl Engine {
         let Some(c) = e.borrower else {
             return;
         };
+        let was_held = e.phase == super::Phase::Held;
+        self.adjust_counts(Some(c), |n| {
+            n.running = n.running.saturating_sub(1);
+            if was_held {
+                n.held = n.held.saturating_sub(1);
+            }
+        });
         self.refresh_windows(now);
         let released_ms = self.wall.unix_ms(now);
         let Some(b) = &mut self.borrowers else {
@@ -800,11 +908,14 @@ impl Engine {
                 };
             }
             let part = now.since(admitted.max(w.from));
+            // Kinds it holds none of add nothing: skip their arithmetic.
             for (used, n) in tally.used.iter_mut().zip(kinds) {
-                *used += part * n;
+                if n != 0 {
+                    *used += part * n;
+                }
             }
         }
-        let per_kind = kinds.map(|n| held_for * n);
+        let per_kind = kinds.map(|n| if n == 0 { Duration::ZERO } else { held_for * n });
         for (total, d) in s.totals.reserved.iter_mut().zip(per_kind) {
             *total += d;
         }
@@ -864,8 +975,11 @@ impl Engine {
         let unix_now = self.wall.unix_ms(now).div_euclid(1000);
         let mut out = Vec::with_capacity(b.state.len());
         for (slot, s) in b.state.iter().enumerate() {
-            let (running, held) = self.running_of(slot);
-            let waiting = self.waiting_of(slot);
+            let NowCounts {
+                running,
+                held,
+                waiting,
+            } = self.now_of(slot);
             if s.retired && running == 0 && waiting == 0 {
                 continue;
             }

@@ -88,7 +88,14 @@ impl Effects {
             effect,
             Effect::WakeReclaims | Effect::WakeWaiters | Effect::Sample(_) | Effect::Observe(_)
         );
-        if idempotent && self.queue.contains(&effect) {
+        // Variants first: a full comparison only against the same kind.
+        let kind = std::mem::discriminant(&effect);
+        if idempotent
+            && self
+                .queue
+                .iter()
+                .any(|e| std::mem::discriminant(e) == kind && *e == effect)
+        {
             return;
         }
         self.queue.push_back(effect);

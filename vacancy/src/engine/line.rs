@@ -160,7 +160,17 @@ impl Engine {
     /// Drop waiters gone past their deadline by [`LINE_EXPIRY_GRACE`].
     pub(super) fn expire_line(&mut self, now: Moment) {
         let before = self.line.len();
-        self.line.retain(|w| now < w.until.after(LINE_EXPIRY_GRACE));
+        let mut gone = Vec::new();
+        self.line.retain(|w| {
+            let keep = now < w.until.after(LINE_EXPIRY_GRACE);
+            if !keep {
+                gone.push(w.borrower);
+            }
+            keep
+        });
+        for claim in gone {
+            self.count_left_line(claim);
+        }
         if self.line.len() != before {
             self.wake_waiters();
         }
@@ -315,6 +325,7 @@ impl Engine {
                     return Err(Decision::Refused(limit));
                 }
                 let until = now.after(queue.max_wait);
+                self.adjust_counts(claim, |n| n.waiting += 1);
                 self.line.push(Waiter {
                     id: req.id,
                     upstream: up,
@@ -366,15 +377,12 @@ impl Engine {
         }
         let (turns, newcomer) = self.turns(claim, now);
         let mine = seat.map_or(newcomer, |i| turns[i]);
-        let capped = self.capped_borrowers();
         let mut first: Option<(Turn, usize)> = None;
         for (j, w) in self.line.iter().enumerate() {
             if Some(j) == seat || turns[j] >= mine || now >= w.until.after(LINE_EXPIRY_GRACE) {
                 continue;
             }
-            if w.borrower
-                .is_some_and(|c| capped.get(c.slot).copied().unwrap_or(false))
-            {
+            if w.borrower.is_some_and(|c| self.at_max_running(c.slot)) {
                 continue;
             }
             if let Some(d) = deps.iter().find(|d| w.deps.contains(&d.res)) {
@@ -440,14 +448,6 @@ impl Engine {
         (turns, newcomer)
     }
 
-    /// Per borrower slot, whether it runs its `max_running` jobs now.
-    fn capped_borrowers(&self) -> Vec<bool> {
-        let Some(b) = &self.borrowers else {
-            return Vec::new();
-        };
-        (0..b.state.len()).map(|s| self.at_max_running(s)).collect()
-    }
-
     /// The `resource_busy` refusal of a request that found resource `res`
     /// free but needed by a request that came earlier and waits.
     pub(super) fn line_busy(&self, res: usize) -> Refusal {
@@ -488,7 +488,8 @@ impl Engine {
     }
 
     pub(super) fn leave_at(&mut self, i: usize) {
-        self.line.remove(i);
+        let w = self.line.remove(i);
+        self.count_left_line(w.borrower);
         // Those behind may move up.
         self.wake_waiters();
     }

@@ -700,6 +700,7 @@ impl Engine {
         if let Decision::Refused(r) = &decision {
             self.count_refusal(claim, r.code);
         }
+        self.debug_check_counts();
         decision
     }
 
@@ -1283,6 +1284,7 @@ impl Engine {
                 e.was_held = true;
                 let claim = e.borrower;
                 self.count_held(claim);
+                self.debug_check_counts();
                 self.effects.push(Effect::MarkHeld { entry: id, reason });
                 self.effects.push(Effect::WakeReclaims);
                 Ok(Release::Held)
@@ -1343,6 +1345,7 @@ impl Engine {
         self.effects.push(Effect::Observe(UpstreamId(upstream)));
         self.effects.push(Effect::WakeReclaims);
         self.wake_waiters();
+        self.debug_check_counts();
     }
 
     /// Return an entry recorded before a restart as held, reserving its
