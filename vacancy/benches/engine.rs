@@ -187,6 +187,96 @@ fn admit_release_borrowers(c: &mut Criterion) {
     group.finish();
 }
 
+/// Admission alone (issue 34: "admission cost with 1,000 configured
+/// borrowers stays within 10% of anonymous admission"): 64 admissions in a
+/// row on 64 GPUs, timed together; their releases and post-job samples
+/// follow, untimed. The whole cycle with the owner's record is
+/// `engine_admit_release_sample_drained` above.
+fn admit_borrowers(c: &mut Criterion) {
+    use std::time::{Duration, Instant};
+    use vacancy::engine::{BorrowerSpec, BorrowersSpec, BudgetPeriod, TimeBudget};
+    const N: usize = 64;
+    let mut group = c.benchmark_group("engine_admit_64");
+    for named in [false, true] {
+        let (mut e, mut requests) = engine(N);
+        let names: Vec<String> = (0..N).map(|i| format!("gpu{i}")).collect();
+        let ids: Vec<_> = if named {
+            let borrowers = (0..1000)
+                .map(|i| {
+                    let mut b = BorrowerSpec::new(&format!("b{i}"));
+                    b.max_running = Some(2);
+                    b.budgets = vec![TimeBudget {
+                        kind: ResourceKind::Gpu,
+                        period: BudgetPeriod::Day,
+                        allowed: Duration::from_secs(3600),
+                    }];
+                    b
+                })
+                .collect();
+            e.set_borrowers(Some(BorrowersSpec {
+                borrowers,
+                batch_max_wait: Duration::from_secs(60),
+                anonymous: None,
+            }))
+            .unwrap();
+            (0..1000).map(|i| e.borrower_id(&format!("b{i}"))).collect()
+        } else {
+            vec![None]
+        };
+        let mut tick: u64 = 1;
+        let mut next: u128 = 1;
+        let mut admitted = Vec::with_capacity(N);
+        let name = if named { "1000_borrowers" } else { "anonymous" };
+        group.bench_function(name, |b| {
+            b.iter_custom(|iters| {
+                let mut timed = Duration::ZERO;
+                for _ in 0..iters {
+                    let now = Moment::from_nanos(tick * 1_000);
+                    for req in &mut requests {
+                        req.id = EntryId::from_u128(next);
+                        req.arrived_at = now;
+                        req.borrower =
+                            ids[(next as usize) % ids.len()].map(vacancy::engine::BorrowerRef::Id);
+                        next += 1;
+                    }
+                    let started = Instant::now();
+                    for req in &requests {
+                        admitted.push(e.admit(black_box(req), now));
+                    }
+                    timed += started.elapsed();
+                    for d in admitted.drain(..) {
+                        let Decision::Admitted(res) = d else {
+                            panic!("benchmark request refused");
+                        };
+                        e.release(
+                            res.id,
+                            ReleaseOutcome::Completed,
+                            now.after(Duration::from_nanos(10)),
+                        )
+                        .unwrap();
+                    }
+                    for n in &names {
+                        e.record_sample(
+                            n,
+                            CapacitySample::memory(
+                                64_000,
+                                80_000,
+                                now.after(Duration::from_nanos(20)),
+                            ),
+                        )
+                        .unwrap();
+                    }
+                    while e.poll_effect().is_some() {}
+                    tick += 1;
+                }
+                // Per admission.
+                timed / N as u32
+            });
+        });
+    }
+    group.finish();
+}
+
 fn reclaim_step(c: &mut Criterion) {
     let mut group = c.benchmark_group("engine_reclaim_step");
     for n in [1usize, 64] {
@@ -223,6 +313,7 @@ criterion_group!(
     benches,
     admit_release,
     admit_release_borrowers,
+    admit_borrowers,
     reclaim_step
 );
 criterion_main!(benches);
