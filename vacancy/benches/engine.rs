@@ -117,38 +117,43 @@ fn admit_release(c: &mut Criterion) {
     group.finish();
 }
 
+/// With `named`, 1,000 borrowers on `e`, each with `max_running` and a
+/// daily GPU budget: their handles; else one anonymous slot.
+fn thousand_borrowers(e: &mut Engine, named: bool) -> Vec<Option<vacancy::engine::BorrowerId>> {
+    use vacancy::engine::{BorrowerSpec, BorrowersSpec, BudgetPeriod, TimeBudget};
+    if !named {
+        return vec![None];
+    }
+    let borrowers = (0..1000)
+        .map(|i| {
+            let mut b = BorrowerSpec::new(&format!("b{i}"));
+            b.max_running = Some(2);
+            b.budgets = vec![TimeBudget {
+                kind: ResourceKind::Gpu,
+                period: BudgetPeriod::Day,
+                allowed: std::time::Duration::from_secs(3600),
+            }];
+            b
+        })
+        .collect();
+    e.set_borrowers(Some(BorrowersSpec {
+        borrowers,
+        batch_max_wait: std::time::Duration::from_secs(60),
+        anonymous: None,
+    }))
+    .unwrap();
+    (0..1000).map(|i| e.borrower_id(&format!("b{i}"))).collect()
+}
+
 /// The same cycle on one GPU, effects drained, anonymous and with 1,000
 /// named borrowers configured (issue 34: within 10% of anonymous admission), each with a daily GPU budget and
 /// a `max_running`, the requests cycling through them; the owner's record
 /// (`Effect::Account`) is queued at each release.
 fn admit_release_borrowers(c: &mut Criterion) {
-    use vacancy::engine::{BorrowerSpec, BorrowersSpec, BudgetPeriod, TimeBudget};
     let mut group = c.benchmark_group("engine_admit_release_sample_drained");
     for named in [false, true] {
         let (mut e, mut requests) = engine(1);
-        let borrowers = (0..1000)
-            .map(|i| {
-                let mut b = BorrowerSpec::new(&format!("b{i}"));
-                b.max_running = Some(2);
-                b.budgets = vec![TimeBudget {
-                    kind: ResourceKind::Gpu,
-                    period: BudgetPeriod::Day,
-                    allowed: std::time::Duration::from_secs(3600),
-                }];
-                b
-            })
-            .collect();
-        let ids: Vec<_> = if named {
-            e.set_borrowers(Some(BorrowersSpec {
-                borrowers,
-                batch_max_wait: std::time::Duration::from_secs(60),
-                anonymous: None,
-            }))
-            .unwrap();
-            (0..1000).map(|i| e.borrower_id(&format!("b{i}"))).collect()
-        } else {
-            vec![None]
-        };
+        let ids = thousand_borrowers(&mut e, named);
         let mut tick: u64 = 1;
         let mut next: u128 = 1;
         let name = if named { "1000_borrowers" } else { "anonymous" };
@@ -194,35 +199,12 @@ fn admit_release_borrowers(c: &mut Criterion) {
 /// `engine_admit_release_sample_drained` above.
 fn admit_borrowers(c: &mut Criterion) {
     use std::time::{Duration, Instant};
-    use vacancy::engine::{BorrowerSpec, BorrowersSpec, BudgetPeriod, TimeBudget};
     const N: usize = 64;
     let mut group = c.benchmark_group("engine_admit_64");
     for named in [false, true] {
         let (mut e, mut requests) = engine(N);
         let names: Vec<String> = (0..N).map(|i| format!("gpu{i}")).collect();
-        let ids: Vec<_> = if named {
-            let borrowers = (0..1000)
-                .map(|i| {
-                    let mut b = BorrowerSpec::new(&format!("b{i}"));
-                    b.max_running = Some(2);
-                    b.budgets = vec![TimeBudget {
-                        kind: ResourceKind::Gpu,
-                        period: BudgetPeriod::Day,
-                        allowed: Duration::from_secs(3600),
-                    }];
-                    b
-                })
-                .collect();
-            e.set_borrowers(Some(BorrowersSpec {
-                borrowers,
-                batch_max_wait: Duration::from_secs(60),
-                anonymous: None,
-            }))
-            .unwrap();
-            (0..1000).map(|i| e.borrower_id(&format!("b{i}"))).collect()
-        } else {
-            vec![None]
-        };
+        let ids = thousand_borrowers(&mut e, named);
         let mut tick: u64 = 1;
         let mut next: u128 = 1;
         let mut admitted = Vec::with_capacity(N);
