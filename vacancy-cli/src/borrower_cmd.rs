@@ -214,23 +214,11 @@ fn read_keys(path: &Path) -> Result<String, String> {
     }
 }
 
-/// Replace the keys file through a synced temporary file beside it, so a
-/// crash leaves the old file or the new one.
+/// Replace the keys file as the ledger replaces its files, so a crash
+/// leaves the old file or the new one.
 fn write_keys(path: &Path, text: &str) -> Result<(), String> {
-    use std::io::Write as _;
-    let mut tmp_name = path.file_name().unwrap_or_default().to_os_string();
-    tmp_name.push(".saving");
-    let tmp = path.with_file_name(tmp_name);
-    let write = || -> std::io::Result<()> {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(text.as_bytes())?;
-        f.sync_all()?;
-        vacancy::platform::replace_file(&tmp, path)
-    };
-    write().map_err(|e| {
-        let _ = std::fs::remove_file(&tmp);
-        format!("cannot write {}: {e}", path.display())
-    })
+    vacancy::ledger::write_atomically(&vacancy::ledger::RealDisk, path, text.as_bytes())
+        .map_err(|e| e.to_string())
 }
 
 #[cfg(test)]

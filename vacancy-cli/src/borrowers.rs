@@ -133,11 +133,7 @@ impl RefusalTally {
     /// Add the refusals counted since the last pass to `db`, in today's UTC day.
     pub fn flush(&mut self, lender: &Lender, db: &mut crate::usage::UsageDb) {
         let status = lender.status();
-        let day = vacancy::engine::BudgetPeriod::Day.start_of(
-            SystemTime::now()
-                .duration_since(SystemTime::UNIX_EPOCH)
-                .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX)),
-        );
+        let day = vacancy::engine::BudgetPeriod::Day.start_of(vacancy::time::unix_ms_now() / 1000);
         let mut rows: Vec<(String, &'static str, u64)> = Vec::new();
         for b in &status.borrowers {
             for (code, &n) in &b.totals.refusals {

@@ -448,10 +448,7 @@ pub async fn start(
                 warn!(path = %path.display(), "[borrowers] is on but no borrower has a key yet: work is refused 401 until `vacancyd borrower add NAME` writes one");
             }
             info!(path = %path.display(), borrowers = keys.len(), require_key = b.require_key, "named borrowers on");
-            let unix_ms = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
-            engine.set_wall_clock(clock.now(), unix_ms);
+            engine.set_wall_clock(clock.now(), vacancy::time::unix_ms_now());
             Some((b.clone(), path, keys))
         }
     };
@@ -465,9 +462,7 @@ pub async fn start(
     let keys_watch = match borrowers {
         None => None,
         Some((b, path, keys)) => {
-            lender.set_borrowers(keys, &b).map_err(|e| {
-                setup_because(format!("borrowers' keys file {}: {e}", path.display()), e)
-            })?;
+            lender.open_borrower_gate(keys, &b);
             Some((b, path))
         }
     };

@@ -108,6 +108,14 @@ impl Default for MonotonicClock {
     }
 }
 
+/// The wall clock now, in milliseconds since the Unix epoch (0 before it):
+/// what budgets' UTC days and the owner's record count in (issue 34).
+pub fn unix_ms_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -68,10 +68,7 @@ async fn usage_report(state: &ControlState, query: &str) -> Reply {
         Ok(b) => b,
         Err(e) => return error(400, "invalid_request", format!("by: {e}")),
     };
-    let now_ms = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
-    let start = since.start_unix_ms(now_ms);
+    let start = since.start_unix_ms(vacancy::time::unix_ms_now());
     let report = tokio::task::spawn_blocking(move || {
         if !path.exists() {
             return Ok(serde_json::json!({"since_unix_ms": start, "by": by.as_str(), "rows": []}));

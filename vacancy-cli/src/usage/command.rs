@@ -2,7 +2,6 @@
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use thiserror::Error;
 use vacancy::ledger::{LocationInput, recovery_path};
@@ -78,10 +77,7 @@ pub fn run(args: &Args, registry: &AdapterRegistry) -> ExitCode {
     } else {
         Format::Table
     };
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
-    let since = args.since.start_unix_ms(now);
+    let since = args.since.start_unix_ms(vacancy::time::unix_ms_now());
     let result = match &args.db {
         Some(p) => Ok(p.clone()),
         None => default_path(args.config.as_deref(), registry),

@@ -92,24 +92,14 @@ impl Lender {
         }
     }
 
-    /// Turn named borrowers on (issue 34): `keys` under `config`'s terms, in
-    /// the engine and at the proxy's door. Once, at start; a keys file reload
-    /// goes through [`reload_borrowers`](Self::reload_borrowers).
-    ///
-    /// # Errors
-    ///
-    /// The engine refused the table, or borrowers are on already.
-    pub fn set_borrowers(
-        &self,
-        keys: BorrowerKeys,
-        config: &BorrowersConfig,
-    ) -> Result<(), BorrowerSpecError> {
-        let spec = keys.spec(config);
-        self.with_engine(|e| e.set_borrowers(Some(spec)))?;
-        let gate = Arc::new(BorrowerGate::new(keys, config));
-        self.gate.set(gate).map_err(|_| {
-            BorrowerSpecError::BadName("borrowers are on already; reload them instead".to_owned())
-        })
+    /// Put named borrowers' keys at the proxy's door (issue 34), once, at
+    /// start. The engine has their table already ([`Engine::set_borrowers`],
+    /// before the ledger opens, so restored entries find their borrowers); a
+    /// keys file reload changes both through
+    /// [`reload_borrowers`](Self::reload_borrowers).
+    pub fn open_borrower_gate(&self, keys: BorrowerKeys, config: &BorrowersConfig) {
+        self.gate
+            .get_or_init(|| Arc::new(BorrowerGate::new(keys, config)));
     }
 
     /// Replace the borrowers' keys and terms (a keys file reload): each name
@@ -140,9 +130,7 @@ impl Lender {
     /// days and weeks; accounting rows carry Unix times).
     pub fn anchor_wall_clock(&self) {
         let now = self.clock.now();
-        let unix_ms = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+        let unix_ms = crate::time::unix_ms_now();
         self.with_engine(|e| e.set_wall_clock(now, unix_ms));
     }
 
