@@ -257,6 +257,18 @@ impl WinDaemon {
         self
     }
 
+    /// A crash mid-stream that must leave held work: TerminateProcess, then
+    /// the end of everything in the prefix (`wineserver -k`). In CI, Wine
+    /// once kept a `taskkill /F`-ed vacancyd.exe's upstream connection open:
+    /// llama-server went on generating into it for over a minute (667
+    /// tokens, no "cancel task"), so the job never stopped and the
+    /// administrator's release could not come. Windows closes a terminated
+    /// process's sockets; ending the wineserver makes Wine do the same.
+    fn crash_mid_stream(&mut self) {
+        self.terminate_process();
+        self.wine.kill_everything().unwrap();
+    }
+
     /// TerminateProcess, through Wine's `taskkill /F`: no shutdown, no flush.
     fn terminate_process(&mut self) {
         self.wine
@@ -439,18 +451,36 @@ async fn wine_rec_02_rec_27_work_is_held_after_terminate_process_and_wineserver_
 /// seconds later on a loaded machine; until then vacancyd rightly refuses new
 /// work as foreign (ADM-09), which failed this test under load in CI.
 async fn llama_idle(llama: &LlamaServer) {
-    let url = format!("{}/slots", llama.base_url());
-    common::until("llama-server's slots idle", async || {
-        http_request("GET", &url, &[], Vec::new())
+    let base = llama.base_url();
+    let url = format!("{base}/slots");
+    let deadline = Instant::now() + common::EVENT_BOUND;
+    loop {
+        let idle = http_request("GET", &url, &[], Vec::new())
             .await
             .ok()
             .and_then(|r| r.json().ok())
             .is_some_and(|v: serde_json::Value| {
                 v.as_array()
                     .is_some_and(|slots| slots.iter().all(|s| s["is_processing"] == false))
-            })
-    })
-    .await;
+            });
+        if idle {
+            return;
+        }
+        if Instant::now() >= deadline {
+            // Who still holds a connection to it says why the job goes on.
+            let addr = base.trim_start_matches("http://");
+            let held = std::process::Command::new("ss")
+                .args(["-tnp", "state", "established", "dst", addr])
+                .output()
+                .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+                .unwrap_or_else(|e| format!("ss: {e}"));
+            panic!(
+                "llama-server's slots still busy after {:?}; connections to it:\n{held}",
+                common::EVENT_BOUND
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -463,7 +493,7 @@ async fn held_09_wine_release_over_the_pipe_and_over_http_each_durable_before_an
     let (ok, text) = d.admin_request(&["release_work", &first]);
     assert!(!ok && text.contains("409"), "{text}");
     let mut d = d;
-    d.terminate_process();
+    d.crash_mid_stream();
     drop(stream);
     let mut d = d.restart();
     assert_eq!(
@@ -489,7 +519,7 @@ async fn held_09_wine_release_over_the_pipe_and_over_http_each_durable_before_an
     // HELD-04 over HTTP with a token, the same way.
     let (stream, second) = d.forwarding_entry().await;
     let mut d = d;
-    d.terminate_process();
+    d.crash_mid_stream();
     drop(stream);
     let mut d = d.restart();
     llama_idle(&llama).await;
