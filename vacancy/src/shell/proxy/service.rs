@@ -29,8 +29,8 @@ use crate::shell::state::lender::{Decided, Lender, Recording};
 use crate::shell::state::live::{CutSignal, cut_happens, cut_reason};
 use crate::shell::state::metrics::RequestPhase;
 use crate::shell::upstream::forward::{
-    ExchangeError, ProxyBody, UpstreamTook, exchange_with_cut, full, head_first, is_upgrade,
-    prepare_response_head, streaming, upstream_request,
+    Connecting, ExchangeError, ProxyBody, UpstreamTook, exchange_with_cut, full, head_first,
+    is_upgrade, prepare_response_head, streaming, upstream_request,
 };
 use crate::shell::upstream::route::UpstreamRoute;
 use crate::traits::{
@@ -384,6 +384,12 @@ async fn work_request(
         }
     };
     let exchange = Exchange::admitted(Arc::clone(&lender), Arc::clone(&route), entry);
+    // The upstream connection opens while the record is synced: connecting
+    // sends nothing (DONE-02), and it takes that much off the wait (issue 31).
+    let early = (work.completion != CompletionMethod::Tracked).then(|| {
+        let route = Arc::clone(&route);
+        Connecting::start(async move { route.target.connect(route.connect_timeout).await })
+    });
     // REC-01: nothing is forwarded before the record is durable. A request
     // that is not forwarded is counted by its outcome, the refusal.
     let persisting = Instant::now();
@@ -399,7 +405,16 @@ async fn work_request(
     };
     arrival.admitted(&reservation);
     let body = inspection.rewritten_body.map_or(body, Bytes::from);
-    forward_work(exchange, route, parts, body, &reservation, work.completion).await
+    forward_work(
+        exchange,
+        route,
+        parts,
+        body,
+        &reservation,
+        work.completion,
+        early,
+    )
+    .await
 }
 
 /// Forward recorded work apart from the borrower's connection, so a borrower
@@ -412,6 +427,7 @@ async fn forward_work(
     body: Bytes,
     reservation: &Reservation,
     completion: CompletionMethod,
+    early: Option<Connecting>,
 ) -> http::Response<ProxyBody> {
     let entry = exchange.entry();
     let borrower = if is_upgrade(&parts.headers) {
@@ -444,7 +460,7 @@ async fn forward_work(
     let cut = exchange.cut_signal();
     tokio::spawn(async move {
         let response =
-            exchange_synchronous(exchange, cut, &task_route, upstream_req, borrower).await;
+            exchange_synchronous(exchange, cut, &task_route, upstream_req, borrower, early).await;
         // A borrower who left gets nothing; dropping the response applies the
         // on_borrower_disconnect policy.
         drop(tx.send(response));
@@ -539,12 +555,13 @@ async fn exchange_synchronous(
     route: &Arc<UpstreamRoute>,
     upstream_req: http::Request<ProxyBody>,
     borrower: BorrowerSide,
+    early: Option<Connecting>,
 ) -> http::Response<ProxyBody> {
     let entry = exchange.entry();
     exchange.forwarding();
     let (sent, connected) = (Instant::now(), OnceLock::new());
     let exchanged = tokio::select! {
-        r = exchange_with_cut(&route.target, upstream_req, route.connect_timeout, Some(cut.clone()), Some(&connected)) => Ok(r),
+        r = exchange_with_cut(&route.target, upstream_req, route.connect_timeout, Some(cut.clone()), Some(&connected), early) => Ok(r),
         reason = cut_happens(cut.clone()) => Err(reason),
     };
     // A cut closes the upstream connection, which fails the exchange too;

@@ -11,10 +11,11 @@ use http_body_util::BodyExt;
 use http_body_util::combinators::UnsyncBoxBody;
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
+use tokio::net::TcpStream;
 
 use crate::shell::state::live::{CutSignal, cut_happens};
 use crate::shell::upstream::origin::rewrite_own_origin;
-use crate::shell::upstream::target::Target;
+use crate::shell::upstream::target::{ConnectError, Target};
 
 /// Errors a body may carry through the proxy.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -142,35 +143,86 @@ pub fn upstream_request(
     Ok(req)
 }
 
+/// An upstream connection opened while the reservation's record is made
+/// durable (issue 31): opening a connection sends nothing, so it need not
+/// wait for the record; the request itself goes out only once the record is
+/// on disk (REC-01). A record that fails leaves the upstream nothing but a
+/// closed connection, and its request is still proven "not sent" (DONE-02).
+/// Dropped unused, the connection is closed or its connecting stopped.
+pub struct Connecting {
+    task: Option<tokio::task::JoinHandle<Result<TcpStream, ConnectError>>>,
+}
+
+impl Connecting {
+    /// Start `connect` beside the caller, on its runtime.
+    pub fn start(
+        connect: impl Future<Output = Result<TcpStream, ConnectError>> + Send + 'static,
+    ) -> Self {
+        Connecting {
+            task: Some(tokio::spawn(connect)),
+        }
+    }
+
+    /// The connection, once made.
+    async fn connection(mut self) -> Result<TcpStream, ConnectError> {
+        let Some(task) = self.task.take() else {
+            return Err(ConnectError::Failed("no connection was started".to_owned()));
+        };
+        match task.await {
+            Ok(connected) => connected,
+            Err(e) => Err(ConnectError::Failed(format!(
+                "the connecting task ended early: {e}"
+            ))),
+        }
+    }
+}
+
+impl Drop for Connecting {
+    fn drop(&mut self) {
+        if let Some(task) = &self.task {
+            task.abort();
+        }
+    }
+}
+
+impl std::fmt::Debug for Connecting {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Connecting").finish_non_exhaustive()
+    }
+}
+
 /// Connect to the target and send one request; the response streams.
 pub async fn exchange(
     target: &Target,
     request: http::Request<ProxyBody>,
     connect_timeout: Duration,
 ) -> Result<http::Response<Incoming>, ExchangeError> {
-    exchange_with_cut(target, request, connect_timeout, None, None).await
+    exchange_with_cut(target, request, connect_timeout, None, None, None).await
 }
 
 /// [`exchange`], whose upstream connection is closed the moment `cut` is
 /// (RECL-15): the upstream sees its client go away at once, whether or not
 /// the borrower is still reading. The response body then ends early; its
 /// reader must check `cut` before counting that end as clean. `connected`,
-/// when given, is set the moment the connection is made (the request's
-/// phases, `vacancyd_request_phase_seconds`).
+/// when given, is set the moment the connection is ready for the request
+/// (the request's phases, `vacancyd_request_phase_seconds`). `early`, when
+/// given, is the connection already being opened ([`Connecting`]).
 pub async fn exchange_with_cut(
     target: &Target,
     request: http::Request<ProxyBody>,
     connect_timeout: Duration,
     cut: Option<CutSignal>,
     connected: Option<&OnceLock<Instant>>,
+    early: Option<Connecting>,
 ) -> Result<http::Response<Incoming>, ExchangeError> {
-    let stream = target
-        .connect(connect_timeout)
-        .await
-        .map_err(|e| ExchangeError::Connect {
-            address: target.address(),
-            reason: e.to_string(),
-        })?;
+    let stream = match early {
+        Some(connecting) => connecting.connection().await,
+        None => target.connect(connect_timeout).await,
+    }
+    .map_err(|e| ExchangeError::Connect {
+        address: target.address(),
+        reason: e.to_string(),
+    })?;
     if let Some(at) = connected {
         let _ = at.set(Instant::now());
     }
