@@ -346,6 +346,8 @@ async fn three_named_borrowers_get_keys_fair_turns_budgets_and_an_honest_record(
         })
         .await;
     let id = s["work"][0]["id"].as_str().unwrap().to_owned();
+    // The owner sees whose work the held entry is, across the crash.
+    assert_eq!(s["work"][0]["borrower"], "alice", "{s:#}");
     let released = http_request(
         "POST",
         &format!("{}/admin/work/{id}/release", d.control),

@@ -208,14 +208,19 @@ fn render_work(out: &mut String, status: &Value) {
         if work.len() == 1 { "y" } else { "ies" }
     );
     for w in &work {
+        let borrower = match w["borrower"].as_str() {
+            Some(b) => format!("  for {b}"),
+            None => String::new(),
+        };
         let _ = writeln!(
             out,
-            "  {}  {:>6}s  {:<12} {:<10} {}",
+            "  {}  {:>6}s  {:<12} {:<10} {}{}",
             s(&w["id"]),
             s(&w["age_s"]),
             s(&w["upstream"]),
             s(&w["phase"]),
-            joined(&w["resources"])
+            joined(&w["resources"]),
+            borrower
         );
     }
     for w in work.iter().filter(|w| w["phase"] == "held") {

@@ -82,6 +82,7 @@ def test_status_dict_shape(engine: vacancy.Engine) -> None:
         "phase": "forwarding",
         "held_reason": None,
         "upstream_ref": None,
+        "borrower": None,
     }
 
 

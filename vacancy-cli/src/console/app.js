@@ -311,7 +311,8 @@ function workloads(s) {
     const isHeld = w.phase === "held";
     const cmd = `vacancyd admin-request release_work ${w.id}`;
     return h("tr", { class: isHeld ? "held" : "", "data-entry": w.id },
-      h("td", { class: "mono" }, w.id, w.upstream_ref ? h("div", { class: "note" }, `upstream: ${w.upstream_ref}`) : null),
+      h("td", { class: "mono" }, w.id, w.upstream_ref ? h("div", { class: "note" }, `upstream: ${w.upstream_ref}`) : null,
+        w.borrower ? h("div", { class: "note", "data-borrower": w.id }, `borrower: ${w.borrower}`) : null),
       h("td", {}, w.upstream), h("td", {}, w.model ?? "—"), h("td", {}, w.resources.join(", ")),
       h("td", { "data-age": w.id }, age(w.age_s)), h("td", {}, w.completion),
       h("td", {}, h("span", { class: isHeld ? "pill held" : "pill", "data-phase": w.id }, w.phase),

@@ -200,6 +200,7 @@ class WorkStatus(typing.TypedDict):
     phase: typing.Literal["forwarding", "tracking", "verifying", "held"]
     held_reason: str | None
     upstream_ref: str | None
+    borrower: str | None
 
 
 class ReclaimStatus(typing.TypedDict):

@@ -179,6 +179,19 @@ fn borrowers_anonymous_requests_are_refused_unless_let_in() {
 }
 
 #[test]
+fn borrowers_status_work_names_whose_work_holds_a_resource() {
+    let mut e = engine(Some(alice_bob()));
+    admitted(e.admit(&ask(&e, "llm", "alice", 10), t(10)));
+    let status = e.status(t(10));
+    assert_eq!(status.work.len(), 1);
+    assert_eq!(status.work[0].borrower.as_deref(), Some("alice"));
+    // Borrowers off: no name, even where the request gave one.
+    let mut off = engine(None);
+    admitted(off.admit(&ask(&off, "llm", "alice", 10), t(10)));
+    assert_eq!(off.status(t(10)).work[0].borrower, None);
+}
+
+#[test]
 fn borrowers_by_handle_admit_as_by_name() {
     let mut e = engine(Some(alice_bob()));
     let mut r = WorkRequest::new(e.upstream_id("llm").unwrap(), None, t(10));

@@ -1482,6 +1482,7 @@ impl Engine {
                 phase: e.phase,
                 held_reason: e.held_reason.clone(),
                 upstream_ref: e.reservation.upstream_ref.clone(),
+                borrower: e.reservation.borrower.as_ref().map(|b| b.name.to_string()),
             })
             .collect();
         work.sort_by(|a, b| b.age_s.cmp(&a.age_s).then_with(|| a.id.cmp(&b.id)));

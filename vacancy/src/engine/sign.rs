@@ -241,6 +241,7 @@ mod tests {
             phase,
             held_reason: None,
             upstream_ref: None,
+            borrower: None,
         }
     }
 

@@ -177,4 +177,7 @@ pub struct WorkStatus {
     /// The upstream's own handle for the work (a ComfyUI prompt ID, REC-03),
     /// so an administrator can find it at the upstream before releasing it.
     pub upstream_ref: Option<String>,
+    /// The borrower it is for, with borrowers on (issue 34): the owner sees
+    /// whose work holds a resource.
+    pub borrower: Option<String>,
 }
