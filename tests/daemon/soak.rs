@@ -24,7 +24,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{Daemon, JSON, Rng, completion, fds, rss_kib, write_capacity};
+use common::{Daemon, JSON, Rng, completion, describe_fds, fds, rss_kib, write_capacity};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -494,11 +494,15 @@ drain_timeout_s = 2
                     .all(|w| w["phase"] == "held")
         })
         .await;
-    let deadline = Instant::now() + Duration::from_secs(30);
+    // Reads keep upstream connections in the read pool until they have been
+    // idle for its IDLE (the ComfyUI emulator never closes one itself).
+    let quiet_at = Instant::now();
+    let deadline = quiet_at + vacancy::shell::upstream::pool::IDLE + Duration::from_secs(10);
     while fds(pid) > fds_start && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let fds_end = fds(pid);
+    let fds_back_after = quiet_at.elapsed();
     let admitted_daemon = metric_sum(&d.control, "vacancyd_admissions_total").await as u64;
     let admitted = seen.admitted.load(Ordering::Relaxed) + seen.cut.load(Ordering::Relaxed);
     let unanswered = seen.unanswered.load(Ordering::Relaxed);
@@ -513,12 +517,13 @@ drain_timeout_s = 2
             (lo.min(s.fds), hi.max(s.fds))
         });
     println!(
-        "soak over: RSS {:.1} MiB after warm-up, {:.1} MiB at the end ({:+.2} MiB); descriptors {fds_start} at the start, {fds_min}..{fds_max} under load, {fds_end} at the end; \
+        "soak over: RSS {:.1} MiB after warm-up, {:.1} MiB at the end ({:+.2} MiB); descriptors {fds_start} at the start, {fds_min}..{fds_max} under load, {fds_end} at the end ({:.1} s after the daemon was quiet); \
          CPU {:.1} % at the first sample, {:.1} % at the last; admitted {admitted_daemon} (borrowers were answered for {admitted}, {} of them cut by a reclaim before the reply; {unanswered} unanswered), refused {}; held work released by the operator {}; \
          llama's most borrowed jobs at once {max_llama}, ComfyUI's doubles {}; held at the end {}",
         warm.rss_kib as f64 / 1024.0,
         last.rss_kib as f64 / 1024.0,
         growth_kib as f64 / 1024.0,
+        fds_back_after.as_secs_f64(),
         warm.cpu_pct,
         last.cpu_pct,
         seen.cut.load(Ordering::Relaxed),
@@ -538,7 +543,8 @@ drain_timeout_s = 2
     );
     assert!(
         fds_end <= fds_start,
-        "descriptors leaked: {fds_start} at the start, {fds_end} at the end"
+        "descriptors leaked: {fds_start} at the start, {fds_end} at the end; they are:\n{}",
+        describe_fds(pid)
     );
     assert!(
         max_llama <= 1,

@@ -1,7 +1,9 @@
 //! Pooled upstream connections (issue 16 item 3): reads reuse keep-alive
 //! connections to the upstream; work never does (DONE-02 needs a fresh
 //! connection to prove that nothing reached the upstream); a pooled
-//! connection the upstream closed while idle costs a read nothing.
+//! connection the upstream closed while idle costs a read nothing; more
+//! reads at once than the pool keeps all answer (issue 31: the pool is
+//! hyper's connection handles, no longer hyper-util's client).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
 
 use std::convert::Infallible;
@@ -157,4 +159,33 @@ async fn a_pooled_connection_the_upstream_closed_while_idle_costs_a_read_nothing
         .expect("the upstream closes the idle connection");
     }
     assert_eq!(accepted.load(Ordering::SeqCst), 5);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_beyond_the_pools_bound_all_answer_and_later_reads_reuse_what_it_kept() {
+    let (up, accepted, _) = upstream(false).await;
+    let proxy = ProxyUnderTest::start(adapter(), up).await.unwrap();
+    let url = format!("http://{}/v1/models", proxy.addr);
+    // More reads at once than the pool keeps (MAX_IDLE): each gets its own
+    // connection, the extra ones close once their responses end.
+    let mut burst = tokio::task::JoinSet::new();
+    for _ in 0..100 {
+        let url = url.clone();
+        burst.spawn(async move { http_request("GET", &url, &[], Vec::new()).await });
+    }
+    while let Some(r) = burst.join_next().await {
+        let r = r.unwrap().unwrap();
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+    let after_burst = accepted.load(Ordering::SeqCst);
+    assert!((1..=100).contains(&after_burst), "{after_burst}");
+    for _ in 0..20 {
+        let r = http_request("GET", &url, &[], Vec::new()).await.unwrap();
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+    assert_eq!(
+        accepted.load(Ordering::SeqCst),
+        after_burst,
+        "reads one after another after the burst reuse a kept connection"
+    );
 }

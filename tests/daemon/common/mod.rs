@@ -379,3 +379,32 @@ pub fn fds(pid: u32) -> usize {
         .unwrap()
         .count()
 }
+
+/// What `pid`'s descriptors are (their links) and its TCP connections
+/// (`ss -tanp`), for a failure that counts them.
+pub fn describe_fds(pid: u32) -> String {
+    let mut out = String::new();
+    if let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/fd")) {
+        let mut links: Vec<String> = dir
+            .flatten()
+            .map(|e| {
+                let target = std::fs::read_link(e.path())
+                    .map_or_else(|e| format!("? ({e})"), |t| t.display().to_string());
+                format!("{} -> {target}", e.file_name().to_string_lossy())
+            })
+            .collect();
+        links.sort();
+        out.push_str(&links.join("\n"));
+    }
+    let ss = std::process::Command::new("ss")
+        .args(["-tanp"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_else(|e| format!("ss: {e}"));
+    let mine = format!("pid={pid},");
+    for line in ss.lines().filter(|l| l.contains(&mine)) {
+        out.push('\n');
+        out.push_str(line);
+    }
+    out
+}

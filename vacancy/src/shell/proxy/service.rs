@@ -87,7 +87,7 @@ pub async fn handle(
     let total = arrival.at.elapsed();
     let own = total.saturating_sub(upstream);
     if arrival.route.overhead_header
-        && let Ok(v) = http::HeaderValue::from_str(&format!("{:.3}", own.as_secs_f64() * 1e3))
+        && let Some(v) = milliseconds_value(own)
     {
         response
             .headers_mut()
@@ -95,6 +95,19 @@ pub async fn handle(
     }
     arrival.answered(total, own);
     response
+}
+
+/// `took` in milliseconds with three decimals (whole microseconds), for
+/// `vacancy-overhead-ms`: integer formatting on the stack, as a float's cost
+/// showed on every proxied read (issue 31).
+fn milliseconds_value(took: Duration) -> Option<http::HeaderValue> {
+    use std::io::Write as _;
+    let us = took.as_micros();
+    let mut buf = [0u8; 48];
+    let mut rest = &mut buf[..];
+    write!(rest, "{}.{:03}", us / 1000, us % 1000).ok()?;
+    let len = 48 - rest.len();
+    http::HeaderValue::from_bytes(&buf[..len]).ok()
 }
 
 async fn answer_request(
@@ -620,5 +633,22 @@ async fn answer(
             ),
             true,
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    #[test]
+    fn the_overhead_header_is_milliseconds_with_three_decimals() {
+        let says = |d: Duration| milliseconds_value(d).unwrap().to_str().unwrap().to_owned();
+        assert_eq!(says(Duration::from_micros(296)), "0.296");
+        assert_eq!(says(Duration::from_micros(1_040)), "1.040");
+        assert_eq!(says(Duration::from_nanos(999)), "0.000");
+        assert_eq!(says(Duration::from_secs(12)), "12000.000");
+        assert!(milliseconds_value(Duration::MAX).is_some());
     }
 }

@@ -150,10 +150,15 @@ const SAMPLE_BUCKETS: &[f64] = &[
 #[derive(Default)]
 struct PerUpstream {
     admissions: Option<Counter>,
-    refusals: HashMap<&'static str, Counter>,
-    requests: HashMap<&'static str, (Histogram, Histogram)>,
-    answers: HashMap<(&'static str, &'static str), Counter>,
+    refusals: FastMap<&'static str, Counter>,
+    requests: FastMap<&'static str, (Histogram, Histogram)>,
+    answers: FastMap<(&'static str, &'static str), Counter>,
 }
+
+/// The maps looked up on every request (issue 31: SipHash was a visible
+/// part of a proxied read's CPU). Their keys are configured upstream names
+/// and fixed labels, which no borrower chooses.
+type FastMap<K, V> = HashMap<K, V, foldhash::fast::FixedState>;
 
 /// What a scrape needs besides the engine's status.
 #[derive(Debug, Clone, Default)]
@@ -167,7 +172,7 @@ pub struct ScrapeFacts {
 /// The daemon's metrics registry and the handles that update it.
 pub struct Metrics {
     registry: Registry,
-    cache: RwLock<HashMap<String, PerUpstream>>,
+    cache: RwLock<FastMap<String, PerUpstream>>,
     admissions: Family<UpstreamLabel, Counter>,
     refusals: Family<RefusalLabels, Counter>,
     answers: Family<OutcomeLabels, Counter>,
@@ -435,7 +440,7 @@ impl Default for Metrics {
         Metrics {
             registry,
             borrowers,
-            cache: RwLock::new(HashMap::new()),
+            cache: RwLock::new(FastMap::default()),
             admissions,
             refusals,
             answers,
@@ -488,14 +493,14 @@ pub fn trigger_label(trigger: &crate::engine::ReclaimTrigger) -> &'static str {
 }
 
 impl Metrics {
-    fn read_cache(&self) -> RwLockReadGuard<'_, HashMap<String, PerUpstream>> {
+    fn read_cache(&self) -> RwLockReadGuard<'_, FastMap<String, PerUpstream>> {
         match self.cache.read() {
             Ok(g) => g,
             Err(p) => p.into_inner(),
         }
     }
 
-    fn write_cache(&self) -> RwLockWriteGuard<'_, HashMap<String, PerUpstream>> {
+    fn write_cache(&self) -> RwLockWriteGuard<'_, FastMap<String, PerUpstream>> {
         match self.cache.write() {
             Ok(g) => g,
             Err(p) => p.into_inner(),

@@ -3,54 +3,86 @@
 //!
 //! # Behavior
 //!
-//! - A bounded keep-alive pool per upstream (hyper-util's pooled client):
-//!   at most [`MAX_IDLE`] idle connections, each closed after [`IDLE`].
-//!   A fresh connection per read was most of the gap to nginx on reads.
+//! - A bounded keep-alive pool per upstream: at most [`MAX_IDLE`] idle
+//!   connections, the most recently idle tried first, and one idle for
+//!   [`IDLE`] closed by a timer task of its worker (one per worker, running
+//!   only while the pool keeps something), or earlier when the upstream
+//!   closes it. A fresh connection per read was most of the gap to nginx on
+//!   reads.
 //! - With the proxy's worker threads (`shell::proxy::workers`), one pool per
 //!   worker, sharing [`MAX_IDLE`] between them: a pooled connection is driven
 //!   by the thread that made it, so a read served on another thread would
 //!   wake it for every request.
+//! - The pool is hyper's own connection handles (`SendRequest`), a list per
+//!   worker: a connection goes back in once hyper says it is ready for the
+//!   next request (its response read to the end), most recently used taken
+//!   first. No pool key is hashed, no client is cloned and no absolute URI
+//!   is built, which a general client's pool (hyper-util's, used before)
+//!   does on every read (issue 31).
 //! - Work never goes through the pool. DONE-02 releases a reservation when
 //!   nothing reached the upstream, which a fresh connection proves (the
 //!   connect failed); on a pooled connection a failure after the request was
 //!   written could not be told from one before it, so work keeps its own
 //!   connection (see `shell::upstream::forward`).
 //! - A request on a pooled connection that the upstream closed while idle is
-//!   retried once on a new one when hyper says it was never sent; an
+//!   tried on the next one, or a new one, when hyper hands it back unsent; an
 //!   unreserved request holds nothing, so this can lend nothing twice.
 
-use std::sync::OnceLock;
-use std::time::Duration;
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::{Duration, Instant};
 
 use hyper::body::Incoming;
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::{TokioExecutor, TokioTimer};
+use hyper::client::conn::http1::SendRequest;
+use hyper_util::rt::TokioIo;
 
 use crate::shell::state::workers::current_worker;
 use crate::shell::upstream::forward::{ExchangeError, ProxyBody};
 use crate::shell::upstream::target::Target;
 
-/// Idle connections kept per upstream.
+/// Connections kept per upstream.
 pub const MAX_IDLE: usize = 32;
-/// How long an idle pooled connection is kept (below the usual 60-75 s
+/// How long an unused pooled connection is kept (below the usual 60-75 s
 /// keep-alive of upstream servers, so the pool closes first).
 pub const IDLE: Duration = Duration::from_secs(30);
 
 /// The keep-alive pools of one upstream: one off the worker threads, and one
 /// per worker.
 pub struct ReadPool {
-    /// Made at first use: index 0 off the workers, `1 + i` on worker `i`.
-    clients: Box<[OnceLock<Client<HttpConnector, ProxyBody>>]>,
+    /// Index 0 off the workers, `1 + i` on worker `i`; shared with the
+    /// tasks that put a connection back once its response is read and with
+    /// the timer that closes idle ones.
+    slots: Arc<[Mutex<Slot>]>,
     connect_timeout: Duration,
+    limits: Limits,
+}
+
+/// What a pool keeps: how many idle connections a worker, and for how long.
+#[derive(Clone, Copy, Debug)]
+struct Limits {
     max_idle: usize,
+    idle: Duration,
+}
+
+/// One worker's idle connections.
+#[derive(Default)]
+struct Slot {
+    kept: Vec<Kept>,
+    /// Whether a timer task is closing what stays idle too long.
+    reaping: bool,
+}
+
+/// An idle connection in the pool.
+struct Kept {
+    sender: SendRequest<ProxyBody>,
+    /// When it went idle.
+    since: Instant,
 }
 
 impl std::fmt::Debug for ReadPool {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ReadPool")
-            .field("pools", &self.clients.len())
-            .field("max_idle", &self.max_idle)
+            .field("pools", &self.slots.len())
+            .field("limits", &self.limits)
             .finish_non_exhaustive()
     }
 }
@@ -62,72 +94,177 @@ impl ReadPool {
     }
 
     /// A pool for each of `workers` proxy workers and one for the rest,
-    /// sharing [`MAX_IDLE`] idle connections (at least 4 each).
+    /// sharing [`MAX_IDLE`] connections (at least 4 each).
     pub fn per_worker(connect_timeout: Duration, workers: usize) -> Self {
         ReadPool {
-            clients: (0..=workers).map(|_| OnceLock::new()).collect(),
+            slots: (0..=workers).map(|_| Mutex::default()).collect(),
             connect_timeout,
-            max_idle: (MAX_IDLE / workers.max(1)).max(4),
+            limits: Limits {
+                max_idle: (MAX_IDLE / workers.max(1)).max(4),
+                idle: IDLE,
+            },
         }
     }
 
-    /// The pool of the calling thread.
-    fn client(&self) -> &Client<HttpConnector, ProxyBody> {
-        let i = current_worker()
+    /// The same pool with idle connections closed after `idle` instead of
+    /// [`IDLE`] (tests that watch the timer).
+    #[cfg(test)]
+    fn idle_for(mut self, idle: Duration) -> Self {
+        self.limits.idle = idle;
+        self
+    }
+
+    /// The calling thread's pool.
+    fn slot(&self) -> usize {
+        current_worker()
             .map_or(0, |w| w + 1)
-            .min(self.clients.len() - 1);
-        self.clients[i].get_or_init(|| {
-            let mut connector = HttpConnector::new();
-            connector.set_nodelay(true);
-            connector.set_connect_timeout(Some(self.connect_timeout));
-            connector.enforce_http(true);
-            Client::builder(TokioExecutor::new())
-                .pool_max_idle_per_host(self.max_idle)
-                .pool_idle_timeout(IDLE)
-                .pool_timer(TokioTimer::new())
-                .retry_canceled_requests(true)
-                .build(connector)
-        })
+            .min(self.slots.len() - 1)
     }
 
     /// Send `request` (whose URI is the path, as the proxy's
-    /// `forward::upstream_request` builds it) to `target` on a pooled connection.
+    /// `forward::upstream_request` builds it, with its `Host`) to `target`
+    /// on a pooled connection, or a new one.
     pub async fn send(
         &self,
         target: &Target,
         mut request: http::Request<ProxyBody>,
     ) -> Result<http::Response<Incoming>, ExchangeError> {
-        // The resolved address, not the name: the connector then looks
-        // nothing up (the request's Host header names the target already).
-        let authority = target
-            .socket_authority()
-            .await
-            .map_err(|e| ExchangeError::Connect {
-                address: target.address(),
-                reason: e.to_string(),
-            })?;
-        let mut uri = std::mem::take(request.uri_mut()).into_parts();
-        uri.scheme = Some(http::uri::Scheme::HTTP);
-        uri.authority = Some(authority);
-        if uri.path_and_query.is_none() {
-            uri.path_and_query = Some(http::uri::PathAndQuery::from_static("/"));
-        }
-        *request.uri_mut() = http::Uri::from_parts(uri).map_err(|e| ExchangeError::Connect {
-            address: target.address(),
-            reason: format!("cannot form the upstream URL: {e}"),
-        })?;
-        match self.client().request(request).await {
-            Ok(resp) => Ok(resp),
-            Err(e) if e.is_connect() => {
-                // The name may have moved: the next request uses a fresh lookup.
-                let _ = target.resolve().await;
-                Err(ExchangeError::Connect {
-                    address: target.address(),
-                    reason: error_chain(&e),
-                })
+        let slot = self.slot();
+        while let Some(mut sender) = self.checkout(slot) {
+            match sender.try_send_request(request).await {
+                Ok(resp) => {
+                    self.checkin_when_ready(slot, sender);
+                    return Ok(resp);
+                }
+                // Handed back unsent (the upstream closed the connection
+                // while it was idle): the next connection takes it.
+                Err(mut e) => match e.take_message() {
+                    Some(unsent) => request = unsent,
+                    None => return Err(ExchangeError::AfterConnect(error_chain(e.error()))),
+                },
             }
-            Err(e) => Err(ExchangeError::AfterConnect(error_chain(&e))),
         }
+        let mut sender = self.connect(target).await?;
+        let resp = sender
+            .send_request(request)
+            .await
+            .map_err(|e| ExchangeError::AfterConnect(error_chain(&e)))?;
+        self.checkin_when_ready(slot, sender);
+        Ok(resp)
+    }
+
+    /// The most recently idle connection ready for a request; closed ones
+    /// and those idle for [`IDLE`] leave the pool.
+    fn checkout(&self, slot: usize) -> Option<SendRequest<ProxyBody>> {
+        let mut pool = lock(&self.slots[slot]);
+        pool.close_idle(Instant::now(), self.limits.idle);
+        let i = pool.kept.iter().rposition(|k| k.sender.is_ready())?;
+        Some(pool.kept.remove(i).sender)
+    }
+
+    /// Put `sender` back once its response is read: at once when it is
+    /// ready already (a response without a body), else from a task that
+    /// waits for it on this thread. A connection that closes instead, or
+    /// finds the pool full, is dropped.
+    fn checkin_when_ready(&self, slot: usize, sender: SendRequest<ProxyBody>) {
+        if sender.is_ready() {
+            checkin(&self.slots, slot, self.limits, sender);
+            return;
+        }
+        let (slots, limits) = (Arc::clone(&self.slots), self.limits);
+        let mut sender = sender;
+        tokio::spawn(async move {
+            if sender.ready().await.is_ok() {
+                checkin(&slots, slot, limits, sender);
+            }
+        });
+    }
+
+    /// A new connection to `target`, driven on this thread.
+    async fn connect(&self, target: &Target) -> Result<SendRequest<ProxyBody>, ExchangeError> {
+        let stream =
+            target
+                .connect(self.connect_timeout)
+                .await
+                .map_err(|e| ExchangeError::Connect {
+                    address: target.address(),
+                    reason: e.to_string(),
+                })?;
+        let _ = stream.set_nodelay(true);
+        let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .map_err(|e| ExchangeError::AfterConnect(error_chain(&e)))?;
+        tokio::spawn(async move {
+            if let Err(e) = conn.with_upgrades().await {
+                tracing::debug!(error = %e, "pooled upstream connection ended with an error");
+            }
+        });
+        Ok(sender)
+    }
+}
+
+impl Slot {
+    /// Drop the connections the upstream closed and those idle for
+    /// `idle`; when the next of the rest will have been idle that long.
+    fn close_idle(&mut self, now: Instant, idle: Duration) -> Option<Instant> {
+        self.kept
+            .retain(|k| !k.sender.is_closed() && now.duration_since(k.since) < idle);
+        self.kept.iter().map(|k| k.since + idle).min()
+    }
+}
+
+/// Keep an idle `sender` in `slots[slot]` unless as many as `limits` allow
+/// are kept already, starting the slot's timer if it is not running.
+fn checkin(
+    slots: &Arc<[Mutex<Slot>]>,
+    slot: usize,
+    limits: Limits,
+    sender: SendRequest<ProxyBody>,
+) {
+    let mut pool = lock(&slots[slot]);
+    if pool.kept.len() >= limits.max_idle {
+        return;
+    }
+    pool.kept.push(Kept {
+        sender,
+        since: Instant::now(),
+    });
+    if !pool.reaping {
+        pool.reaping = true;
+        tokio::spawn(close_idle_connections(
+            Arc::downgrade(slots),
+            slot,
+            limits.idle,
+        ));
+    }
+}
+
+/// The timer of `slots[slot]`: closes connections once idle for `idle`, on
+/// the worker that drives them, and ends when the slot keeps nothing (the
+/// next check-in starts another) or the pool is gone.
+async fn close_idle_connections(slots: Weak<[Mutex<Slot>]>, slot: usize, idle: Duration) {
+    loop {
+        let next = {
+            let Some(slots) = slots.upgrade() else { return };
+            let mut pool = lock(&slots[slot]);
+            match pool.close_idle(Instant::now(), idle) {
+                Some(next) => next,
+                None => {
+                    pool.reaping = false;
+                    return;
+                }
+            }
+        };
+        tokio::time::sleep_until(next.into()).await;
+    }
+}
+
+/// A pool's slot. A panic while it was held leaves it whole (every change
+/// is one push, remove, retain or flag): the pool goes on.
+fn lock(slot: &Mutex<Slot>) -> MutexGuard<'_, Slot> {
+    match slot.lock() {
+        Ok(g) => g,
+        Err(p) => p.into_inner(),
     }
 }
 
@@ -141,4 +278,87 @@ fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
         cur = s.source();
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+    use crate::shell::upstream::forward::full;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
+
+    /// An upstream that answers each request on one connection and reports
+    /// when the proxy closes it (after `served` answers).
+    async fn upstream() -> (Target, tokio::sync::oneshot::Receiver<usize>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (closed, on_close) = tokio::sync::oneshot::channel();
+        tokio::spawn(async move {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let (mut buf, mut served) = (Vec::new(), 0);
+            let mut chunk = [0u8; 1024];
+            loop {
+                let n = socket.read(&mut chunk).await.unwrap_or(0);
+                if n == 0 {
+                    let _ = closed.send(served);
+                    return;
+                }
+                buf.extend_from_slice(&chunk[..n]);
+                while let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                    buf.drain(..end + 4);
+                    served += 1;
+                    socket
+                        .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}")
+                        .await
+                        .unwrap();
+                }
+            }
+        });
+        (Target::parse(&format!("http://{addr}")).unwrap(), on_close)
+    }
+
+    fn read() -> http::Request<ProxyBody> {
+        http::Request::get("/v1/models")
+            .header(http::header::HOST, "upstream")
+            .body(full(""))
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_kept_connection_is_reused_then_closed_by_the_timer_once_idle() {
+        let (target, closed) = upstream().await;
+        let pool = ReadPool::new(Duration::from_secs(5)).idle_for(Duration::from_millis(200));
+        for _ in 0..3 {
+            let resp = pool.send(&target, read()).await.unwrap();
+            assert_eq!(resp.status(), 200);
+            http_body_util::BodyExt::collect(resp.into_body())
+                .await
+                .unwrap();
+        }
+        // Nothing uses the pool again: its timer alone closes the connection.
+        let served = tokio::time::timeout(Duration::from_secs(10), closed)
+            .await
+            .expect("the idle connection is closed by the pool's timer")
+            .unwrap();
+        assert_eq!(served, 3, "the three reads shared one kept connection");
+        assert!(lock(&pool.slots[0]).kept.is_empty());
+    }
+
+    #[tokio::test]
+    async fn the_timer_ends_with_the_pool_and_its_connections_close() {
+        let (target, closed) = upstream().await;
+        let pool = ReadPool::new(Duration::from_secs(5));
+        let resp = pool.send(&target, read()).await.unwrap();
+        http_body_util::BodyExt::collect(resp.into_body())
+            .await
+            .unwrap();
+        drop(pool);
+        let served = tokio::time::timeout(Duration::from_secs(10), closed)
+            .await
+            .expect("a dropped pool closes what it kept")
+            .unwrap();
+        assert_eq!(served, 1);
+    }
 }
