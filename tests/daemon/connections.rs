@@ -196,8 +196,9 @@ async fn borrowers_holding_every_descriptor_leave_the_control_plane_answering() 
     let p = common::spawn_daemon(cmd, control);
     let control = format!("http://127.0.0.1:{control}");
     let log = plain(&p.log());
-    // (256 - 64 reserved - 32 for the read pool's idle connections - 64 for
-    // the control plane) / 2 descriptors a borrower connection.
+    // (256 - 64 reserved - 32 for the read pool's idle connections (an eighth
+    // of the limit) - 64 for the control plane) / 2 descriptors a borrower
+    // connection.
     assert!(log.contains("borrower_connections=48"), "{log}");
 
     let mut idle = Vec::new();

@@ -398,13 +398,14 @@ fn pressure_gpus(
 }
 
 /// The descriptors kept out of the connection budgets: [`DESCRIPTOR_RESERVE`]
-/// and, for each of `upstreams`, the idle keep-alive connections of its read
-/// pool, which no borrower connection accounts for (a pooled connection in
-/// use is the upstream side of a counted borrower connection).
-fn descriptor_reserve(upstreams: usize) -> u64 {
-    let idle = u64::try_from(vacancy::shell::upstream::pool::MAX_IDLE).unwrap_or(u64::MAX);
-    DESCRIPTOR_RESERVE
-        .saturating_add(idle.saturating_mul(u64::try_from(upstreams).unwrap_or(u64::MAX)))
+/// and the idle keep-alive connections of the upstreams' read pools
+/// (`pooled`, each pool's `max_idle_total`), which no borrower connection
+/// accounts for (a pooled connection in use is the upstream side of a
+/// counted borrower connection).
+fn descriptor_reserve(pooled: impl IntoIterator<Item = usize>) -> u64 {
+    pooled.into_iter().fold(DESCRIPTOR_RESERVE, |sum, idle| {
+        sum.saturating_add(u64::try_from(idle).unwrap_or(u64::MAX))
+    })
 }
 
 /// Assemble everything and start serving; `shutdown` turning true stops it.
@@ -507,8 +508,20 @@ pub async fn start(
         ));
     }
 
+    // The read pools' share of the descriptors, which serve_listeners keeps
+    // out of the connection budgets.
+    let read_pool_idle = vacancy::shell::upstream::pool::idle_for_descriptors(
+        conn::raise_nofile_limit(),
+        config.upstreams.len(),
+    );
     let (infos, servers) = open_upstreams(
-        &config, &lender, &state_dir, &registry, &mut tasks, &shutdown,
+        &config,
+        &lender,
+        &state_dir,
+        &registry,
+        read_pool_idle,
+        &mut tasks,
+        &shutdown,
     )
     .await?;
     tasks.spawn(vacancy::shell::loops::reclaim::reclaim_loop(
@@ -660,13 +673,15 @@ async fn open_upstreams(
     lender: &Arc<Lender>,
     state_dir: &Path,
     registry: &AdapterRegistry,
+    read_pool_idle: usize,
     tasks: &mut JoinSet<()>,
     shutdown: &watch::Receiver<bool>,
 ) -> Result<(Vec<UpstreamInfo>, Vec<(TcpListener, Arc<UpstreamRoute>)>), StartError> {
     let mut infos = Vec::new();
     let mut servers = Vec::new();
     for u in &config.upstreams {
-        let (listener, route, info) = open_upstream(u, config, lender, state_dir, registry).await?;
+        let (listener, route, info) =
+            open_upstream(u, config, lender, state_dir, registry, read_pool_idle).await?;
         tasks.spawn(observation::observe_loop(
             Arc::clone(lender),
             Arc::clone(&route),
@@ -688,6 +703,7 @@ async fn open_upstream(
     lender: &Lender,
     state_dir: &Path,
     registry: &AdapterRegistry,
+    read_pool_idle: usize,
 ) -> Result<(TcpListener, Arc<UpstreamRoute>, UpstreamInfo), StartError> {
     let max_body_bytes = usize::try_from(config.server.max_body_mib.saturating_mul(1024 * 1024))
         .unwrap_or(usize::MAX);
@@ -724,6 +740,7 @@ async fn open_upstream(
         reads: vacancy::shell::upstream::pool::ReadPool::per_worker(
             Duration::from_secs(10),
             proxy_threads(config),
+            read_pool_idle,
         ),
     });
     let listener = bind(&format!("upstream {:?}", u.name), &u.listen).await?;
@@ -809,7 +826,7 @@ fn serve_listeners(
             None
         }
     };
-    let reserve = descriptor_reserve(servers.len());
+    let reserve = descriptor_reserve(servers.iter().map(|(_, r)| r.reads.max_idle_total()));
     let (borrowers, control_budget) = conn::budgets(nofile, reserve);
     let control_pools = crate::control::conns::Sizes::from_total(control_budget.size());
     info!(
@@ -862,13 +879,26 @@ mod tests {
     #[test]
     fn each_upstreams_idle_read_pool_is_kept_out_of_the_connection_budgets() {
         // A pooled idle connection holds a descriptor no borrower connection
-        // counts: with 600 descriptors and one upstream, 220 borrower
-        // connections (two descriptors each) instead of 236.
-        assert_eq!(descriptor_reserve(0), 64);
-        assert_eq!(descriptor_reserve(2), 64 + 2 * 32);
-        let (borrowers, control) = conn::budgets(600, descriptor_reserve(1));
-        assert_eq!(borrowers.size(), 220);
-        assert!(borrowers.size() * 2 + control.size() + 64 + 32 <= 600);
+        // counts: with 600 descriptors and one upstream (a pool of 75), 198
+        // borrower connections (two descriptors each) instead of 236.
+        use vacancy::shell::upstream::pool::{ReadPool, idle_for_descriptors};
+        let pool = |nofile, upstreams, workers| {
+            ReadPool::per_worker(
+                Duration::from_secs(1),
+                workers,
+                idle_for_descriptors(nofile, upstreams),
+            )
+            .max_idle_total()
+        };
+        assert_eq!(descriptor_reserve([]), 64);
+        assert_eq!(descriptor_reserve([pool(65_536, 2, 2); 2]), 64 + 2 * 128);
+        assert_eq!(pool(600, 1, 2), 75);
+        assert_eq!(pool(600, 1, 16), 75);
+        let (borrowers, control) = conn::budgets(600, descriptor_reserve([pool(600, 1, 2)]));
+        assert_eq!(borrowers.size(), 198);
+        assert!(borrowers.size() * 2 + control.size() + 64 + 75 <= 600);
+        // Beyond 124 workers each keeps one: the reserve follows.
+        assert_eq!(descriptor_reserve([pool(65_536, 1, 256)]), 64 + 1 + 256);
     }
 
     #[test]

@@ -39,8 +39,27 @@ use crate::shell::state::workers::current_worker;
 use crate::shell::upstream::forward::{ExchangeError, ProxyBody};
 use crate::shell::upstream::target::Target;
 
-/// Connections kept per upstream.
-pub const MAX_IDLE: usize = 32;
+/// The most idle connections kept per upstream, shared between its pools:
+/// as many as nginx's `keepalive 64` in each of two workers. With 32, reads
+/// from 1,000 borrower connections made a new upstream connection for most
+/// reads (issue 31: 18.6k reads/s against 33.4k with 128 on 2 cores).
+pub const MAX_IDLE: usize = 128;
+/// The fewest, where descriptors are scarce ([`idle_for_descriptors`]).
+pub const MIN_IDLE: usize = 8;
+/// What the pool off the worker threads keeps at most when there are
+/// workers (its reads are the daemon's own: discovery, status).
+const OFF_WORKERS_IDLE: usize = 4;
+
+/// The idle connections each upstream's pools may keep together when the
+/// process may open `nofile` descriptors and lends `upstreams` upstreams:
+/// an eighth of the descriptors shared between them, from [`MIN_IDLE`] to
+/// [`MAX_IDLE`], so that a low limit goes to borrower connections first.
+pub fn idle_for_descriptors(nofile: u64, upstreams: usize) -> usize {
+    let share = nofile / 8 / u64::try_from(upstreams.max(1)).unwrap_or(u64::MAX);
+    usize::try_from(share)
+        .unwrap_or(usize::MAX)
+        .clamp(MIN_IDLE, MAX_IDLE)
+}
 /// How long an unused pooled connection is kept (below the usual 60-75 s
 /// keep-alive of upstream servers, so the pool closes first).
 pub const IDLE: Duration = Duration::from_secs(30);
@@ -56,11 +75,47 @@ pub struct ReadPool {
     limits: Limits,
 }
 
-/// What a pool keeps: how many idle connections a worker, and for how long.
+/// What an upstream's pools keep: how many idle connections each, and for
+/// how long.
 #[derive(Clone, Copy, Debug)]
 struct Limits {
-    max_idle: usize,
+    /// Kept by the pool off the worker threads (index 0).
+    off_workers: usize,
+    /// Kept by each worker's pool.
+    per_worker: usize,
+    /// What the pools were given to share (their sum is at most this,
+    /// unless each keeping one is more).
+    shared: usize,
     idle: Duration,
+}
+
+impl Limits {
+    /// `max_idle` between the pool off the workers and those of `workers`
+    /// workers (at least one each).
+    fn new(workers: usize, max_idle: usize) -> Self {
+        let (off_workers, per_worker) = match workers {
+            0 => (max_idle.max(1), 0),
+            n => {
+                let off = OFF_WORKERS_IDLE.min(max_idle / (n + 1)).max(1);
+                (off, (max_idle.saturating_sub(off) / n).max(1))
+            }
+        };
+        Limits {
+            off_workers,
+            per_worker,
+            shared: max_idle,
+            idle: IDLE,
+        }
+    }
+
+    /// The idle connections the pool at `slot` keeps.
+    fn max_idle(&self, slot: usize) -> usize {
+        if slot == 0 {
+            self.off_workers
+        } else {
+            self.per_worker
+        }
+    }
 }
 
 /// One worker's idle connections.
@@ -88,22 +143,31 @@ impl std::fmt::Debug for ReadPool {
 }
 
 impl ReadPool {
-    /// One pool whose new connections must be made within `connect_timeout`.
+    /// One pool whose new connections must be made within `connect_timeout`,
+    /// keeping up to [`MAX_IDLE`].
     pub fn new(connect_timeout: Duration) -> Self {
-        Self::per_worker(connect_timeout, 0)
+        Self::per_worker(connect_timeout, 0, MAX_IDLE)
     }
 
     /// A pool for each of `workers` proxy workers and one for the rest,
-    /// sharing [`MAX_IDLE`] connections (at least 4 each).
-    pub fn per_worker(connect_timeout: Duration, workers: usize) -> Self {
+    /// keeping about `max_idle` idle connections between them (at least one
+    /// each: [`Self::max_idle_total`] says how many).
+    pub fn per_worker(connect_timeout: Duration, workers: usize, max_idle: usize) -> Self {
         ReadPool {
             slots: (0..=workers).map(|_| Mutex::default()).collect(),
             connect_timeout,
-            limits: Limits {
-                max_idle: (MAX_IDLE / workers.max(1)).max(4),
-                idle: IDLE,
-            },
+            limits: Limits::new(workers, max_idle),
         }
+    }
+
+    /// The most idle connections these pools keep together: the
+    /// descriptors the daemon keeps out of its connection budgets for them.
+    /// What they were given to share, whatever the number of workers,
+    /// unless one each is more.
+    pub fn max_idle_total(&self) -> usize {
+        let workers = self.slots.len() - 1;
+        let kept = self.limits.off_workers + self.limits.per_worker * workers;
+        kept.max(self.limits.shared)
     }
 
     /// The same pool with idle connections closed after `idle` instead of
@@ -222,7 +286,7 @@ fn checkin(
     sender: SendRequest<ProxyBody>,
 ) {
     let mut pool = lock(&slots[slot]);
-    if pool.kept.len() >= limits.max_idle {
+    if pool.kept.len() >= limits.max_idle(slot) {
         return;
     }
     pool.kept.push(Kept {
@@ -324,6 +388,38 @@ mod tests {
             .header(http::header::HOST, "upstream")
             .body(full(""))
             .unwrap()
+    }
+
+    #[test]
+    fn an_upstreams_pools_keep_their_share_between_them_at_least_one_each() {
+        let total = |workers, max_idle| {
+            ReadPool::per_worker(Duration::from_secs(1), workers, max_idle).max_idle_total()
+        };
+        assert_eq!(total(0, MAX_IDLE), MAX_IDLE);
+        assert_eq!(Limits::new(2, MAX_IDLE).per_worker, 62);
+        assert_eq!(Limits::new(2, 32).per_worker, 14);
+        for max_idle in [MIN_IDLE, 32, 75, MAX_IDLE] {
+            for w in 0..=256 {
+                let l = Limits::new(w, max_idle);
+                let kept = l.off_workers + l.per_worker * w;
+                let t = total(w, max_idle);
+                // The reserve covers what is kept and does not depend on
+                // the number of cores until one each is more.
+                assert!(kept <= t, "{w} workers, {max_idle}: {kept} kept, {t}");
+                assert_eq!(t, max_idle.max(w + 1), "{w} workers, {max_idle}");
+                assert!(l.max_idle(0) >= 1 && (w == 0 || l.max_idle(w) >= 1));
+            }
+        }
+    }
+
+    #[test]
+    fn a_low_descriptor_limit_keeps_fewer_idle_connections() {
+        assert_eq!(idle_for_descriptors(65_536, 1), MAX_IDLE);
+        assert_eq!(idle_for_descriptors(1024, 1), MAX_IDLE);
+        assert_eq!(idle_for_descriptors(1024, 4), 32);
+        assert_eq!(idle_for_descriptors(256, 1), 32);
+        assert_eq!(idle_for_descriptors(64, 3), MIN_IDLE);
+        assert_eq!(idle_for_descriptors(1024, 0), MAX_IDLE);
     }
 
     #[tokio::test]
