@@ -4,15 +4,16 @@
 //! # Behavior
 //!
 //! - A bounded keep-alive pool per upstream: at most [`MAX_IDLE`] idle
-//!   connections, the most recently idle tried first, and one idle for
-//!   [`IDLE`] closed by a timer task of its worker (one per worker, running
-//!   only while the pool keeps something), or earlier when the upstream
-//!   closes it. A fresh connection per read was most of the gap to nginx on
-//!   reads.
+//!   connections (fewer where descriptors are scarce:
+//!   [`idle_for_descriptors`]), the most recently idle tried first, and one
+//!   idle for [`IDLE`] closed by a timer task of its worker (one per worker,
+//!   running only while the pool keeps something), or earlier when the
+//!   upstream closes it. A fresh connection per read was most of the gap to
+//!   nginx on reads.
 //! - With the proxy's worker threads (`shell::proxy::workers`), one pool per
-//!   worker, sharing [`MAX_IDLE`] between them: a pooled connection is driven
-//!   by the thread that made it, so a read served on another thread would
-//!   wake it for every request.
+//!   worker, sharing the upstream's bound between them: a pooled connection
+//!   is driven by the thread that made it, so a read served on another
+//!   thread would wake it for every request.
 //! - The pool is hyper's own connection handles (`SendRequest`), a list per
 //!   worker: a connection goes back in once hyper says it is ready for the
 //!   next request (its response read to the end), most recently used taken
