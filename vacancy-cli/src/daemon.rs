@@ -508,12 +508,11 @@ pub async fn start(
         ));
     }
 
-    // The read pools' share of the descriptors, which serve_listeners keeps
-    // out of the connection budgets.
-    let read_pool_idle = vacancy::shell::upstream::pool::idle_for_descriptors(
-        conn::raise_nofile_limit(),
-        config.upstreams.len(),
-    );
+    // The open-files limit, raised once: the read pools take their share of
+    // it here, and serve_listeners splits the rest into connection budgets.
+    let open_files = conn::raise_nofile_limit();
+    let read_pool_idle =
+        vacancy::shell::upstream::pool::idle_for_descriptors(open_files, config.upstreams.len());
     let (infos, servers) = open_upstreams(
         &config,
         &lender,
@@ -559,8 +558,11 @@ pub async fn start(
     serve_listeners(
         &config,
         &lender,
-        servers,
-        control_listener,
+        Listeners {
+            upstreams: servers,
+            control: control_listener,
+            open_files,
+        },
         &state,
         &mut tasks,
         &shutdown,
@@ -806,19 +808,30 @@ fn proxy_threads(config: &vacancy::config::Config) -> usize {
     )
 }
 
+/// The bound listeners, and the open-files limit their connection budgets
+/// split.
+struct Listeners {
+    upstreams: Vec<(TcpListener, Arc<UpstreamRoute>)>,
+    control: TcpListener,
+    open_files: u64,
+}
+
 /// Every borrower listener and the control listener serve, within the
 /// connection budgets the open-files limit allows.
 fn serve_listeners(
     config: &vacancy::config::Config,
     lender: &Arc<Lender>,
-    servers: Vec<(TcpListener, Arc<UpstreamRoute>)>,
-    control_listener: TcpListener,
+    listeners: Listeners,
     state: &Arc<ControlState>,
     tasks: &mut JoinSet<()>,
     shutdown: &watch::Receiver<bool>,
 ) {
+    let Listeners {
+        upstreams: servers,
+        control: control_listener,
+        open_files: nofile,
+    } = listeners;
     let limits = ConnLimits::from_config(&config.server);
-    let nofile = conn::raise_nofile_limit();
     let workers = match vacancy::shell::state::workers::ProxyWorkers::start(proxy_threads(config)) {
         Ok(w) => Some(w),
         Err(e) => {

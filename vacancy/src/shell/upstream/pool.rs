@@ -218,13 +218,18 @@ impl ReadPool {
         Ok(resp)
     }
 
-    /// The most recently idle connection ready for a request; closed ones
-    /// and those idle for [`IDLE`] leave the pool.
+    /// The most recently idle connection ready for a request. A kept
+    /// connection that is not ready has been closed by the upstream: the
+    /// ones met on the way leave the pool. Those idle too long are the
+    /// slot's timer's, not this read's, to close.
     fn checkout(&self, slot: usize) -> Option<SendRequest<ProxyBody>> {
         let mut pool = lock(&self.slots[slot]);
-        pool.close_idle(Instant::now(), self.limits.idle);
-        let i = pool.kept.iter().rposition(|k| k.sender.is_ready())?;
-        Some(pool.kept.remove(i).sender)
+        while let Some(kept) = pool.kept.pop() {
+            if kept.sender.is_ready() {
+                return Some(kept.sender);
+            }
+        }
+        None
     }
 
     /// Put `sender` back once its response is read: at once when it is
