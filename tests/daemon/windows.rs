@@ -414,18 +414,13 @@ async fn wine_admits_refuses_busy_and_releases_with_a_fresh_sample() {
     // background once the borrower has its last byte (it only has to land
     // before the next admission), so the last one may still be on its way.
     let path = d.state.join("journal.jsonl");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let journal = std::fs::read_to_string(&path).unwrap_or_default();
-        if journal.lines().count() >= 8 {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "four admits and four releases: {journal}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let lines = || std::fs::read_to_string(&path).unwrap_or_default();
+    common::until("the last release's journal line", async || {
+        lines().lines().count() >= 8
+    })
+    .await;
+    let journal = lines();
+    assert!(journal.lines().count() >= 8, "{journal}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
