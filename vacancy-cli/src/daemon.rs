@@ -833,7 +833,14 @@ fn serve_listeners(
     } = listeners;
     let limits = ConnLimits::from_config(&config.server);
     let workers = match vacancy::shell::state::workers::ProxyWorkers::start(proxy_threads(config)) {
-        Ok(w) => Some(w),
+        Ok(w) => {
+            #[cfg(not(windows))]
+            w.upkeep(
+                crate::allocator::EVERY,
+                crate::allocator::return_thread_cache,
+            );
+            Some(w)
+        }
         Err(e) => {
             warn!(error = %e, "cannot start the proxy's worker threads; borrower connections are served on the main runtime");
             None

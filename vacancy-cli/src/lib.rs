@@ -29,6 +29,8 @@
 mod admin;
 #[cfg(windows)]
 mod admin_pipe;
+#[cfg(not(windows))]
+mod allocator;
 mod borrower_cmd;
 mod borrowers;
 mod calibrate;

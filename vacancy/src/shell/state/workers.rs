@@ -101,6 +101,25 @@ impl ProxyWorkers {
         self.handles.is_empty()
     }
 
+    /// Run `task` on each worker thread every `every`, for as long as the
+    /// workers run: per-thread upkeep, such as handing an allocator's
+    /// thread cache back (each worker is one thread, so the task runs on
+    /// the thread whose state it tends).
+    pub fn upkeep(&self, every: std::time::Duration, task: fn()) {
+        for handle in &self.handles {
+            handle.spawn(async move {
+                let mut ticks = tokio::time::interval(every);
+                ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                // The first tick is at once: skip it.
+                ticks.tick().await;
+                loop {
+                    ticks.tick().await;
+                    task();
+                }
+            });
+        }
+    }
+
     /// The runtime the next connection goes to, in turn.
     pub fn next(&self) -> &Handle {
         let i = self.next.fetch_add(1, Ordering::Relaxed) % self.handles.len();
@@ -156,6 +175,34 @@ mod tests {
         assert_eq!(seen[2].0, Some(0));
         assert_eq!(seen[0].1.as_deref(), Some("vacancyd-proxy-0"));
         assert_eq!(current_worker(), None, "the test's own thread is none");
+    }
+
+    static UPKEEP_THREADS: std::sync::Mutex<Vec<Option<usize>>> = std::sync::Mutex::new(Vec::new());
+    static UPKEEP_RAN: tokio::sync::Notify = tokio::sync::Notify::const_new();
+
+    fn note_upkeep() {
+        UPKEEP_THREADS.lock().unwrap().push(current_worker());
+        UPKEEP_RAN.notify_one();
+    }
+
+    #[tokio::test]
+    async fn upkeep_runs_on_every_worker_thread() {
+        let workers = ProxyWorkers::start(2).unwrap();
+        workers.upkeep(std::time::Duration::from_millis(5), note_upkeep);
+        loop {
+            let mut seen = UPKEEP_THREADS.lock().unwrap().clone();
+            seen.sort_unstable();
+            seen.dedup();
+            if seen == [Some(0), Some(1)] {
+                break;
+            }
+            let ran =
+                tokio::time::timeout(std::time::Duration::from_secs(10), UPKEEP_RAN.notified());
+            assert!(
+                ran.await.is_ok(),
+                "upkeep ran on {seen:?}, not on each worker"
+            );
+        }
     }
 
     #[test]
