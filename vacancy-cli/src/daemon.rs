@@ -24,6 +24,7 @@ use vacancy::shell::loops::pressure_watch::PressureGpu;
 use vacancy::shell::loops::reclaim::ReclaimTimes;
 use vacancy::shell::loops::{presence_watch, sampling};
 use vacancy::shell::proxy::conn::{self, ConnLimits};
+use vacancy::shell::state::post_job::PostJobSampler;
 use vacancy::shell::{Lender, Listening, Target, UpstreamRoute};
 use vacancy::traits::Adapter;
 use vacancy::{MonotonicClock, ResourceKind};
@@ -654,11 +655,13 @@ async fn spawn_samplers(
     tasks: &mut JoinSet<()>,
     shutdown: &watch::Receiver<bool>,
 ) {
+    let mut post_job = Vec::new();
     for r in &config.resources {
         let resource = sampling::sampler_for(r, lender.clock());
         let poll = Duration::from_millis(r.poll_ms);
         let timeout = sampling::sample_timeout(poll);
         let _ = sampling::sample_once(&**lender, &*resource, timeout).await;
+        post_job.push(PostJobSampler::new(Arc::clone(&resource), timeout));
         tasks.spawn(sampling::sample_loop(
             Arc::clone(lender),
             resource,
@@ -667,6 +670,9 @@ async fn spawn_samplers(
             shutdown.clone(),
         ));
     }
+    // Where each job ends, on its proxy worker: fewer threads crossed
+    // before the next request can be decided (ADM-05, ADM-06).
+    lender.sample_where_jobs_end(post_job);
 }
 
 /// Every lent upstream's listener and route, each with its observation loop.

@@ -10,6 +10,7 @@ use tracing::{debug, error, warn};
 
 use crate::MonotonicClock;
 use crate::shell::loops::sink::LoopSink;
+use crate::shell::state::post_job::take_sample;
 use crate::shell::state::shutdown::stopped;
 use crate::traits::resource::{CapacitySample, Resource, ResourceKind, SampleError};
 
@@ -43,14 +44,7 @@ pub async fn sample_once<S: LoopSink + ?Sized>(
     resource: &dyn Resource,
     timeout: Duration,
 ) -> Result<CapacitySample, String> {
-    let started = sink.clock().now();
-    let result = match tokio::time::timeout(timeout, resource.sample()).await {
-        Ok(r) => r,
-        Err(_) => Err(SampleError::Unreadable {
-            source_name: resource.id().to_owned(),
-            reason: format!("no answer within {} ms", timeout.as_millis()),
-        }),
-    };
+    let (result, started) = take_sample(resource, &sink.clock(), timeout).await;
     let outcome = result.as_ref().copied().map_err(ToString::to_string);
     sink.record_sample(resource.id(), result, started);
     outcome

@@ -19,6 +19,7 @@ use crate::shell::state::gate::BorrowerGate;
 use crate::shell::state::history::History;
 use crate::shell::state::live::LiveWork;
 use crate::shell::state::metrics::{self, Metrics};
+use crate::shell::state::post_job::{PostJobSampler, SampleRecorder};
 use crate::time::MonotonicClock;
 use crate::traits::resource::{CapacitySample, SampleError};
 
@@ -38,6 +39,9 @@ pub struct Lender {
     clock: MonotonicClock,
     sample_landed: Notify,
     sample_now: HashMap<String, Arc<Notify>>,
+    /// Where set, post-job samples are taken where the job ended
+    /// ([`post_job`](crate::shell::state::post_job)), not by the loop.
+    post_job: std::sync::OnceLock<PostJobSamples>,
     observe_now: Mutex<HashMap<UpstreamId, Arc<Notify>>>,
     store: Arc<dyn ReservationStore>,
     metrics: Metrics,
@@ -48,6 +52,26 @@ pub struct Lender {
     work_changed: Notify,
     /// Named borrowers' keys (issue 34); unset: every borrower is anonymous.
     gate: std::sync::OnceLock<Arc<BorrowerGate>>,
+}
+
+/// The post-job samplers and the lender they record into.
+struct PostJobSamples {
+    lender: std::sync::Weak<dyn SampleRecorder>,
+    samplers: HashMap<String, Arc<PostJobSampler>>,
+}
+
+impl SampleRecorder for Lender {
+    fn clock(&self) -> MonotonicClock {
+        self.clock
+    }
+    fn record_sample(
+        &self,
+        resource: &str,
+        result: Result<CapacitySample, SampleError>,
+        started: crate::Moment,
+    ) {
+        Lender::record_sample(self, resource, result, started);
+    }
 }
 
 impl std::fmt::Debug for Lender {
@@ -81,6 +105,7 @@ impl Lender {
                 .into_iter()
                 .map(|r| (r, Arc::new(Notify::new())))
                 .collect(),
+            post_job: std::sync::OnceLock::new(),
             observe_now: Mutex::new(HashMap::new()),
             store,
             metrics: Metrics::default(),
@@ -220,9 +245,7 @@ impl Lender {
             out
         };
         for resource in &wakes.sample {
-            if let Some(t) = self.sample_now.get(resource) {
-                t.notify_one();
-            }
+            self.sample_soon(resource);
         }
         for upstream in wakes.observe {
             self.observe_trigger(upstream).notify_one();
@@ -352,6 +375,36 @@ impl Lender {
     /// The reservation store.
     pub fn store(&self) -> &Arc<dyn ReservationStore> {
         &self.store
+    }
+
+    /// Take post-job samples of these resources where each job ends, on
+    /// that thread's runtime, instead of through their sampling loops (once,
+    /// at start; see [`post_job`](crate::shell::state::post_job)).
+    pub fn sample_where_jobs_end(self: &Arc<Self>, samplers: Vec<Arc<PostJobSampler>>) {
+        let lender: std::sync::Weak<Lender> = Arc::downgrade(self);
+        let samples = PostJobSamples {
+            lender,
+            samplers: samplers
+                .into_iter()
+                .map(|s| (s.resource_id().to_owned(), s))
+                .collect(),
+        };
+        if self.post_job.set(samples).is_err() {
+            warn!("post-job samplers were set already; keeping the first");
+        }
+    }
+
+    /// A sample of `resource` now: where the job ended when it can be,
+    /// else through the resource's sampling loop.
+    pub(crate) fn sample_soon(&self, resource: &str) {
+        let started = self.post_job.get().is_some_and(|p| {
+            p.samplers
+                .get(resource)
+                .is_some_and(|s| s.trigger(&p.lender))
+        });
+        if !started && let Some(t) = self.sample_now.get(resource) {
+            t.notify_one();
+        }
     }
 
     /// The trigger a resource's sampling loop waits on besides its interval.
@@ -497,9 +550,7 @@ impl Lender {
                 Step::Wait(until, resources) => (until, resources),
             };
             for r in &resources {
-                if let Some(t) = self.sample_now.get(r) {
-                    t.notify_one();
-                }
+                self.sample_soon(r);
             }
             let deadline = tokio::time::Instant::from_std(self.clock.instant(until));
             let waiting = std::time::Instant::now();
