@@ -893,6 +893,26 @@ pub enum Decided {
     Reobserve(Refusal),
 }
 
+/// A lender lending one GPU, `gpu0` (1,000 MiB needed), to one upstream,
+/// `llm`, with the owner away: the unit tests' common case.
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+pub(crate) fn one_gpu_lender(
+    clock: MonotonicClock,
+    store: Arc<dyn ReservationStore>,
+) -> Arc<Lender> {
+    use crate::engine::{EngineSpec, OwnerPresence, ResourceSpec, UpstreamSpec};
+    use crate::traits::resource::ResourceKind;
+    let mut engine = Engine::new(EngineSpec {
+        lending: true,
+        resources: vec![ResourceSpec::new("gpu0", ResourceKind::Gpu, 1000)],
+        upstreams: vec![UpstreamSpec::new("llm", "gpu0", 1000)],
+    })
+    .unwrap();
+    engine.set_owner(OwnerPresence::Away);
+    Arc::new(Lender::new(engine, ["gpu0".to_owned()], clock, store))
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -913,9 +933,7 @@ mod tests {
     use tokio::sync::oneshot;
 
     use super::*;
-    use crate::engine::{EngineSpec, OwnerPresence, ResourceSpec, UpstreamSpec};
     use crate::ledger::store::StoreChange;
-    use crate::traits::resource::ResourceKind;
 
     /// A store that notes each change in submission order, and whose writes
     /// complete when the test says (or fail).
@@ -966,15 +984,7 @@ mod tests {
     }
 
     fn lender(store: Arc<Recorder>) -> (Arc<Lender>, UpstreamId) {
-        let mut engine = Engine::new(EngineSpec {
-            lending: true,
-            resources: vec![ResourceSpec::new("gpu0", ResourceKind::Gpu, 1000)],
-            upstreams: vec![UpstreamSpec::new("llm", "gpu0", 1000)],
-        })
-        .unwrap();
-        engine.set_owner(OwnerPresence::Away);
-        let clock = MonotonicClock::new();
-        let lender = Arc::new(Lender::new(engine, ["gpu0".to_owned()], clock, store));
+        let lender = one_gpu_lender(MonotonicClock::new(), store);
         sample(&lender);
         let up = lender.with_engine(|e| e.upstream_id("llm")).unwrap();
         (lender, up)
@@ -1190,19 +1200,10 @@ mod tests {
         // it, nor a change after its entry's end.
         let store = Arc::new(Journal::default());
         let (lender, up) = {
-            let mut engine = Engine::new(EngineSpec {
-                lending: true,
-                resources: vec![ResourceSpec::new("gpu0", ResourceKind::Gpu, 1000)],
-                upstreams: vec![UpstreamSpec::new("llm", "gpu0", 1000)],
-            })
-            .unwrap();
-            engine.set_owner(OwnerPresence::Away);
-            let lender = Arc::new(Lender::new(
-                engine,
-                ["gpu0".to_owned()],
+            let lender = one_gpu_lender(
                 MonotonicClock::new(),
                 Arc::clone(&store) as Arc<dyn ReservationStore>,
-            ));
+            );
             let up = lender.upstream_id("llm").unwrap();
             (lender, up)
         };

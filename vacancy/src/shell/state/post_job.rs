@@ -165,9 +165,8 @@ mod tests {
     use tokio::sync::{Notify, Semaphore};
 
     use super::*;
-    use crate::engine::{Engine, EngineSpec, OwnerPresence, ResourceSpec, UpstreamSpec};
     use crate::ledger::store::VolatileStore;
-    use crate::shell::state::lender::Lender;
+    use crate::shell::state::lender::{Lender, one_gpu_lender};
     use crate::traits::resource::ResourceKind;
 
     /// A resource whose samples each wait for a permit, and are counted.
@@ -196,19 +195,7 @@ mod tests {
     }
 
     fn lender_with(gated: &Arc<Gated>) -> Arc<Lender> {
-        let mut engine = Engine::new(EngineSpec {
-            lending: true,
-            resources: vec![ResourceSpec::new("gpu0", ResourceKind::Gpu, 1000)],
-            upstreams: vec![UpstreamSpec::new("llm", "gpu0", 1000)],
-        })
-        .unwrap();
-        engine.set_owner(OwnerPresence::Away);
-        let lender = Arc::new(Lender::new(
-            engine,
-            ["gpu0".to_owned()],
-            gated.clock,
-            Arc::new(VolatileStore),
-        ));
+        let lender = one_gpu_lender(gated.clock, Arc::new(VolatileStore));
         let resource: Arc<dyn Resource> = Arc::clone(gated) as Arc<dyn Resource>;
         lender.sample_where_jobs_end(vec![PostJobSampler::new(resource, Duration::from_secs(10))]);
         lender
