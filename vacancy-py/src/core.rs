@@ -15,7 +15,7 @@ use vacancy::config::{Config as VConfig, ResourceConfig, SamplerKind};
 use vacancy::engine::{Effect, OwnerPresence};
 use vacancy::presence::{ManualPresence, PresenceBackend};
 use vacancy::shell::loops::sampling;
-use vacancy::shell::loops::sink::LoopSink;
+use vacancy::shell::loops::sink::{LoopSink, SampleRecorder};
 use vacancy::{CapacitySample, Moment, MonotonicClock, Resource, SampleError};
 
 use crate::inner::{Inner, Timeline};
@@ -216,13 +216,9 @@ impl Core {
     }
 }
 
-impl LoopSink for Core {
+impl SampleRecorder for Core {
     fn clock(&self) -> MonotonicClock {
         self.clock
-    }
-
-    fn sample_trigger(&self, resource: &str) -> Option<Arc<Notify>> {
-        self.triggers.get(resource).cloned()
     }
 
     fn record_sample(
@@ -254,6 +250,12 @@ impl LoopSink for Core {
         if let Err(err) = &result {
             tracing::warn!(target: "vacancy::sampling", resource, error = %err, "capacity sample failed; the resource's capacity is unknown");
         }
+    }
+}
+
+impl LoopSink for Core {
+    fn sample_trigger(&self, resource: &str) -> Option<Arc<Notify>> {
+        self.triggers.get(resource).cloned()
     }
 
     fn set_owner(&self, presence: OwnerPresence) -> bool {

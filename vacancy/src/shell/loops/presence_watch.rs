@@ -57,20 +57,24 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     use super::*;
+    use crate::shell::loops::sink::SampleRecorder;
     use crate::traits::resource::{CapacitySample, SampleError};
     use crate::{Moment, MonotonicClock};
 
     #[derive(Default)]
     struct Seen(Mutex<Vec<OwnerPresence>>);
 
-    impl LoopSink for Seen {
+    impl SampleRecorder for Seen {
         fn clock(&self) -> MonotonicClock {
             MonotonicClock::new()
         }
+        fn record_sample(&self, _: &str, _: Result<CapacitySample, SampleError>, _: Moment) {}
+    }
+
+    impl LoopSink for Seen {
         fn sample_trigger(&self, _: &str) -> Option<Arc<Notify>> {
             None
         }
-        fn record_sample(&self, _: &str, _: Result<CapacitySample, SampleError>, _: Moment) {}
         fn set_owner(&self, presence: OwnerPresence) -> bool {
             self.0.lock().unwrap().push(presence);
             true
