@@ -204,8 +204,19 @@ pub async fn observe_loop(
     // new one is logged once, not every poll, and so is the recovery.
     let mut failing: Option<String> = None;
     let trigger = lender.observe_trigger(route.id);
+    let mut after_job = false;
     loop {
+        // Whether a connection made since the last pass (the job's own, or
+        // a read's) reached the upstream.
+        let answered = route.target.take_last_connect() == Some(true);
         let next = match observe_upstream(&lender, &route).await {
+            // After a job whose connection reached the upstream, a connect
+            // proves nothing more, and costs the upstream one more
+            // connection per job.
+            Err(ObserveError::Unsupported) if after_job && answered => UpstreamHealth {
+                reachable: Some(true),
+                ..UpstreamHealth::default()
+            },
             Ok(obs) => UpstreamHealth {
                 reachable: Some(true),
                 error: None,
@@ -256,9 +267,13 @@ pub async fn observe_loop(
         }
         lender.metrics().observed(&route.name, next.error.is_some());
         health.set(next);
+        after_job = false;
         tokio::select! {
             () = tokio::time::sleep(every) => {}
-            () = trigger.notified() => debug!(upstream = %route.name, "post-job observation"),
+            () = trigger.notified() => {
+                after_job = true;
+                debug!(upstream = %route.name, "post-job observation");
+            }
             () = stopped(&mut shutdown) => return,
         }
     }

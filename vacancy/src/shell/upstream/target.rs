@@ -11,10 +11,14 @@
 //!   lookup gives other addresses, the same connection is tried on them at
 //!   once, within its connect timeout: nothing reached the upstream yet, so
 //!   trying again lends nothing twice (DONE-02).
+//! - Every connection attempt leaves its outcome for
+//!   [`Target::take_last_connect`]: the observation after a job learns from
+//!   it that the upstream answered, without a connection of its own.
 
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -40,7 +44,14 @@ pub struct Target {
     host_header: Option<http::HeaderValue>,
     /// An IP address target's address as a URI authority, made once.
     fixed_authority: Option<http::uri::Authority>,
+    /// The outcome of the last connection attempt not taken yet, shared by
+    /// every clone: [`NO_CONNECT`], [`CONNECTED`] or [`CONNECT_FAILED`].
+    last_connect: Arc<AtomicU8>,
 }
+
+const NO_CONNECT: u8 = 0;
+const CONNECTED: u8 = 1;
+const CONNECT_FAILED: u8 = 2;
 
 impl PartialEq for Target {
     fn eq(&self, other: &Self) -> bool {
@@ -156,6 +167,7 @@ impl Target {
                 resolved: Arc::new(Mutex::new(Arc::from(Vec::new()))),
                 lookup,
             },
+            last_connect: Arc::new(AtomicU8::new(NO_CONNECT)),
         })
     }
 
@@ -232,6 +244,27 @@ impl Target {
     /// that differs: nothing was sent on a failed connection, so trying the
     /// new addresses lends nothing twice (DONE-02).
     pub async fn connect(&self, timeout: Duration) -> Result<TcpStream, ConnectError> {
+        let connected = self.connect_once(timeout).await;
+        let outcome = if connected.is_ok() {
+            CONNECTED
+        } else {
+            CONNECT_FAILED
+        };
+        self.last_connect.store(outcome, Ordering::Relaxed);
+        connected
+    }
+
+    /// Whether the last connection attempt since the last call succeeded;
+    /// `None` when there was none. Any clone's attempts count.
+    pub fn take_last_connect(&self) -> Option<bool> {
+        match self.last_connect.swap(NO_CONNECT, Ordering::Relaxed) {
+            CONNECTED => Some(true),
+            CONNECT_FAILED => Some(false),
+            _ => None,
+        }
+    }
+
+    async fn connect_once(&self, timeout: Duration) -> Result<TcpStream, ConnectError> {
         let deadline = tokio::time::Instant::now() + timeout;
         if let Some(a) = self.addresses.fixed {
             return connect_any(&[a], deadline, timeout).await;
@@ -386,6 +419,23 @@ mod tests {
         t.connect(timeout).await.unwrap();
         second.accept().await.unwrap();
         assert_eq!(calls.load(Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn the_last_connection_attempt_is_taken_once_by_any_clone() {
+        // Issue 31: the observation after a job learns from the job's own
+        // connection that the upstream answered.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let t = Target::parse(&format!("http://{addr}")).unwrap();
+        let observer = t.clone();
+        assert_eq!(observer.take_last_connect(), None, "nothing tried yet");
+        t.connect(Duration::from_secs(5)).await.unwrap();
+        assert_eq!(observer.take_last_connect(), Some(true));
+        assert_eq!(observer.take_last_connect(), None, "taken once");
+        drop(listener);
+        t.connect(Duration::from_secs(5)).await.unwrap_err();
+        assert_eq!(observer.take_last_connect(), Some(false));
     }
 
     #[tokio::test(flavor = "current_thread")]

@@ -1,0 +1,194 @@
+//! The observation loop after a job (issue 31): for an adapter that cannot
+//! observe its upstream, the loop learned that the upstream answers by
+//! connecting to it, one more connection per job on the owner's server. A
+//! job whose own connection reached the upstream proves that already; a job
+//! whose connection failed still makes the loop check.
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::net::TcpListener;
+use tokio::sync::{mpsc, watch};
+use vacancy::engine::ModelObservation;
+use vacancy::shell::loops::observation::{HealthCell, observe_loop};
+use vacancy::shell::{Lender, UpstreamRoute};
+use vacancy::testkit::lone_upstream;
+use vacancy::traits::{
+    Adapter, InspectContext, InspectResult, Inspection, ObserveError, RouteClass, RouteMethod,
+    RouteSpec, RouteTable, WorkRoute,
+};
+
+/// An adapter that cannot observe its upstream (as the OpenAI one), and
+/// says each time it is asked.
+struct Blind {
+    routes: RouteTable,
+    asked: mpsc::UnboundedSender<()>,
+}
+
+#[async_trait]
+impl Adapter for Blind {
+    fn name(&self) -> &str {
+        "blind"
+    }
+    fn routes(&self) -> &RouteTable {
+        &self.routes
+    }
+    fn inspect(&self, _: &WorkRoute, _: InspectContext<'_>, _: &[u8]) -> InspectResult {
+        Ok(Inspection::default())
+    }
+    async fn observe(&self) -> Result<ModelObservation, ObserveError> {
+        let _ = self.asked.send(());
+        Err(ObserveError::Unsupported)
+    }
+}
+
+/// An upstream that counts the connections it accepts: each one is said
+/// on the channel once accepted, with its count and its client's address.
+async fn counting_upstream() -> (
+    std::net::SocketAddr,
+    Arc<AtomicUsize>,
+    mpsc::UnboundedReceiver<(usize, std::net::SocketAddr)>,
+    tokio::task::JoinHandle<()>,
+) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let count = Arc::new(AtomicUsize::new(0));
+    let (tx, rx) = mpsc::unbounded_channel();
+    let counted = Arc::clone(&count);
+    let task = tokio::spawn(async move {
+        let mut open = Vec::new();
+        while let Ok((stream, peer)) = listener.accept().await {
+            open.push(stream);
+            let _ = tx.send((counted.fetch_add(1, Ordering::SeqCst) + 1, peer));
+        }
+    });
+    (addr, count, rx, task)
+}
+
+struct Looping {
+    route: Arc<UpstreamRoute>,
+    lender: Arc<Lender>,
+    health: Arc<HealthCell>,
+    asked: mpsc::UnboundedReceiver<()>,
+    stop: watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+fn start_loop(addr: std::net::SocketAddr) -> Looping {
+    let routes = RouteTable::new(vec![RouteSpec::new(
+        RouteMethod::Post,
+        "/run",
+        RouteClass::Work(WorkRoute::response_end()),
+    )])
+    .unwrap();
+    let (asked_tx, asked) = mpsc::unbounded_channel();
+    let adapter = Arc::new(Blind {
+        routes,
+        asked: asked_tx,
+    });
+    let (lender, route) = lone_upstream(
+        "blind",
+        adapter,
+        &format!("http://{addr}"),
+        vacancy::MonotonicClock::new(),
+    )
+    .unwrap();
+    let health = Arc::new(HealthCell::default());
+    let (stop, stopped) = watch::channel(false);
+    let task = tokio::spawn(observe_loop(
+        Arc::clone(&lender),
+        Arc::clone(&route),
+        Arc::clone(&health),
+        // Only the first pass and the post-job ones run in a test.
+        Duration::from_secs(3600),
+        stopped,
+    ));
+    Looping {
+        route,
+        lender,
+        health,
+        asked,
+        stop,
+        task,
+    }
+}
+
+#[tokio::test]
+async fn the_observation_after_a_job_that_reached_the_upstream_opens_no_connection() {
+    // Issue 31: a job's end woke the loop, and for an adapter that
+    // cannot observe, the loop connected to learn the upstream answers,
+    // one more connection per job on the owner's server.
+    let (addr, count, mut accepted, _upstream) = counting_upstream().await;
+    let mut l = start_loop(addr);
+    // The first pass connects: nothing is known yet.
+    l.asked.recv().await.unwrap();
+    assert_eq!(accepted.recv().await.map(|a| a.0), Some(1));
+    // A job's own connection reached the upstream, then the job ended.
+    let job = l
+        .route
+        .target
+        .connect(Duration::from_secs(2))
+        .await
+        .unwrap();
+    assert_eq!(accepted.recv().await.map(|a| a.0), Some(2));
+    let trigger = l.lender.observe_trigger(l.route.id);
+    trigger.notify_one();
+    l.asked.recv().await.unwrap();
+    // The next job's end comes with no connection since: it connects.
+    trigger.notify_one();
+    l.asked.recv().await.unwrap();
+    l.stop.send(true).unwrap();
+    l.task.await.unwrap();
+    // Every connection the loop made is accepted before this one.
+    let marker = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let marker = marker.local_addr().unwrap();
+    let mut counted = 0;
+    while let Some((n, peer)) = accepted.recv().await {
+        counted = n;
+        if peer == marker {
+            break;
+        }
+    }
+    assert_eq!(
+        counted, 4,
+        "the first pass, the job, the pass after the second job and the marker: no more"
+    );
+    assert_eq!(count.load(Ordering::SeqCst), 4);
+    assert_eq!(l.health.get().reachable, Some(true));
+    drop(job);
+}
+
+#[tokio::test]
+async fn the_observation_after_a_job_that_could_not_connect_checks_again() {
+    // The same skip must not hide an upstream that stopped answering.
+    let (addr, _count, mut accepted, upstream) = counting_upstream().await;
+    let mut l = start_loop(addr);
+    l.asked.recv().await.unwrap();
+    assert_eq!(accepted.recv().await.map(|a| a.0), Some(1));
+    upstream.abort();
+    let _ = upstream.await;
+    // The listener is closed: the job's connection is refused.
+    assert!(
+        l.route
+            .target
+            .connect(Duration::from_secs(2))
+            .await
+            .is_err()
+    );
+    l.lender.observe_trigger(l.route.id).notify_one();
+    l.asked.recv().await.unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while l.health.get().reachable != Some(false) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the post-job pass did not find the upstream unreachable: {:?}",
+            l.health.get()
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    l.stop.send(true).unwrap();
+    l.task.await.unwrap();
+}
