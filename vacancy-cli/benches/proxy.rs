@@ -696,6 +696,16 @@ async fn streams(addr: SocketAddr, n: usize, chunks: usize, gap: Duration) -> (V
     (sorted(first), sorted(delays))
 }
 
+/// A pause before each section: the one before may leave work behind (the
+/// upstream closing a thousand connections after the last wrk run slowed
+/// the next section's first column: the direct path's sequential p50 was
+/// 62 µs against its usual 11).
+fn settle(test_mode: bool) {
+    if !test_mode {
+        std::thread::sleep(Duration::from_secs(2));
+    }
+}
+
 /// Measure each of `columns` twice, in order and then in reverse (A B B A),
 /// and merge each column's halves: no column gains from its place in the run
 /// (a second identical daemon measured after the first ran 4-5% faster), and
@@ -1232,6 +1242,7 @@ fn main() {
 
     // Reads at each concurrency.
     if sizes.runs("reads") {
+        settle(test_mode);
         println!();
         println!("{header}");
         for &c in &sizes.read_connections {
@@ -1294,6 +1305,7 @@ fn main() {
     // Admitted requests, one after another.
     let mut control_phases = Vec::new();
     if sizes.runs("admitted") {
+        settle(test_mode);
         let before = phases(daemons[0].control);
         let mut pace = Paced::default();
         let seq: Vec<(Vec<f64>, Vec<f64>)> = both_orders(
@@ -1386,6 +1398,7 @@ fn main() {
 
     // Streams: the first chunk (short streams, one after another).
     if sizes.runs("first_chunk") {
+        settle(test_mode);
         let before = phases(daemons[0].control);
         let mut pace = Paced::default();
         let st: Vec<Vec<f64>> = both_orders(
@@ -1469,6 +1482,7 @@ fn main() {
 
     // Streams: every chunk after the first.
     if sizes.runs("chunks") {
+        settle(test_mode);
         let st: Vec<Vec<f64>> = both_orders(
             paths.len(),
             |i, h| {
@@ -1522,6 +1536,7 @@ fn main() {
 
     // Refusals.
     if sizes.runs("refusals") {
+        settle(test_mode);
         println!();
         let refusals = |connections: usize| {
             both_orders(
