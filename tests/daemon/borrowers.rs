@@ -496,6 +496,17 @@ async fn a_restart_releases_what_the_usage_record_shows_ended_and_holds_the_rest
     .await
     .unwrap();
     assert_eq!(r.status, 200, "{}", r.text());
+    // The job ends just after its last byte reaches the client; its row is
+    // written before its release line, so once the row is there a kill
+    // cannot bring the job back held (its release may still be in the sync
+    // window, and the restart releases it by the row).
+    common::until("the first job's usage row", async || {
+        usage(&d)["rows"].as_array().is_some_and(|rows| {
+            rows.iter()
+                .any(|r| r["borrower"] == "alice" && r["jobs"] == 1)
+        })
+    })
+    .await;
     let mut d = d.crash_restart();
     // The crash window, made by hand: two live entries of alice's; the
     // record has a row for the first only.
