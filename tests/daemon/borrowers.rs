@@ -369,7 +369,18 @@ async fn three_named_borrowers_get_keys_fair_turns_budgets_and_an_honest_record(
     let more_bob = Client::run(&base, &bob, 2, 200, "").await;
     assert!(more_bob.iter().all(|j| j["status"] == 200), "{more_bob:?}");
 
-    // The owner's record adds up to what each client saw.
+    // The owner's record adds up to what each client saw. Its rows are
+    // written by the journal's writer thread after the job's release, which
+    // the borrower's last byte does not wait for: bob's last job may end at
+    // the client before its row is in, so wait for it (every earlier row
+    // went in before the admission that followed it).
+    common::until("bob's last usage row", async || {
+        usage(&d)["rows"].as_array().is_some_and(|rows| {
+            rows.iter()
+                .any(|r| r["borrower"] == "bob" && r["jobs"].as_u64() >= Some(3))
+        })
+    })
+    .await;
     let report = usage(&d);
     let (a, bb, c) = (
         row(&report, "alice"),
