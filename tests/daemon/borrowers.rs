@@ -507,10 +507,11 @@ async fn a_restart_releases_what_the_usage_record_shows_ended_and_holds_the_rest
     .await
     .unwrap();
     assert_eq!(r.status, 200, "{}", r.text());
-    // The job ends just after its last byte reaches the client; its row is
-    // written before its release line, so once the row is there a kill
-    // cannot bring the job back held (its release may still be in the sync
-    // window, and the restart releases it by the row).
+    // The job is released before its last byte is handed on, but its row
+    // and its release line are written by the journal's writer thread after
+    // that; the row goes first, so once it is there a kill cannot bring the
+    // job back held (its release line may still be unwritten, and the
+    // restart releases it by the row).
     common::until("the first job's usage row", async || {
         usage(&d)["rows"].as_array().is_some_and(|rows| {
             rows.iter()
