@@ -1313,7 +1313,8 @@ impl Engine {
     }
 
     /// Free an entry's resources and queue what the shell does after a job:
-    /// forget its record, sample each resource, observe the upstream.
+    /// forget its record, sample each resource, observe the upstream, and
+    /// step the reclaims under way.
     fn free(&mut self, id: EntryId, now: Moment) {
         let Some(e) = self.entries.remove(&id) else {
             return;
@@ -1343,7 +1344,13 @@ impl Engine {
             self.effects.push(Effect::Sample(name));
         }
         self.effects.push(Effect::Observe(UpstreamId(upstream)));
-        self.effects.push(Effect::WakeReclaims);
+        // A reclaim that drains or finishes waits for work to end; with
+        // none under way, the reclaim loop has nothing to step (every edge
+        // that starts one wakes it itself), and waking it cost each job a
+        // thread wake-up on the daemon's main runtime (issue 31).
+        if !self.reclaims.is_empty() {
+            self.effects.push(Effect::WakeReclaims);
+        }
         self.wake_waiters();
         self.debug_check_counts();
     }

@@ -135,6 +135,33 @@ fn drain_ends_without_cancelling_when_the_work_finishes_in_time() {
 }
 
 #[test]
+fn a_release_wakes_the_reclaim_loop_only_while_a_reclaim_waits_for_work() {
+    // RECL-31: a drain steps on as soon as its work ends, so that end wakes
+    // the reclaim loop; with no reclaim under way a job's end does not.
+    let wakes = |e: &mut Engine| {
+        std::iter::from_fn(|| e.poll_effect())
+            .filter(|x| *x == Effect::WakeReclaims)
+            .count()
+    };
+    let mut e = engine(OnOwnerReturn::Drain, false);
+    let quiet = admit(&mut e, "llm", 10).unwrap();
+    wakes(&mut e);
+    e.release(quiet, ReleaseOutcome::Completed, t(20)).unwrap();
+    assert_eq!(wakes(&mut e), 0, "no reclaim is under way");
+    sample_all(&mut e, 30);
+    let job = admit(&mut e, "llm", 40).unwrap();
+    e.set_owner(OwnerPresence::Present);
+    assert_eq!(started(&e.reclaim_step(t(100))).len(), 1);
+    wakes(&mut e);
+    e.release(job, ReleaseOutcome::Completed, t(5_000)).unwrap();
+    assert_eq!(wakes(&mut e), 1, "the drain waits for this job");
+    assert!(matches!(
+        e.reclaim_step(t(5_001)).as_slice(),
+        [ReclaimCommand::Finished { .. }]
+    ));
+}
+
+#[test]
 fn drain_with_yield_unloads_as_soon_as_the_work_ends() {
     // RECL-31, RECL-30
     let mut e = engine(OnOwnerReturn::Drain, true);
