@@ -1,8 +1,9 @@
 //! The observation loop after a job (issue 31): for an adapter that cannot
 //! observe its upstream, the loop learned that the upstream answers by
 //! connecting to it, one more connection per job on the owner's server. A
-//! job whose own connection reached the upstream proves that already; a job
-//! whose connection failed still makes the loop check.
+//! job whose own connection reached the upstream proves that already, and
+//! once the loop knows it learns nothing else, such a job's end does not
+//! wake it at all; a job whose connection failed still makes the loop check.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 use std::sync::Arc;
@@ -68,6 +69,14 @@ async fn counting_upstream() -> (
     (addr, count, rx, task)
 }
 
+/// `event`, or a failure naming the wait when it does not come: a broken
+/// skip fails the test instead of hanging it.
+async fn within<T>(event: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(Duration::from_secs(60), event)
+        .await
+        .expect("the awaited pass or connection never came")
+}
+
 struct Looping {
     route: Arc<UpstreamRoute>,
     lender: Arc<Lender>,
@@ -124,8 +133,8 @@ async fn the_observation_after_a_job_that_reached_the_upstream_opens_no_connecti
     let (addr, count, mut accepted, _upstream) = counting_upstream().await;
     let mut l = start_loop(addr);
     // The first pass connects: nothing is known yet.
-    l.asked.recv().await.unwrap();
-    assert_eq!(accepted.recv().await.map(|a| a.0), Some(1));
+    within(l.asked.recv()).await.unwrap();
+    assert_eq!(within(accepted.recv()).await.map(|a| a.0), Some(1));
     // A job's own connection reached the upstream, then the job ended.
     let job = l
         .route
@@ -133,41 +142,62 @@ async fn the_observation_after_a_job_that_reached_the_upstream_opens_no_connecti
         .connect(Duration::from_secs(2))
         .await
         .unwrap();
-    assert_eq!(accepted.recv().await.map(|a| a.0), Some(2));
+    assert_eq!(within(accepted.recv()).await.map(|a| a.0), Some(2));
     let trigger = l.lender.observe_trigger(l.route.id);
-    trigger.notify_one();
-    l.asked.recv().await.unwrap();
-    // The next job's end comes with no connection since: it connects.
-    trigger.notify_one();
-    l.asked.recv().await.unwrap();
+    // The pass after a job, as the loop ran it before it knew it learns
+    // nothing else: the job's connection answers for the upstream.
+    trigger.pull();
+    within(l.asked.recv()).await.unwrap();
+    // The loop knows now (the first pass ended before this one began): a
+    // job whose connection reached the upstream does not wake it.
+    let second_job = l
+        .route
+        .target
+        .connect(Duration::from_secs(2))
+        .await
+        .unwrap();
+    assert_eq!(within(accepted.recv()).await.map(|a| a.0), Some(3));
+    assert!(!trigger.job_ended(), "the loop was woken for nothing");
+    // Two more passes after jobs: the first learns from the second job's
+    // connection; the next, with no connection since, connects.
+    trigger.pull();
+    within(l.asked.recv()).await.unwrap();
+    trigger.pull();
+    within(l.asked.recv()).await.unwrap();
     l.stop.send(true).unwrap();
     l.task.await.unwrap();
     // Every connection the loop made is accepted before this one.
     let marker = tokio::net::TcpStream::connect(addr).await.unwrap();
     let marker = marker.local_addr().unwrap();
     let mut counted = 0;
-    while let Some((n, peer)) = accepted.recv().await {
+    while let Some((n, peer)) = within(accepted.recv()).await {
         counted = n;
         if peer == marker {
             break;
         }
     }
     assert_eq!(
-        counted, 4,
-        "the first pass, the job, the pass after the second job and the marker: no more"
+        counted, 5,
+        "the first pass, two jobs, the pass with no connection since and the marker: no more"
     );
-    assert_eq!(count.load(Ordering::SeqCst), 4);
+    assert_eq!(count.load(Ordering::SeqCst), 5);
     assert_eq!(l.health.get().reachable, Some(true));
-    drop(job);
+    drop((job, second_job));
 }
 
 #[tokio::test]
-async fn the_observation_after_a_job_that_could_not_connect_checks_again() {
-    // The same skip must not hide an upstream that stopped answering.
+async fn a_job_that_could_not_connect_wakes_the_loop_and_it_checks_again() {
+    // The skip must not hide an upstream that stopped answering.
     let (addr, _count, mut accepted, upstream) = counting_upstream().await;
     let mut l = start_loop(addr);
-    l.asked.recv().await.unwrap();
-    assert_eq!(accepted.recv().await.map(|a| a.0), Some(1));
+    within(l.asked.recv()).await.unwrap();
+    assert_eq!(within(accepted.recv()).await.map(|a| a.0), Some(1));
+    // A second pass begins only once the first (which learned only that
+    // the upstream answers) has ended; the first pass's own connection
+    // answers for this one.
+    let trigger = l.lender.observe_trigger(l.route.id);
+    trigger.pull();
+    within(l.asked.recv()).await.unwrap();
     upstream.abort();
     let _ = upstream.await;
     // The listener is closed: the job's connection is refused.
@@ -178,12 +208,14 @@ async fn the_observation_after_a_job_that_could_not_connect_checks_again() {
             .await
             .is_err()
     );
-    let trigger = l.lender.observe_trigger(l.route.id);
-    trigger.notify_one();
-    l.asked.recv().await.unwrap();
+    assert!(
+        trigger.job_ended(),
+        "a failed connection must wake the loop"
+    );
+    within(l.asked.recv()).await.unwrap();
     // The pass after it starts only once this one has set the health.
-    trigger.notify_one();
-    l.asked.recv().await.unwrap();
+    trigger.pull();
+    within(l.asked.recv()).await.unwrap();
     assert_eq!(
         l.health.get().reachable,
         Some(false),

@@ -204,12 +204,18 @@ pub async fn observe_loop(
     // new one is logged once, not every poll, and so is the recovery.
     let mut failing: Option<String> = None;
     let trigger = lender.observe_trigger(route.id);
+    let target = route.target.clone();
+    trigger.watch_connections(move || target.last_connect_failed());
     let mut after_job = false;
     loop {
         // Whether a connection made since the last pass (the job's own, or
         // a read's) reached the upstream.
         let answered = route.target.take_last_connect() == Some(true);
-        let next = match observe_upstream(&lender, &route).await {
+        let observed = observe_upstream(&lender, &route).await;
+        // An adapter that cannot observe learns only that the upstream
+        // answers: a job's end need not wake this loop while it does.
+        let connection_only = matches!(observed, Err(ObserveError::Unsupported));
+        let next = match observed {
             // After a job whose connection reached the upstream, a connect
             // proves nothing more, and costs the upstream one more
             // connection per job.
@@ -266,11 +272,12 @@ pub async fn observe_loop(
             (None, None) => {}
         }
         lender.metrics().observed(&route.name, next.error.is_some());
+        trigger.set_connection_only(connection_only && next.reachable == Some(true));
         health.set(next);
         after_job = false;
         tokio::select! {
             () = tokio::time::sleep(every) => {}
-            () = trigger.notified() => {
+            () = trigger.pulled() => {
                 after_job = true;
                 debug!(upstream = %route.name, "post-job observation");
             }

@@ -19,6 +19,7 @@ use crate::shell::state::gate::BorrowerGate;
 use crate::shell::state::history::History;
 use crate::shell::state::live::LiveWork;
 use crate::shell::state::metrics::{self, Metrics};
+use crate::shell::state::observe_trigger::ObserveTrigger;
 use crate::shell::state::post_job::{PostJobSampler, SampleRecorder};
 use crate::time::MonotonicClock;
 use crate::traits::resource::{CapacitySample, SampleError};
@@ -42,7 +43,7 @@ pub struct Lender {
     /// Where set, post-job samples are taken where the job ended
     /// ([`post_job`](crate::shell::state::post_job)), not by the loop.
     post_job: std::sync::OnceLock<PostJobSamples>,
-    observe_now: Mutex<HashMap<UpstreamId, Arc<Notify>>>,
+    observe_now: Mutex<HashMap<UpstreamId, Arc<ObserveTrigger>>>,
     store: Arc<dyn ReservationStore>,
     metrics: Metrics,
     history: History,
@@ -248,7 +249,7 @@ impl Lender {
             self.sample_soon(resource);
         }
         for upstream in wakes.observe {
-            self.observe_trigger(upstream).notify_one();
+            self.observe_trigger(upstream).job_ended();
         }
         if wakes.reclaims {
             self.wake_reclaims();
@@ -414,7 +415,7 @@ impl Lender {
 
     /// The trigger an upstream's observation loop waits on besides its
     /// interval: pulled when work on the upstream ends (RES-02, RES-07).
-    pub fn observe_trigger(&self, upstream: UpstreamId) -> Arc<Notify> {
+    pub fn observe_trigger(&self, upstream: UpstreamId) -> Arc<ObserveTrigger> {
         let mut map = match self.observe_now.lock() {
             Ok(g) => g,
             Err(p) => p.into_inner(),

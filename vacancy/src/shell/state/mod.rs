@@ -1,5 +1,5 @@
 //! The shell's shared state: the lender that owns the engine and the ledger, the
-//! metrics, the console's history the lender keeps, live exchanges, the stop signal, post-job samples and the proxy's worker threads.
+//! metrics, the console's history the lender keeps, live exchanges, the stop signal, the observation loops' triggers, post-job samples and the proxy's worker threads.
 
 pub(crate) mod borrower_metrics;
 pub mod gate;
@@ -7,6 +7,7 @@ pub mod history;
 pub(crate) mod lender;
 pub mod live;
 pub mod metrics;
+pub mod observe_trigger;
 pub mod post_job;
 pub(crate) mod shutdown;
 pub mod workers;

@@ -13,7 +13,9 @@
 //!   trying again lends nothing twice (DONE-02).
 //! - Every connection attempt leaves its outcome for
 //!   [`Target::take_last_connect`]: the observation after a job learns from
-//!   it that the upstream answered, without a connection of its own.
+//!   it that the upstream answered, without a connection of its own, and a
+//!   job's end wakes an observation loop that learns nothing else only when
+//!   it failed ([`Target::last_connect_failed`]).
 
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
@@ -264,6 +266,13 @@ impl Target {
         }
     }
 
+    /// Whether the last connection attempt since the last
+    /// [`take_last_connect`](Self::take_last_connect) failed, leaving it to
+    /// be taken.
+    pub fn last_connect_failed(&self) -> bool {
+        self.last_connect.load(Ordering::Relaxed) == CONNECT_FAILED
+    }
+
     async fn connect_once(&self, timeout: Duration) -> Result<TcpStream, ConnectError> {
         let deadline = tokio::time::Instant::now() + timeout;
         if let Some(a) = self.addresses.fixed {
@@ -433,9 +442,12 @@ mod tests {
         t.connect(Duration::from_secs(5)).await.unwrap();
         assert_eq!(observer.take_last_connect(), Some(true));
         assert_eq!(observer.take_last_connect(), None, "taken once");
+        assert!(!observer.last_connect_failed());
         drop(listener);
         t.connect(Duration::from_secs(5)).await.unwrap_err();
+        assert!(observer.last_connect_failed(), "seen, and left to take");
         assert_eq!(observer.take_last_connect(), Some(false));
+        assert!(!observer.last_connect_failed());
     }
 
     #[tokio::test(flavor = "current_thread")]
