@@ -1,6 +1,8 @@
 //! The proxy against upstream faults no real server can be made to show on
 //! demand: a reply that is not HTTP, and WebSocket upgrades on a gated route
-//! (no adapter here has one yet). Rules: DONE-03, ROUTE-10, ROUTE-11.
+//! (no adapter here has one yet); and when a job's upstream connection is
+//! closed, which a real server does not report. Rules: DONE-01, DONE-03,
+//! ROUTE-10, ROUTE-11.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
 
 use std::net::SocketAddr;
@@ -309,4 +311,42 @@ async fn a_reclaim_cut_closes_the_upstream_even_when_the_borrower_stopped_readin
         work[0].held_reason
     );
     drop(s);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_jobs_upstream_connection_closes_once_its_exchange_ends() {
+    // Issue 31: the exchange keeps its upstream connection until it ends,
+    // so the close comes after the borrower's last byte; it must still come
+    // (DONE-01: the job is released, and the connection is not kept).
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let up = listener.local_addr().unwrap();
+    let (closed_tx, closed) = tokio::sync::oneshot::channel();
+    tokio::spawn(async move {
+        let (mut s, _) = listener.accept().await.unwrap();
+        read_until(&mut s, b"{}").await;
+        s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+            .await
+            .unwrap();
+        let mut buf = [0u8; 64];
+        // Keep-alive would leave it open: wait for the proxy's close.
+        while s.read(&mut buf).await.unwrap_or(0) > 0 {}
+        let _ = closed_tx.send(());
+    });
+    let p = proxy(up).await;
+    let mut s = TcpStream::connect(p.addr).await.unwrap();
+    s.write_all(b"POST /run HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}")
+        .await
+        .unwrap();
+    let reply = read_until(&mut s, b"\r\n\r\nok").await;
+    assert!(
+        String::from_utf8_lossy(&reply).starts_with("HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&reply)
+    );
+    tokio::time::timeout(Duration::from_secs(10), closed)
+        .await
+        .expect("the job's upstream connection was never closed")
+        .unwrap();
+    let work = p.settle(<[_]>::is_empty).await;
+    assert!(work.is_empty());
 }

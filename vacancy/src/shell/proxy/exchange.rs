@@ -15,6 +15,7 @@ use crate::engine::{EntryId, ReleaseOutcome};
 use crate::shell::state::lender::Lender;
 use crate::shell::state::live::CutSignal;
 use crate::shell::state::metrics::RequestPhase;
+use crate::shell::upstream::forward::UpstreamConnection;
 use crate::shell::upstream::route::UpstreamRoute;
 use crate::traits::TrackedEnd;
 
@@ -114,6 +115,9 @@ pub struct Exchange {
     /// When the upstream's response head came (the relay phase's start).
     head_at: Option<Instant>,
     finished: bool,
+    /// Its upstream connection, closed once the exchange is gone: after
+    /// the release, and after the borrower's last byte is handed on.
+    connection: Option<UpstreamConnection>,
 }
 
 impl Exchange {
@@ -126,6 +130,7 @@ impl Exchange {
             forwarded: false,
             head_at: None,
             finished: false,
+            connection: None,
         }
     }
 
@@ -158,9 +163,11 @@ impl Exchange {
         self.forwarded = true;
     }
 
-    /// The upstream's response head came: the relay begins.
-    pub fn response_head(&mut self) {
+    /// The upstream's response head came on `connection`: the relay
+    /// begins, and the connection stays open as long as the exchange.
+    pub fn response_head(&mut self, connection: UpstreamConnection) {
         self.head_at = Some(Instant::now());
+        self.connection = Some(connection);
     }
 
     /// When the upstream's response head came, once it has.

@@ -584,7 +584,7 @@ async fn exchange_synchronous(
         (other, _) => other,
     };
     match exchanged {
-        Ok(Ok(resp)) => {
+        Ok(Ok((resp, connection))) => {
             // The upstream's own time: from the connection made (vacancyd's
             // fresh connection counts as vacancyd's) to its response head.
             let took = connected.get().map(|at| {
@@ -593,7 +593,7 @@ async fn exchange_synchronous(
                 metrics.phase(RequestPhase::Upstream, at.elapsed());
                 UpstreamTook(at.elapsed())
             });
-            exchange.response_head();
+            exchange.response_head(connection);
             let mut resp = relay(resp, borrower, Some(exchange), Some(cut), route.tunnel_idle);
             if let Some(took) = took {
                 resp.extensions_mut().insert(took);

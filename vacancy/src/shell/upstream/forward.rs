@@ -197,7 +197,26 @@ pub async fn exchange(
     request: http::Request<ProxyBody>,
     connect_timeout: Duration,
 ) -> Result<http::Response<Incoming>, ExchangeError> {
-    exchange_with_cut(target, request, connect_timeout, None, None, None).await
+    exchange_with_cut(target, request, connect_timeout, None, None, None)
+        .await
+        .map(|(response, _connection)| response)
+}
+
+/// An exchange's own upstream connection, open until this handle goes.
+///
+/// hyper closes a client connection once its response is read and no
+/// handle to it is left. Dropped with the response head, the handle put
+/// that close (a `shutdown`, an `epoll_ctl` and a `close`) on the borrower's
+/// path, before the last byte was handed on; held by the exchange until it
+/// ends, the close runs after it (issue 31).
+pub struct UpstreamConnection {
+    _sender: hyper::client::conn::http1::SendRequest<ProxyBody>,
+}
+
+impl std::fmt::Debug for UpstreamConnection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UpstreamConnection").finish_non_exhaustive()
+    }
 }
 
 /// [`exchange`], whose upstream connection is closed the moment `cut` is
@@ -206,7 +225,8 @@ pub async fn exchange(
 /// reader must check `cut` before counting that end as clean. `connected`,
 /// when given, is set the moment the connection is ready for the request
 /// (the request's phases, `vacancyd_request_phase_seconds`). `early`, when
-/// given, is the connection already being opened ([`Connecting`]).
+/// given, is the connection already being opened ([`Connecting`]). The
+/// response comes with its connection's handle ([`UpstreamConnection`]).
 pub async fn exchange_with_cut(
     target: &Target,
     request: http::Request<ProxyBody>,
@@ -214,7 +234,7 @@ pub async fn exchange_with_cut(
     cut: Option<CutSignal>,
     connected: Option<&OnceLock<Instant>>,
     early: Option<Connecting>,
-) -> Result<http::Response<Incoming>, ExchangeError> {
+) -> Result<(http::Response<Incoming>, UpstreamConnection), ExchangeError> {
     let stream = match early {
         Some(connecting) => connecting.connection().await,
         None => target.connect(connect_timeout).await,
@@ -250,10 +270,11 @@ pub async fn exchange_with_cut(
             }
         }
     });
-    sender
+    let response = sender
         .send_request(request)
         .await
-        .map_err(|e| ExchangeError::AfterConnect(e.to_string()))
+        .map_err(|e| ExchangeError::AfterConnect(e.to_string()))?;
+    Ok((response, UpstreamConnection { _sender: sender }))
 }
 
 /// Prepare an upstream response for the borrower: hop-by-hop headers dropped,
