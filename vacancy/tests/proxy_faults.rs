@@ -109,16 +109,22 @@ async fn read_until(s: &mut TcpStream, needle: &[u8]) -> Vec<u8> {
     got
 }
 
+/// A borrower connection that has sent `POST /run` (work) to the proxy.
+async fn post_run(proxy: SocketAddr) -> TcpStream {
+    let mut s = TcpStream::connect(proxy).await.unwrap();
+    s.write_all(b"POST /run HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}")
+        .await
+        .unwrap();
+    s
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reply_that_is_not_http_never_counts_as_a_clean_end() {
     // DONE-03, OBS-03's spirit for completion: garbage holds.
     let up = raw_upstream(b"this is not HTTP at all\r\n\r\n", false).await;
     let p = proxy(up).await;
     let addr = p.addr;
-    let mut s = TcpStream::connect(addr).await.unwrap();
-    s.write_all(b"POST /run HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}")
-        .await
-        .unwrap();
+    let mut s = post_run(addr).await;
     let reply = read_until(&mut s, b"\r\n\r\n").await;
     assert!(
         String::from_utf8_lossy(&reply).starts_with("HTTP/1.1 502"),
@@ -271,10 +277,7 @@ async fn a_reclaim_cut_closes_the_upstream_even_when_the_borrower_stopped_readin
         let _ = closed_tx.send(());
     });
     let p = proxy(up).await;
-    let mut s = TcpStream::connect(p.addr).await.unwrap();
-    s.write_all(b"POST /run HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}")
-        .await
-        .unwrap();
+    let s = post_run(p.addr).await;
     // The borrower reads nothing: wait until the upstream's writes stall.
     tokio::time::timeout(Duration::from_secs(10), stalled_rx)
         .await
@@ -333,10 +336,7 @@ async fn a_jobs_upstream_connection_closes_once_its_exchange_ends() {
         let _ = closed_tx.send(());
     });
     let p = proxy(up).await;
-    let mut s = TcpStream::connect(p.addr).await.unwrap();
-    s.write_all(b"POST /run HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}")
-        .await
-        .unwrap();
+    let mut s = post_run(p.addr).await;
     let reply = read_until(&mut s, b"\r\n\r\nok").await;
     assert!(
         String::from_utf8_lossy(&reply).starts_with("HTTP/1.1 200"),
