@@ -86,6 +86,13 @@ struct Looping {
     task: tokio::task::JoinHandle<()>,
 }
 
+impl Looping {
+    /// A job's own connection to the upstream, as the proxy makes it.
+    async fn job_connects(&self) -> Result<tokio::net::TcpStream, vacancy::shell::ConnectError> {
+        self.route.target.connect(Duration::from_secs(2)).await
+    }
+}
+
 fn start_loop(addr: std::net::SocketAddr) -> Looping {
     let routes = RouteTable::new(vec![RouteSpec::new(
         RouteMethod::Post,
@@ -136,12 +143,7 @@ async fn the_observation_after_a_job_that_reached_the_upstream_opens_no_connecti
     within(l.asked.recv()).await.unwrap();
     assert_eq!(within(accepted.recv()).await.map(|a| a.0), Some(1));
     // A job's own connection reached the upstream, then the job ended.
-    let job = l
-        .route
-        .target
-        .connect(Duration::from_secs(2))
-        .await
-        .unwrap();
+    let job = l.job_connects().await.unwrap();
     assert_eq!(within(accepted.recv()).await.map(|a| a.0), Some(2));
     let trigger = l.lender.observe_trigger(l.route.id);
     // The pass after a job, as the loop ran it before it knew it learns
@@ -150,12 +152,7 @@ async fn the_observation_after_a_job_that_reached_the_upstream_opens_no_connecti
     within(l.asked.recv()).await.unwrap();
     // The loop knows now (the first pass ended before this one began): a
     // job whose connection reached the upstream does not wake it.
-    let second_job = l
-        .route
-        .target
-        .connect(Duration::from_secs(2))
-        .await
-        .unwrap();
+    let second_job = l.job_connects().await.unwrap();
     assert_eq!(within(accepted.recv()).await.map(|a| a.0), Some(3));
     assert!(!trigger.job_ended(), "the loop was woken for nothing");
     // Two more passes after jobs: the first learns from the second job's
@@ -201,13 +198,7 @@ async fn a_job_that_could_not_connect_wakes_the_loop_and_it_checks_again() {
     upstream.abort();
     let _ = upstream.await;
     // The listener is closed: the job's connection is refused.
-    assert!(
-        l.route
-            .target
-            .connect(Duration::from_secs(2))
-            .await
-            .is_err()
-    );
+    assert!(l.job_connects().await.is_err());
     assert!(
         trigger.job_ended(),
         "a failed connection must wake the loop"
