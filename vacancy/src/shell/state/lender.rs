@@ -20,7 +20,7 @@ use crate::shell::state::history::History;
 use crate::shell::state::live::LiveWork;
 use crate::shell::state::metrics::{self, Metrics};
 use crate::shell::state::observe_trigger::ObserveTrigger;
-use crate::shell::state::post_job::{PostJobSampler, SampleRecorder};
+use crate::shell::state::post_job::{PostJobSampler, SampleAsk, SampleRecorder};
 use crate::time::MonotonicClock;
 use crate::traits::resource::{CapacitySample, SampleError};
 
@@ -246,7 +246,7 @@ impl Lender {
             out
         };
         for resource in &wakes.sample {
-            self.sample_soon(resource);
+            self.sample_soon(resource, SampleAsk::JobEnded);
         }
         for upstream in wakes.observe {
             self.observe_trigger(upstream).job_ended();
@@ -397,11 +397,11 @@ impl Lender {
 
     /// A sample of `resource` now: where the job ended when it can be,
     /// else through the resource's sampling loop.
-    pub(crate) fn sample_soon(&self, resource: &str) {
+    pub(crate) fn sample_soon(&self, resource: &str, ask: SampleAsk) {
         let started = self.post_job.get().is_some_and(|p| {
             p.samplers
                 .get(resource)
-                .is_some_and(|s| s.trigger(&p.lender))
+                .is_some_and(|s| s.trigger(&p.lender, ask))
         });
         if !started && let Some(t) = self.sample_now.get(resource) {
             t.notify_one();
@@ -551,7 +551,7 @@ impl Lender {
                 Step::Wait(until, resources) => (until, resources),
             };
             for r in &resources {
-                self.sample_soon(r);
+                self.sample_soon(r, SampleAsk::Waiting);
             }
             let deadline = tokio::time::Instant::from_std(self.clock.instant(until));
             let waiting = std::time::Instant::now();

@@ -11,7 +11,9 @@
 //! periodic samples; a late reading never replaces a newer one in the engine,
 //! so the two may overlap.
 
+use std::future::Future;
 use std::sync::{Arc, Mutex, Weak};
+use std::task::{Context, Waker};
 use std::time::Duration;
 
 use tokio::runtime::Handle;
@@ -47,6 +49,19 @@ pub async fn take_sample(
         }),
     };
     (result, started)
+}
+
+/// Why a sample is asked for: whether a sample already under way answers it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SampleAsk {
+    /// A job ended: a sample under way may have started before that end, so
+    /// one more follows it.
+    JobEnded,
+    /// A request waits for a fresh sample (ADM-06): a sample under way
+    /// answers it, as it started after the job end the request waits on, or
+    /// that job's own end asked for one more. The request asks again each
+    /// time a sample lands, so no need is left unasked.
+    Waiting,
 }
 
 /// A resource's post-job samples: at most one at a time, and one more after
@@ -95,14 +110,14 @@ impl PostJobSampler {
 
     /// Sample now on the calling thread's runtime, recording into `to`;
     /// false off any runtime (the caller then pulls the loop's trigger).
-    pub fn trigger(self: &Arc<Self>, to: &Weak<dyn SampleRecorder>) -> bool {
+    pub fn trigger(self: &Arc<Self>, to: &Weak<dyn SampleRecorder>, ask: SampleAsk) -> bool {
         let Ok(runtime) = Handle::try_current() else {
             return false;
         };
         {
             let mut run = self.run();
             if run.running {
-                run.again = true;
+                run.again |= ask == SampleAsk::JobEnded;
                 return true;
             }
             run.running = true;
@@ -110,7 +125,7 @@ impl PostJobSampler {
         let mut running = Running(Some(Arc::clone(self)));
         let sampler = Arc::clone(self);
         let to = Weak::clone(to);
-        runtime.spawn(async move {
+        spawn_started(&runtime, async move {
             loop {
                 let Some(to) = to.upgrade() else {
                     return;
@@ -131,6 +146,29 @@ impl PostJobSampler {
             }
         });
         true
+    }
+}
+
+/// Spawn `task` on `runtime`, polled once first on the calling thread.
+///
+/// Spawned only, a job's post-job sample began once the releasing task
+/// yielded, after the job's last bytes were handed on, and the borrower's
+/// next request waited for all of it (issue 31). Polled at once, the
+/// sampler's I/O (a blocking-pool read, an NVML call) is under way while
+/// those bytes go out. The first poll's waker does nothing: the spawned task
+/// polls again before it waits, and a future wakes only the waker of its
+/// latest poll.
+fn spawn_started<F>(runtime: &Handle, task: F)
+where
+    F: Future<Output = ()> + Send + 'static,
+{
+    let mut task = Box::pin(task);
+    if task
+        .as_mut()
+        .poll(&mut Context::from_waker(Waker::noop()))
+        .is_pending()
+    {
+        runtime.spawn(task);
     }
 }
 
@@ -172,6 +210,8 @@ mod tests {
     /// A resource whose samples each wait for a permit, and are counted.
     struct Gated {
         clock: MonotonicClock,
+        /// Samples begun: counted on a sample's first poll.
+        started: AtomicUsize,
         permits: Semaphore,
         taken: AtomicUsize,
         took: Notify,
@@ -186,6 +226,7 @@ mod tests {
             ResourceKind::Gpu
         }
         async fn sample(&self) -> Result<CapacitySample, SampleError> {
+            self.started.fetch_add(1, Ordering::SeqCst);
             let started = self.clock.now();
             self.permits.acquire().await.unwrap().forget();
             self.taken.fetch_add(1, Ordering::SeqCst);
@@ -204,6 +245,7 @@ mod tests {
     fn gated() -> Arc<Gated> {
         Arc::new(Gated {
             clock: MonotonicClock::new(),
+            started: AtomicUsize::new(0),
             permits: Semaphore::new(0),
             taken: AtomicUsize::new(0),
             took: Notify::new(),
@@ -243,11 +285,11 @@ mod tests {
     async fn adm_05_jobs_ending_during_a_sample_get_one_more_after_it() {
         let gated = gated();
         let lender = lender_with(&gated);
-        lender.sample_soon("gpu0");
+        lender.sample_soon("gpu0", SampleAsk::JobEnded);
         // Two more jobs end while the first sample runs: one sample follows.
         tokio::task::yield_now().await;
-        lender.sample_soon("gpu0");
-        lender.sample_soon("gpu0");
+        lender.sample_soon("gpu0", SampleAsk::JobEnded);
+        lender.sample_soon("gpu0", SampleAsk::JobEnded);
         gated.permits.add_permits(3);
         samples_reach(&gated, 2).await;
         // A third would have been taken by now if it had been started.
@@ -256,8 +298,39 @@ mod tests {
         }
         assert_eq!(gated.taken.load(Ordering::SeqCst), 2);
         // Idle again: the next job's end starts a sample of its own.
-        lender.sample_soon("gpu0");
+        lender.sample_soon("gpu0", SampleAsk::JobEnded);
         samples_reach(&gated, 3).await;
+    }
+
+    // ADM-06
+    #[tokio::test(flavor = "current_thread")]
+    async fn adm_06_a_waiting_request_is_answered_by_the_sample_under_way() {
+        let gated = gated();
+        let lender = lender_with(&gated);
+        lender.sample_soon("gpu0", SampleAsk::JobEnded);
+        // A request waits for the sample the job's end started: no second one.
+        lender.sample_soon("gpu0", SampleAsk::Waiting);
+        gated.permits.add_permits(2);
+        samples_reach(&gated, 1).await;
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(gated.taken.load(Ordering::SeqCst), 1);
+        // With none under way, a waiting request starts one.
+        lender.sample_soon("gpu0", SampleAsk::Waiting);
+        samples_reach(&gated, 2).await;
+    }
+
+    // ADM-05
+    #[tokio::test(flavor = "current_thread")]
+    async fn adm_05_a_job_ends_sample_is_under_way_before_the_releasing_task_yields() {
+        let gated = gated();
+        let lender = lender_with(&gated);
+        lender.sample_soon("gpu0", SampleAsk::JobEnded);
+        // No await yet: the task that released the job still runs.
+        assert_eq!(gated.started.load(Ordering::SeqCst), 1);
+        gated.permits.add_permits(1);
+        samples_reach(&gated, 1).await;
     }
 
     #[test]
@@ -265,7 +338,7 @@ mod tests {
         let gated = gated();
         let lender = lender_with(&gated);
         let loop_trigger = lender.sample_trigger("gpu0").unwrap();
-        lender.sample_soon("gpu0");
+        lender.sample_soon("gpu0", SampleAsk::JobEnded);
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_time()
             .build()
@@ -289,10 +362,10 @@ mod tests {
         };
         // Started on a runtime that is then shut down mid-sample.
         let first = runtime();
-        first.block_on(async { lender.sample_soon("gpu0") });
+        first.block_on(async { lender.sample_soon("gpu0", SampleAsk::JobEnded) });
         drop(first);
         runtime().block_on(async {
-            lender.sample_soon("gpu0");
+            lender.sample_soon("gpu0", SampleAsk::JobEnded);
             gated.permits.add_permits(1);
             samples_reach(&gated, 1).await;
         });
