@@ -45,6 +45,39 @@ pub fn sync_dir(dir: &Path) -> io::Result<()> {
     File::open(dir).and_then(|d| d.sync_all())
 }
 
+/// Whether `dir` is on a filesystem that answers reads from memory or a
+/// local disk (tmpfs, procfs, sysfs, ext4, xfs, btrfs, overlayfs, ...), so a
+/// sampler may read its small files there on the calling thread (issue 31).
+/// No for a network or user-space filesystem (NFS, SMB, FUSE), one not
+/// listed, a directory that cannot be asked, and systems other than Linux.
+#[cfg(any(target_os = "linux", target_os = "android"))]
+pub fn local_filesystem(dir: &Path) -> bool {
+    // linux/magic.h
+    const LOCAL: [u32; 12] = [
+        0x0102_1994, // tmpfs
+        0x8584_58f6, // ramfs
+        0x0000_9fa0, // procfs
+        0x6265_6572, // sysfs
+        0x0000_ef53, // ext2, ext3, ext4
+        0x5846_5342, // xfs
+        0x9123_683e, // btrfs
+        0x794c_7630, // overlayfs
+        0xf2f5_2010, // f2fs
+        0x2fc1_2fc1, // zfs
+        0xca45_1a4e, // bcachefs
+        0x0000_4d44, // vfat
+    ];
+    // f_type's width and sign differ by architecture; the magic numbers
+    // are 32 bits, so its low 32 bits are compared.
+    rustix::fs::statfs(dir).is_ok_and(|s| LOCAL.contains(&(s.f_type as u32)))
+}
+
+/// See the Linux version: no other Unix is asked.
+#[cfg(not(any(target_os = "linux", target_os = "android")))]
+pub fn local_filesystem(_dir: &Path) -> bool {
+    false
+}
+
 /// The soft limit on open descriptors, raised first to the hard limit (at
 /// most 2^20, the kernel's usual `nr_open`) where it is lower, as Go's
 /// runtime does.

@@ -79,6 +79,12 @@ pub fn raise_open_file_limit() -> u64 {
     CONNECTION_HANDLES
 }
 
+/// Not asked on Windows: a sampler's file reads stay on the blocking pool
+/// (see the Unix side).
+pub fn local_filesystem(_dir: &Path) -> bool {
+    false
+}
+
 /// The ProgramData folder, as the shell knows it (`C:\ProgramData`; the
 /// variable `%ProgramData%` is not read: a service's environment may lack it
 /// or, under Wine, name another folder).

@@ -4,6 +4,7 @@ use std::path::{Path, PathBuf};
 
 use async_trait::async_trait;
 
+use super::file_reads::FileReads;
 use super::{Hwmon, mib};
 use crate::engine::HeatLimits;
 use crate::time::MonotonicClock;
@@ -25,6 +26,8 @@ use crate::traits::resource::{CapacitySample, Resource, ResourceKind, SampleErro
 pub struct AmdGpu {
     name: String,
     device_dir: PathBuf,
+    /// sysfs is read on the calling thread (a fake tree in tests wherever it is).
+    reads: FileReads,
     include_gtt: bool,
     clock: MonotonicClock,
     /// The heat and power limits whose readings each sample carries (issue 35).
@@ -59,9 +62,11 @@ impl AmdGpu {
                  use a plain name such as \"card0\" (see /sys/class/drm)"
             )));
         }
+        let device_dir = sysfs_root.as_ref().join(card).join("device");
         Ok(AmdGpu {
             name,
-            device_dir: sysfs_root.as_ref().join(card).join("device"),
+            reads: FileReads::in_dir(sysfs_root.as_ref()),
+            device_dir,
             include_gtt,
             clock,
             heat: None,
@@ -77,13 +82,15 @@ impl AmdGpu {
 
     /// The card's hwmon files.
     pub fn hwmon(&self) -> Hwmon {
-        Hwmon::new(&self.device_dir)
+        Hwmon::with_reads(&self.device_dir, self.reads)
     }
 
     /// Read one `mem_info_*` file as a byte count.
     async fn read_bytes(&self, file: &str) -> Result<u64, SampleError> {
         let path = self.device_dir.join(file);
-        let text = tokio::fs::read_to_string(&path)
+        let text = self
+            .reads
+            .read_to_string(&path)
             .await
             .map_err(|e| SampleError::Unreadable {
                 source_name: path.display().to_string(),

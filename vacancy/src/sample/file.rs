@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use async_trait::async_trait;
 use serde::Deserialize;
 
+use super::file_reads::FileReads;
 use crate::time::MonotonicClock;
 use crate::traits::resource::{CapacitySample, Resource, ResourceKind, SampleError};
 
@@ -42,11 +43,15 @@ fn parse(bytes: &[u8]) -> Result<Reading, String> {
 ///   `free_mib <= total_mib`; anything else is [`SampleError::Malformed`].
 /// - Exporters should replace the file atomically (write a temporary file,
 ///   then rename it): a torn read is reported as malformed, never guessed at.
+/// - On a local filesystem the file is read on the calling thread, elsewhere
+///   on tokio's blocking pool (decided once, when the sampler is made; see
+///   `file_reads`).
 #[derive(Debug)]
 pub struct FileSampler {
     name: String,
     kind: ResourceKind,
     path: PathBuf,
+    reads: FileReads,
     clock: MonotonicClock,
 }
 
@@ -70,10 +75,12 @@ impl FileSampler {
                  use kind = \"gpu\" or \"memory\", or sampler = \"system\" for a CPU"
             )));
         }
+        let path = path.into();
         Ok(FileSampler {
             name,
             kind,
-            path: path.into(),
+            reads: FileReads::beside(&path),
+            path,
             clock,
         })
     }
@@ -103,7 +110,9 @@ impl Resource for FileSampler {
 
     async fn sample(&self) -> Result<CapacitySample, SampleError> {
         let taken_at = self.clock.now();
-        let bytes = tokio::fs::read(&self.path)
+        let bytes = self
+            .reads
+            .read(&self.path)
             .await
             .map_err(|e| SampleError::Unreadable {
                 source_name: self.path.display().to_string(),

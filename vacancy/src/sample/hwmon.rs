@@ -3,6 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
+use super::file_reads::FileReads;
 use crate::engine::{HeatLimits, HeatReading};
 
 /// The hwmon directory of one DRM card's device.
@@ -19,14 +20,25 @@ use crate::engine::{HeatLimits, HeatReading};
 #[derive(Debug, Clone)]
 pub struct Hwmon {
     device_dir: PathBuf,
+    reads: FileReads,
 }
 
 impl Hwmon {
     /// The hwmon files of the card whose device directory is `device_dir`
     /// (`/sys/class/drm/card0/device`).
     pub fn new(device_dir: impl Into<PathBuf>) -> Self {
+        let device_dir = device_dir.into();
+        Hwmon {
+            reads: FileReads::in_dir(&device_dir),
+            device_dir,
+        }
+    }
+
+    /// The same, read as its card's memory files are.
+    pub(crate) fn with_reads(device_dir: impl Into<PathBuf>, reads: FileReads) -> Self {
         Hwmon {
             device_dir: device_dir.into(),
+            reads,
         }
     }
 
@@ -52,21 +64,24 @@ impl Hwmon {
         };
         let mut reading = HeatReading::default();
         if limits.temperature.is_some() {
-            reading.temperature_c = number(&dir, "temp1_input")
+            reading.temperature_c = number(self.reads, &dir, "temp1_input")
                 .await
                 .map(|m| u32::try_from(m.div_ceil(1000)).unwrap_or(u32::MAX));
         }
         if limits.max_power_w.is_some() {
-            let micro = match number(&dir, "power1_average").await {
+            let micro = match number(self.reads, &dir, "power1_average").await {
                 Some(v) => Some(v),
-                None => number(&dir, "power1_input").await,
+                None => number(self.reads, &dir, "power1_input").await,
             };
             reading.power_w =
                 micro.map(|uw| u32::try_from(uw.div_ceil(1_000_000)).unwrap_or(u32::MAX));
         }
         if limits.max_fan_percent.is_some() {
-            let max = number(&dir, "pwm1_max").await.unwrap_or(255).max(1);
-            reading.fan_percent = number(&dir, "pwm1")
+            let max = number(self.reads, &dir, "pwm1_max")
+                .await
+                .unwrap_or(255)
+                .max(1);
+            reading.fan_percent = number(self.reads, &dir, "pwm1")
                 .await
                 .map(|pwm| u8::try_from((pwm.min(max) * 100).div_ceil(max)).unwrap_or(100));
         }
@@ -75,8 +90,8 @@ impl Hwmon {
 }
 
 /// One hwmon file as a non-negative integer; `None` when missing or not one.
-async fn number(dir: &Path, file: &str) -> Option<u64> {
-    let text = tokio::fs::read_to_string(dir.join(file)).await.ok()?;
+async fn number(reads: FileReads, dir: &Path, file: &str) -> Option<u64> {
+    let text = reads.read_to_string(&dir.join(file)).await.ok()?;
     text.trim().parse().ok()
 }
 

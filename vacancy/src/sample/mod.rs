@@ -28,6 +28,7 @@
 
 mod amdgpu;
 mod file;
+mod file_reads;
 mod hwmon;
 mod nvml;
 mod power_limit;

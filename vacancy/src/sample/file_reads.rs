@@ -1,0 +1,102 @@
+//! How a sampler reads its small files: on the calling thread where the
+//! filesystem answers from memory or a local disk, else on tokio's blocking
+//! pool.
+//!
+//! # Why
+//!
+//! A post-job sample runs where the job ended, on a proxy worker, and the
+//! borrower's next request may wait for it (ADM-06). Through the blocking
+//! pool, each read of a 40-byte capacity file crossed to another thread and
+//! back: the admitted POST's added p50 was about 25 µs higher than with the
+//! read on the worker (6 of 6 A/B runs of `scripts/bench-proxy`, issue 31),
+//! while the read itself (open, read, close of a cached page) takes a few
+//! microseconds. Where a read can wait on a network or a user-space server
+//! (NFS, SMB, FUSE) or the filesystem is not known, it stays on the pool,
+//! where the sample's timeout still bounds it.
+
+use std::io;
+use std::path::Path;
+
+/// Where a sampler's file reads run, decided once for its directory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum FileReads {
+    /// On the calling thread: a local filesystem
+    /// ([`local_filesystem`](crate::platform::local_filesystem)).
+    Inline,
+    /// On tokio's blocking pool.
+    BlockingPool,
+}
+
+impl FileReads {
+    /// The reads of files in `dir`.
+    pub(crate) fn in_dir(dir: &Path) -> Self {
+        if crate::platform::local_filesystem(dir) {
+            FileReads::Inline
+        } else {
+            FileReads::BlockingPool
+        }
+    }
+
+    /// The reads of `file` and of the files beside it.
+    pub(crate) fn beside(file: &Path) -> Self {
+        match file.parent() {
+            Some(dir) if !dir.as_os_str().is_empty() => Self::in_dir(dir),
+            _ => Self::in_dir(Path::new(".")),
+        }
+    }
+
+    /// The whole of `path`.
+    pub(crate) async fn read(self, path: &Path) -> io::Result<Vec<u8>> {
+        match self {
+            FileReads::Inline => std::fs::read(path),
+            FileReads::BlockingPool => tokio::fs::read(path).await,
+        }
+    }
+
+    /// The whole of `path`, as UTF-8 text.
+    pub(crate) async fn read_to_string(self, path: &Path) -> io::Result<String> {
+        match self {
+            FileReads::Inline => std::fs::read_to_string(path),
+            FileReads::BlockingPool => tokio::fs::read_to_string(path).await,
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn files_on_memory_and_local_disk_filesystems_are_read_inline() {
+        assert_eq!(FileReads::in_dir(Path::new("/proc")), FileReads::Inline);
+        assert_eq!(FileReads::in_dir(Path::new("/sys")), FileReads::Inline);
+        assert_eq!(
+            FileReads::beside(Path::new("/proc/meminfo")),
+            FileReads::Inline
+        );
+    }
+
+    #[test]
+    fn a_directory_that_cannot_be_asked_reads_on_the_blocking_pool() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("not-there");
+        assert_eq!(FileReads::in_dir(&missing), FileReads::BlockingPool);
+    }
+
+    #[tokio::test]
+    async fn both_ways_read_the_same_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("gpu.json");
+        std::fs::write(&file, "{\"free_mib\": 1}").unwrap();
+        for reads in [FileReads::Inline, FileReads::BlockingPool] {
+            assert_eq!(reads.read(&file).await.unwrap(), b"{\"free_mib\": 1}");
+            assert_eq!(
+                reads.read_to_string(&file).await.unwrap(),
+                "{\"free_mib\": 1}"
+            );
+            assert!(reads.read(&dir.path().join("gone")).await.is_err());
+        }
+    }
+}
