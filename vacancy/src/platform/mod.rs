@@ -27,6 +27,6 @@ pub mod windows;
 use windows as sys;
 
 pub use sys::{
-    link_refused, local_filesystem, no_follow, opened_link, private_file, raise_open_file_limit,
-    replace_file, sync_dir,
+    link_refused, local_filesystem, no_follow, open_without_waiting, opened_link, private_file,
+    raise_open_file_limit, replace_file, sync_dir,
 };

@@ -23,6 +23,13 @@ pub fn no_follow(options: &mut OpenOptions) -> &mut OpenOptions {
     options.custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as c_int)
 }
 
+/// Open without waiting for a writer (`O_NONBLOCK`): a FIFO opens at once
+/// instead of blocking the thread; a regular file reads as usual.
+pub fn open_without_waiting(options: &mut OpenOptions) -> &mut OpenOptions {
+    // A small constant (0o4000 on Linux); the cast cannot wrap.
+    options.custom_flags(rustix::fs::OFlags::NONBLOCK.bits() as c_int)
+}
+
 /// Whether an open with [`no_follow`] failed because the name is a link.
 pub fn link_refused(e: &io::Error) -> bool {
     rustix::io::Errno::from_io_error(e) == Some(rustix::io::Errno::LOOP)

@@ -79,6 +79,12 @@ pub fn raise_open_file_limit() -> u64 {
     CONNECTION_HANDLES
 }
 
+/// Nothing to add: opening a file does not wait for a writer here, and no
+/// file is read on the calling thread (see [`local_filesystem`]).
+pub fn open_without_waiting(options: &mut OpenOptions) -> &mut OpenOptions {
+    options
+}
+
 /// Not asked on Windows: a sampler's file reads stay on the blocking pool
 /// (see the Unix side).
 pub fn local_filesystem(_dir: &Path) -> bool {

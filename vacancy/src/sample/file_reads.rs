@@ -12,9 +12,11 @@
 //! while the read itself (open, read, close of a cached page) takes a few
 //! microseconds. Where a read can wait on a network or a user-space server
 //! (NFS, SMB, FUSE) or the filesystem is not known, it stays on the pool,
-//! where the sample's timeout still bounds it.
+//! where the sample's timeout still bounds it, and so does a file that is
+//! not a regular one (a FIFO or a device can make a read wait for a writer).
 
-use std::io;
+use std::fs::OpenOptions;
+use std::io::{self, Read};
 use std::path::Path;
 
 /// Where a sampler's file reads run, decided once for its directory.
@@ -47,19 +49,34 @@ impl FileReads {
 
     /// The whole of `path`.
     pub(crate) async fn read(self, path: &Path) -> io::Result<Vec<u8>> {
-        match self {
-            FileReads::Inline => std::fs::read(path),
-            FileReads::BlockingPool => tokio::fs::read(path).await,
+        if self == FileReads::Inline
+            && let Some(bytes) = read_regular_file(path)?
+        {
+            return Ok(bytes);
         }
+        tokio::fs::read(path).await
     }
 
     /// The whole of `path`, as UTF-8 text.
     pub(crate) async fn read_to_string(self, path: &Path) -> io::Result<String> {
-        match self {
-            FileReads::Inline => std::fs::read_to_string(path),
-            FileReads::BlockingPool => tokio::fs::read_to_string(path).await,
-        }
+        let bytes = self.read(path).await?;
+        String::from_utf8(bytes).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
     }
+}
+
+/// The whole of `path` on the calling thread when it is a regular file;
+/// `None` for anything else, which is read on the blocking pool.
+fn read_regular_file(path: &Path) -> io::Result<Option<Vec<u8>>> {
+    let mut options = OpenOptions::new();
+    options.read(true);
+    let mut file = crate::platform::open_without_waiting(&mut options).open(path)?;
+    let meta = file.metadata()?;
+    if !meta.is_file() {
+        return Ok(None);
+    }
+    let mut bytes = Vec::with_capacity(usize::try_from(meta.len()).unwrap_or(0).saturating_add(1));
+    file.read_to_end(&mut bytes)?;
+    Ok(Some(bytes))
 }
 
 #[cfg(test)]
@@ -83,6 +100,42 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let missing = dir.path().join("not-there");
         assert_eq!(FileReads::in_dir(&missing), FileReads::BlockingPool);
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_fifo_is_read_on_the_blocking_pool_not_the_calling_thread() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("gpu.json");
+        let made = std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap();
+        assert!(made.success());
+        assert_eq!(FileReads::beside(&fifo), FileReads::Inline);
+        let (free, freed) = std::sync::mpsc::channel();
+        let reader = std::thread::spawn({
+            let fifo = fifo.clone();
+            move || {
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .build()
+                    .unwrap();
+                runtime.block_on(async move {
+                    let read = tokio::spawn(async move { FileReads::Inline.read(&fifo).await });
+                    // The read starts here; read on this thread, it would
+                    // wait for a writer and never let this line run.
+                    tokio::task::yield_now().await;
+                    free.send(()).unwrap();
+                    read.await.unwrap()
+                })
+            }
+        });
+        let was_free = freed.recv_timeout(std::time::Duration::from_secs(5));
+        // Either way the writer ends the read, so the thread ends.
+        std::fs::write(&fifo, b"{}").unwrap();
+        let read = reader.join().unwrap().unwrap();
+        assert!(was_free.is_ok(), "the FIFO was read on the calling thread");
+        assert_eq!(read, b"{}");
     }
 
     #[tokio::test]
