@@ -11,9 +11,7 @@
 //! periodic samples; a late reading never replaces a newer one in the engine,
 //! so the two may overlap.
 
-use std::future::Future;
 use std::sync::{Arc, Mutex, Weak};
-use std::task::{Context, Waker};
 use std::time::Duration;
 
 use tokio::runtime::Handle;
@@ -125,7 +123,7 @@ impl PostJobSampler {
         let mut running = Running(Some(Arc::clone(self)));
         let sampler = Arc::clone(self);
         let to = Weak::clone(to);
-        spawn_started(&runtime, async move {
+        runtime.spawn(async move {
             loop {
                 let Some(to) = to.upgrade() else {
                     return;
@@ -146,29 +144,6 @@ impl PostJobSampler {
             }
         });
         true
-    }
-}
-
-/// Spawn `task` on `runtime`, polled once first on the calling thread.
-///
-/// Spawned only, a job's post-job sample began once the releasing task
-/// yielded, after the job's last bytes were handed on, and the borrower's
-/// next request waited for all of it (issue 31). Polled at once, the
-/// sampler's I/O (a blocking-pool read, an NVML call) is under way while
-/// those bytes go out. The first poll's waker does nothing: the spawned task
-/// polls again before it waits, and a future wakes only the waker of its
-/// latest poll.
-fn spawn_started<F>(runtime: &Handle, task: F)
-where
-    F: Future<Output = ()> + Send + 'static,
-{
-    let mut task = Box::pin(task);
-    if task
-        .as_mut()
-        .poll(&mut Context::from_waker(Waker::noop()))
-        .is_pending()
-    {
-        runtime.spawn(task);
     }
 }
 
@@ -210,8 +185,6 @@ mod tests {
     /// A resource whose samples each wait for a permit, and are counted.
     struct Gated {
         clock: MonotonicClock,
-        /// Samples begun: counted on a sample's first poll.
-        started: AtomicUsize,
         permits: Semaphore,
         taken: AtomicUsize,
         took: Notify,
@@ -226,7 +199,6 @@ mod tests {
             ResourceKind::Gpu
         }
         async fn sample(&self) -> Result<CapacitySample, SampleError> {
-            self.started.fetch_add(1, Ordering::SeqCst);
             let started = self.clock.now();
             self.permits.acquire().await.unwrap().forget();
             self.taken.fetch_add(1, Ordering::SeqCst);
@@ -245,7 +217,6 @@ mod tests {
     fn gated() -> Arc<Gated> {
         Arc::new(Gated {
             clock: MonotonicClock::new(),
-            started: AtomicUsize::new(0),
             permits: Semaphore::new(0),
             taken: AtomicUsize::new(0),
             took: Notify::new(),
@@ -319,18 +290,6 @@ mod tests {
         // With none under way, a waiting request starts one.
         lender.sample_soon("gpu0", SampleAsk::Waiting);
         samples_reach(&gated, 2).await;
-    }
-
-    // ADM-05
-    #[tokio::test(flavor = "current_thread")]
-    async fn adm_05_a_job_ends_sample_is_under_way_before_the_releasing_task_yields() {
-        let gated = gated();
-        let lender = lender_with(&gated);
-        lender.sample_soon("gpu0", SampleAsk::JobEnded);
-        // No await yet: the task that released the job still runs.
-        assert_eq!(gated.started.load(Ordering::SeqCst), 1);
-        gated.permits.add_permits(1);
-        samples_reach(&gated, 1).await;
     }
 
     #[test]
