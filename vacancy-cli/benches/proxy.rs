@@ -838,21 +838,57 @@ fn phases(control: u16) -> Vec<(String, f64, f64)> {
 }
 
 /// The phases' means between two snapshots (µs), with their counts.
-fn print_phases(title: &str, before: &[(String, f64, f64)], after: &[(String, f64, f64)]) {
+/// Each daemon's phases over a section: the mean of each phase any of them
+/// counted and how many requests counted it, the daemon built here first
+/// and a baseline beside it.
+type Phases = Vec<(String, f64, f64)>;
+
+fn all_phases(daemons: &[Vacancyd]) -> Vec<Phases> {
+    daemons.iter().map(|d| phases(d.control)).collect()
+}
+
+fn print_phases(title: &str, names: &[String], before: &[Phases], after: &[Phases]) {
     println!("{title}");
-    for (phase, sum, count) in after {
+    let mean = |before: &Phases, after: &Phases, phase: &str| -> Option<(f64, f64)> {
         let (s0, c0) = before
             .iter()
             .find(|(p, _, _)| p == phase)
             .map_or((0.0, 0.0), |(_, s, c)| (*s, *c));
-        let n = count - c0;
-        if n <= 0.0 {
+        let (s1, c1) = after
+            .iter()
+            .find(|(p, _, _)| p == phase)
+            .map(|(_, s, c)| (*s, *c))?;
+        let n = c1 - c0;
+        (n > 0.0).then(|| ((s1 - s0) / n * 1e6, n))
+    };
+    print!("  {:<20}", "");
+    for name in names {
+        print!(" {name:>22}");
+    }
+    println!();
+    // Every phase any daemon counted, in the order they first appear.
+    let mut listed: Vec<&str> = Vec::new();
+    for (phase, _, _) in after.iter().flatten() {
+        if !listed.contains(&phase.as_str()) {
+            listed.push(phase);
+        }
+    }
+    for phase in listed {
+        if !before
+            .iter()
+            .zip(after)
+            .any(|(b, a)| mean(b, a, phase).is_some())
+        {
             continue;
         }
-        println!(
-            "  {phase:<20} {:>10.0}µs  ({n:.0} requests)",
-            (sum - s0) / n * 1e6
-        );
+        print!("  {phase:<20}");
+        for (b, a) in before.iter().zip(after) {
+            match mean(b, a, phase) {
+                Some((us, n)) => print!(" {:>22}", format!("{us:.0}µs ({n:.0})")),
+                None => print!(" {:>22}", "—"),
+            }
+        }
+        println!();
     }
 }
 
@@ -1306,7 +1342,7 @@ fn main() {
     let mut control_phases = Vec::new();
     if sizes.runs("admitted") {
         settle(test_mode);
-        let before = phases(daemons[0].control);
+        let before = all_phases(&daemons);
         let mut pace = Paced::default();
         let seq: Vec<(Vec<f64>, Vec<f64>)> = both_orders(
             paths.len(),
@@ -1321,7 +1357,7 @@ fn main() {
             },
             |a, b| (merge_sorted(a.0, b.0), merge_sorted(a.1, b.1)),
         );
-        control_phases.push(("admitted POST", before, phases(daemons[0].control)));
+        control_phases.push(("admitted POST", before, all_phases(&daemons)));
         println!();
         println!("{header}");
         let p50: Vec<f64> = seq.iter().map(|s| percentile(&s.0, 0.5)).collect();
@@ -1399,7 +1435,7 @@ fn main() {
     // Streams: the first chunk (short streams, one after another).
     if sizes.runs("first_chunk") {
         settle(test_mode);
-        let before = phases(daemons[0].control);
+        let before = all_phases(&daemons);
         let mut pace = Paced::default();
         let st: Vec<Vec<f64>> = both_orders(
             paths.len(),
@@ -1416,7 +1452,7 @@ fn main() {
             },
             merge_sorted,
         );
-        control_phases.push(("streamed completion", before, phases(daemons[0].control)));
+        control_phases.push(("streamed completion", before, all_phases(&daemons)));
         println!();
         println!("{header}");
         let p50: Vec<f64> = st.iter().map(|s| percentile(s, 0.5)).collect();
@@ -1606,10 +1642,14 @@ fn main() {
             *rss as f64 / 1024.0
         );
     }
+    let names: Vec<String> = daemons.iter().map(|d| d.name.clone()).collect();
     for (what, before, after) in &control_phases {
         println!();
         print_phases(
-            &format!("where vacancyd's time went on each {what} (its own phases, mean):"),
+            &format!(
+                "where each daemon's time went on each {what} (its own phases, mean, and how many requests counted each):"
+            ),
+            &names,
             before,
             after,
         );
