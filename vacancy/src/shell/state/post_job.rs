@@ -230,6 +230,16 @@ mod tests {
         }
     }
 
+    /// No sample beyond the `n` taken: one more started would have been
+    /// taken within these turns of the single-threaded runtime (its
+    /// permit is there already).
+    async fn stays_at(gated: &Gated, n: usize) {
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(gated.taken.load(Ordering::SeqCst), n);
+    }
+
     #[tokio::test(flavor = "current_thread")]
     async fn adm_05_a_job_end_samples_where_it_ended_not_through_the_loop() {
         let gated = gated();
@@ -263,11 +273,7 @@ mod tests {
         lender.sample_soon("gpu0", SampleAsk::JobEnded);
         gated.permits.add_permits(3);
         samples_reach(&gated, 2).await;
-        // A third would have been taken by now if it had been started.
-        for _ in 0..10 {
-            tokio::task::yield_now().await;
-        }
-        assert_eq!(gated.taken.load(Ordering::SeqCst), 2);
+        stays_at(&gated, 2).await;
         // Idle again: the next job's end starts a sample of its own.
         lender.sample_soon("gpu0", SampleAsk::JobEnded);
         samples_reach(&gated, 3).await;
@@ -283,10 +289,7 @@ mod tests {
         lender.sample_soon("gpu0", SampleAsk::Waiting);
         gated.permits.add_permits(2);
         samples_reach(&gated, 1).await;
-        for _ in 0..10 {
-            tokio::task::yield_now().await;
-        }
-        assert_eq!(gated.taken.load(Ordering::SeqCst), 1);
+        stays_at(&gated, 1).await;
         // With none under way, a waiting request starts one.
         lender.sample_soon("gpu0", SampleAsk::Waiting);
         samples_reach(&gated, 2).await;
