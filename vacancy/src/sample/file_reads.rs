@@ -7,10 +7,11 @@
 //! A post-job sample runs where the job ended, on a proxy worker, and the
 //! borrower's next request may wait for it (ADM-06). Through the blocking
 //! pool, each read of a 40-byte capacity file crossed to another thread and
-//! back: the admitted POST's added p50 was about 25 µs higher than with the
-//! read on the worker (6 of 6 A/B runs of `scripts/bench-proxy`, issue 31),
+//! back (a futex wake of 11-13 µs on the 2-core test VM, then the wake back),
 //! while the read itself (open, read, close of a cached page) takes a few
-//! microseconds. Where a read can wait on a network or a user-space server
+//! microseconds: sequential admitted POSTs waited about 25 µs for the sample
+//! on nine in ten requests, and with the read on the worker none waits
+//! (`scripts/bench-proxy`'s phases, issue 31). Where a read can wait on a network or a user-space server
 //! (NFS, SMB, FUSE) or the filesystem is not known, it stays on the pool,
 //! where the sample's timeout still bounds it, and so does a file that is
 //! not a regular one (a FIFO or a device can make a read wait for a writer).
