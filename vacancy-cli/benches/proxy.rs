@@ -16,7 +16,8 @@
 //!   each has made one request and sits in keep-alive, and RSS
 //!   `BENCH_RECOVERY_SECONDS` after they all close, against the RSS before;
 //! - `GET /v1/models` (wrk) at each of `BENCH_READ_CONNECTIONS`: requests/s,
-//!   p99, and CPU time per request of the proxy's processes;
+//!   p99, and CPU time per request of the proxy's processes, with its user
+//!   space part;
 //! - admitted `POST /v1/chat/completions`, one after another on one
 //!   keep-alive connection: p50 and p99, the added p50 over direct, and the
 //!   `vacancy-overhead-ms` header vacancyd put on each against that;
@@ -453,8 +454,8 @@ fn fds(pids: &[u32]) -> usize {
         .sum()
 }
 
-/// User + system CPU time of `pids` so far, in seconds.
-fn cpu_seconds(pids: &[u32]) -> f64 {
+/// User and system CPU time of `pids` so far, in seconds.
+fn cpu_seconds(pids: &[u32]) -> (f64, f64) {
     static TICKS: OnceLock<f64> = OnceLock::new();
     let ticks = *TICKS.get_or_init(|| {
         Command::new("getconf")
@@ -472,9 +473,9 @@ fn cpu_seconds(pids: &[u32]) -> f64 {
             let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
             let f: Vec<&str> = rest.split_whitespace().collect();
             let num = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-            (num(11) + num(12)) / ticks
+            (num(11) / ticks, num(12) / ticks)
         })
-        .sum()
+        .fold((0.0, 0.0), |(u, s), (pu, ps)| (u + pu, s + ps))
 }
 
 /// The processes whose parent is `pid` (nginx's workers).
@@ -521,6 +522,9 @@ struct Wrk {
     non_2xx: u64,
     /// CPU time of the path's processes per request, µs.
     cpu_us: f64,
+    /// The part of it in user space: where the proxies differ most, as
+    /// both make the same system calls per read (issue 31).
+    user_us: f64,
 }
 
 fn wrk(url: &str, connections: usize, seconds: usize, post: bool, pids: &[u32]) -> Wrk {
@@ -545,7 +549,9 @@ fn wrk(url: &str, connections: usize, seconds: usize, post: bool, pids: &[u32]) 
     let out = cmd
         .output()
         .expect("wrk runs (scripts/bench-proxy installs it)");
-    let cpu = cpu_seconds(pids) - cpu_before;
+    let cpu_after = cpu_seconds(pids);
+    let user = cpu_after.0 - cpu_before.0;
+    let cpu = user + cpu_after.1 - cpu_before.1;
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     let mut w = Wrk::default();
     for line in text.lines() {
@@ -566,6 +572,7 @@ fn wrk(url: &str, connections: usize, seconds: usize, post: bool, pids: &[u32]) 
     }
     if w.requests > 0 && !pids.is_empty() {
         w.cpu_us = cpu * 1e6 / w.requests as f64;
+        w.user_us = user * 1e6 / w.requests as f64;
     }
     w
 }
@@ -761,6 +768,8 @@ fn merge_wrk(a: Wrk, b: Wrk) -> Wrk {
         requests,
         non_2xx: a.non_2xx + b.non_2xx,
         cpu_us: (a.cpu_us * a.requests as f64 + b.cpu_us * b.requests as f64)
+            / requests.max(1) as f64,
+        user_us: (a.user_us * a.requests as f64 + b.user_us * b.requests as f64)
             / requests.max(1) as f64,
     }
 }
@@ -1315,6 +1324,17 @@ fn main() {
                     .iter()
                     .enumerate()
                     .map(|(i, w)| ours_proxy_cols.contains(&i).then_some(w.cpu_us))
+                    .collect::<Vec<_>>(),
+                "",
+                nginx_col,
+                &ours,
+            );
+            row(
+                &format!("GET /v1/models c={c}, of it user space"),
+                &reads
+                    .iter()
+                    .enumerate()
+                    .map(|(i, w)| ours_proxy_cols.contains(&i).then_some(w.user_us))
                     .collect::<Vec<_>>(),
                 "",
                 nginx_col,
