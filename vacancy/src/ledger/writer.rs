@@ -74,8 +74,13 @@ impl Change {
     }
 }
 
-/// A reply that waits for the next sync.
-type Waiting = (oneshot::Sender<Result<Appended, LedgerError>>, Appended);
+/// A reply that waits for the next sync, and whether its caller waits on it
+/// before acting ([`Change::sync_at_once`]).
+type Waiting = (
+    oneshot::Sender<Result<Appended, LedgerError>>,
+    Appended,
+    bool,
+);
 
 /// What an append did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -169,7 +174,7 @@ fn run(rx: mpsc::Receiver<Job>, mut w: Writer, lock: Option<File>) {
                             let _ = reply.send(Ok(Appended::NoEntry));
                         }
                         Ok(appended) => {
-                            waiting.push((reply, appended));
+                            waiting.push((reply, appended, at_once));
                             urgent |= at_once;
                             sync_by.get_or_insert_with(|| Instant::now() + w.deferred_sync);
                         }
@@ -216,6 +221,15 @@ fn run(rx: mpsc::Receiver<Job>, mut w: Writer, lock: Option<File>) {
     }
     w.sync(&mut waiting);
     drop(lock);
+}
+
+/// Empty `items`, those that are `urgent` first, each part in its order.
+fn urgent_first<T>(
+    items: &mut Vec<T>,
+    urgent: impl Fn(&T) -> bool,
+) -> impl Iterator<Item = T> + '_ {
+    let first: Vec<T> = items.extract_if(.., |t| urgent(t)).collect();
+    first.into_iter().chain(items.drain(..))
 }
 
 impl std::fmt::Debug for Writer {
@@ -359,13 +373,18 @@ impl Writer {
                 Some(reason)
             }
         };
-        for (reply, appended) in waiting.drain(..) {
+        let answer = |(reply, appended, _): Waiting| {
             let result = match &failed {
                 None => Ok(appended),
                 Some(reason) => Err(self.unavailable_error(reason)),
             };
             let _ = reply.send(result);
-        }
+        };
+        // Those a request waits on first: an admission's reply wakes the
+        // proxy thread that forwards it, while a release's only ends a
+        // background watch. Answered in submission order, a release queued
+        // before the admission put one more wake-up ahead of it (issue 31).
+        urgent_first(waiting, |(_, _, at_once)| *at_once).for_each(answer);
         if failed.is_none()
             && self.lines > self.compact_min_lines
             && self.lines > COMPACT_RATIO * (self.live_lines + 1)
@@ -445,5 +464,27 @@ impl Writer {
             "compacted the journal"
         );
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_sync_answers_the_admissions_before_the_releases_queued_ahead_of_them() {
+        // REC-01: the admission's reply is the one a request waits on, so it
+        // goes out first; the others keep their order.
+        let mut items = vec![
+            ("release 1", false),
+            ("admit 2", true),
+            ("release 3", false),
+            ("ref 4", true),
+        ];
+        let order: Vec<&str> = urgent_first(&mut items, |(_, urgent)| *urgent)
+            .map(|(name, _)| name)
+            .collect();
+        assert_eq!(order, ["admit 2", "ref 4", "release 1", "release 3"]);
+        assert!(items.is_empty());
     }
 }

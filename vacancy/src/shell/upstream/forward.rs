@@ -246,7 +246,6 @@ pub async fn exchange_with_cut(
     if let Some(at) = connected {
         let _ = at.set(Instant::now());
     }
-    let _ = stream.set_nodelay(true);
     let (mut sender, conn) = hyper::client::conn::http1::Builder::new()
         .handshake(TokioIo::new(stream))
         .await

@@ -260,7 +260,6 @@ impl ReadPool {
                     address: target.address(),
                     reason: e.to_string(),
                 })?;
-        let _ = stream.set_nodelay(true);
         let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
             .await
             .map_err(|e| ExchangeError::AfterConnect(error_chain(&e)))?;

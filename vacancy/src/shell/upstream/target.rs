@@ -325,7 +325,13 @@ async fn connect_any(
     let mut last = ConnectError::Failed("no address".to_owned());
     for a in addresses {
         match tokio::time::timeout_at(deadline, TcpStream::connect(a)).await {
-            Ok(Ok(s)) => return Ok(s),
+            Ok(Ok(s)) => {
+                // Requests and replies go out as written. Set here, as the
+                // connection is made (beside the durable write, for work
+                // connected early), not on the request's path (issue 31).
+                let _ = s.set_nodelay(true);
+                return Ok(s);
+            }
             Ok(Err(e)) => last = ConnectError::Failed(e.to_string()),
             Err(_) => return Err(ConnectError::TimedOut(timeout)),
         }
@@ -428,6 +434,16 @@ mod tests {
         t.connect(timeout).await.unwrap();
         second.accept().await.unwrap();
         assert_eq!(calls.load(Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn an_upstream_connection_comes_with_nagle_off() {
+        // Issue 31: a request head is sent as written, and the option is set
+        // as the connection is made, not by each caller on the request's path.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let t = Target::parse(&format!("http://{}", listener.local_addr().unwrap())).unwrap();
+        let stream = t.connect(Duration::from_secs(5)).await.unwrap();
+        assert!(stream.nodelay().unwrap());
     }
 
     #[tokio::test(flavor = "current_thread")]
