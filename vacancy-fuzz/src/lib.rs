@@ -59,7 +59,7 @@ fn comfyui_queue_scan(input: &[u8]) {
         }
     }
     let scanned = scanned.and_then(|_| scan.finish());
-    let parsed = serde_json::from_slice::<Value>(reply).ok();
+    let parsed = parse_as_python(reply);
     let expected = parsed.as_ref().and_then(queue_place);
     match (&scanned, expected) {
         (Ok(place), Some(want)) => assert_eq!(*place, want, "scan and parse disagree"),
@@ -70,6 +70,78 @@ fn comfyui_queue_scan(input: &[u8]) {
         // Found before the scan read the rest: the rest may be anything.
         (Ok(_), None) | (Err(_), None) => {}
     }
+}
+
+/// `reply` read as ComfyUI's own Python reads JSON, which the scan follows:
+/// a number beyond `f64` (`1e999`, read as infinity) and the literals
+/// `NaN`, `Infinity` and `-Infinity` are values there, while `serde_json`
+/// refuses them. Each one `serde_json` stops at is read as `0` (no prompt
+/// ID is a number), and the parse goes on; any other error is a reply that
+/// is not JSON. (A fuzz finding: `17959E0781181` in an item's extra data.)
+fn parse_as_python(reply: &[u8]) -> Option<Value> {
+    let mut text = reply.to_vec();
+    for _ in 0..64 {
+        let e = match serde_json::from_slice::<Value>(&text) {
+            Ok(v) => return Some(v),
+            Err(e) => e,
+        };
+        let at = byte_offset(&text, e.line(), e.column());
+        let (start, end) = if e.to_string().starts_with("number out of range") {
+            number_around(&text, at)?
+        } else {
+            python_literal_at(&text, at)?
+        };
+        text.splice(start..end, *b"0");
+    }
+    None
+}
+
+/// The byte where `serde_json` reports an error: `column` bytes into the
+/// 1-based `line`.
+fn byte_offset(text: &[u8], line: usize, column: usize) -> usize {
+    let line_start = match line.checked_sub(2) {
+        None => 0,
+        Some(newlines_before) => text
+            .iter()
+            .enumerate()
+            .filter(|&(_, &b)| b == b'\n')
+            .nth(newlines_before)
+            .map_or(0, |(i, _)| i + 1),
+    };
+    (line_start + column).min(text.len())
+}
+
+/// The number token that ends at or just before `at`.
+fn number_around(text: &[u8], at: usize) -> Option<(usize, usize)> {
+    let is_number = |b: u8| b.is_ascii_digit() || matches!(b, b'-' | b'+' | b'.' | b'e' | b'E');
+    let mut end = at.min(text.len());
+    while end > 0 && !is_number(text[end - 1]) {
+        end -= 1;
+        if at - end > 1 {
+            return None;
+        }
+    }
+    while end < text.len() && is_number(text[end]) {
+        end += 1;
+    }
+    let mut start = end;
+    while start > 0 && is_number(text[start - 1]) {
+        start -= 1;
+    }
+    (start < end).then_some((start, end))
+}
+
+/// Python's `NaN`, `Infinity` or `-Infinity` where `serde_json` stopped
+/// (at `at` or the byte before it).
+fn python_literal_at(text: &[u8], at: usize) -> Option<(usize, usize)> {
+    for start in [at.saturating_sub(1), at] {
+        for literal in [&b"-Infinity"[..], b"Infinity", b"NaN"] {
+            if text.get(start..start + literal.len()) == Some(literal) {
+                return Some((start, start + literal.len()));
+            }
+        }
+    }
+    None
 }
 
 /// Where a parsed `GET /queue` reply holds [`FIND`], or `None` when it is
