@@ -1318,24 +1318,24 @@ fn main() {
                 nginx_col,
                 &ours,
             );
-            row(
-                &format!("GET /v1/models c={c}, proxy CPU µs/request"),
-                &reads
+            // CPU per request exists only for the proxies' columns.
+            let per_request = |us: fn(&Wrk) -> f64| -> Vec<Option<f64>> {
+                reads
                     .iter()
                     .enumerate()
-                    .map(|(i, w)| ours_proxy_cols.contains(&i).then_some(w.cpu_us))
-                    .collect::<Vec<_>>(),
+                    .map(|(i, w)| ours_proxy_cols.contains(&i).then_some(us(w)))
+                    .collect()
+            };
+            row(
+                &format!("GET /v1/models c={c}, proxy CPU µs/request"),
+                &per_request(|w| w.cpu_us),
                 "",
                 nginx_col,
                 &ours,
             );
             row(
                 &format!("GET /v1/models c={c}, of it user space"),
-                &reads
-                    .iter()
-                    .enumerate()
-                    .map(|(i, w)| ours_proxy_cols.contains(&i).then_some(w.user_us))
-                    .collect::<Vec<_>>(),
+                &per_request(|w| w.user_us),
                 "",
                 nginx_col,
                 &ours,
