@@ -74,6 +74,7 @@ mod binaries;
 mod browser;
 pub mod comfyui;
 pub mod comfyui_emulator;
+mod comfyui_events;
 mod display;
 mod error;
 pub mod fixed_time;
@@ -102,6 +103,7 @@ pub use comfyui::{
 pub use comfyui_emulator::{
     ComfyEmulator, ComfyEmulatorOptions, ComfyFaults, ComfyRequest, QueuePadding, Silence, Trickle,
 };
+pub use comfyui_events::ComfyEvents;
 pub use display::{DISPLAY_DEBIAN_PACKAGES, VirtualDisplay};
 pub use error::SupportError;
 pub use fixed_time::FixedTimeUpstream;
