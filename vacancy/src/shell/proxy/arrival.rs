@@ -34,7 +34,7 @@ pub struct Arrival {
     /// When the request's head arrived.
     pub(crate) at: Instant,
     /// The request's path and query, as the borrower sent it.
-    pub(crate) path: String,
+    pub(crate) path: http::uri::PathAndQuery,
     /// The route class's metric label.
     class: &'static str,
     /// How long the request waited in its upstream's line, once decided.
@@ -43,6 +43,9 @@ pub struct Arrival {
     pub(crate) line_position: Option<u32>,
     /// Its borrower's name, with named borrowers on (issue 34).
     pub(crate) borrower: Option<Arc<str>>,
+    /// How long the upstream had it before its response head came, for a
+    /// request it answered: the rest of the time to the head is vacancyd's.
+    pub(crate) upstream_took: Option<Duration>,
     outcome: Option<RequestOutcome>,
     /// The whole time to the response head and vacancyd's own part of it,
     /// once answered.
@@ -55,7 +58,7 @@ impl Arrival {
         lender: Arc<Lender>,
         route: Arc<UpstreamRoute>,
         at: Instant,
-        path: String,
+        path: http::uri::PathAndQuery,
         class: &'static str,
     ) -> Self {
         Self {
@@ -67,6 +70,7 @@ impl Arrival {
             waited: None,
             line_position: None,
             borrower: None,
+            upstream_took: None,
             outcome: None,
             timing: None,
         }

@@ -80,7 +80,13 @@ pub async fn serve(
                 let connection = async move |stream: tokio::net::TcpStream| {
                     let svc_route = Arc::clone(&route);
                     let handler = move |mut req: http::Request<conn::BorrowerBody>| {
-                        req.extensions_mut().insert(permit.clone());
+                        // Only a request that can become a tunnel (hyper
+                        // gave it an upgrade) carries the permit: put on
+                        // every request, it cost each read an allocation
+                        // (issue 31).
+                        if req.extensions().get::<hyper::upgrade::OnUpgrade>().is_some() {
+                            req.extensions_mut().insert(permit.clone());
+                        }
                         let (lender, route) = (Arc::clone(&lender), Arc::clone(&svc_route));
                         service::handle(lender, route, req)
                     };

@@ -29,8 +29,8 @@ use crate::shell::state::lender::{Decided, Lender, Recording};
 use crate::shell::state::live::{CutSignal, cut_happens, cut_reason};
 use crate::shell::state::metrics::RequestPhase;
 use crate::shell::upstream::forward::{
-    Connecting, ExchangeError, ProxyBody, UpstreamTook, exchange_with_cut, full, head_first,
-    is_upgrade, prepare_response_head, streaming, upstream_request,
+    Answer, Connecting, ExchangeError, ProxyBody, exchange_with_cut, full, head_first, is_upgrade,
+    prepare_response_head, streaming, upstream_request,
 };
 use crate::shell::upstream::route::UpstreamRoute;
 use crate::traits::{
@@ -50,7 +50,7 @@ pub const OVERHEAD_HEADER: &str = "vacancy-overhead-ms";
 
 /// Answer one borrower request, timing it for the metrics: the whole time to
 /// the response head, and vacancyd's own part of it (all of it but the
-/// upstream's, [`UpstreamTook`]; all of it for a refusal), which
+/// upstream's, [`Arrival::upstream_took`]; all of it for a refusal), which
 /// `vacancy-overhead-ms` says where the configuration asks for it. The
 /// request is counted once, by its outcome, through its [`Arrival`].
 pub async fn handle(
@@ -59,12 +59,13 @@ pub async fn handle(
     req: http::Request<BorrowerBody>,
 ) -> http::Response<ProxyBody> {
     let at = Instant::now();
+    // A handle on the request head's own bytes: no copy per request.
     let path = req
         .uri()
         .path_and_query()
-        .map_or("/", |p| p.as_str())
-        .to_owned();
-    let class = route.adapter.classify(req.method(), &path);
+        .cloned()
+        .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/"));
+    let class = route.adapter.classify(req.method(), path.as_str());
     let mut arrival = Arrival::new(lender, route, at, path, class.label());
     let mut response = answer_request(&mut arrival, req, class).await;
     if let Some(p) = arrival.line_position {
@@ -80,12 +81,8 @@ pub async fn handle(
             .headers_mut()
             .insert(http::HeaderName::from_static(WAITED_HEADER), v);
     }
-    let upstream = response
-        .extensions_mut()
-        .remove::<UpstreamTook>()
-        .map_or(Duration::ZERO, |t| t.0);
     let total = arrival.at.elapsed();
-    let own = total.saturating_sub(upstream);
+    let own = total.saturating_sub(arrival.upstream_took.unwrap_or_default());
     if arrival.route.overhead_header
         && let Some(v) = milliseconds_value(own)
     {
@@ -126,7 +123,7 @@ async fn answer_request(
     let policy = route_policy(class, req.method(), route.management);
     if let Some(gate) = arrival.lender.borrower_gate().cloned() {
         let caller = identify(arrival, &gate, &mut req);
-        if req.method() == http::Method::GET && arrival.path.split('?').next() == Some(ME_PATH) {
+        if req.method() == http::Method::GET && arrival.path.path() == ME_PATH {
             return borrower_view(arrival, &caller);
         }
         if let Some(refusal) = gate.refusal(&caller, &policy) {
@@ -260,7 +257,13 @@ async fn forward_unreserved(
     let route = Arc::clone(&arrival.route);
     let (mut parts, body) = req.into_parts();
     let borrower = BorrowerSide::take(&mut parts);
-    let upstream_req = match upstream_request(&route.target, &parts, streaming(body)) {
+    // A read without a body (most) sends the empty body, which boxes nothing.
+    let body = if hyper::body::Body::is_end_stream(&body) {
+        ProxyBody::default()
+    } else {
+        streaming(body)
+    };
+    let upstream_req = match upstream_request(&route.target, parts, body) {
         Ok(r) => r,
         Err(e) => {
             let refusal = Refusal::new(RefusalCode::InvalidRequest, e);
@@ -273,10 +276,8 @@ async fn forward_unreserved(
     match route.reads.send(&route.target, upstream_req).await {
         Ok(resp) => {
             arrival.forwarded();
-            let took = UpstreamTook(sent.elapsed());
-            let mut resp = relay(resp, borrower, None, None, route.tunnel_idle);
-            resp.extensions_mut().insert(took);
-            resp
+            arrival.upstream_took = Some(sent.elapsed());
+            relay(resp, borrower, None, None, route.tunnel_idle)
         }
         Err(e) => {
             let refusal = exchange_failed(&route, &e);
@@ -321,10 +322,10 @@ fn relay(
     let (mut parts, body) = resp.into_parts();
     prepare_response_head(&mut parts);
     let body = match exchange {
-        Some(x) => GuardedBody::new(body, x, cut).boxed_unsync(),
-        None => streaming(body),
+        Some(x) => head_first(GuardedBody::new(body, x, cut)),
+        None => head_first(body),
     };
-    http::Response::from_parts(parts, head_first(body))
+    http::Response::from_parts(parts, body)
 }
 
 /// Work: read the body within its bound, inspect it, decide, record the
@@ -359,7 +360,7 @@ async fn work_request(
     let ctx = InspectContext {
         entry,
         method: &parts.method,
-        path: &arrival.path,
+        path: arrival.path.as_str(),
         headers: &parts.headers,
     };
     let inspection = match route.adapter.inspect(&work, ctx, &body) {
@@ -418,7 +419,7 @@ async fn work_request(
     };
     arrival.admitted(&reservation);
     let body = inspection.rewritten_body.map_or(body, Bytes::from);
-    forward_work(
+    let answer = forward_work(
         exchange,
         route,
         parts,
@@ -427,7 +428,9 @@ async fn work_request(
         work.completion,
         early,
     )
-    .await
+    .await;
+    arrival.upstream_took = answer.upstream_took;
+    answer.response
 }
 
 /// Forward recorded work apart from the borrower's connection, so a borrower
@@ -441,18 +444,19 @@ async fn forward_work(
     reservation: &Reservation,
     completion: CompletionMethod,
     early: Option<Connecting>,
-) -> http::Response<ProxyBody> {
+) -> Answer {
     let entry = exchange.entry();
     let borrower = if is_upgrade(&parts.headers) {
         BorrowerSide::take(&mut parts)
     } else {
         BorrowerSide::default()
     };
-    let upstream_req = match upstream_request(&route.target, &parts, full(body)) {
+    let upstream_req = match upstream_request(&route.target, parts, full(body)) {
         Ok(r) => r,
         Err(e) => {
             exchange.finish(Observed::NotForwarded);
-            return refusal_response(&route, &Refusal::new(RefusalCode::InvalidRequest, e), false);
+            return refusal_response(&route, &Refusal::new(RefusalCode::InvalidRequest, e), false)
+                .into();
         }
     };
     let (tx, rx) = oneshot::channel();
@@ -569,7 +573,7 @@ async fn exchange_synchronous(
     upstream_req: http::Request<ProxyBody>,
     borrower: BorrowerSide,
     early: Option<Connecting>,
-) -> http::Response<ProxyBody> {
+) -> Answer {
     let entry = exchange.entry();
     exchange.forwarding();
     let (sent, connected) = (Instant::now(), OnceLock::new());
@@ -591,40 +595,36 @@ async fn exchange_synchronous(
                 let metrics = exchange.lender().metrics();
                 metrics.phase(RequestPhase::Connect, at.saturating_duration_since(sent));
                 metrics.phase(RequestPhase::Upstream, at.elapsed());
-                UpstreamTook(at.elapsed())
+                at.elapsed()
             });
             exchange.response_head(connection);
-            let mut resp = relay(resp, borrower, Some(exchange), Some(cut), route.tunnel_idle);
-            if let Some(took) = took {
-                resp.extensions_mut().insert(took);
+            Answer {
+                response: relay(resp, borrower, Some(exchange), Some(cut), route.tunnel_idle),
+                upstream_took: took,
             }
-            resp
         }
         Ok(Err(e @ ExchangeError::Connect { .. })) => {
             exchange.finish(Observed::ConnectFailed(e.to_string()));
-            refusal_response(route, &exchange_failed(route, &e), false)
+            refusal_response(route, &exchange_failed(route, &e), false).into()
         }
         Ok(Err(e @ ExchangeError::AfterConnect(_))) => {
             exchange.finish(Observed::FailedAfterConnect(e.to_string()));
-            refusal_response(route, &exchange_failed(route, &e), false)
+            refusal_response(route, &exchange_failed(route, &e), false).into()
         }
         Err(reason) => {
             // RECL-15: cut before the reply began; dropping the exchange closed it.
             info!(entry = %entry, upstream = %route.name, reason = %reason, "request cut by a reclaim before its reply");
             let refusal = Refusal::new(reason.code, reason.reason.clone());
             tokio::spawn(verify_cut(exchange, reason.reason));
-            refusal_after_forwarding(route, &refusal, true)
+            refusal_after_forwarding(route, &refusal, true).into()
         }
     }
 }
 
 /// The exchange task's response for the borrower, or why there is none.
-async fn answer(
-    route: &UpstreamRoute,
-    rx: oneshot::Receiver<http::Response<ProxyBody>>,
-) -> http::Response<ProxyBody> {
+async fn answer(route: &UpstreamRoute, rx: oneshot::Receiver<Answer>) -> Answer {
     match rx.await {
-        Ok(resp) => resp,
+        Ok(answer) => answer,
         Err(_) => refusal_response(
             route,
             &Refusal::new(
@@ -632,7 +632,8 @@ async fn answer(
                 "the upstream exchange ended without a response",
             ),
             true,
-        ),
+        )
+        .into(),
     }
 }
 

@@ -131,7 +131,7 @@ pub(crate) async fn exchange_tracked(
     request: http::Request<ProxyBody>,
     assigned: String,
     admitted_at: Moment,
-) -> http::Response<ProxyBody> {
+) -> forward::Answer {
     let (lender, route) = (Arc::clone(exchange.lender()), Arc::clone(exchange.route()));
     let bound = route.completion_timeout;
     let entry = exchange.entry();
@@ -147,11 +147,10 @@ pub(crate) async fn exchange_tracked(
     match exchanged {
         Ok(Ok(ex)) => {
             follow(exchange, assigned, admitted_at, ex.submission, claim);
-            let mut response = ex.response;
-            response
-                .extensions_mut()
-                .insert(forward::UpstreamTook(sent.elapsed()));
-            response
+            forward::Answer {
+                response: ex.response,
+                upstream_took: Some(sent.elapsed()),
+            }
         }
         Ok(Err(e)) => {
             // DONE-02: nothing reached the upstream.
@@ -165,6 +164,7 @@ pub(crate) async fn exchange_tracked(
                 ),
                 false,
             )
+            .into()
         }
         Err(_) => {
             let why = format!(
@@ -180,6 +180,7 @@ pub(crate) async fn exchange_tracked(
                 ),
                 false,
             )
+            .into()
         }
     }
 }

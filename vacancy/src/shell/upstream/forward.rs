@@ -27,11 +27,26 @@ pub type FramePoll = std::task::Poll<Option<Result<hyper::body::Frame<bytes::Byt
 /// The body type the proxy sends both ways.
 pub type ProxyBody = UnsyncBoxBody<Bytes, BoxError>;
 
-/// How long the upstream had a request before its response head came: a
-/// proxied response carries it in its extensions until the service's `handle`
-/// takes it to tell vacancyd's own time from the upstream's.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct UpstreamTook(pub Duration);
+/// A response for the borrower, with how long the upstream had the request
+/// before its head came (none for vacancyd's own answers): the service's
+/// `handle` tells vacancyd's own time from the upstream's with it.
+#[derive(Debug)]
+pub struct Answer {
+    /// What the borrower gets.
+    pub response: http::Response<ProxyBody>,
+    /// The upstream's part of the time to the response head.
+    pub upstream_took: Option<Duration>,
+}
+
+impl From<http::Response<ProxyBody>> for Answer {
+    /// vacancyd's own answer: none of its time was the upstream's.
+    fn from(response: http::Response<ProxyBody>) -> Self {
+        Answer {
+            response,
+            upstream_took: None,
+        }
+    }
+}
 
 /// How an exchange failed.
 #[derive(Debug, thiserror::Error)]
@@ -92,6 +107,11 @@ pub fn is_upgrade(headers: &HeaderMap) -> bool {
 /// Remove hop-by-hop headers, and those the `Connection` header names. An
 /// upgrade keeps `Connection: upgrade` and `Upgrade`.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    // Most messages carry none of them: one pass over the names, comparing
+    // without hashing, instead of a removal per name (issue 31).
+    if !headers.keys().any(|name| HOP_BY_HOP.contains(name)) {
+        return;
+    }
     let upgrade = is_upgrade(headers);
     let upgrade_value = headers.get(header::UPGRADE).cloned();
     let named: Vec<HeaderName> = headers
@@ -113,31 +133,39 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
 /// Build the upstream request from the borrower's: the target's prefix is
 /// prepended, hop-by-hop headers dropped, `Host` set to the target, and an
 /// `Origin` or `Referer` that names the proxy itself set to the target too
-/// ([`rewrite_own_origin`]).
+/// ([`rewrite_own_origin`]). The borrower's headers are moved, not copied
+/// (issue 31: the copy showed on every proxied read).
 pub fn upstream_request(
     target: &Target,
-    parts: &http::request::Parts,
+    parts: http::request::Parts,
     body: ProxyBody,
 ) -> Result<http::Request<ProxyBody>, String> {
-    let uri: http::Uri = match parts.uri.path_and_query() {
+    let http::request::Parts {
+        method,
+        uri: borrower_uri,
+        mut headers,
+        ..
+    } = parts;
+    let uri: http::Uri = match borrower_uri.path_and_query() {
         // No prefix: the borrower's path as it came (no copy, no parse).
         Some(pq) if target.prefix.is_empty() => http::Uri::from(pq.clone()),
         pq => format!("{}{}", target.prefix, pq.map_or("/", |p| p.as_str()))
             .parse()
             .map_err(|e| format!("cannot form the upstream path: {e}"))?,
     };
-    let mut headers = parts.headers.clone();
     strip_hop_by_hop(&mut headers);
     headers.remove(header::CONTENT_LENGTH);
-    let borrower_host = parts
-        .headers
-        .get(header::HOST)
+    // Kept in its place and overwritten below: Host stays where the borrower
+    // put it (first, as RFC 9110 §7.2 asks of clients).
+    let borrower_host = headers.get(header::HOST).cloned();
+    let borrower_host = borrower_host
+        .as_ref()
         .and_then(|h| h.to_str().ok())
-        .or_else(|| parts.uri.authority().map(|a| a.as_str()));
+        .or_else(|| borrower_uri.authority().map(|a| a.as_str()));
     rewrite_own_origin(&mut headers, borrower_host, target);
     headers.insert(header::HOST, target.host_header()?);
     let mut req = http::Request::new(body);
-    *req.method_mut() = parts.method.clone();
+    *req.method_mut() = method;
     *req.uri_mut() = uri;
     *req.headers_mut() = headers;
     Ok(req)
@@ -305,7 +333,13 @@ pub fn prepare_response_head(parts: &mut http::response::Parts) {
 /// breaks off, as for a break later in the body (issue 18 item 2). A first
 /// poll with data or nothing yet passes straight through: no extra trip
 /// through the scheduler for every response (issue 31).
-pub fn head_first(body: ProxyBody) -> ProxyBody {
+pub fn head_first<B>(body: B) -> ProxyBody
+where
+    B: hyper::body::Body<Data = Bytes> + Unpin + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    // Boxed once, here, around the body itself (issue 31: a box for the body
+    // and another for this wrapper showed on every proxied read).
     HeadFirst {
         inner: body,
         polled: false,
@@ -314,21 +348,25 @@ pub fn head_first(body: ProxyBody) -> ProxyBody {
     .boxed_unsync()
 }
 
-struct HeadFirst {
-    inner: ProxyBody,
+struct HeadFirst<B> {
+    inner: B,
     polled: bool,
     /// The first poll's error, answered at the next poll.
     held_back: Option<BoxError>,
 }
 
-impl hyper::body::Body for HeadFirst {
+impl<B> hyper::body::Body for HeadFirst<B>
+where
+    B: hyper::body::Body<Data = Bytes> + Unpin,
+    B::Error: Into<BoxError>,
+{
     type Data = Bytes;
     type Error = BoxError;
 
     fn poll_frame(
         mut self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, BoxError>>> {
+    ) -> FramePoll {
         if let Some(e) = self.held_back.take() {
             return std::task::Poll::Ready(Some(Err(e)));
         }
@@ -336,11 +374,14 @@ impl hyper::body::Body for HeadFirst {
         self.polled = true;
         match std::pin::Pin::new(&mut self.inner).poll_frame(cx) {
             std::task::Poll::Ready(Some(Err(e))) if first => {
-                self.held_back = Some(e);
+                self.held_back = Some(e.into());
                 cx.waker().wake_by_ref();
                 std::task::Poll::Pending
             }
-            other => other,
+            std::task::Poll::Ready(Some(Err(e))) => std::task::Poll::Ready(Some(Err(e.into()))),
+            std::task::Poll::Ready(Some(Ok(frame))) => std::task::Poll::Ready(Some(Ok(frame))),
+            std::task::Poll::Ready(None) => std::task::Poll::Ready(None),
+            std::task::Poll::Pending => std::task::Poll::Pending,
         }
     }
 
@@ -432,10 +473,45 @@ mod tests {
             .body(())
             .unwrap()
             .into_parts();
-        let req = upstream_request(&t, &parts, full("{}")).unwrap();
+        let req = upstream_request(&t, parts, full("{}")).unwrap();
         assert_eq!(req.uri(), "/p/v1/chat/completions?x=1");
         assert_eq!(req.headers()[header::HOST], "127.0.0.1:8080");
         assert!(!req.headers().contains_key(header::CONTENT_LENGTH));
+    }
+
+    #[test]
+    fn upstream_request_keeps_host_first_and_the_borrowers_headers_in_order() {
+        // The headers are moved, not copied (issue 31); Host is overwritten
+        // in its place, first, where clients put it (RFC 9110 §7.2).
+        let t = Target::parse("http://127.0.0.1:8080").unwrap();
+        let (parts, ()) = http::Request::get("/v1/models")
+            .header(header::HOST, "proxy:1")
+            .header(header::ACCEPT, "application/json")
+            .header(header::CONNECTION, "keep-alive")
+            .header(header::USER_AGENT, "OpenAI/Python 1.0")
+            .header(header::AUTHORIZATION, "Bearer b")
+            .body(())
+            .unwrap()
+            .into_parts();
+        let req = upstream_request(&t, parts, full("")).unwrap();
+        let names: Vec<&str> = req.headers().keys().map(HeaderName::as_str).collect();
+        assert_eq!(names[0], "host");
+        assert_eq!(req.headers()[header::HOST], "127.0.0.1:8080");
+        assert!(!req.headers().contains_key(header::CONNECTION));
+        for kept in ["accept", "user-agent", "authorization"] {
+            assert!(names.contains(&kept), "{names:?}");
+        }
+    }
+
+    #[test]
+    fn a_message_without_hop_by_hop_headers_keeps_all_of_them() {
+        let mut h = HeaderMap::new();
+        h.insert(header::HOST, HeaderValue::from_static("proxy:1"));
+        h.insert(header::ACCEPT, HeaderValue::from_static("*/*"));
+        h.append(header::ACCEPT, HeaderValue::from_static("text/plain"));
+        let before = h.clone();
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h, before);
     }
 
     #[test]
@@ -448,7 +524,7 @@ mod tests {
             .body(())
             .unwrap()
             .into_parts();
-        let req = upstream_request(&t, &parts, full("")).unwrap();
+        let req = upstream_request(&t, parts, full("")).unwrap();
         assert_eq!(req.headers()[header::HOST], "127.0.0.1:8188");
         assert_eq!(req.headers()[header::ORIGIN], "http://127.0.0.1:8188");
     }
