@@ -106,25 +106,47 @@ pub fn is_upgrade(headers: &HeaderMap) -> bool {
 
 /// Remove hop-by-hop headers, and those the `Connection` header names. An
 /// upgrade keeps `Connection: upgrade` and `Upgrade`.
+///
+/// Run on every relayed request and response (issue 31): one pass over the
+/// names finds which hop-by-hop headers are there (most requests carry none;
+/// many responses carry `Connection: keep-alive`), only those are removed,
+/// and the names `Connection` lists are removed by their text, with no
+/// header name built for them.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    // Most messages carry none of them: one pass over the names, comparing
-    // without hashing, instead of a removal per name (issue 31).
-    if !headers.keys().any(|name| HOP_BY_HOP.contains(name)) {
+    let present = headers.keys().fold(0u8, |found, name| {
+        HOP_BY_HOP
+            .iter()
+            .position(|h| h == name)
+            .map_or(found, |i| found | 1 << i)
+    });
+    if present == 0 {
         return;
     }
-    let upgrade = is_upgrade(headers);
-    let upgrade_value = headers.get(header::UPGRADE).cloned();
-    let named: Vec<HeaderName> = headers
-        .get_all(header::CONNECTION)
+    let upgrade_value = if is_upgrade(headers) {
+        headers.get(header::UPGRADE).cloned()
+    } else {
+        None
+    };
+    let listed: Vec<HeaderValue> = match headers.entry(header::CONNECTION) {
+        header::Entry::Occupied(e) => e.remove_entry_mult().1.collect(),
+        header::Entry::Vacant(_) => Vec::new(),
+    };
+    for token in listed
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
-        .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
-        .collect();
-    for name in named.iter().chain(HOP_BY_HOP.iter()) {
-        headers.remove(name);
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+    {
+        // Text that is no header name removes nothing.
+        headers.remove(token);
     }
-    if upgrade && let Some(v) = upgrade_value {
+    for (i, name) in HOP_BY_HOP.iter().enumerate() {
+        if present & 1 << i != 0 {
+            headers.remove(name);
+        }
+    }
+    if let Some(v) = upgrade_value {
         headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
         headers.insert(header::UPGRADE, v);
     }
@@ -501,6 +523,24 @@ mod tests {
         for kept in ["accept", "user-agent", "authorization"] {
             assert!(names.contains(&kept), "{names:?}");
         }
+    }
+
+    #[test]
+    fn every_connection_header_and_the_names_each_lists_are_dropped() {
+        let mut h = HeaderMap::new();
+        h.append(header::CONNECTION, HeaderValue::from_static("Keep-Alive"));
+        h.append(
+            header::CONNECTION,
+            HeaderValue::from_static(" X-Hop , , not a name"),
+        );
+        h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
+        h.insert("x-hop", HeaderValue::from_static("1"));
+        h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+        strip_hop_by_hop(&mut h);
+        assert_eq!(
+            h.keys().map(HeaderName::as_str).collect::<Vec<_>>(),
+            ["content-type"]
+        );
     }
 
     #[test]
