@@ -112,15 +112,17 @@ async fn answer_request(
     mut req: http::Request<BorrowerBody>,
     class: RouteClass,
 ) -> http::Response<ProxyBody> {
-    let route = Arc::clone(&arrival.route);
+    // The route is borrowed from the arrival where it is used, not cloned: a
+    // clone and its drop are two writes to a count every proxy thread shares
+    // (issue 31).
     // RFC 9112 §3.2: no Host on HTTP/1.1, or two, is a malformed request
     // (issue 30 item 8). Its body is not read, so the connection closes.
     if let Err(e) = check_host(req.version(), req.headers()) {
         let refusal = Refusal::new(RefusalCode::InvalidRequest, e.to_string());
         arrival.refused(&refusal);
-        return refusal_response(&route, &refusal, true);
+        return refusal_response(&arrival.route, &refusal, true);
     }
-    let policy = route_policy(class, req.method(), route.management);
+    let policy = route_policy(class, req.method(), arrival.route.management);
     if let Some(gate) = arrival.lender.borrower_gate().cloned() {
         let caller = identify(arrival, &gate, &mut req);
         if req.method() == http::Method::GET && arrival.path.path() == ME_PATH {
@@ -129,11 +131,13 @@ async fn answer_request(
         if let Some(refusal) = gate.refusal(&caller, &policy) {
             arrival.refused(&refusal);
             let waits_to_send = expects_continue(req.headers());
-            return refuse_after_draining(&route, refusal, req.into_body(), waits_to_send).await;
+            return refuse_after_draining(&arrival.route, refusal, req.into_body(), waits_to_send)
+                .await;
         }
     }
     match policy {
         RoutePolicy::Refuse(code) => {
+            let route = Arc::clone(&arrival.route);
             let path = arrival.path.as_str();
             let refusal = match route.adapter.reconsider_refusal(req.method(), path).await {
                 Reconsidered::Stands => route_refusal(&route, class, code, req.method(), path),
@@ -254,7 +258,6 @@ async fn forward_unreserved(
     arrival: &mut Arrival,
     req: http::Request<BorrowerBody>,
 ) -> http::Response<ProxyBody> {
-    let route = Arc::clone(&arrival.route);
     let (mut parts, body) = req.into_parts();
     let borrower = BorrowerSide::take(&mut parts);
     // A read without a body (most) sends the empty body, which boxes nothing.
@@ -263,26 +266,27 @@ async fn forward_unreserved(
     } else {
         streaming(body)
     };
-    let upstream_req = match upstream_request(&route.target, parts, body) {
+    let upstream_req = match upstream_request(&arrival.route.target, parts, body) {
         Ok(r) => r,
         Err(e) => {
             let refusal = Refusal::new(RefusalCode::InvalidRequest, e);
             arrival.refused(&refusal);
-            return refusal_response(&route, &refusal, true);
+            return refusal_response(&arrival.route, &refusal, true);
         }
     };
     // Nothing is reserved: a pooled keep-alive connection (shell::upstream::pool).
     let sent = Instant::now();
+    let route = &arrival.route;
     match route.reads.send(&route.target, upstream_req).await {
         Ok(resp) => {
             arrival.forwarded();
             arrival.upstream_took = Some(sent.elapsed());
-            relay(resp, borrower, None, None, route.tunnel_idle)
+            relay(resp, borrower, None, None, arrival.route.tunnel_idle)
         }
         Err(e) => {
-            let refusal = exchange_failed(&route, &e);
+            let refusal = exchange_failed(&arrival.route, &e);
             arrival.refused(&refusal);
-            refusal_response(&route, &refusal, false)
+            refusal_response(&arrival.route, &refusal, false)
         }
     }
 }
