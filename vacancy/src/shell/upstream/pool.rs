@@ -209,7 +209,9 @@ impl ReadPool {
                 },
             }
         }
-        let mut sender = self.connect(target).await?;
+        // Boxed: connecting's state would make every read's future larger,
+        // and each read's future is moved whole (issue 31).
+        let mut sender = Box::pin(self.connect(target)).await?;
         let resp = sender
             .send_request(request)
             .await
