@@ -22,7 +22,9 @@
 //!   Its first install is big: both flavors share one venv of about 6 GB
 //!   (3.3 GB downloaded, printed before it starts; minutes).
 //!   [`comfy_ws_client`] runs ComfyUI's own WebSocket client flow
-//!   (`websocket-client`, as its `script_examples` do) against one.
+//!   (`websocket-client`, as its `script_examples` do) against one;
+//!   [`ComfyEvents`] reads its progress messages on `/ws` (which node of
+//!   which prompt runs now), for a test that must act while a given node runs.
 //! - [`ComfyEmulator`]: an in-process emulated ComfyUI of a chosen release
 //!   (see [`comfyui_emulator`]), for `/api/jobs/<id>` (0.6.0+), the per-job
 //!   cancel (0.26.0+) and faults: huge queues, slow, silent or cut replies.
