@@ -280,13 +280,7 @@ async fn forward_unreserved(
 ) -> http::Response<ProxyBody> {
     let (mut parts, body) = req.into_parts();
     let borrower = BorrowerSide::take(&mut parts);
-    // A read without a body (most) sends the empty body, which boxes nothing.
-    let body = if hyper::body::Body::is_end_stream(&body) {
-        ProxyBody::default()
-    } else {
-        streaming(body)
-    };
-    let upstream_req = match upstream_request(&arrival.route.target, parts, body) {
+    let upstream_req = match upstream_request(&arrival.route.target, parts, streaming(body)) {
         Ok(r) => r,
         Err(e) => {
             let refusal = Refusal::new(RefusalCode::InvalidRequest, e);
@@ -296,8 +290,11 @@ async fn forward_unreserved(
     };
     // Nothing is reserved: a pooled keep-alive connection (shell::upstream::pool).
     let sent = Instant::now();
-    let route = &arrival.route;
-    match route.reads.send(&route.target, upstream_req).await {
+    let sending = arrival
+        .route
+        .reads
+        .send(&arrival.route.target, upstream_req);
+    match sending.await {
         Ok(resp) => {
             arrival.forwarded();
             arrival.upstream_took = Some(sent.elapsed());
@@ -618,8 +615,9 @@ async fn exchange_synchronous(
             let took = connected.get().map(|at| {
                 let metrics = exchange.lender().metrics();
                 metrics.phase(RequestPhase::Connect, at.saturating_duration_since(sent));
-                metrics.phase(RequestPhase::Upstream, at.elapsed());
-                at.elapsed()
+                let upstream = at.elapsed();
+                metrics.phase(RequestPhase::Upstream, upstream);
+                upstream
             });
             exchange.response_head(connection);
             Answer {

@@ -400,10 +400,7 @@ where
                 cx.waker().wake_by_ref();
                 std::task::Poll::Pending
             }
-            std::task::Poll::Ready(Some(Err(e))) => std::task::Poll::Ready(Some(Err(e.into()))),
-            std::task::Poll::Ready(Some(Ok(frame))) => std::task::Poll::Ready(Some(Ok(frame))),
-            std::task::Poll::Ready(None) => std::task::Poll::Ready(None),
-            std::task::Poll::Pending => std::task::Poll::Pending,
+            other => other.map(|frame| frame.map(|r| r.map_err(Into::into))),
         }
     }
 
@@ -423,12 +420,17 @@ pub fn full(bytes: impl Into<Bytes>) -> ProxyBody {
         .boxed_unsync()
 }
 
-/// A streaming body, forwarded as it arrives.
+/// A streaming body, forwarded as it arrives. One already at its end (a
+/// request without a body: most reads) becomes the empty body, which boxes
+/// nothing (issue 31).
 pub fn streaming<B>(body: B) -> ProxyBody
 where
     B: hyper::body::Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
 {
+    if body.is_end_stream() {
+        return ProxyBody::default();
+    }
     body.map_err(Into::into).boxed_unsync()
 }
 
@@ -486,15 +488,19 @@ mod tests {
         assert_eq!(h.get(header::CONNECTION).unwrap(), "upgrade");
     }
 
+    /// The parts of a borrower request with no body.
+    fn head(request: http::request::Builder) -> http::request::Parts {
+        request.body(()).unwrap().into_parts().0
+    }
+
     #[test]
     fn upstream_request_prepends_the_prefix_and_sets_host() {
         let t = Target::parse("http://127.0.0.1:8080/p").unwrap();
-        let (parts, ()) = http::Request::post("/v1/chat/completions?x=1")
-            .header(header::HOST, "proxy:1")
-            .header(header::CONTENT_LENGTH, "2")
-            .body(())
-            .unwrap()
-            .into_parts();
+        let parts = head(
+            http::Request::post("/v1/chat/completions?x=1")
+                .header(header::HOST, "proxy:1")
+                .header(header::CONTENT_LENGTH, "2"),
+        );
         let req = upstream_request(&t, parts, full("{}")).unwrap();
         assert_eq!(req.uri(), "/p/v1/chat/completions?x=1");
         assert_eq!(req.headers()[header::HOST], "127.0.0.1:8080");
@@ -506,15 +512,14 @@ mod tests {
         // The headers are moved, not copied (issue 31); Host is overwritten
         // in its place, first, where clients put it (RFC 9110 §7.2).
         let t = Target::parse("http://127.0.0.1:8080").unwrap();
-        let (parts, ()) = http::Request::get("/v1/models")
-            .header(header::HOST, "proxy:1")
-            .header(header::ACCEPT, "application/json")
-            .header(header::CONNECTION, "keep-alive")
-            .header(header::USER_AGENT, "OpenAI/Python 1.0")
-            .header(header::AUTHORIZATION, "Bearer b")
-            .body(())
-            .unwrap()
-            .into_parts();
+        let parts = head(
+            http::Request::get("/v1/models")
+                .header(header::HOST, "proxy:1")
+                .header(header::ACCEPT, "application/json")
+                .header(header::CONNECTION, "keep-alive")
+                .header(header::USER_AGENT, "OpenAI/Python 1.0")
+                .header(header::AUTHORIZATION, "Bearer b"),
+        );
         let req = upstream_request(&t, parts, full("")).unwrap();
         let names: Vec<&str> = req.headers().keys().map(HeaderName::as_str).collect();
         assert_eq!(names[0], "host");
@@ -558,12 +563,11 @@ mod tests {
     fn upstream_request_gives_the_proxys_own_origin_the_targets() {
         // Issue 14 item 5: Origin follows Host where it named the proxy.
         let t = Target::parse("http://127.0.0.1:8188").unwrap();
-        let (parts, ()) = http::Request::get("/ws?clientId=c")
-            .header(header::HOST, "127.0.0.1:8189")
-            .header(header::ORIGIN, "http://127.0.0.1:8189")
-            .body(())
-            .unwrap()
-            .into_parts();
+        let parts = head(
+            http::Request::get("/ws?clientId=c")
+                .header(header::HOST, "127.0.0.1:8189")
+                .header(header::ORIGIN, "http://127.0.0.1:8189"),
+        );
         let req = upstream_request(&t, parts, full("")).unwrap();
         assert_eq!(req.headers()[header::HOST], "127.0.0.1:8188");
         assert_eq!(req.headers()[header::ORIGIN], "http://127.0.0.1:8188");
