@@ -71,6 +71,7 @@ mod error;
 mod files;
 mod location;
 mod lock;
+mod queue;
 mod record;
 pub mod store;
 mod writer;
@@ -80,7 +81,7 @@ mod tests;
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, mpsc};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::SystemTime;
 
@@ -101,6 +102,7 @@ pub use store::{
     ReservationStore, StoreChange, StoreError, StoreFailure, StoreWrite, UsageSink, VolatileStore,
 };
 
+use queue::Queue;
 use record::{LiveSet, Replay};
 use writer::{Appended, Change, Job, Writer};
 
@@ -133,7 +135,7 @@ struct Inner {
     dir: PathBuf,
     journal_path: PathBuf,
     /// To the writer thread, which owns the journal and the lock (REC-25).
-    tx: Option<mpsc::Sender<Job>>,
+    queue: Arc<Queue<Job>>,
     worker: Option<JoinHandle<()>>,
 }
 
@@ -141,7 +143,7 @@ impl Drop for Inner {
     /// Close the queue and wait for the writer to finish what was submitted
     /// and release the lock, so that a next open finds the directory free.
     fn drop(&mut self) {
-        self.tx.take();
+        self.queue.close();
         if let Some(worker) = self.worker.take() {
             let _ = worker.join();
         }
@@ -254,12 +256,12 @@ impl Ledger {
             syncs: 0,
             usage: None,
         };
-        let (tx, worker) = writer::spawn(writer, lock)?;
+        let (queue, worker) = writer::spawn(writer, lock)?;
         let ledger = Ledger {
             inner: Arc::new(Inner {
                 dir: dir.to_path_buf(),
                 journal_path,
-                tx: Some(tx),
+                queue,
                 worker: Some(worker),
             }),
         };
@@ -335,11 +337,10 @@ impl Ledger {
     }
 
     fn send(&self, job: Job) -> Result<(), LedgerError> {
+        let urgent = job.wakes_writer();
         self.inner
-            .tx
-            .as_ref()
-            .ok_or_else(|| self.stopped())?
-            .send(job)
+            .queue
+            .push(job, urgent)
             .map_err(|_| self.stopped())
     }
 

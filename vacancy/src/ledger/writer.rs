@@ -13,7 +13,6 @@ use std::fs::File;
 use std::io;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::mpsc::{self, RecvTimeoutError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -23,6 +22,7 @@ use tracing::{debug, info, warn};
 use crate::engine::{EntryId, UsageRecord};
 use crate::ledger::disk::{Disk, DiskFile};
 use crate::ledger::error::LedgerError;
+use crate::ledger::queue::{AbandonOnDrop, Queue, Taken};
 use crate::ledger::record::{self, LiveSet, RecoveredEntry};
 use crate::ledger::store::UsageSink;
 use crate::ledger::{COMPACT_FILE, sync_dir_on};
@@ -106,6 +106,18 @@ pub(crate) enum Job {
     Inspect(Box<dyn FnOnce(&mut Writer) + Send>),
 }
 
+impl Job {
+    /// Whether the writer must be woken for it even while it waits with a
+    /// deadline: everything but a release or a hold, which may wait for the
+    /// next sync (the `queue` module).
+    pub(crate) fn wakes_writer(&self) -> bool {
+        match self {
+            Job::Change(change, _) => change.sync_at_once(),
+            _ => true,
+        }
+    }
+}
+
 /// The journal's state, owned by the writer thread.
 pub(crate) struct Writer {
     pub(crate) dir: PathBuf,
@@ -132,39 +144,47 @@ pub(crate) struct Writer {
 }
 
 /// Start the writer thread. It owns the journal and the directory's lock
-/// (REC-25) and ends, releasing the lock, once every sender is dropped and
-/// the queued jobs are done.
+/// (REC-25) and ends, releasing the lock, once the queue is closed and the
+/// jobs queued before that are done.
 pub(crate) fn spawn(
     writer: Writer,
     lock: Option<File>,
-) -> Result<(mpsc::Sender<Job>, JoinHandle<()>), LedgerError> {
-    let (tx, rx) = mpsc::channel::<Job>();
+) -> Result<(Arc<Queue<Job>>, JoinHandle<()>), LedgerError> {
+    let queue = Arc::new(Queue::default());
     let dir = writer.dir.clone();
+    let theirs = Arc::clone(&queue);
     let handle = std::thread::Builder::new()
         .name("vacancy-ledger".to_owned())
-        .spawn(move || run(rx, writer, lock))
+        .spawn(move || run(&theirs, writer, lock))
         .map_err(|e| LedgerError::io("start the journal writer for", dir, e))?;
-    Ok((tx, handle))
+    Ok((queue, handle))
 }
 
-fn run(rx: mpsc::Receiver<Job>, mut w: Writer, lock: Option<File>) {
+fn run(queue: &Queue<Job>, mut w: Writer, lock: Option<File>) {
+    // However this ends, submitters stop waiting on it.
+    let _abandon = AbandonOnDrop(queue);
     // Appended changes whose replies wait for the next sync, and when that
     // sync is due at the latest.
     let mut waiting: Vec<Waiting> = Vec::new();
     let mut sync_by: Option<Instant> = None;
+    // Until when, after a sync, the writer looks at the queue again on its
+    // own, so a release or hold submitted meanwhile need not wake it
+    // (`queue`'s module docs).
+    let mut look_again: Option<Instant> = None;
+    let mut jobs: Vec<Job> = Vec::new();
     loop {
-        let first = match sync_by {
-            None => rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
-            Some(by) => rx.recv_timeout(by.saturating_duration_since(Instant::now())),
-        };
-        let mut next = match first {
-            Ok(job) => Some(job),
-            Err(RecvTimeoutError::Timeout) => None,
-            Err(RecvTimeoutError::Disconnected) => break,
-        };
+        let deadline = sync_by.or(look_again);
+        match queue.take(deadline, MAX_BATCH, &mut jobs) {
+            Taken::Jobs => {}
+            Taken::TimedOut => look_again = None,
+            Taken::Closed => break,
+        }
+        // At the deadline everything appended is due: a change found then
+        // has waited since the writer began waiting, at most the window.
+        let due = deadline.is_some_and(|by| by <= Instant::now());
+        let batch = jobs.len();
         let mut urgent = false;
-        let mut batch = 0;
-        while let Some(job) = next {
+        for job in jobs.drain(..) {
             match job {
                 Job::Change(change, reply) => {
                     let at_once = change.sync_at_once();
@@ -207,16 +227,17 @@ fn run(rx: mpsc::Receiver<Job>, mut w: Writer, lock: Option<File>) {
                     f(&mut w);
                 }
             }
-            batch += 1;
-            next = if batch < MAX_BATCH {
-                rx.try_recv().ok()
-            } else {
-                None
-            };
         }
-        if urgent || batch >= MAX_BATCH || sync_by.is_some_and(|by| by <= Instant::now()) {
+        if waiting.is_empty() {
+            sync_by = None;
+        } else if urgent
+            || due
+            || batch >= MAX_BATCH
+            || sync_by.is_some_and(|by| by <= Instant::now())
+        {
             w.sync(&mut waiting);
             sync_by = None;
+            look_again = Some(Instant::now() + w.deferred_sync);
         }
     }
     w.sync(&mut waiting);

@@ -652,12 +652,43 @@ async fn concurrent_appends_never_interleave() {
 
 #[tokio::test]
 async fn a_release_shares_its_sync_with_the_next_admission() {
-    // REC-01: the admission is synced before it answers; the release before
-    // it waits for that same sync instead of paying one of its own.
+    // REC-01: the admission is synced before it answers; the release
+    // submitted before it, while the writer waits out the deferral after its
+    // last sync, waits for that same sync instead of paying one of its own.
     let s = scratch();
     let (ledger, _) = open(&s.rec);
     ledger.set_deferred_sync(Duration::from_secs(600));
     ledger.persist(&reservation(1, None)).await.unwrap();
+    let before = ledger.syncs();
+    let release = ledger.forget(id(1));
+    let admit = ledger.persist(&reservation(2, None));
+    let (released, admitted) = tokio::join!(release, admit);
+    released.unwrap();
+    admitted.unwrap();
+    assert_eq!(
+        ledger.syncs() - before,
+        1,
+        "one sync for the release and the admission"
+    );
+    drop(ledger);
+    let (_l, entries) = open(&s.rec);
+    assert_eq!(ids(&entries), vec![id(2)]);
+}
+
+#[tokio::test]
+async fn a_release_appended_unsynced_shares_its_sync_with_the_next_admission() {
+    // REC-01: a release that wakes an idle writer is appended and waits for
+    // the next sync; the admission after it syncs both at once.
+    let s = scratch();
+    {
+        let (ledger, _) = open(&s.rec);
+        ledger.persist(&reservation(1, None)).await.unwrap();
+    }
+    // A fresh writer has synced nothing, so it waits for the next job with
+    // no deadline, and the release wakes it.
+    let (ledger, recovered) = open(&s.rec);
+    assert_eq!(ids(&recovered), vec![id(1)]);
+    ledger.set_deferred_sync(Duration::from_secs(600));
     let before = ledger.syncs();
     let journal = s.rec.join(JOURNAL_FILE);
     let len = fs::metadata(&journal).unwrap().len();
