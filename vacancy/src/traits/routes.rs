@@ -111,11 +111,16 @@ impl RouteSpec {
     /// Whether this entry matches `method` and `path` (query ignored),
     /// `{param}` segments passing the entry's check.
     pub fn matches(&self, method: &http::Method, path: &str) -> bool {
-        let path = path.split('?').next().unwrap_or(path);
-        self.method.matches(method) && self.matches_path(path)
+        self.method.matches(method) && self.matches_path(before_query(path))
     }
 
     fn matches_path(&self, path: &str) -> bool {
+        // A pattern without parameters matches its own text only: one
+        // comparison instead of a walk over the segments (issue 31: route
+        // classification runs on every request).
+        if !self.path.as_bytes().contains(&b'{') {
+            return self.path == path;
+        }
         let mut want = self.path.split('/');
         let mut got = path.split('/');
         loop {
@@ -131,6 +136,14 @@ impl RouteSpec {
             }
         }
     }
+}
+
+/// `path` without its query string. A byte search: a `char` pattern's
+/// searcher cost more than the rest of a literal route's match (issue 31).
+fn before_query(path: &str) -> &str {
+    path.bytes()
+        .position(|b| b == b'?')
+        .map_or(path, |i| &path[..i])
 }
 
 fn is_param(segment: &str) -> bool {
@@ -180,7 +193,7 @@ impl RouteTable {
 
     /// Classify a request. The query string, if any, is ignored.
     pub fn classify(&self, method: &http::Method, path: &str) -> RouteClass {
-        let path = path.split('?').next().unwrap_or(path);
+        let path = before_query(path);
         self.entries
             .iter()
             .find(|e| e.method.matches(method) && e.matches_path(path))
@@ -330,6 +343,34 @@ mod tests {
             t.classify(&Method::GET, "/v1/audio/executions/"),
             RouteClass::Unknown
         );
+    }
+
+    /// ROUTE-01's match written plainly: segment by segment.
+    fn matches_by_segments(pattern: &str, path: &str) -> bool {
+        let (want, got): (Vec<&str>, Vec<&str>) =
+            (pattern.split('/').collect(), path.split('/').collect());
+        want.len() == got.len()
+            && want
+                .iter()
+                .zip(&got)
+                .all(|(w, g)| if is_param(w) { !g.is_empty() } else { w == g })
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn route_01_a_path_matches_a_pattern_segment_by_segment(
+            pattern in proptest::sample::select(vec![
+                "/v1/models", "/v1/chat/completions", "/", "/api/jobs/{id}", "/a/{x}/b", "/{p}",
+            ]),
+            segments in proptest::collection::vec(
+                proptest::sample::select(vec!["v1", "models", "chat", "completions", "", "api", "jobs", "a", "b", "7"]),
+                0..5,
+            ),
+        ) {
+            let path = format!("/{}", segments.join("/"));
+            let spec = RouteSpec::new(RouteMethod::Get, pattern, RouteClass::Discovery);
+            proptest::prop_assert_eq!(spec.matches_path(&path), matches_by_segments(pattern, &path), "{} {}", pattern, path);
+        }
     }
 
     #[test]

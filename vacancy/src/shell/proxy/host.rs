@@ -67,6 +67,9 @@ pub fn check_host(
 
 /// `uri-host [":" port]` with no user information, the port all digits.
 fn is_authority(text: &str) -> bool {
+    if is_plain_name_and_port(text) {
+        return true;
+    }
     let port = match text.strip_prefix('[') {
         Some(v6) => match v6.split_once(']') {
             Some((_, "")) => "",
@@ -81,6 +84,23 @@ fn is_authority(text: &str) -> bool {
     !text.contains('@')
         && port.bytes().all(|b| b.is_ascii_digit())
         && text.parse::<http::uri::Authority>().is_ok()
+}
+
+/// Whether `text` is a name or IPv4 address of letters, digits, dots and
+/// dashes, with a port of one to five digits or none: what nearly every
+/// client sends, and an authority without parsing it (issue 31: the parse
+/// showed on every request).
+fn is_plain_name_and_port(text: &str) -> bool {
+    let (name, port) = match text.bytes().position(|b| b == b':') {
+        Some(colon) => (&text[..colon], &text[colon + 1..]),
+        None => (text, "0"),
+    };
+    !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'-')
+        && (1..=5).contains(&port.len())
+        && port.bytes().all(|b| b.is_ascii_digit())
 }
 
 /// The host part of a `Host` value, lowercased, without brackets, port or
@@ -154,6 +174,41 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
+
+    proptest::proptest! {
+        #[test]
+        fn rfc_9112_a_plain_name_and_port_is_taken_only_where_the_parse_would_take_it(
+            text in "[a-zA-Z0-9.:@\\[\\]%-]{0,12}"
+        ) {
+            if is_plain_name_and_port(&text) {
+                proptest::prop_assert!(
+                    !text.contains('@') && text.parse::<http::uri::Authority>().is_ok(),
+                    "{}", text
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn plain_names_and_ports_are_taken_without_a_parse() {
+        for plain in [
+            "localhost",
+            "127.0.0.1:11434",
+            "my-box.lan:8188",
+            "a:1",
+            "x:65535",
+            "x:99999",
+            "-.-:00000",
+        ] {
+            assert!(is_plain_name_and_port(plain), "{plain}");
+            assert!(is_authority(plain), "{plain}");
+        }
+        for other in [
+            "", ":80", "a:", "a:123456", "a:b", "[::1]:80", "u@h", "a:1:2", "h_1",
+        ] {
+            assert!(!is_plain_name_and_port(other), "{other}");
+        }
+    }
 
     fn headers(hosts: &[&str]) -> HeaderMap {
         let mut h = HeaderMap::new();

@@ -96,59 +96,92 @@ const HOP_BY_HOP: [HeaderName; 7] = [
 /// Whether a request or response asks to switch protocols.
 pub fn is_upgrade(headers: &HeaderMap) -> bool {
     headers.contains_key(header::UPGRADE)
-        && headers
-            .get_all(header::CONNECTION)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(','))
-            .any(|t| t.trim().eq_ignore_ascii_case("upgrade"))
+        && connection_tokens(headers.get_all(header::CONNECTION))
+            .any(|t| t.eq_ignore_ascii_case("upgrade"))
 }
 
 /// Remove hop-by-hop headers, and those the `Connection` header names. An
 /// upgrade keeps `Connection: upgrade` and `Upgrade`.
 ///
 /// Run on every relayed request and response (issue 31): one pass over the
-/// names finds which hop-by-hop headers are there (most requests carry none;
-/// many responses carry `Connection: keep-alive`), only those are removed,
-/// and the names `Connection` lists are removed by their text, with no
-/// header name built for them.
+/// names finds which hop-by-hop headers are there, most of them passed over
+/// by their length alone (most requests carry none; many responses carry
+/// `Connection: keep-alive`); only those are removed. The names `Connection`
+/// lists are removed by their text, and only when one of them is not a
+/// hop-by-hop name already removed (`keep-alive` names only itself).
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     let present = headers.keys().fold(0u8, |found, name| {
-        HOP_BY_HOP
-            .iter()
-            .position(|h| h == name)
-            .map_or(found, |i| found | 1 << i)
+        hop_by_hop_index(name).map_or(found, |i| found | 1 << i)
     });
     if present == 0 {
         return;
     }
-    let upgrade_value = if is_upgrade(headers) {
+    let upgrade_value = if present & 1 << UPGRADE_INDEX != 0 && is_upgrade(headers) {
         headers.get(header::UPGRADE).cloned()
     } else {
         None
     };
-    let listed: Vec<HeaderValue> = match headers.entry(header::CONNECTION) {
-        header::Entry::Occupied(e) => e.remove_entry_mult().1.collect(),
-        header::Entry::Vacant(_) => Vec::new(),
-    };
-    for token in listed
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .map(str::trim)
-        .filter(|t| !t.is_empty())
-    {
-        // Text that is no header name removes nothing.
-        headers.remove(token);
+    if present & 1 << CONNECTION_INDEX != 0 {
+        remove_connection_and_what_it_lists(headers);
     }
     for (i, name) in HOP_BY_HOP.iter().enumerate() {
-        if present & 1 << i != 0 {
+        if i != CONNECTION_INDEX && present & 1 << i != 0 {
             headers.remove(name);
         }
     }
     if let Some(v) = upgrade_value {
         headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
         headers.insert(header::UPGRADE, v);
+    }
+}
+
+/// Where `CONNECTION` and `UPGRADE` are in [`HOP_BY_HOP`].
+const CONNECTION_INDEX: usize = 0;
+const UPGRADE_INDEX: usize = 6;
+
+/// Which of [`HOP_BY_HOP`] `name` is. A name of a length none of them has
+/// (`content-type`, `date`, `server`, …) costs one comparison.
+fn hop_by_hop_index(name: &HeaderName) -> Option<usize> {
+    let text = name.as_str();
+    match text.len() {
+        2 | 7 | 10 | 16 | 17 => HOP_BY_HOP.iter().position(|h| h.as_str() == text),
+        _ => None,
+    }
+}
+
+/// The `Connection` field's tokens: the names of other fields that belong to
+/// this connection only (RFC 9110 §7.6.1), and options such as `close`.
+fn connection_tokens<'a>(
+    values: impl IntoIterator<Item = &'a HeaderValue>,
+) -> impl Iterator<Item = &'a str> {
+    values
+        .into_iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+}
+
+/// Remove `Connection` and every field it names. A field that is one of
+/// [`HOP_BY_HOP`] is removed with them by the caller, so only a list naming
+/// another needs a copy of the list and a removal by text.
+fn remove_connection_and_what_it_lists(headers: &mut HeaderMap) {
+    let names_others = connection_tokens(headers.get_all(header::CONNECTION)).any(|t| {
+        !HOP_BY_HOP
+            .iter()
+            .any(|h| h.as_str().eq_ignore_ascii_case(t))
+    });
+    if !names_others {
+        headers.remove(header::CONNECTION);
+        return;
+    }
+    let listed: Vec<HeaderValue> = match headers.entry(header::CONNECTION) {
+        header::Entry::Occupied(e) => e.remove_entry_mult().1.collect(),
+        header::Entry::Vacant(_) => Vec::new(),
+    };
+    for token in connection_tokens(&listed) {
+        // Text that is no header name removes nothing.
+        headers.remove(token);
     }
 }
 
@@ -336,12 +369,25 @@ pub fn prepare_response_head(parts: &mut http::response::Parts) {
         .headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
-        .is_some_and(|ct| ct.starts_with("text/event-stream") || ct.contains("ndjson"));
+        .is_some_and(is_streamed_type);
     if streaming {
         parts
             .headers
             .insert("x-accel-buffering", HeaderValue::from_static("no"));
     }
+}
+
+/// Whether a `Content-Type` is one of a stream of events: server-sent events
+/// or newline-delimited JSON (Ollama's `application/x-ndjson`). Looked for
+/// at each `n`, not with `str::contains`, whose searcher cost more than the
+/// rest of the check on every relayed response (issue 31).
+fn is_streamed_type(content_type: &str) -> bool {
+    let bytes = content_type.as_bytes();
+    content_type.starts_with("text/event-stream")
+        || bytes
+            .iter()
+            .enumerate()
+            .any(|(i, &b)| b == b'n' && bytes[i..].starts_with(b"ndjson"))
 }
 
 /// A relayed response body that never fails on its first poll, so that
@@ -546,6 +592,90 @@ mod tests {
             h.keys().map(HeaderName::as_str).collect::<Vec<_>>(),
             ["content-type"]
         );
+    }
+
+    #[test]
+    fn every_hop_by_hop_name_is_found_and_the_indexes_name_their_headers() {
+        for (i, name) in HOP_BY_HOP.iter().enumerate() {
+            assert_eq!(hop_by_hop_index(name), Some(i), "{name}");
+        }
+        assert_eq!(HOP_BY_HOP[CONNECTION_INDEX], header::CONNECTION);
+        assert_eq!(HOP_BY_HOP[UPGRADE_INDEX], header::UPGRADE);
+        for other in [header::CONTENT_TYPE, header::DATE, header::HOST] {
+            assert_eq!(hop_by_hop_index(&other), None);
+        }
+    }
+
+    /// The rule itself, written plainly: every `Connection` token's field
+    /// removed, then every hop-by-hop field; an upgrade keeps its two.
+    fn strip_plainly(headers: &mut HeaderMap) {
+        let upgrade_value = is_upgrade(headers)
+            .then(|| headers.get(header::UPGRADE).cloned())
+            .flatten();
+        let listed: Vec<String> = connection_tokens(headers.get_all(header::CONNECTION))
+            .map(str::to_owned)
+            .collect();
+        for token in listed {
+            headers.remove(token.as_str());
+        }
+        for name in &HOP_BY_HOP {
+            headers.remove(name);
+        }
+        if let Some(v) = upgrade_value {
+            headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+            headers.insert(header::UPGRADE, v);
+        }
+    }
+
+    #[test]
+    fn streamed_types_are_told_from_the_rest() {
+        for streamed in [
+            "text/event-stream",
+            "text/event-stream; charset=utf-8",
+            "application/x-ndjson",
+            "application/ndjson",
+        ] {
+            assert!(is_streamed_type(streamed), "{streamed}");
+        }
+        for other in [
+            "application/json",
+            "text/plain",
+            "",
+            "n",
+            "ndjso",
+            "application/nd-json",
+        ] {
+            assert!(!is_streamed_type(other), "{other}");
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn strip_hop_by_hop_removes_what_the_plain_rule_removes(
+            fields in proptest::collection::vec(
+                (
+                    proptest::sample::select(vec![
+                        "connection", "keep-alive", "proxy-connection", "te", "trailer",
+                        "transfer-encoding", "upgrade", "content-type", "date", "x-hop",
+                        "close", "authorization",
+                    ]),
+                    proptest::sample::select(vec![
+                        "keep-alive", "Keep-Alive, x-hop", "close", "upgrade", " , ",
+                        "x-hop,TE", "not a name", "websocket", "1",
+                    ]),
+                ),
+                0..8,
+            )
+        ) {
+            let mut h = HeaderMap::new();
+            for (name, value) in fields {
+                h.append(name, HeaderValue::from_static(value));
+            }
+            let mut plain = h.clone();
+            strip_plainly(&mut plain);
+            strip_hop_by_hop(&mut h);
+            proptest::prop_assert_eq!(h, plain);
+        }
     }
 
     #[test]
