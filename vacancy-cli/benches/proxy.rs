@@ -25,6 +25,10 @@
 //!   each later chunk from the upstream's write to the client's read (p50,
 //!   p99) in streams of 200 chunks 5 ms apart;
 //! - refusals (a switched-off resource) at 64 and 1,000 connections (wrk);
+//! - instructions per read, counted by callgrind for nginx (one worker) and
+//!   each vacancyd build, one at a time: the proxies' own work, exact where
+//!   requests per second on a shared machine are not (only where valgrind
+//!   is installed);
 //! - one 300-byte append + `fdatasync` on the disk of vacancyd's recovery
 //!   directory (about one ledger record): back to back, and at the pace at
 //!   which vacancyd's admissions came in each admitted section (a sync after
@@ -41,8 +45,8 @@
 //! `BENCH_READ_CONNECTIONS` (`1,32,1000`), `BENCH_IDLE_CONNECTIONS` (10000,
 //! or what the descriptor limit allows), `BENCH_RECOVERY_SECONDS` (60),
 //! `BENCH_WORKERS`. `BENCH_QUICK=1` (or `--quick`) makes every size small;
-//! `BENCH_ONLY=memory,reads,admitted,first_chunk,chunks,refusals` runs those
-//! sections only. `BENCH_BASELINE=/path/to/vacancyd` adds a second vacancyd
+//! `BENCH_ONLY=memory,reads,admitted,first_chunk,chunks,refusals,instructions`
+//! runs those sections only. `BENCH_BASELINE=/path/to/vacancyd` adds a second vacancyd
 //! (an older build) as one more column, measured in the same run.
 #![allow(
     clippy::unwrap_used,
@@ -75,6 +79,9 @@ use hyper_util::rt::TokioIo;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 use vacancy_test_support::{ManagedProcess, free_port};
+
+#[path = "support/instructions.rs"]
+mod instructions;
 
 const MODELS: &str =
     r#"{"object":"list","data":[{"id":"fixed","object":"model","created":0,"owned_by":"bench"}]}"#;
@@ -266,6 +273,7 @@ fn nginx(
     upstream: SocketAddr,
     workers: usize,
     conns: usize,
+    callgrind: Option<&Path>,
 ) -> ManagedProcess {
     let conf = dir.join("nginx.conf");
     std::fs::create_dir_all(dir.join("nginx-tmp")).unwrap();
@@ -304,13 +312,20 @@ http {{
         ),
     )
     .unwrap();
-    let mut cmd = Command::new("nginx");
+    // Under callgrind, no master: the one worker is the process counted.
+    let (mut cmd, globals) = match callgrind {
+        None => (Command::new("nginx"), "daemon off;"),
+        Some(out) => (
+            instructions::under_callgrind(Path::new("nginx"), out),
+            "daemon off; master_process off;",
+        ),
+    };
     cmd.arg("-c")
         .arg(&conf)
         .arg("-p")
         .arg(dir)
         .arg("-g")
-        .arg("daemon off;");
+        .arg(globals);
     ManagedProcess::spawn("nginx", cmd).unwrap()
 }
 
@@ -334,6 +349,7 @@ fn vacancyd(
     upstream: SocketAddr,
     workers: usize,
     overhead_header: bool,
+    callgrind: Option<&Path>,
 ) -> Vacancyd {
     std::fs::create_dir_all(dir).unwrap();
     let (control, proxy, refusing) = (
@@ -395,7 +411,13 @@ default_min_free_mib = 1000
         ),
     )
     .unwrap();
-    let mut cmd = Command::new(binary);
+    let (mut cmd, starting) = match callgrind {
+        None => (Command::new(binary), Duration::from_secs(20)),
+        Some(out) => (
+            instructions::under_callgrind(binary, out),
+            Duration::from_secs(180),
+        ),
+    };
     cmd.arg("run")
         .arg("--config")
         .arg(&config)
@@ -403,10 +425,7 @@ default_min_free_mib = 1000
         .env("TOKIO_WORKER_THREADS", workers.to_string());
     let mut process = ManagedProcess::spawn(name, cmd).unwrap();
     process
-        .wait_http_ok(
-            &format!("http://127.0.0.1:{control}/health"),
-            Duration::from_secs(20),
-        )
+        .wait_http_ok(&format!("http://127.0.0.1:{control}/health"), starting)
         .unwrap();
     Vacancyd {
         name: name.to_owned(),
@@ -1051,6 +1070,49 @@ impl Verdict {
     }
 }
 
+/// The instructions section: nginx (one worker) and each vacancyd build
+/// under callgrind, one after another, each counted over the same reads.
+fn count_instructions(dir: &Path, up: SocketAddr, binaries: &[(&str, PathBuf)], workers: usize) {
+    if !instructions::available() {
+        println!(
+            "instructions per read: skipped (valgrind is not installed; scripts/bench-proxy installs it)"
+        );
+        return;
+    }
+    let mut counted: Vec<(&str, Option<f64>)> = Vec::new();
+    {
+        let out = dir.join("nginx-callgrind");
+        let port = free_port().unwrap();
+        let mut ng = nginx(&out, port, up, 1, 1024, Some(&out));
+        ng.wait_http_ok(
+            &format!("http://127.0.0.1:{port}/health"),
+            Duration::from_secs(120),
+        )
+        .unwrap();
+        let url = format!("http://127.0.0.1:{port}/v1/models");
+        counted.push(("nginx", instructions::per_read(ng.pid(), &url, &out)));
+    }
+    for (name, binary) in binaries {
+        let out = dir.join(format!("{name}-callgrind"));
+        let d = vacancyd(name, binary, &out, up, workers, false, Some(&out));
+        let url = format!("http://127.0.0.1:{}/v1/models", d.proxy);
+        counted.push((name, instructions::per_read(d.process.pid(), &url, &out)));
+    }
+    println!(
+        "instructions per GET /v1/models (callgrind, user space, every thread; {} reads over {} keep-alive connections after a warm-up):",
+        instructions::READS,
+        instructions::CONNECTIONS
+    );
+    let nginx = counted.first().and_then(|(_, n)| *n);
+    for (name, n) in &counted {
+        match (n, nginx) {
+            (Some(n), Some(ng)) => println!("  {name:<12} {n:>10.0}  {:>6.2}× nginx", n / ng),
+            (Some(n), None) => println!("  {name:<12} {n:>10.0}"),
+            (None, _) => println!("  {name:<12} not counted (see above)"),
+        }
+    }
+}
+
 // Long: the run in the order it measures, each section printing its own table.
 #[allow(clippy::too_many_lines)]
 fn main() {
@@ -1100,6 +1162,7 @@ fn main() {
         up,
         sizes.workers,
         idle_n,
+        None,
     );
     ng.wait_http_ok(
         &format!("http://127.0.0.1:{ng_port}/health"),
@@ -1112,24 +1175,25 @@ fn main() {
         p.extend(children(ng_pid));
         p
     };
-    let mut daemons = vec![vacancyd(
-        "vacancyd",
-        Path::new(env!("CARGO_BIN_EXE_vacancyd")),
-        &dir.path().join("vacancyd"),
-        up,
-        sizes.workers,
-        true,
-    )];
+    // This build, and an older one to compare where given.
+    let mut binaries = vec![("vacancyd", PathBuf::from(env!("CARGO_BIN_EXE_vacancyd")))];
     if let Some(base) = std::env::var_os("BENCH_BASELINE").filter(|b| !b.is_empty()) {
-        daemons.push(vacancyd(
-            "baseline",
-            &PathBuf::from(base),
-            &dir.path().join("baseline"),
-            up,
-            sizes.workers,
-            false,
-        ));
+        binaries.push(("baseline", PathBuf::from(base)));
     }
+    let daemons: Vec<Vacancyd> = binaries
+        .iter()
+        .map(|(name, binary)| {
+            vacancyd(
+                name,
+                binary,
+                &dir.path().join(name),
+                up,
+                sizes.workers,
+                *name == "vacancyd",
+                None,
+            )
+        })
+        .collect();
     // tokio names its blocking-pool threads as its workers: this counts both.
     let runtime_threads: Vec<usize> = daemons
         .iter()
@@ -1645,6 +1709,11 @@ fn main() {
                 );
             }
         }
+    }
+
+    if sizes.runs("instructions") && !test_mode {
+        println!();
+        count_instructions(dir.path(), up, &binaries, sizes.workers);
     }
 
     println!();
