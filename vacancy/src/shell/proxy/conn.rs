@@ -39,6 +39,8 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio::time::{Instant, Sleep};
 use tracing::{debug, warn};
 
+use crate::shell::proxy::woken_only::WokenOnly;
+
 use crate::shell::upstream::forward::{BoxError, FramePoll};
 
 /// How long a connection may be slow or idle.
@@ -461,27 +463,37 @@ where
         .serve_connection(TokioIo::new(io), service)
         .with_upgrades();
     tokio::pin!(conn);
-    let stopped = async {
-        match stop.as_mut() {
-            Some(s) => crate::shell::state::shutdown::stopped(s).await,
-            None => std::future::pending().await,
+    // The idle timer and the shutdown watch, polled only when one of them
+    // woke the task, not on each of the connection's reads (issue 31).
+    let mut ends = WokenOnly::new(Box::pin(async {
+        let stopped = async {
+            match stop.as_mut() {
+                Some(s) => crate::shell::state::shutdown::stopped(s).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            biased;
+            why = activity.expired(limits) => Some(why),
+            () = stopped => None,
         }
-    };
+    }));
     tokio::select! {
         biased;
         r = conn.as_mut() => r,
-        why = activity.expired(limits) => {
-            debug!(reason = why, "closing a connection");
+        end = &mut ends => {
             conn.as_mut().graceful_shutdown();
-            // An idle connection closes at once; a half-sent head is cut.
-            match tokio::time::timeout(Duration::from_secs(1), conn.as_mut()).await {
-                Ok(r) => r,
-                Err(_) => Ok(()),
+            match end {
+                Some(why) => {
+                    debug!(reason = why, "closing a connection");
+                    // An idle connection closes at once; a half-sent head is cut.
+                    match tokio::time::timeout(Duration::from_secs(1), conn.as_mut()).await {
+                        Ok(r) => r,
+                        Err(_) => Ok(()),
+                    }
+                }
+                None => conn.await,
             }
-        }
-        () = stopped => {
-            conn.as_mut().graceful_shutdown();
-            conn.await
         }
     }
 }

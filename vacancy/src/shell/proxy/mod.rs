@@ -12,3 +12,4 @@ pub(crate) mod listen;
 pub(crate) mod service;
 pub(crate) mod tracked;
 pub mod tunnel;
+pub(crate) mod woken_only;
