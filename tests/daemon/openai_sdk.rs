@@ -71,6 +71,10 @@ async fn the_openai_sdk_retries_only_what_a_retry_can_clear() {
             seed: 1,
         },
         alias: Some("tiny".to_owned()),
+        // Room for the long stream below: at the default 1,024 tokens it
+        // ended after about 4.3 s on the 2-core CI machine (240 tokens/s),
+        // inside the SDK's three tries 2 s apart.
+        ctx: 4096,
         ..LlamaOptions::default()
     })
     .unwrap();
@@ -133,12 +137,13 @@ async fn the_openai_sdk_retries_only_what_a_retry_can_clear() {
     assert_eq!(resumed.status, 200);
 
     // Busy: a retry can clear it, so the SDK tries three times, honouring
-    // Retry-After, while a long stream holds the resource.
+    // Retry-After, while a long stream holds the resource: 4,000 tokens, about
+    // 17 s at the CI machine's rate, against the SDK's 4-5 s of tries.
     let mut stream = http_stream(
         "POST",
         &format!("{}/completion", d.proxy),
         &[JSON],
-        completion(2000, true),
+        completion(4000, true),
     )
     .await
     .unwrap();
