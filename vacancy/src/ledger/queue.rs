@@ -30,10 +30,9 @@ struct State<Job> {
 }
 
 /// How the writer waits, as far as a submitter needs to know.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Wait {
     /// It is not waiting: it looks at the queue before it waits again.
-    #[default]
     Working,
     /// It waits until a deadline, at most the deferred window away.
     Until,
@@ -195,13 +194,27 @@ mod tests {
         q.lock().wait
     }
 
-    /// Wait until the writer thread is in `want`, without a bare sleep.
-    fn until_waiting(q: &Queue<Job>, want: Wait) {
+    /// A queue and a writer thread taking from it until `deadline`, once
+    /// that thread waits as `want` (waited for without a bare sleep); the
+    /// thread answers what it took and how many jobs.
+    fn writer_taking(
+        deadline: Option<Instant>,
+        want: Wait,
+    ) -> (Arc<Queue<Job>>, std::thread::JoinHandle<(Taken, usize)>) {
+        let q = Arc::new(Queue::default());
+        let writer = {
+            let q = Arc::clone(&q);
+            std::thread::spawn(move || {
+                let mut got = Vec::new();
+                (q.take(deadline, 10, &mut got), got.len())
+            })
+        };
         let start = Instant::now();
-        while wait_state(q) != want {
+        while wait_state(&q) != want {
             assert!(start.elapsed() < Duration::from_secs(10), "never {want:?}");
             std::thread::yield_now();
         }
+        (q, writer)
     }
 
     #[test]
@@ -219,53 +232,27 @@ mod tests {
 
     #[test]
     fn a_deferred_job_does_not_wake_a_writer_with_a_deadline() {
-        let q = Arc::new(Queue::default());
-        let writer = {
-            let q = Arc::clone(&q);
-            std::thread::spawn(move || {
-                let by = Instant::now() + Duration::from_millis(300);
-                let mut got = Vec::new();
-                let taken = q.take(Some(by), 10, &mut got);
-                (taken, got.len(), Instant::now() >= by)
-            })
-        };
-        until_waiting(&q, Wait::Until);
+        let by = Instant::now() + Duration::from_millis(300);
+        let (q, writer) = writer_taking(Some(by), Wait::Until);
         q.push(job(), false).map_err(|_| ()).unwrap();
-        let (taken, n, at_deadline) = writer.join().unwrap();
-        assert_eq!((taken, n), (Taken::Jobs, 1));
+        assert_eq!(writer.join().unwrap(), (Taken::Jobs, 1));
         assert!(
-            at_deadline,
+            Instant::now() >= by,
             "the deferred job was taken at the deadline, not at once"
         );
     }
 
     #[test]
     fn an_urgent_job_wakes_a_writer_with_a_deadline() {
-        let q = Arc::new(Queue::default());
-        let writer = {
-            let q = Arc::clone(&q);
-            std::thread::spawn(move || {
-                let by = Instant::now() + Duration::from_secs(60);
-                let mut got = Vec::new();
-                (q.take(Some(by), 10, &mut got), got.len())
-            })
-        };
-        until_waiting(&q, Wait::Until);
+        let by = Instant::now() + Duration::from_secs(60);
+        let (q, writer) = writer_taking(Some(by), Wait::Until);
         q.push(job(), true).map_err(|_| ()).unwrap();
         assert_eq!(writer.join().unwrap(), (Taken::Jobs, 1));
     }
 
     #[test]
     fn any_job_wakes_a_writer_without_a_deadline() {
-        let q = Arc::new(Queue::default());
-        let writer = {
-            let q = Arc::clone(&q);
-            std::thread::spawn(move || {
-                let mut got = Vec::new();
-                (q.take(None, 10, &mut got), got.len())
-            })
-        };
-        until_waiting(&q, Wait::Forever);
+        let (q, writer) = writer_taking(None, Wait::Forever);
         q.push(job(), false).map_err(|_| ()).unwrap();
         assert_eq!(writer.join().unwrap(), (Taken::Jobs, 1));
     }

@@ -228,13 +228,10 @@ fn run(queue: &Queue<Job>, mut w: Writer, lock: Option<File>) {
                 }
             }
         }
-        if waiting.is_empty() {
-            sync_by = None;
-        } else if urgent
-            || due
-            || batch >= MAX_BATCH
-            || sync_by.is_some_and(|by| by <= Instant::now())
-        {
+        // Appended changes are synced when one is waited on, when a deadline
+        // came (a sync_by that passes later makes the next take time out),
+        // or when the batch was full.
+        if !waiting.is_empty() && (urgent || due || batch >= MAX_BATCH) {
             w.sync(&mut waiting);
             sync_by = None;
             look_again = Some(Instant::now() + w.deferred_sync);

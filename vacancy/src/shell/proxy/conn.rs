@@ -40,7 +40,7 @@ use tokio::time::{Instant, Sleep};
 use tracing::{debug, warn};
 
 use crate::shell::proxy::woken_only::WokenOnly;
-
+use crate::shell::state::shutdown::stopped;
 use crate::shell::upstream::forward::{BoxError, FramePoll};
 
 /// How long a connection may be slow or idle.
@@ -383,6 +383,15 @@ pub fn is_stalled(e: &(dyn std::error::Error + 'static)) -> Option<BodyStalled> 
     None
 }
 
+/// Resolves once the daemon stops, where the connection watches for that;
+/// never where it does not.
+async fn stopped_if_watched(stop: Option<&mut watch::Receiver<bool>>) {
+    match stop {
+        Some(s) => stopped(s).await,
+        None => std::future::pending().await,
+    }
+}
+
 /// Serve one HTTP/1.1 connection with `limits`: requests go to `handler`
 /// with their bodies under the progress deadline; the connection closes when
 /// it is too slow or idle, or, gracefully, when `stop` turns true.
@@ -405,12 +414,6 @@ where
 {
     let mut peeked = [0u8; 1];
     let first_byte = {
-        let stopped = async {
-            match stop.as_mut() {
-                Some(s) => crate::shell::state::shutdown::stopped(s).await,
-                None => std::future::pending().await,
-            }
-        };
         tokio::select! {
             // A peek, not `readable()`: tokio takes an accepted socket as
             // readable at first. It ends also when the peer closed (hyper
@@ -420,7 +423,7 @@ where
                 debug!(reason = "idle", "closing a connection");
                 false
             }
-            () = stopped => false,
+            () = stopped_if_watched(stop.as_mut()) => false,
         }
     };
     if !first_byte {
@@ -466,16 +469,10 @@ where
     // The idle timer and the shutdown watch, polled only when one of them
     // woke the task, not on each of the connection's reads (issue 31).
     let mut ends = WokenOnly::new(Box::pin(async {
-        let stopped = async {
-            match stop.as_mut() {
-                Some(s) => crate::shell::state::shutdown::stopped(s).await,
-                None => std::future::pending().await,
-            }
-        };
         tokio::select! {
             biased;
             why = activity.expired(limits) => Some(why),
-            () = stopped => None,
+            () = stopped_if_watched(stop.as_mut()) => None,
         }
     }));
     tokio::select! {

@@ -11,7 +11,7 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Wake, Waker};
 
 /// `inner`, polled only after its own wake-up (and once at first).
@@ -36,12 +36,20 @@ impl Wake for Flag {
 
     fn wake_by_ref(self: &Arc<Self>) {
         self.woken.store(true, Ordering::SeqCst);
-        let task = match self.task.lock() {
-            Ok(t) => t.clone(),
-            Err(p) => p.into_inner().clone(),
-        };
+        let task = self.task().clone();
         if let Some(task) = task {
             task.wake();
+        }
+    }
+}
+
+impl Flag {
+    /// The task to wake. A panic while it was held leaves it whole (it is
+    /// only ever replaced): it goes on.
+    fn task(&self) -> MutexGuard<'_, Option<Waker>> {
+        match self.task.lock() {
+            Ok(t) => t,
+            Err(p) => p.into_inner(),
         }
     }
 }
@@ -68,10 +76,7 @@ impl<F: Future + Unpin> Future for WokenOnly<F> {
         {
             // The task to wake, kept current before the flag is read: a
             // wake-up after this finds it, one before it raised the flag.
-            let mut task = match self.flag.task.lock() {
-                Ok(t) => t,
-                Err(p) => p.into_inner(),
-            };
+            let mut task = self.flag.task();
             if !task.as_ref().is_some_and(|t| t.will_wake(cx.waker())) {
                 *task = Some(cx.waker().clone());
             }
