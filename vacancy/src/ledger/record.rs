@@ -362,6 +362,9 @@ pub(crate) struct Replay {
 
 /// Replay a journal's bytes (REC-02, REC-08, REC-09).
 ///
+/// Zero bytes where a line would start are the space the writer wrote ahead
+/// (`disk::JOURNAL_PREWRITE`), not a record, and are passed over.
+///
 /// Only the newest line may be discarded, and only when it lacks its
 /// newline: a crash cut it short while it was being saved, so `persist`
 /// never returned and nothing was forwarded on it (REC-09). A complete line
@@ -374,7 +377,11 @@ pub(crate) fn replay(bytes: &[u8], path: &Path) -> Result<Replay, LedgerError> {
     let mut seen = Seen::default();
     let mut pos = 0usize;
     let mut line_no = 0u64;
-    while pos < bytes.len() {
+    loop {
+        pos += bytes[pos..].iter().take_while(|&&b| b == 0).count();
+        if pos >= bytes.len() {
+            break;
+        }
         line_no += 1;
         let rest = &bytes[pos..];
         let (text, next, terminated) = match rest.iter().position(|&b| b == b'\n') {
@@ -383,9 +390,11 @@ pub(crate) fn replay(bytes: &[u8], path: &Path) -> Result<Replay, LedgerError> {
         };
         if !terminated {
             // No newline: the write was cut short, so persist never returned.
+            // What it wrote ends where the zeros written ahead begin.
+            let written = text.iter().position(|&b| b == 0).unwrap_or(text.len());
             out.discarded = Some(DiscardedTail {
                 line: line_no,
-                bytes: text.len() as u64,
+                bytes: written as u64,
             });
             break;
         }

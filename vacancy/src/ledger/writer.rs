@@ -125,8 +125,13 @@ pub(crate) struct Writer {
     /// Every write goes through it (tests put faults or memory there).
     pub(crate) disk: Arc<dyn Disk>,
     pub(crate) file: Box<dyn DiskFile>,
-    /// Bytes in the journal, all of them whole lines.
+    /// Bytes in the journal, all of them whole lines: where the next one goes.
     pub(crate) len: u64,
+    /// The file's length: past `len` it holds zeros written ahead, so that
+    /// a record written there needs no new size synced (`JOURNAL_PREWRITE`).
+    pub(crate) allocated: u64,
+    /// How many zeros to write ahead when a record would not fit.
+    pub(crate) prewrite: u64,
     /// Lines in the journal.
     pub(crate) lines: u64,
     pub(crate) live: LiveSet,
@@ -238,6 +243,7 @@ fn run(queue: &Queue<Job>, mut w: Writer, lock: Option<File>) {
         }
     }
     w.sync(&mut waiting);
+    w.cut_zeros_ahead();
     drop(lock);
 }
 
@@ -315,14 +321,18 @@ impl Writer {
             }
         };
         let before = self.len;
-        if let Err(e) = self.file.write_all(&line) {
-            // Cut the partial line off so later appends stay readable.
+        self.write_ahead(line.len() as u64);
+        if let Err(e) = self.file.write_at(before, &line) {
+            // Cut the partial line off so later appends stay readable (the
+            // zeros after it go too: the next record writes more).
             if let Err(cut) = self.file.set_len(before) {
                 let reason = format!(
                     "appending failed ({e}) and the partial record could not be cut off ({cut})"
                 );
                 warn!(entry = %id, path = %self.journal_path.display(), reason = %reason, "journal unavailable");
                 self.unavailable = Some(reason);
+            } else {
+                self.allocated = before;
             }
             return Err(LedgerError::io("append to", &self.journal_path, e));
         }
@@ -354,6 +364,45 @@ impl Writer {
             Change::Account(_) => {}
         }
         Ok(Appended::Written { previous_ref })
+    }
+
+    /// Make room for `n` more bytes of records: when they would not fit in
+    /// the zeros written ahead, write `prewrite` more past them. The sync
+    /// after it then commits the new size once, and the records after it
+    /// need only their data synced. A failure is no error: the record is
+    /// written past the end as a plain append, and what the zeros' write
+    /// added is cut off again so that a full disk keeps what space it has.
+    fn write_ahead(&mut self, n: u64) {
+        let needed = self.len + n;
+        if needed <= self.allocated {
+            return;
+        }
+        let end = needed + self.prewrite;
+        let Ok(zeros) = usize::try_from(end - self.allocated).map(|z| vec![0u8; z]) else {
+            return;
+        };
+        match self.file.write_at(self.allocated, &zeros) {
+            Ok(()) => self.allocated = end,
+            Err(e) => {
+                debug!(path = %self.journal_path.display(), error = %e, "could not write zeros ahead of the journal's end; appending instead");
+                let _ = self.file.set_len(self.allocated);
+            }
+        }
+    }
+
+    /// Cut the zeros written ahead off, at a clean close: the journal is
+    /// then its records alone. Nothing depends on it (a later open cuts
+    /// them too), so a failure is only logged.
+    fn cut_zeros_ahead(&mut self) {
+        if self.unavailable.is_some() || self.allocated <= self.len {
+            return;
+        }
+        match self.file.set_len(self.len) {
+            Ok(()) => self.allocated = self.len,
+            Err(e) => {
+                debug!(path = %self.journal_path.display(), error = %e, "could not cut the zeros written ahead off the journal");
+            }
+        }
     }
 
     /// Hand a borrower's finished reservation to the usage record, before
@@ -441,9 +490,12 @@ impl Writer {
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
             Err(e) => return Err(LedgerError::io("remove", &new_path, e)),
         }
+        // With zeros written ahead, in the same write and sync.
+        let mut ahead = bytes.clone();
+        ahead.resize(bytes.len() + usize::try_from(self.prewrite).unwrap_or(0), 0);
         let written = (|| -> io::Result<Box<dyn DiskFile>> {
             let mut f = self.disk.create_new(&new_path)?;
-            f.write_all(&bytes)?;
+            f.write_all(&ahead)?;
             f.sync_all()?;
             Ok(f)
         })();
@@ -466,6 +518,7 @@ impl Writer {
         let dropped = self.lines - lines;
         self.file = file;
         self.len = bytes.len() as u64;
+        self.allocated = ahead.len() as u64;
         self.lines = lines;
         if let Err(e) = sync_dir_on(self.disk.as_ref(), &self.dir) {
             // The rename may not survive a crash, and appends to the new file

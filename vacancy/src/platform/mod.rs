@@ -28,5 +28,5 @@ use windows as sys;
 
 pub use sys::{
     link_refused, local_filesystem, no_follow, open_without_waiting, opened_link, private_file,
-    raise_open_file_limit, replace_file, sync_dir,
+    raise_open_file_limit, replace_file, sync_dir, write_at,
 };

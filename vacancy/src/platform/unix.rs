@@ -47,6 +47,13 @@ pub fn replace_file(from: &Path, to: &Path) -> io::Result<()> {
     std::fs::rename(from, to)
 }
 
+/// Write all of `bytes` at `offset` (`pwrite(2)`), leaving the file's
+/// cursor where it was.
+pub fn write_at(file: &File, offset: u64, bytes: &[u8]) -> io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    file.write_all_at(bytes, offset)
+}
+
 /// Make `dir`'s entries (files created, renamed, removed) durable.
 pub fn sync_dir(dir: &Path) -> io::Result<()> {
     File::open(dir).and_then(|d| d.sync_all())

@@ -67,6 +67,24 @@ pub fn replace_file(from: &Path, to: &Path) -> io::Result<()> {
     vacancy_win32::fs::replace_file(from, to)
 }
 
+/// Write all of `bytes` at `offset` (`WriteFile` with an `OVERLAPPED`
+/// offset); the file's cursor moves past them, which the journal never uses.
+pub fn write_at(file: &std::fs::File, mut offset: u64, mut bytes: &[u8]) -> io::Result<()> {
+    use std::os::windows::fs::FileExt;
+    while !bytes.is_empty() {
+        match file.seek_write(bytes, offset) {
+            Ok(0) => return Err(io::Error::from(io::ErrorKind::WriteZero)),
+            Ok(n) => {
+                bytes = &bytes[n..];
+                offset += n as u64;
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
 /// Nothing to do: a folder cannot be flushed without backup privileges, and
 /// the entries that matter are made durable by [`replace_file`]'s
 /// write-through and by each file's own flush.

@@ -10,11 +10,11 @@ use crate::ledger::error::LedgerError;
 /// Which write a [`DiskOp`] was.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum OpKind {
-    /// An open that may create the file (`open_append` with `create`).
+    /// An open that may create the file (`open_rw` with `create`).
     OpenCreate,
     /// `create_new`.
     CreateNew,
-    /// An append.
+    /// A write (at the cursor or at an offset).
     Write,
     /// A cut-back.
     SetLen,
@@ -173,6 +173,18 @@ impl DiskFile for FaultFile {
             None => self.inner.write_all(bytes),
         }
     }
+    fn write_at(&mut self, offset: u64, bytes: &[u8]) -> io::Result<()> {
+        let failed = self.disk.lock().op(OpKind::Write, &self.path);
+        match failed {
+            Some((errno, torn)) => {
+                if torn {
+                    self.inner.write_at(offset, &bytes[..bytes.len() / 2])?;
+                }
+                Err(io::Error::from_raw_os_error(errno))
+            }
+            None => self.inner.write_at(offset, bytes),
+        }
+    }
     fn set_len(&mut self, len: u64) -> io::Result<()> {
         self.disk.check(OpKind::SetLen, &self.path)?;
         self.inner.set_len(len)
@@ -188,12 +200,12 @@ impl DiskFile for FaultFile {
 }
 
 impl Disk for FaultDisk {
-    fn open_append(&self, path: &Path, create: bool) -> Result<Box<dyn DiskFile>, LedgerError> {
+    fn open_rw(&self, path: &Path, create: bool) -> Result<Box<dyn DiskFile>, LedgerError> {
         if create {
             self.check(OpKind::OpenCreate, path)
                 .map_err(|e| LedgerError::io("open", path, e))?;
         }
-        let inner = self.inner.open_append(path, create)?;
+        let inner = self.inner.open_rw(path, create)?;
         Ok(Box::new(FaultFile {
             inner,
             path: path.to_owned(),
@@ -232,5 +244,9 @@ impl Disk for FaultDisk {
     fn sync_dir(&self, dir: &Path) -> io::Result<()> {
         self.check(OpKind::SyncDir, dir)?;
         self.inner.sync_dir(dir)
+    }
+
+    fn journal_prewrite(&self) -> u64 {
+        self.inner.journal_prewrite()
     }
 }

@@ -15,6 +15,11 @@ const EIO: i32 = 5;
 const ENOENT: i32 = 2;
 /// EEXIST.
 const EEXIST: i32 = 17;
+/// EFBIG.
+const EFBIG: i32 = 27;
+/// The zeros the journal writes ahead here: small, so that a simulation
+/// grows the file often, and each sync's copy of it stays cheap.
+const MEM_JOURNAL_PREWRITE: u64 = 1024;
 
 #[derive(Debug, Default, Clone)]
 struct Inode {
@@ -192,10 +197,13 @@ fn survivor(node: &Inode, pick: &mut dyn FnMut(u64) -> u64) -> Vec<u8> {
         .zip(&node.durable)
         .take_while(|(a, b)| a == b)
         .count();
-    if common == node.durable.len() {
-        // Appends after the last sync: any prefix of them.
-        let extra = pick((node.data.len() - common) as u64 + 1) as usize;
-        return node.data[..common + extra].to_vec();
+    if node.data.len() >= node.durable.len() {
+        // Written over (the journal's zeros written ahead) or appended to
+        // since the last sync: any prefix of the new bytes, over the old.
+        let kept = common + pick((node.data.len() - common) as u64 + 1) as usize;
+        let mut survived = node.data[..kept].to_vec();
+        survived.extend_from_slice(node.durable.get(kept..).unwrap_or_default());
+        return survived;
     }
     // Cut back (and maybe appended to) since: the old state, or a prefix
     // of the new one past what both share.
@@ -214,9 +222,22 @@ struct MemFile {
 
 impl DiskFile for MemFile {
     fn write_all(&mut self, bytes: &[u8]) -> io::Result<()> {
+        // Whole files are written once, from their start: the cursor is the end.
         let mut s = self.disk.lock();
         s.op()?;
         s.inode(self.ino).data.extend_from_slice(bytes);
+        Ok(())
+    }
+    fn write_at(&mut self, offset: u64, bytes: &[u8]) -> io::Result<()> {
+        let mut s = self.disk.lock();
+        s.op()?;
+        let data = &mut s.inode(self.ino).data;
+        let start = usize::try_from(offset).map_err(|_| io::Error::from_raw_os_error(EFBIG))?;
+        let end = start + bytes.len();
+        if data.len() < end {
+            data.resize(end, 0);
+        }
+        data[start..end].copy_from_slice(bytes);
         Ok(())
     }
     fn set_len(&mut self, len: u64) -> io::Result<()> {
@@ -239,7 +260,7 @@ impl DiskFile for MemFile {
 }
 
 impl Disk for MemDisk {
-    fn open_append(&self, path: &Path, create: bool) -> Result<Box<dyn DiskFile>, LedgerError> {
+    fn open_rw(&self, path: &Path, create: bool) -> Result<Box<dyn DiskFile>, LedgerError> {
         let opened = if create {
             self.link_new(path, false)
         } else {
@@ -312,5 +333,9 @@ impl Disk for MemDisk {
             apply(&mut s.durable_names, op);
         }
         Ok(())
+    }
+
+    fn journal_prewrite(&self) -> u64 {
+        MEM_JOURNAL_PREWRITE
     }
 }

@@ -27,6 +27,13 @@ fn open_err(dir: &std::path::Path) -> LedgerError {
     }
 }
 
+/// The journal's records as text, without the zeros written ahead of them
+/// while the ledger is open.
+fn records(rec: &std::path::Path) -> String {
+    let text = fs::read_to_string(rec.join(JOURNAL_FILE)).unwrap();
+    text.trim_end_matches('\0').to_owned()
+}
+
 fn ids(entries: &[RecoveredEntry]) -> Vec<EntryId> {
     entries.iter().map(|e| e.id).collect()
 }
@@ -198,7 +205,7 @@ async fn records_hold_job_metadata_only() {
     ledger.mark_held(id(1), "uncertain").await.unwrap();
     ledger.rewrite_ref(id(1), "q").await.unwrap();
     ledger.forget(id(1)).await.unwrap();
-    let text = fs::read_to_string(s.rec.join(JOURNAL_FILE)).unwrap();
+    let text = records(&s.rec);
     let allowed = [
         "v",
         "op",
@@ -605,7 +612,7 @@ async fn compaction_keeps_exactly_the_live_entries_and_survives_reopen() {
     // marker, and keeps every field (the wall-clock start included).
     ledger.forget(id(41)).await.unwrap();
     ledger.compact().await.unwrap();
-    let text = fs::read_to_string(s.rec.join(JOURNAL_FILE)).unwrap();
+    let text = records(&s.rec);
     assert_eq!(text.lines().count(), 4 * 2 + 1);
     assert!(
         text.ends_with("{\"v\":1,\"op\":\"end\",\"entries\":4}\n"),

@@ -6,6 +6,7 @@ mod faults;
 mod files;
 mod journal;
 mod location;
+mod prewrite;
 
 use std::fs;
 use std::io::Write;

@@ -1,0 +1,189 @@
+//! The zeros the journal writes ahead of its end (issue 31): records are
+//! written over them, so a sync need not commit a new file size; a clean
+//! close and every open cut them off, and replay passes over them.
+
+use std::fs;
+use std::sync::Arc;
+
+use super::{append, reservation, scratch, with_logs, write_private};
+use crate::engine::EntryId;
+use crate::ledger::disk::{Fault, FaultDisk, MemDisk, OpKind};
+use crate::ledger::record;
+use crate::ledger::store::ReservationStore;
+use crate::ledger::{COMPACT_FILE, JOURNAL_FILE, Ledger, RecoveredEntry};
+
+fn id(n: u128) -> EntryId {
+    EntryId::from_u128(n)
+}
+
+fn ids(entries: &[RecoveredEntry]) -> Vec<EntryId> {
+    entries.iter().map(|e| e.id).collect()
+}
+
+fn entry(n: u128) -> RecoveredEntry {
+    RecoveredEntry::from_reservation(&reservation(n, None), 1_767_225_600_000 + n as u64)
+}
+
+/// The length of the journal's records: up to its last newline.
+fn records_len(bytes: &[u8]) -> usize {
+    bytes.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1)
+}
+
+#[tokio::test]
+async fn records_are_written_over_the_zeros_ahead_so_the_file_does_not_grow() {
+    // REC-01 (issue 31): the first record writes zeros ahead of it; the
+    // records after it go over them, and the file keeps its length.
+    let s = scratch();
+    let journal = s.rec.join(JOURNAL_FILE);
+    let (ledger, _) = Ledger::open(&s.rec).unwrap();
+    ledger.persist(&reservation(1, None)).await.unwrap();
+    let bytes = fs::read(&journal).unwrap();
+    let written = records_len(&bytes);
+    assert!(bytes.len() >= written + 64 * 1024, "{}", bytes.len());
+    assert!(bytes[written..].iter().all(|&b| b == 0));
+    for n in 2..=20 {
+        ledger.persist(&reservation(n, None)).await.unwrap();
+    }
+    ledger.forget(id(2)).await.unwrap();
+    assert_eq!(fs::read(&journal).unwrap().len(), bytes.len());
+
+    // What a kill -9 leaves (the file as it is now) replays whole.
+    let copy = scratch();
+    write_private(&copy.rec.join(JOURNAL_FILE), &fs::read(&journal).unwrap());
+    let (_copy, entries) = Ledger::open(&copy.rec).unwrap();
+    let expected: Vec<EntryId> = (1..=20).filter(|&n| n != 2).map(id).collect();
+    assert_eq!(ids(&entries), expected);
+}
+
+#[tokio::test]
+async fn a_clean_close_cuts_the_zeros_ahead_off() {
+    // A journal closed cleanly is its records alone.
+    let s = scratch();
+    let journal = s.rec.join(JOURNAL_FILE);
+    {
+        let (ledger, _) = Ledger::open(&s.rec).unwrap();
+        ledger.persist(&reservation(1, None)).await.unwrap();
+        ledger.persist(&reservation(2, None)).await.unwrap();
+    }
+    let bytes = fs::read(&journal).unwrap();
+    assert_eq!(records_len(&bytes), bytes.len());
+    assert_eq!(String::from_utf8(bytes).unwrap().lines().count(), 2);
+}
+
+#[test]
+fn zeros_left_by_a_crash_are_cut_off_at_open_without_a_warning() {
+    // REC-02: the records before the zeros come back; nothing is discarded.
+    let s = scratch();
+    let journal = s.rec.join(JOURNAL_FILE);
+    let admitted = record::admit_line(&entry(1));
+    append(&journal, &admitted);
+    append(&journal, &[0u8; 4096]);
+    let ((ledger, entries), logs) = with_logs(|| Ledger::open(&s.rec).unwrap());
+    assert_eq!(ids(&entries), vec![id(1)]);
+    assert!(!logs.contains("WARN"), "{logs}");
+    assert_eq!(fs::read(&journal).unwrap(), admitted);
+    drop(ledger);
+
+    // Records written after zeros (by hand, with O_APPEND) are records too.
+    append(&journal, &[0u8; 100]);
+    append(&journal, &record::admit_line(&entry(2)));
+    let (_ledger, entries) = Ledger::open(&s.rec).unwrap();
+    assert_eq!(ids(&entries), vec![id(1), id(2)]);
+}
+
+#[test]
+fn a_record_cut_short_in_the_zeros_ahead_is_discarded_at_every_byte() {
+    // REC-09: a crash while the newest record was written over the zeros
+    // leaves a prefix of it and the zeros after: discarded with a warning
+    // naming the line, never a startup failure; whole, it is replayed.
+    let base = [record::admit_line(&entry(1)), record::admit_line(&entry(2))].concat();
+    let last = record::release_line(id(2));
+    for cut in 0..=last.len() {
+        let s = scratch();
+        let journal = s.rec.join(JOURNAL_FILE);
+        let mut bytes = base.clone();
+        bytes.extend_from_slice(&last[..cut]);
+        bytes.extend_from_slice(&[0u8; 512]);
+        write_private(&journal, &bytes);
+        let ((_l, entries), logs) =
+            with_logs(|| Ledger::open(&s.rec).unwrap_or_else(|e| panic!("cut at {cut}: {e}")));
+        if cut == last.len() {
+            assert_eq!(ids(&entries), vec![id(1)]);
+            assert_eq!(fs::read(&journal).unwrap().len(), base.len() + last.len());
+        } else {
+            assert_eq!(ids(&entries), vec![id(1), id(2)], "cut at {cut}");
+            assert_eq!(fs::read(&journal).unwrap(), base, "cut at {cut}");
+            if cut > 0 {
+                assert!(logs.contains("REC-09"), "cut at {cut}: {logs}");
+                assert!(logs.contains("line=3"), "cut at {cut}: {logs}");
+                assert!(
+                    logs.contains(&format!("bytes={cut}")),
+                    "cut at {cut}: {logs}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn a_complete_compaction_with_zeros_ahead_is_completed_at_open() {
+    // REC-05: a compaction's file is written with its zeros ahead; a crash
+    // before its rename leaves it complete all the same.
+    let s = scratch();
+    let journal = s.rec.join(JOURNAL_FILE);
+    write_private(
+        &journal,
+        &[
+            record::admit_line(&entry(1)),
+            record::admit_line(&entry(2)),
+            record::release_line(id(2)),
+        ]
+        .concat(),
+    );
+    let compacted = [record::admit_line(&entry(1)), record::end_line(1)].concat();
+    let mut new = compacted.clone();
+    new.extend_from_slice(&[0u8; 2048]);
+    write_private(&s.rec.join(COMPACT_FILE), &new);
+    let (_ledger, entries) = Ledger::open(&s.rec).unwrap();
+    assert_eq!(ids(&entries), vec![id(1)]);
+    assert!(!s.rec.join(COMPACT_FILE).exists());
+    assert_eq!(fs::read(&journal).unwrap(), compacted);
+}
+
+#[tokio::test]
+async fn when_the_zeros_cannot_be_written_the_record_is_appended() {
+    // REC-01 on a full disk: the zeros' write fails, and the record is
+    // still written and synced at the end of the file, as a plain append.
+    let mem = MemDisk::new();
+    let disk = FaultDisk::new(Arc::new(mem.clone()));
+    let dir = std::path::PathBuf::from("/mem/rec");
+    let (ledger, _) = Ledger::open_on(&dir, Arc::new(disk.clone())).unwrap();
+    disk.set_fault(Some(Fault::Once {
+        at: disk.writes(),
+        errno: 28,
+        torn: true,
+    }));
+    ledger.persist(&reservation(1, None)).await.unwrap();
+    let kinds: Vec<(OpKind, bool)> = disk
+        .log()
+        .iter()
+        .map(|op| (op.kind, op.failed.is_some()))
+        .collect();
+    assert!(
+        kinds.ends_with(&[
+            (OpKind::Write, true),
+            (OpKind::SetLen, false),
+            (OpKind::Write, false),
+            (OpKind::SyncData, false),
+        ]),
+        "{kinds:?}"
+    );
+    let journal = dir.join(JOURNAL_FILE);
+    // The record alone: the half of the zeros the failed write left was cut off.
+    let text = String::from_utf8(mem.contents(&journal).unwrap()).unwrap();
+    assert!(text.starts_with("{\"v\":1,\"op\":\"admit\""), "{text:?}");
+    assert_eq!(text.find('\n'), Some(text.len() - 1), "{text:?}");
+    drop(ledger);
+    let (_ledger, entries) = Ledger::open_on(&dir, Arc::new(disk)).unwrap();
+    assert_eq!(ids(&entries), vec![id(1)]);
+}
