@@ -339,3 +339,30 @@ impl Disk for MemDisk {
         MEM_JOURNAL_PREWRITE
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn a_crash_keeps_a_prefix_of_what_was_written_over_synced_zeros() {
+        // The journal's zeros written ahead (issue 31): a crash before the
+        // sync keeps the old bytes past whatever prefix of the new ones
+        // reached the disk; the file never shrinks.
+        let disk = MemDisk::new();
+        let path = Path::new("/mem/f");
+        let mut f = disk.open_rw(path, true).unwrap();
+        f.write_at(0, b"abc\n\0\0\0\0\0\0").unwrap();
+        f.sync_data().unwrap();
+        disk.sync_dir(Path::new("/mem")).unwrap();
+        f.write_at(4, b"de\n").unwrap();
+        for kept in 0..=3u64 {
+            let image = disk.crash_image(&mut |n| kept.min(n - 1));
+            let mut expected = b"abc\n".to_vec();
+            expected.extend_from_slice(&b"de\n"[..kept as usize]);
+            expected.resize(10, 0);
+            assert_eq!(image.contents(path).unwrap(), expected, "kept {kept}");
+        }
+    }
+}
