@@ -127,8 +127,9 @@ pub(crate) struct Writer {
     pub(crate) file: Box<dyn DiskFile>,
     /// Bytes in the journal, all of them whole lines: where the next one goes.
     pub(crate) len: u64,
-    /// The file's length: past `len` it holds zeros written ahead, so that
-    /// a record written there needs no new size synced (`JOURNAL_PREWRITE`).
+    /// The file's length, never below `len`: past `len` it holds zeros
+    /// written ahead, so that a record written there needs no new size
+    /// synced (`JOURNAL_PREWRITE`). Zeros are only ever written from here.
     pub(crate) allocated: u64,
     /// How many zeros to write ahead when a record would not fit.
     pub(crate) prewrite: u64,
@@ -337,6 +338,9 @@ impl Writer {
             return Err(LedgerError::io("append to", &self.journal_path, e));
         }
         self.len += line.len() as u64;
+        // A record appended past the zeros (their write failed) moves the
+        // end: the next zeros go after it, never over it.
+        self.allocated = self.allocated.max(self.len);
         self.lines += 1;
         match change {
             Change::Admit(e) => {

@@ -183,7 +183,43 @@ async fn when_the_zeros_cannot_be_written_the_record_is_appended() {
     let text = String::from_utf8(mem.contents(&journal).unwrap()).unwrap();
     assert!(text.starts_with("{\"v\":1,\"op\":\"admit\""), "{text:?}");
     assert_eq!(text.find('\n'), Some(text.len() - 1), "{text:?}");
+    // The records after it go after it: the next zeros never over it.
+    ledger.persist(&reservation(2, None)).await.unwrap();
+    ledger.persist(&reservation(3, None)).await.unwrap();
     drop(ledger);
     let (_ledger, entries) = Ledger::open_on(&dir, Arc::new(disk)).unwrap();
-    assert_eq!(ids(&entries), vec![id(1)]);
+    assert_eq!(ids(&entries), vec![id(1), id(2), id(3)]);
+}
+
+#[tokio::test]
+async fn on_a_disk_too_small_for_the_zeros_every_record_is_kept() {
+    // REC-01, REC-02 (the full_disk test's 64 KiB tmpfs, in memory): every
+    // zeros' write fails, each record is appended alone, and each comes
+    // back after a reopen, with no zero over any of them.
+    let mem = MemDisk::new();
+    let disk = FaultDisk::new(Arc::new(mem.clone()));
+    let dir = std::path::PathBuf::from("/mem/rec");
+    let (ledger, _) = Ledger::open_on(&dir, Arc::new(disk.clone())).unwrap();
+    for n in 1..=5 {
+        // Fail the next write (the zeros), torn: half of them land first.
+        disk.set_fault(Some(Fault::Once {
+            at: disk.writes(),
+            errno: 28,
+            torn: true,
+        }));
+        ledger.persist(&reservation(n, None)).await.unwrap();
+    }
+    ledger.forget(id(2)).await.unwrap();
+    let journal = dir.join(JOURNAL_FILE);
+    let bytes = mem.contents(&journal).unwrap();
+    let records = &bytes[..records_len(&bytes)];
+    assert!(
+        !records.contains(&0),
+        "{:?}",
+        String::from_utf8_lossy(records)
+    );
+    assert_eq!(String::from_utf8_lossy(records).lines().count(), 6);
+    drop(ledger);
+    let (_ledger, entries) = Ledger::open_on(&dir, Arc::new(disk)).unwrap();
+    assert_eq!(ids(&entries), vec![id(1), id(3), id(4), id(5)]);
 }
