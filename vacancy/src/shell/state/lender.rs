@@ -15,6 +15,7 @@ use crate::engine::{
     RefusalCode, Release, ReleaseOutcome, Reservation, UpstreamId, Vacancy, WorkRequest,
 };
 use crate::ledger::store::{ReservationStore, StoreChange, StoreError, StoreFailure, StoreWrite};
+use crate::shell::state::awake_wait::{SyncPace, ready_while_awake};
 use crate::shell::state::gate::BorrowerGate;
 use crate::shell::state::history::History;
 use crate::shell::state::live::LiveWork;
@@ -53,6 +54,8 @@ pub struct Lender {
     work_changed: Notify,
     /// Named borrowers' keys (issue 34); unset: every borrower is anonymous.
     gate: std::sync::OnceLock<Arc<BorrowerGate>>,
+    /// How long admissions wait for their record's sync here.
+    sync_pace: Arc<SyncPace>,
 }
 
 /// The post-job samplers and the lender they record into.
@@ -115,6 +118,7 @@ impl Lender {
             reclaim_wake: Notify::new(),
             work_changed: Notify::new(),
             gate: std::sync::OnceLock::new(),
+            sync_pace: Arc::default(),
         }
     }
 
@@ -530,6 +534,7 @@ impl Lender {
                 Decision::Admitted(reservation) => Step::Admitted(Recording {
                     write: persisted(&reservation, writes),
                     reservation,
+                    pace: Arc::clone(&self.sync_pace),
                 }),
                 Decision::Refused(refusal) => Step::Decided(Decided::Refused(refusal)),
                 Decision::Reobserve(refusal) => Step::Decided(Decided::Reobserve(refusal)),
@@ -816,6 +821,7 @@ fn persisted(reservation: &Reservation, writes: Vec<LedgerWrite>) -> StoreWrite 
 pub struct Recording {
     reservation: Reservation,
     write: StoreWrite,
+    pace: Arc<SyncPace>,
 }
 
 impl std::fmt::Debug for Recording {
@@ -832,13 +838,27 @@ impl Recording {
         &self.reservation
     }
 
-    /// Wait until the record would survive a crash (REC-01). On a failure the
-    /// request must not be forwarded: the refusal says so without internals,
-    /// and the log gets the store's reason.
+    /// Wait until the record would survive a crash (REC-01), with the
+    /// thread kept awake for about a sync's time ([`awake_wait`]). On a
+    /// failure the request must not be forwarded: the refusal says so
+    /// without internals, and the log gets the store's reason.
+    ///
+    /// [`awake_wait`]: crate::shell::state::awake_wait
     pub async fn recorded(self) -> Result<Reservation, Refusal> {
-        let entry = self.reservation.id;
-        match self.write.await {
-            Ok(()) => Ok(self.reservation),
+        let Recording {
+            reservation,
+            mut write,
+            pace,
+        } = self;
+        let entry = reservation.id;
+        let waiting = std::time::Instant::now();
+        let written = match ready_while_awake(&mut write, pace.budget()).await {
+            Some(written) => written,
+            None => write.await,
+        };
+        pace.record(waiting.elapsed());
+        match written {
+            Ok(()) => Ok(reservation),
             Err(e) => {
                 warn!(entry = %entry, error = %e, "reservation not recorded; not forwarding");
                 Err(Refusal::new(
