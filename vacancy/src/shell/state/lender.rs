@@ -839,11 +839,10 @@ impl Recording {
     }
 
     /// Wait until the record would survive a crash (REC-01), with the
-    /// thread kept awake for about a sync's time ([`awake_wait`]). On a
-    /// failure the request must not be forwarded: the refusal says so
-    /// without internals, and the log gets the store's reason.
-    ///
-    /// [`awake_wait`]: crate::shell::state::awake_wait
+    /// thread kept awake for about as long as a sync takes here (instead of
+    /// parked until the writer's reply wakes it, issue 31). On a failure the
+    /// request must not be forwarded: the refusal says so without
+    /// internals, and the log gets the store's reason.
     pub async fn recorded(self) -> Result<Reservation, Refusal> {
         let Recording {
             reservation,
