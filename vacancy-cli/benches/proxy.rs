@@ -48,6 +48,9 @@
 //! `BENCH_ONLY=memory,reads,admitted,first_chunk,chunks,refusals,instructions`
 //! runs those sections only. `BENCH_BASELINE=/path/to/vacancyd` adds a second vacancyd
 //! (an older build) as one more column, measured in the same run.
+//! `BENCH_VACANCYD=/path/to/vacancyd` is the build measured as "vacancyd";
+//! scripts/bench-proxy sets it to a plain `cargo build --release`, since
+//! the bench's own build has its dev-dependencies' features on.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -1176,7 +1179,21 @@ fn main() {
         p
     };
     // This build, and an older one to compare where given.
-    let mut binaries = vec![("vacancyd", PathBuf::from(env!("CARGO_BIN_EXE_vacancyd")))];
+    // The plain release build where scripts/bench-proxy made one: cargo's own
+    // build for this bench has the dev-dependencies' features on (tokio's
+    // test-util among them), about 200 instructions more a read (issue 31).
+    let vacancyd_binary = match std::env::var_os("BENCH_VACANCYD") {
+        Some(path) => PathBuf::from(path),
+        None => {
+            if !test_mode {
+                println!(
+                    "vacancyd: the bench's own build, with its dev-dependency features on (scripts/bench-proxy measures the plain release build)"
+                );
+            }
+            PathBuf::from(env!("CARGO_BIN_EXE_vacancyd"))
+        }
+    };
+    let mut binaries = vec![("vacancyd", vacancyd_binary)];
     if let Some(base) = std::env::var_os("BENCH_BASELINE").filter(|b| !b.is_empty()) {
         binaries.push(("baseline", PathBuf::from(base)));
     }
