@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use super::reservation;
+use super::{ids, reservation};
 use crate::engine::EntryId;
 use crate::ledger::disk::{Fault, FaultDisk, MemDisk};
 use crate::ledger::store::ReservationStore;
@@ -19,10 +19,6 @@ fn dir() -> PathBuf {
 
 fn open_on(disk: &FaultDisk) -> (Ledger, Vec<RecoveredEntry>) {
     Ledger::open_on(&dir(), Arc::new(disk.clone())).unwrap()
-}
-
-fn ids(entries: &[RecoveredEntry]) -> Vec<EntryId> {
-    entries.iter().map(|e| e.id).collect()
 }
 
 /// The disk after a crash that kept only the first `dir_ops` directory

@@ -3,7 +3,7 @@
 use std::fs;
 use std::time::{Duration, SystemTime};
 
-use super::{append, reservation, scratch, with_logs, write_private};
+use super::{append, entry, id, ids, reservation, scratch, with_logs, write_private};
 use crate::engine::{
     CompletionMethod, Decision, Engine, EngineSpec, EntryId, OwnerPresence, Phase, ResourceSpec,
     UpstreamSpec, WorkRequest,
@@ -32,18 +32,6 @@ fn open_err(dir: &std::path::Path) -> LedgerError {
 fn records(rec: &std::path::Path) -> String {
     let text = fs::read_to_string(rec.join(JOURNAL_FILE)).unwrap();
     text.trim_end_matches('\0').to_owned()
-}
-
-fn ids(entries: &[RecoveredEntry]) -> Vec<EntryId> {
-    entries.iter().map(|e| e.id).collect()
-}
-
-fn id(n: u128) -> EntryId {
-    EntryId::from_u128(n)
-}
-
-fn entry(n: u128) -> RecoveredEntry {
-    RecoveredEntry::from_reservation(&reservation(n, None), 1_767_225_600_000 + n as u64)
 }
 
 #[tokio::test]

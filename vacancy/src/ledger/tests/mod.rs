@@ -57,6 +57,24 @@ pub(super) fn reservation(n: u128, upstream_ref: Option<&str>) -> Reservation {
     }
 }
 
+/// Entry number `n`'s ID.
+pub(super) fn id(n: u128) -> EntryId {
+    EntryId::from_u128(n)
+}
+
+/// The entries' IDs, in order.
+pub(super) fn ids(entries: &[crate::ledger::RecoveredEntry]) -> Vec<EntryId> {
+    entries.iter().map(|e| e.id).collect()
+}
+
+/// Entry `n` as the journal records it, with a fixed start.
+pub(super) fn entry(n: u128) -> crate::ledger::RecoveredEntry {
+    crate::ledger::RecoveredEntry::from_reservation(
+        &reservation(n, None),
+        1_767_225_600_000 + n as u64,
+    )
+}
+
 /// Append raw bytes to a file, created private (mode 0600) as vacancyd
 /// creates the files of a recovery directory.
 pub(super) fn append(path: &Path, bytes: &[u8]) {

@@ -5,24 +5,12 @@
 use std::fs;
 use std::sync::Arc;
 
-use super::{append, reservation, scratch, with_logs, write_private};
+use super::{append, entry, id, ids, reservation, scratch, with_logs, write_private};
 use crate::engine::EntryId;
 use crate::ledger::disk::{Fault, FaultDisk, MemDisk, OpKind};
 use crate::ledger::record;
 use crate::ledger::store::ReservationStore;
-use crate::ledger::{COMPACT_FILE, JOURNAL_FILE, Ledger, RecoveredEntry};
-
-fn id(n: u128) -> EntryId {
-    EntryId::from_u128(n)
-}
-
-fn ids(entries: &[RecoveredEntry]) -> Vec<EntryId> {
-    entries.iter().map(|e| e.id).collect()
-}
-
-fn entry(n: u128) -> RecoveredEntry {
-    RecoveredEntry::from_reservation(&reservation(n, None), 1_767_225_600_000 + n as u64)
-}
+use crate::ledger::{COMPACT_FILE, JOURNAL_FILE, Ledger};
 
 /// The length of the journal's records: up to its last newline.
 fn records_len(bytes: &[u8]) -> usize {
@@ -150,14 +138,20 @@ fn a_complete_compaction_with_zeros_ahead_is_completed_at_open() {
     assert_eq!(fs::read(&journal).unwrap(), compacted);
 }
 
-#[tokio::test]
-async fn when_the_zeros_cannot_be_written_the_record_is_appended() {
-    // REC-01 on a full disk: the zeros' write fails, and the record is
-    // still written and synced at the end of the file, as a plain append.
+/// A ledger on a disk in memory that fails the writes it is told to.
+fn on_a_fault_disk() -> (MemDisk, FaultDisk, std::path::PathBuf, Ledger) {
     let mem = MemDisk::new();
     let disk = FaultDisk::new(Arc::new(mem.clone()));
     let dir = std::path::PathBuf::from("/mem/rec");
     let (ledger, _) = Ledger::open_on(&dir, Arc::new(disk.clone())).unwrap();
+    (mem, disk, dir, ledger)
+}
+
+#[tokio::test]
+async fn when_the_zeros_cannot_be_written_the_record_is_appended() {
+    // REC-01 on a full disk: the zeros' write fails, and the record is
+    // still written and synced at the end of the file, as a plain append.
+    let (mem, disk, dir, ledger) = on_a_fault_disk();
     disk.set_fault(Some(Fault::Once {
         at: disk.writes(),
         errno: 28,
@@ -196,10 +190,7 @@ async fn on_a_disk_too_small_for_the_zeros_every_record_is_kept() {
     // REC-01, REC-02 (the full_disk test's 64 KiB tmpfs, in memory): every
     // zeros' write fails, each record is appended alone, and each comes
     // back after a reopen, with no zero over any of them.
-    let mem = MemDisk::new();
-    let disk = FaultDisk::new(Arc::new(mem.clone()));
-    let dir = std::path::PathBuf::from("/mem/rec");
-    let (ledger, _) = Ledger::open_on(&dir, Arc::new(disk.clone())).unwrap();
+    let (mem, disk, dir, ledger) = on_a_fault_disk();
     for n in 1..=5 {
         // Fail the next write (the zeros), torn: half of them land first.
         disk.set_fault(Some(Fault::Once {
