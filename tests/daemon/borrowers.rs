@@ -294,17 +294,22 @@ async fn three_named_borrowers_get_keys_fair_turns_budgets_and_an_honest_record(
         .iter()
         .filter(|j| j["end"].as_f64().unwrap() > b_end)
         .count();
+    // The daemon's own word: bob joined the line at its head, ahead of
+    // alice's backlog, so only the job running when he came ends first.
+    assert_eq!(b["position"], "1", "bob was next in line: {b}");
+    // The clients' clocks agree within the one race they cannot see: bob's
+    // `start` is taken in his client a few milliseconds before his request
+    // reaches the daemon, so an alice job that ends in that gap and the one
+    // admitted after it both end inside bob's span. A third would mean he
+    // waited behind her backlog.
     assert!(
-        overtook <= 1,
-        "{overtook} of alice's jobs ended while bob waited"
+        overtook <= 2,
+        "{overtook} of alice's jobs ended while bob waited: bob {b}, alice {alice_jobs:?}"
     );
     assert!(
         after >= 5,
         "bob came while alice had a backlog ({after} of her jobs ended after his)"
     );
-    if b["waited_ms"].as_u64().unwrap_or(0) > 0 {
-        assert_eq!(b["position"], "1", "bob was next in line: {b}");
-    }
 
     // Bob's own view.
     let me = get(&format!("{}/v1/vacancy/me", d.proxy), Some(&bob)).await;
