@@ -462,7 +462,12 @@ where
             Ok::<_, std::convert::Infallible>(resp.map(|inner| InFlight { inner, activity }))
         }
     });
+    // One buffer per write, not a `writev` of the head and each body chunk
+    // (hyper's default for sockets): a read's reply costs the kernel about
+    // 1 µs less and hyper 700 instructions less (issue 31). What is copied
+    // is bounded by hyper's buffer, as the upstream's chunks are.
     let conn = http1::Builder::new()
+        .writev(false)
         .serve_connection(TokioIo::new(io), service)
         .with_upgrades();
     tokio::pin!(conn);

@@ -262,7 +262,13 @@ impl ReadPool {
                     address: target.address(),
                     reason: e.to_string(),
                 })?;
-        let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        // Flattened writes, as the borrower side's (`serve_connection`):
+        // a read's head and its small body go out in one `write`. The
+        // admitted exchange (`forward`) keeps hyper's `writev`, so a large
+        // work body, whole in memory already, is not copied once more.
+        let (sender, conn) = hyper::client::conn::http1::Builder::new()
+            .writev(false)
+            .handshake(TokioIo::new(stream))
             .await
             .map_err(|e| ExchangeError::AfterConnect(error_chain(&e)))?;
         tokio::spawn(async move {
