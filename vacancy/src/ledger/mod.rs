@@ -66,8 +66,10 @@
 //!   leaves one or the other (REC-04). At open, a complete `.new` is
 //!   completed (REC-05) and an incomplete one removed with a warning.
 //! - At open the journal is replayed (REC-02). A cut-short newest line (no
-//!   terminating newline) is discarded with a warning and cut off the file
-//!   (REC-09); any other malformed line, a complete newest one included,
+//!   terminating newline, or only its end, after the zeros written ahead:
+//!   a write over them can reach the disk end first) is discarded with a
+//!   warning and cut off the file (REC-09); zeros before any other line
+//!   are logged with their offset; any other malformed line, a complete newest one included,
 //!   an impossible value, unknown op, change for an unknown entry or
 //!   duplicate admission stops startup with an error naming the file and
 //!   line (REC-08).
@@ -230,6 +232,17 @@ impl Ledger {
                 bytes = tail.bytes,
                 "discarding the newest journal record: a crash cut it short while it was being \
                  saved, before it was acknowledged, so no request was forwarded on it (REC-09)"
+            );
+        }
+        if let Some(gap) = &replay.zero_gap {
+            warn!(
+                path = %journal_path.display(),
+                line = gap.line,
+                offset = gap.offset,
+                bytes = gap.bytes,
+                "the journal has zero bytes before a record, where vacancyd never leaves any: \
+                 something else wrote this file, or the disk lost what was there; the records \
+                 after them were read, and any record that stood there is gone"
             );
         }
         // A cut-short record goes, and with it any zeros a writer that did
@@ -523,7 +536,8 @@ fn finish_compaction(disk: &dyn Disk, dir: &Path, journal_path: &Path) -> Result
         return Ok(());
     };
     let complete = match record::replay(&bytes, &new_path) {
-        Ok(r) => r.discarded.is_none() && r.ends_with_marker,
+        // Zeros between its lines: a page of it never reached the disk.
+        Ok(r) => r.discarded.is_none() && r.zero_gap.is_none() && r.ends_with_marker,
         Err(_) => false,
     };
     if complete {

@@ -345,6 +345,19 @@ pub(crate) struct DiscardedTail {
     pub bytes: u64,
 }
 
+/// Zero bytes found before a line: vacancyd's writer never leaves them
+/// there, so the file was written by something else or the disk lost what
+/// was there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ZeroGap {
+    /// The 1-based number of the line after them.
+    pub line: u64,
+    /// Where they start in the file.
+    pub offset: u64,
+    /// How many there are.
+    pub bytes: u64,
+}
+
 /// The result of replaying a journal.
 #[derive(Debug, Default)]
 pub(crate) struct Replay {
@@ -358,26 +371,36 @@ pub(crate) struct Replay {
     pub discarded: Option<DiscardedTail>,
     /// Whether the last good line is an `end` marker.
     pub ends_with_marker: bool,
+    /// The first run of zeros before a good line, when there is one.
+    pub zero_gap: Option<ZeroGap>,
 }
 
 /// Replay a journal's bytes (REC-02, REC-08, REC-09).
 ///
 /// Zero bytes where a line would start are the space the writer wrote ahead
-/// (`disk::JOURNAL_PREWRITE`), not a record, and are passed over.
+/// (`disk::JOURNAL_PREWRITE`), not a record, and are passed over. Zeros
+/// before a line are noted ([`Replay::zero_gap`]): the writer never leaves
+/// them there.
 ///
-/// Only the newest line may be discarded, and only when it lacks its
-/// newline: a crash cut it short while it was being saved, so `persist`
-/// never returned and nothing was forwarded on it (REC-09). A complete line
-/// (its newline written) was written whole, and may have been acknowledged
-/// and forwarded, so one that does not parse or holds an impossible value
-/// stops startup like any other corrupt record, wherever it is (REC-08,
-/// issue 30 item 3). Every problem is an error naming `path` and the line.
+/// Only the newest line may be discarded, and only when a crash cut it
+/// short while it was being saved, so `persist` never returned and nothing
+/// was forwarded on it (REC-09): when it lacks its newline (the start of
+/// its write reached the disk, not the end), or when it is the last thing
+/// in the file, comes after zeros and does not parse (the end of its write
+/// reached the disk, not the start: a write over the zeros written ahead
+/// that spans two pages can land either way round). Any other complete
+/// line (its newline written) was written whole, and may have been
+/// acknowledged and forwarded, so one that does not parse or holds an
+/// impossible value stops startup like any other corrupt record, wherever
+/// it is (REC-08, issue 30 item 3). Every problem is an error naming `path`
+/// and the line.
 pub(crate) fn replay(bytes: &[u8], path: &Path) -> Result<Replay, LedgerError> {
     let mut out = Replay::default();
     let mut seen = Seen::default();
     let mut pos = 0usize;
     let mut line_no = 0u64;
     loop {
+        let zeros_at = pos;
         pos += bytes[pos..].iter().take_while(|&&b| b == 0).count();
         if pos >= bytes.len() {
             break;
@@ -398,8 +421,26 @@ pub(crate) fn replay(bytes: &[u8], path: &Path) -> Result<Replay, LedgerError> {
             });
             break;
         }
-        let parsed: LineIn = serde_json::from_slice(text)
-            .map_err(|e| corrupt(path, line_no, format!("not a JSON record ({e})")))?;
+        let after_zeros = pos > zeros_at;
+        let parsed: LineIn = match serde_json::from_slice(text) {
+            Ok(parsed) => parsed,
+            // The end of the newest record without its start.
+            Err(_) if after_zeros && bytes[next..].iter().all(|&b| b == 0) => {
+                out.discarded = Some(DiscardedTail {
+                    line: line_no,
+                    bytes: (next - pos) as u64,
+                });
+                break;
+            }
+            Err(e) => return Err(corrupt(path, line_no, format!("not a JSON record ({e})"))),
+        };
+        if after_zeros && out.zero_gap.is_none() {
+            out.zero_gap = Some(ZeroGap {
+                line: line_no,
+                offset: zeros_at as u64,
+                bytes: (pos - zeros_at) as u64,
+            });
+        }
         let is_end = apply(&mut out.live, &mut seen, parsed, path, line_no)?;
         out.ends_with_marker = is_end;
         out.lines += 1;

@@ -72,11 +72,95 @@ fn zeros_left_by_a_crash_are_cut_off_at_open_without_a_warning() {
     assert_eq!(fs::read(&journal).unwrap(), admitted);
     drop(ledger);
 
-    // Records written after zeros (by hand, with O_APPEND) are records too.
+    // Records written after zeros (by hand, with O_APPEND) are records too,
+    // and the zeros before them, which vacancyd never leaves, are named.
     append(&journal, &[0u8; 100]);
     append(&journal, &record::admit_line(&entry(2)));
+    let ((_ledger, entries), logs) = with_logs(|| Ledger::open(&s.rec).unwrap());
+    assert_eq!(ids(&entries), vec![id(1), id(2)]);
+    assert!(logs.contains("WARN"), "{logs}");
+    assert!(logs.contains("zero bytes before a record"), "{logs}");
+    assert!(logs.contains("line=2"), "{logs}");
+    assert!(
+        logs.contains(&format!("offset={}", admitted.len())),
+        "{logs}"
+    );
+    assert!(logs.contains("bytes=100"), "{logs}");
+}
+
+#[test]
+fn the_end_of_the_newest_record_without_its_start_is_discarded_at_every_split() {
+    // REC-09: a record written over the zeros ahead that spans two pages
+    // may reach the disk end first; a crash then leaves zeros where it
+    // starts and its end after them. It was never acknowledged (its sync
+    // had not returned): discarded with a warning, never a startup failure.
+    let base = [record::admit_line(&entry(1)), record::admit_line(&entry(2))].concat();
+    for last in [
+        record::admit_line(&entry(3)),
+        record::release_line(id(2)),
+        record::held_line(id(1), "the upstream did not answer"),
+    ] {
+        for split in 1..last.len() {
+            let s = scratch();
+            let journal = s.rec.join(JOURNAL_FILE);
+            let mut bytes = base.clone();
+            bytes.extend_from_slice(&vec![0u8; split]);
+            bytes.extend_from_slice(&last[split..]);
+            bytes.extend_from_slice(&[0u8; 512]);
+            write_private(&journal, &bytes);
+            let ((_l, entries), logs) = with_logs(|| {
+                Ledger::open(&s.rec).unwrap_or_else(|e| panic!("split at {split}: {e}"))
+            });
+            assert_eq!(ids(&entries), vec![id(1), id(2)], "split at {split}");
+            assert!(logs.contains("REC-09"), "split at {split}: {logs}");
+            assert!(logs.contains("line=3"), "split at {split}: {logs}");
+            assert_eq!(fs::read(&journal).unwrap(), base, "split at {split}");
+        }
+    }
+}
+
+#[test]
+fn a_record_without_its_start_before_other_records_stops_startup() {
+    // REC-08: only the newest record can be cut short by a crash; one with
+    // more records after it was damaged some other way and may have been
+    // acknowledged, so startup stops naming its line.
+    let s = scratch();
+    let journal = s.rec.join(JOURNAL_FILE);
+    let second = record::admit_line(&entry(2));
+    let mut bytes = record::admit_line(&entry(1));
+    bytes.extend_from_slice(&[0u8; 10]);
+    bytes.extend_from_slice(&second[10..]);
+    bytes.extend_from_slice(&record::admit_line(&entry(3)));
+    write_private(&journal, &bytes);
+    let err = Ledger::open(&s.rec).map(|_| ()).unwrap_err().to_string();
+    assert!(err.contains("line 2"), "{err}");
+    assert_eq!(fs::read(&journal).unwrap(), bytes, "nothing was cut");
+}
+
+#[test]
+fn a_compaction_with_zeros_between_its_records_is_not_completed() {
+    // REC-05: a compaction's file with a page that never reached the disk
+    // (zeros between its lines) is incomplete, even with an end marker that
+    // counts the lines it has: it is removed and the journal it would have
+    // replaced is kept, entry 2 with it.
+    let s = scratch();
+    let journal = s.rec.join(JOURNAL_FILE);
+    let old = [
+        record::admit_line(&entry(1)),
+        record::admit_line(&entry(2)),
+        record::admit_line(&entry(3)),
+        record::release_line(id(3)),
+    ]
+    .concat();
+    write_private(&journal, &old);
+    let mut new = record::admit_line(&entry(1));
+    new.extend_from_slice(&vec![0u8; record::admit_line(&entry(2)).len()]);
+    new.extend_from_slice(&record::end_line(1));
+    write_private(&s.rec.join(COMPACT_FILE), &new);
     let (_ledger, entries) = Ledger::open(&s.rec).unwrap();
     assert_eq!(ids(&entries), vec![id(1), id(2)]);
+    assert!(!s.rec.join(COMPACT_FILE).exists());
+    assert_eq!(fs::read(&journal).unwrap(), old);
 }
 
 #[test]
