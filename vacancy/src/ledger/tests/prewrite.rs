@@ -10,11 +10,23 @@ use crate::engine::EntryId;
 use crate::ledger::disk::{Fault, FaultDisk, MemDisk, OpKind};
 use crate::ledger::record;
 use crate::ledger::store::ReservationStore;
-use crate::ledger::{COMPACT_FILE, JOURNAL_FILE, Ledger};
+use crate::ledger::{COMPACT_FILE, JOURNAL_FILE, Ledger, RecoveredEntry};
 
 /// The length of the journal's records: up to its last newline.
 fn records_len(bytes: &[u8]) -> usize {
     bytes.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1)
+}
+
+/// Open a ledger on a journal of `bytes` and the zeros a writer had
+/// written ahead of them: its entries, the log and the journal after open.
+fn open_after_a_crash(mut bytes: Vec<u8>, case: &str) -> (Vec<RecoveredEntry>, String, Vec<u8>) {
+    let s = scratch();
+    let journal = s.rec.join(JOURNAL_FILE);
+    bytes.extend_from_slice(&[0u8; 512]);
+    write_private(&journal, &bytes);
+    let ((_ledger, entries), logs) =
+        with_logs(|| Ledger::open(&s.rec).unwrap_or_else(|e| panic!("{case}: {e}")));
+    (entries, logs, fs::read(&journal).unwrap())
 }
 
 #[tokio::test]
@@ -101,20 +113,14 @@ fn the_end_of_the_newest_record_without_its_start_is_discarded_at_every_split() 
         record::held_line(id(1), "the upstream did not answer"),
     ] {
         for split in 1..last.len() {
-            let s = scratch();
-            let journal = s.rec.join(JOURNAL_FILE);
             let mut bytes = base.clone();
             bytes.extend_from_slice(&vec![0u8; split]);
             bytes.extend_from_slice(&last[split..]);
-            bytes.extend_from_slice(&[0u8; 512]);
-            write_private(&journal, &bytes);
-            let ((_l, entries), logs) = with_logs(|| {
-                Ledger::open(&s.rec).unwrap_or_else(|e| panic!("split at {split}: {e}"))
-            });
+            let (entries, logs, after) = open_after_a_crash(bytes, &format!("split at {split}"));
             assert_eq!(ids(&entries), vec![id(1), id(2)], "split at {split}");
             assert!(logs.contains("REC-09"), "split at {split}: {logs}");
             assert!(logs.contains("line=3"), "split at {split}: {logs}");
-            assert_eq!(fs::read(&journal).unwrap(), base, "split at {split}");
+            assert_eq!(after, base, "split at {split}");
         }
     }
 }
@@ -171,20 +177,15 @@ fn a_record_cut_short_in_the_zeros_ahead_is_discarded_at_every_byte() {
     let base = [record::admit_line(&entry(1)), record::admit_line(&entry(2))].concat();
     let last = record::release_line(id(2));
     for cut in 0..=last.len() {
-        let s = scratch();
-        let journal = s.rec.join(JOURNAL_FILE);
         let mut bytes = base.clone();
         bytes.extend_from_slice(&last[..cut]);
-        bytes.extend_from_slice(&[0u8; 512]);
-        write_private(&journal, &bytes);
-        let ((_l, entries), logs) =
-            with_logs(|| Ledger::open(&s.rec).unwrap_or_else(|e| panic!("cut at {cut}: {e}")));
+        let (entries, logs, after) = open_after_a_crash(bytes, &format!("cut at {cut}"));
         if cut == last.len() {
             assert_eq!(ids(&entries), vec![id(1)]);
-            assert_eq!(fs::read(&journal).unwrap().len(), base.len() + last.len());
+            assert_eq!(after.len(), base.len() + last.len());
         } else {
             assert_eq!(ids(&entries), vec![id(1), id(2)], "cut at {cut}");
-            assert_eq!(fs::read(&journal).unwrap(), base, "cut at {cut}");
+            assert_eq!(after, base, "cut at {cut}");
             if cut > 0 {
                 assert!(logs.contains("REC-09"), "cut at {cut}: {logs}");
                 assert!(logs.contains("line=3"), "cut at {cut}: {logs}");
