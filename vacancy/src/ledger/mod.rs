@@ -240,9 +240,10 @@ impl Ledger {
                 line = gap.line,
                 offset = gap.offset,
                 bytes = gap.bytes,
-                "the journal has zero bytes before a record, where vacancyd never leaves any: \
-                 something else wrote this file, or the disk lost what was there; the records \
-                 after them were read, and any record that stood there is gone"
+                "the journal has zero bytes before a record: a page of it never reached the \
+                 disk (a crash while several records awaited one sync can leave this) or \
+                 something else wrote the file; the records after them were read, and any \
+                 record that stood there, never acknowledged, is gone"
             );
         }
         // A cut-short record goes, and with it any zeros a writer that did

@@ -345,9 +345,9 @@ pub(crate) struct DiscardedTail {
     pub bytes: u64,
 }
 
-/// Zero bytes found before a line: vacancyd's writer never leaves them
-/// there, so the file was written by something else or the disk lost what
-/// was there.
+/// Zero bytes found before a line: a page of what was written never reached
+/// the disk (a crash while several records awaited one sync, their pages
+/// landing out of order), or something else wrote the file.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct ZeroGap {
     /// The 1-based number of the line after them.
@@ -379,8 +379,8 @@ pub(crate) struct Replay {
 ///
 /// Zero bytes where a line would start are the space the writer wrote ahead
 /// (`disk::JOURNAL_PREWRITE`), not a record, and are passed over. Zeros
-/// before a line are noted ([`Replay::zero_gap`]): the writer never leaves
-/// them there.
+/// before a line are noted ([`Replay::zero_gap`]): the writer only leaves
+/// them there when a crash kept some pages of a sync and not others.
 ///
 /// Only the newest line may be discarded, and only when a crash cut it
 /// short while it was being saved, so `persist` never returned and nothing

@@ -85,7 +85,7 @@ fn zeros_left_by_a_crash_are_cut_off_at_open_without_a_warning() {
     drop(ledger);
 
     // Records written after zeros (by hand, with O_APPEND) are records too,
-    // and the zeros before them, which vacancyd never leaves, are named.
+    // and the zeros before them are named with their line and offset.
     append(&journal, &[0u8; 100]);
     append(&journal, &record::admit_line(&entry(2)));
     let ((_ledger, entries), logs) = with_logs(|| Ledger::open(&s.rec).unwrap());
