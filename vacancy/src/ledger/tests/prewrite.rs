@@ -127,9 +127,10 @@ fn the_end_of_the_newest_record_without_its_start_is_discarded_at_every_split() 
 
 #[test]
 fn a_record_without_its_start_before_other_records_stops_startup() {
-    // REC-08: only the newest record can be cut short by a crash; one with
-    // more records after it was damaged some other way and may have been
-    // acknowledged, so startup stops naming its line.
+    // REC-08: a record without its start that has records after it is not
+    // taken for the end of a crash's last write: startup stops naming its
+    // line, the safe side (a crash can leave this when several records
+    // awaited one sync; discarding it then is left to an operator).
     let s = scratch();
     let journal = s.rec.join(JOURNAL_FILE);
     let second = record::admit_line(&entry(2));
