@@ -130,13 +130,27 @@ impl Wine {
     ///
     /// When it cannot be started, or runs past 30 s (a refusal takes about one).
     pub fn run(&self, args: &[&str], env: &[(&str, &str)]) -> Result<Output, SupportError> {
-        let mut cmd = self.vacancyd(args);
-        cmd.envs(env.iter().copied());
-        output_within(
-            cmd,
-            Duration::from_secs(30),
-            &format!("vacancyd.exe {}", args.join(" ")),
-        )
+        let what = format!("vacancyd.exe {}", args.join(" "));
+        let mut attempts = 0;
+        loop {
+            let mut cmd = self.vacancyd(args);
+            cmd.envs(env.iter().copied());
+            let out = output_within(cmd, Duration::from_secs(30), &what)?;
+            // Wine's own client lost its wineserver before the program said
+            // anything: a server that an earlier test ended, or that was
+            // leaving after its idle time, took the connection with it
+            // ("wine client error:0: recvmsg: Connection reset by peer").
+            // The program never ran; once that server is gone, run it again.
+            let lost_server = out.stdout.is_empty()
+                && String::from_utf8_lossy(&out.stderr).contains("wine client error");
+            attempts += 1;
+            if !lost_server || attempts == 3 {
+                return Ok(out);
+            }
+            let mut wait = Command::new("wineserver");
+            wait.arg("-w").env("WINEPREFIX", &self.prefix);
+            output_within(wait, Duration::from_secs(30), "wineserver -w")?;
+        }
     }
 
     /// A Wine command (`taskkill`, `reg`, `cmd`) in the prefix, to its end.
