@@ -1,8 +1,9 @@
 //! The shell's shared state: the lender that owns the engine and the ledger, the
-//! metrics, the console's history the lender keeps, live exchanges, the stop signal, the observation loops' triggers, post-job samples and the proxy's worker threads.
+//! metrics, the console's history the lender keeps, live exchanges, the stop signal, the observation loops' triggers, post-job samples and the proxy's worker threads (and when they yield their CPU).
 
 pub(crate) mod awake_wait;
 pub(crate) mod borrower_metrics;
+pub mod busy_turn;
 pub mod gate;
 pub mod history;
 pub(crate) mod lender;

@@ -24,18 +24,27 @@
 //!   before; only where tasks run changes.
 //! - The threads stop when the last handle is dropped, after the listeners'
 //!   grace period has ended their connections.
+//! - A worker that has run for a while without ever going idle yields its
+//!   CPU once, so a thread woken beside it (a client of its connections,
+//!   the upstream, the owner's own) does not wait for the scheduler's tick
+//!   (`shell::state::busy_turn`).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Instant;
 
 use tokio::runtime::{Builder, Handle};
 use tokio::sync::oneshot;
+
+use crate::shell::state::busy_turn::BusyClock;
 
 /// The worker threads and a handle to each one's runtime.
 #[derive(Debug)]
 pub struct ProxyWorkers {
     handles: Vec<Handle>,
     next: AtomicUsize,
+    /// How many times a worker has yielded its CPU after a busy turn.
+    yields: Arc<AtomicU64>,
     /// Dropped with the workers: each thread's runtime then stops.
     _stops: Vec<oneshot::Sender<()>>,
 }
@@ -49,9 +58,12 @@ mod worker_index {
         /// pools); `None` off the worker threads.
         pub(super) static WORKER: std::cell::Cell<Option<usize>> =
             const { std::cell::Cell::new(None) };
+        /// The worker's busy time, from its runtime's park hooks.
+        pub(super) static BUSY: std::cell::Cell<super::BusyClock> =
+            const { std::cell::Cell::new(super::BusyClock::new()) };
     }
 }
-use worker_index::WORKER;
+use worker_index::{BUSY, WORKER};
 
 /// The worker the calling thread is, or `None` off the worker threads.
 pub fn current_worker() -> Option<usize> {
@@ -67,8 +79,28 @@ impl ProxyWorkers {
     pub fn start(threads: usize) -> std::io::Result<Arc<ProxyWorkers>> {
         let mut handles = Vec::new();
         let mut stops = Vec::new();
+        let yields = Arc::new(AtomicU64::new(0));
         for i in 0..threads.max(1) {
+            let yielded = Arc::clone(&yields);
             let runtime = Builder::new_current_thread()
+                .on_thread_park(|| {
+                    BUSY.with(|b| {
+                        let mut clock = b.get();
+                        clock.parking(Instant::now());
+                        b.set(clock);
+                    });
+                })
+                .on_thread_unpark(move || {
+                    BUSY.with(|b| {
+                        let mut clock = b.get();
+                        if clock.unparked(Instant::now()) {
+                            std::thread::yield_now();
+                            clock.yielded(Instant::now());
+                            yielded.fetch_add(1, Ordering::Relaxed);
+                        }
+                        b.set(clock);
+                    });
+                })
                 .enable_all()
                 .thread_name("vacancyd-blocking")
                 .build()?;
@@ -87,6 +119,7 @@ impl ProxyWorkers {
         Ok(Arc::new(ProxyWorkers {
             handles,
             next: AtomicUsize::new(0),
+            yields,
             _stops: stops,
         }))
     }
@@ -118,6 +151,13 @@ impl ProxyWorkers {
                 }
             });
         }
+    }
+
+    /// How many times the workers have yielded their CPU after running
+    /// [`BUSY_TURN`](crate::shell::state::busy_turn::BUSY_TURN) without
+    /// going idle: how often the proxy met a CPU it had to share.
+    pub fn yields(&self) -> u64 {
+        self.yields.load(Ordering::Relaxed)
     }
 
     /// The runtime the next connection goes to, in turn.
@@ -175,6 +215,49 @@ mod tests {
         assert_eq!(seen[2].0, Some(0));
         assert_eq!(seen[0].1.as_deref(), Some("vacancyd-proxy-0"));
         assert_eq!(current_worker(), None, "the test's own thread is none");
+    }
+
+    #[tokio::test]
+    async fn a_worker_that_never_goes_idle_yields_its_cpu_each_busy_turn() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let workers = ProxyWorkers::start(1).unwrap();
+        let on_worker = Arc::clone(&workers);
+        // A connection whose next bytes are always there when the worker
+        // looks for them, as under a steady load: each read waits for the
+        // runtime to look for events, and each look finds them at once.
+        let busy = workers.next().spawn(async move {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let mut a = tokio::net::TcpStream::connect(listener.local_addr().unwrap())
+                .await
+                .unwrap();
+            let (mut b, _) = listener.accept().await.unwrap();
+            let mut buf = [0u8; 64];
+            let start = std::time::Instant::now();
+            while start.elapsed() < std::time::Duration::from_secs(10) {
+                a.write_all(b"x").await.unwrap();
+                assert_eq!(b.read(&mut buf).await.unwrap(), 1);
+                if on_worker.yields() >= 2 {
+                    return true;
+                }
+            }
+            false
+        });
+        assert!(busy.await.unwrap(), "{} yields in 10 s", workers.yields());
+    }
+
+    #[tokio::test]
+    async fn a_worker_that_sleeps_between_tasks_does_not_yield() {
+        let workers = ProxyWorkers::start(1).unwrap();
+        workers
+            .next()
+            .spawn(async {
+                for _ in 0..50 {
+                    tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+                }
+            })
+            .await
+            .unwrap();
+        assert_eq!(workers.yields(), 0);
     }
 
     static UPKEEP_THREADS: std::sync::Mutex<Vec<Option<usize>>> = std::sync::Mutex::new(Vec::new());
