@@ -147,9 +147,7 @@ impl Wine {
             if !lost_server || attempts == 3 {
                 return Ok(out);
             }
-            let mut wait = Command::new("wineserver");
-            wait.arg("-w").env("WINEPREFIX", &self.prefix);
-            output_within(wait, Duration::from_secs(30), "wineserver -w")?;
+            self.wineserver("-w")?;
         }
     }
 
@@ -183,11 +181,16 @@ impl Wine {
     ///
     /// When `wineserver` cannot be run.
     pub fn kill_everything(&self) -> Result<(), SupportError> {
-        for args in [&["-k"][..], &["-w"][..]] {
-            let mut cmd = Command::new("wineserver");
-            cmd.args(args).env("WINEPREFIX", &self.prefix);
-            output_within(cmd, Duration::from_secs(30), "wineserver")?;
-        }
+        self.wineserver("-k")?;
+        self.wineserver("-w")
+    }
+
+    /// `wineserver FLAG` for the prefix, to its end within 30 s (`-w`
+    /// returns once the server is gone).
+    fn wineserver(&self, flag: &str) -> Result<(), SupportError> {
+        let mut cmd = Command::new("wineserver");
+        cmd.arg(flag).env("WINEPREFIX", &self.prefix);
+        output_within(cmd, Duration::from_secs(30), &format!("wineserver {flag}"))?;
         Ok(())
     }
 
