@@ -44,42 +44,44 @@ pub const BUSY_TURN: Duration = Duration::from_micros(500);
 pub const IDLE_PARK: Duration = Duration::from_micros(30);
 
 /// A worker thread's busy time, from its runtime's park and unpark hooks.
+///
+/// It keeps the instants its checks compare with rather than the instants
+/// they start from: a comparison of two instants is cheaper than a
+/// subtraction, and the hooks run on every park.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct BusyClock {
-    /// When the thread last began to park, until it unparks.
-    parked_at: Option<Instant>,
-    /// Since when the thread has run without going idle; `None` before its
-    /// first unpark.
-    busy_since: Option<Instant>,
+    /// From when the current park counts as sleep ([`IDLE_PARK`] after it
+    /// began), until the thread unparks.
+    idle_from: Option<Instant>,
+    /// When the current busy turn ends ([`BUSY_TURN`] after it began);
+    /// `None` before the first unpark.
+    turn_ends: Option<Instant>,
 }
 
 impl BusyClock {
     /// A clock that has not seen its thread park yet.
     pub const fn new() -> Self {
         BusyClock {
-            parked_at: None,
-            busy_since: None,
+            idle_from: None,
+            turn_ends: None,
         }
     }
 
     /// The runtime is about to look for events (and sleep if there are
     /// none).
     pub fn parking(&mut self, now: Instant) {
-        self.parked_at = Some(now);
+        self.idle_from = now.checked_add(IDLE_PARK);
     }
 
     /// The runtime has looked for events and goes on running tasks: whether
     /// the thread has been busy for [`BUSY_TURN`] and should yield its CPU
     /// now, then say so with [`Self::yielded`].
     pub fn unparked(&mut self, now: Instant) -> bool {
-        let slept = self
-            .parked_at
-            .take()
-            .is_none_or(|at| now.saturating_duration_since(at) >= IDLE_PARK);
-        match self.busy_since {
-            Some(since) if !slept => now.saturating_duration_since(since) >= BUSY_TURN,
+        let slept = self.idle_from.take().is_none_or(|from| now >= from);
+        match self.turn_ends {
+            Some(ends) if !slept => now >= ends,
             _ => {
-                self.busy_since = Some(now);
+                self.turn_ends = now.checked_add(BUSY_TURN);
                 false
             }
         }
@@ -90,7 +92,7 @@ impl BusyClock {
     /// CPU again is not busy time, and counting it would yield again at
     /// once.
     pub fn yielded(&mut self, now: Instant) {
-        self.busy_since = Some(now);
+        self.turn_ends = now.checked_add(BUSY_TURN);
     }
 }
 
