@@ -383,6 +383,7 @@ async fn promtool_passes(d: &Daemon) {
         "vacancyd_upstream_owner_veto_exempt{upstream=\"helper\"} 1",
         "vacancyd_lending 0",
         "vacancyd_lending_window_open 1",
+        "vacancyd_proxy_cpu_yields_total ",
     ] {
         assert!(text.contains(name), "{name} missing from:\n{text}");
     }

@@ -790,6 +790,7 @@ fn control_state(
         hosts: vacancy::shell::proxy::host::HostNames::new(&config.server.allowed_hosts),
         failures: crate::control::failures::AuthFailures::default(),
         usage_db: None,
+        proxy_workers: std::sync::OnceLock::new(),
     }
 }
 
@@ -845,6 +846,7 @@ fn serve_listeners(
                 crate::allocator::EVERY,
                 crate::allocator::return_thread_cache,
             );
+            let _ = state.proxy_workers.set(Arc::clone(&w));
             Some(w)
         }
         Err(e) => {

@@ -167,6 +167,9 @@ pub struct ScrapeFacts {
     pub reachable: Vec<(String, Option<bool>)>,
     /// The GPUs whose pressure is measured (`[owner.gpu_pressure]` enabled).
     pub pressure_gpus: Vec<String>,
+    /// How many times the proxy's worker threads have yielded their CPU
+    /// after a busy turn (`ProxyWorkers::cpu_yields`; 0 without workers).
+    pub proxy_cpu_yields: u64,
 }
 
 /// The daemon's metrics registry and the handles that update it.
@@ -209,6 +212,7 @@ pub struct Metrics {
     power_cap: Family<ResourceLabel, Gauge>,
     auth_failures: Family<AuthLabels, Counter>,
     control_shed: Family<ReasonLabel, Counter>,
+    proxy_cpu_yields: Counter,
     /// Named borrowers' use (issue 34).
     borrowers: super::borrower_metrics::BorrowerMetrics,
     /// Scrapes set gauges and then encode: one at a time.
@@ -260,6 +264,7 @@ impl Default for Metrics {
         let power_cap = Family::default();
         let auth_failures = Family::default();
         let control_shed = Family::default();
+        let proxy_cpu_yields = Counter::default();
         let r = &mut registry;
         r.register(
             "vacancyd_admissions",
@@ -436,6 +441,11 @@ impl Default for Metrics {
             "Control connections closed or limited to make room, by reason (evicted_idle: an idle or slow connection closed for a newer one; to_reserve: a newcomer served health checks only; evicted_reserve: a reserve connection that had sent nothing closed for a newer one; refused: closed at once)",
             control_shed.clone(),
         );
+        r.register(
+            "vacancyd_proxy_cpu_yields",
+            "Times a proxy worker thread ran 500 us without going idle and yielded its CPU once, so that a thread waiting beside it (a client, the upstream, the owner's own) ran: how often the proxy met a CPU it had to share",
+            proxy_cpu_yields.clone(),
+        );
         let borrowers = super::borrower_metrics::BorrowerMetrics::register(r);
         Metrics {
             registry,
@@ -476,6 +486,7 @@ impl Default for Metrics {
             power_cap,
             auth_failures,
             control_shed,
+            proxy_cpu_yields,
             scrape: Mutex::new(()),
         }
     }
@@ -768,6 +779,12 @@ impl Metrics {
     fn set_gauges(&self, status: &EngineStatus, facts: &ScrapeFacts) {
         let gauge = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
         self.borrowers.set(&status.borrowers);
+        // A count kept by the workers: the counter catches up with it.
+        let counted = self.proxy_cpu_yields.get();
+        if facts.proxy_cpu_yields > counted {
+            self.proxy_cpu_yields
+                .inc_by(facts.proxy_cpu_yields - counted);
+        }
         for u in &status.upstreams {
             let upstream = UpstreamLabel {
                 upstream: u.name.clone(),
@@ -1028,15 +1045,38 @@ mod tests {
         );
     }
 
-    #[test]
-    fn free_memory_is_in_bytes_and_the_mib_name_is_marked_deprecated() {
-        // Issue 30 item 13: base units; the old name stays one release.
-        let mut e = Engine::new(EngineSpec {
+    /// An engine lending `gpu0` (1000 MiB reserve) to one upstream, `llm`.
+    fn llm_on_gpu0() -> Engine {
+        Engine::new(EngineSpec {
             lending: true,
             resources: vec![ResourceSpec::new("gpu0", ResourceKind::Gpu, 1000)],
             upstreams: vec![UpstreamSpec::new("llm", "gpu0", 1000)],
         })
-        .unwrap();
+        .unwrap()
+    }
+
+    #[test]
+    fn the_proxy_workers_cpu_yields_are_a_counter_that_follows_their_count() {
+        let mut e = llm_on_gpu0();
+        let status = e.status(Moment::from_millis(10));
+        let m = Metrics::default();
+        let scrape = |n| {
+            let facts = ScrapeFacts {
+                proxy_cpu_yields: n,
+                ..ScrapeFacts::default()
+            };
+            m.render_with(&status, &facts)
+        };
+        assert!(scrape(0).contains("vacancyd_proxy_cpu_yields_total 0\n"));
+        assert!(scrape(7).contains("vacancyd_proxy_cpu_yields_total 7\n"));
+        assert!(scrape(7).contains("vacancyd_proxy_cpu_yields_total 7\n"));
+        assert!(scrape(12).contains("vacancyd_proxy_cpu_yields_total 12\n"));
+    }
+
+    #[test]
+    fn free_memory_is_in_bytes_and_the_mib_name_is_marked_deprecated() {
+        // Issue 30 item 13: base units; the old name stays one release.
+        let mut e = llm_on_gpu0();
         let t = Moment::from_millis(10);
         e.record_sample("gpu0", CapacitySample::memory(20_000, 24_000, t))
             .unwrap();

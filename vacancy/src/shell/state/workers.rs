@@ -44,7 +44,7 @@ pub struct ProxyWorkers {
     handles: Vec<Handle>,
     next: AtomicUsize,
     /// How many times a worker has yielded its CPU after a busy turn.
-    yields: Arc<AtomicU64>,
+    cpu_yields: Arc<AtomicU64>,
     /// Dropped with the workers: each thread's runtime then stops.
     _stops: Vec<oneshot::Sender<()>>,
 }
@@ -79,9 +79,9 @@ impl ProxyWorkers {
     pub fn start(threads: usize) -> std::io::Result<Arc<ProxyWorkers>> {
         let mut handles = Vec::new();
         let mut stops = Vec::new();
-        let yields = Arc::new(AtomicU64::new(0));
+        let cpu_yields = Arc::new(AtomicU64::new(0));
         for i in 0..threads.max(1) {
-            let yielded = Arc::clone(&yields);
+            let yielded = Arc::clone(&cpu_yields);
             let runtime = Builder::new_current_thread()
                 .on_thread_park(|| {
                     BUSY.with(|b| {
@@ -119,7 +119,7 @@ impl ProxyWorkers {
         Ok(Arc::new(ProxyWorkers {
             handles,
             next: AtomicUsize::new(0),
-            yields,
+            cpu_yields,
             _stops: stops,
         }))
     }
@@ -155,9 +155,10 @@ impl ProxyWorkers {
 
     /// How many times the workers have yielded their CPU after running
     /// [`BUSY_TURN`](crate::shell::state::busy_turn::BUSY_TURN) without
-    /// going idle: how often the proxy met a CPU it had to share.
-    pub fn yields(&self) -> u64 {
-        self.yields.load(Ordering::Relaxed)
+    /// going idle: how often the proxy met a CPU it had to share
+    /// (`vacancyd_proxy_cpu_yields_total`).
+    pub fn cpu_yields(&self) -> u64 {
+        self.cpu_yields.load(Ordering::Relaxed)
     }
 
     /// The runtime the next connection goes to, in turn.
@@ -236,13 +237,17 @@ mod tests {
             while start.elapsed() < std::time::Duration::from_secs(10) {
                 a.write_all(b"x").await.unwrap();
                 assert_eq!(b.read(&mut buf).await.unwrap(), 1);
-                if on_worker.yields() >= 2 {
+                if on_worker.cpu_yields() >= 2 {
                     return true;
                 }
             }
             false
         });
-        assert!(busy.await.unwrap(), "{} yields in 10 s", workers.yields());
+        assert!(
+            busy.await.unwrap(),
+            "{} yields in 10 s",
+            workers.cpu_yields()
+        );
     }
 
     #[tokio::test]
@@ -257,7 +262,7 @@ mod tests {
             })
             .await
             .unwrap();
-        assert_eq!(workers.yields(), 0);
+        assert_eq!(workers.cpu_yields(), 0);
     }
 
     static UPKEEP_THREADS: std::sync::Mutex<Vec<Option<usize>>> = std::sync::Mutex::new(Vec::new());
