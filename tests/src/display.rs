@@ -135,12 +135,7 @@ impl VirtualDisplay {
     ///
     /// When xwd fails or its image is not one this reads (4 bytes a pixel).
     pub fn screenshot(&self, path: &Path, width: u32, height: u32) -> Result<(), SupportError> {
-        let xwd = run(
-            "xwd",
-            Command::new("xwd")
-                .args(["-root", "-silent"])
-                .env("DISPLAY", &self.name),
-        )?;
+        let xwd = self.capture_root()?;
         let (w, h, rgb) = decode_xwd(&xwd)?;
         let (cw, ch) = (width.min(w), height.min(h));
         let mut cropped = Vec::with_capacity((cw * ch * 3) as usize);
@@ -160,6 +155,31 @@ impl VirtualDisplay {
         let mut writer = encoder.write_header().map_err(failed)?;
         writer.write_image_data(&cropped).map_err(failed)?;
         writer.finish().map_err(failed)
+    }
+
+    /// The whole screen as `xwd` writes it. A capture taken while a window
+    /// is being mapped (a menu opening) can fail with `BadMatch` from
+    /// `X_GetImage` (CI: the tray test's menu); it is taken again, at most
+    /// twice more.
+    fn capture_root(&self) -> Result<Vec<u8>, SupportError> {
+        let mut attempts = 0;
+        loop {
+            let taken = run(
+                "xwd",
+                Command::new("xwd")
+                    .args(["-root", "-silent"])
+                    .env("DISPLAY", &self.name),
+            );
+            attempts += 1;
+            match taken {
+                Err(SupportError::Command { tail, .. })
+                    if attempts < 3 && tail.contains("BadMatch") =>
+                {
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                other => return other,
+            }
+        }
     }
 }
 
