@@ -790,7 +790,6 @@ fn control_state(
         hosts: vacancy::shell::proxy::host::HostNames::new(&config.server.allowed_hosts),
         failures: crate::control::failures::AuthFailures::default(),
         usage_db: None,
-        proxy_workers: std::sync::OnceLock::new(),
     }
 }
 
@@ -839,14 +838,16 @@ fn serve_listeners(
         open_files: nofile,
     } = listeners;
     let limits = ConnLimits::from_config(&config.server);
-    let workers = match vacancy::shell::state::workers::ProxyWorkers::start(proxy_threads(config)) {
+    let workers = match vacancy::shell::state::workers::ProxyWorkers::start(
+        proxy_threads(config),
+        state.lender.metrics().proxy_cpu_yields(),
+    ) {
         Ok(w) => {
             #[cfg(not(windows))]
             w.upkeep(
                 crate::allocator::EVERY,
                 crate::allocator::return_thread_cache,
             );
-            let _ = state.proxy_workers.set(Arc::clone(&w));
             Some(w)
         }
         Err(e) => {

@@ -57,8 +57,6 @@ pub struct ControlState {
     pub failures: super::failures::AuthFailures,
     /// The owner's record of borrowers' use (issue 34), with named borrowers on.
     pub usage_db: Option<std::path::PathBuf>,
-    /// The proxy's worker threads, once started, for `/metrics`.
-    pub proxy_workers: std::sync::OnceLock<Arc<vacancy::shell::state::workers::ProxyWorkers>>,
 }
 
 /// `/status` (docs/operator-guide.md#see-what-it-is-doing).
@@ -186,7 +184,6 @@ impl ControlState {
                 .map(|(u, info)| (u.name.clone(), info.health.get().reachable))
                 .collect(),
             pressure_gpus: self.pressure_gpus.clone(),
-            proxy_cpu_yields: self.proxy_workers.get().map_or(0, |w| w.cpu_yields()),
         };
         self.lender.metrics().render_with(&s, &facts)
     }

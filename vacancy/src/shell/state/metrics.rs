@@ -167,9 +167,6 @@ pub struct ScrapeFacts {
     pub reachable: Vec<(String, Option<bool>)>,
     /// The GPUs whose pressure is measured (`[owner.gpu_pressure]` enabled).
     pub pressure_gpus: Vec<String>,
-    /// How many times the proxy's worker threads have yielded their CPU
-    /// after a busy turn (`ProxyWorkers::cpu_yields`; 0 without workers).
-    pub proxy_cpu_yields: u64,
 }
 
 /// The daemon's metrics registry and the handles that update it.
@@ -750,6 +747,13 @@ impl Metrics {
             .inc();
     }
 
+    /// The count of the proxy workers' CPU yields, for
+    /// [`ProxyWorkers::start`](crate::shell::state::workers::ProxyWorkers::start)
+    /// to count on: `vacancyd_proxy_cpu_yields_total`.
+    pub fn proxy_cpu_yields(&self) -> Counter {
+        self.proxy_cpu_yields.clone()
+    }
+
     /// One control connection closed or limited to make room (`reason` as
     /// `vacancyd_control_connections_shed_total` lists them).
     pub fn control_shed(&self, reason: &'static str) {
@@ -779,12 +783,6 @@ impl Metrics {
     fn set_gauges(&self, status: &EngineStatus, facts: &ScrapeFacts) {
         let gauge = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
         self.borrowers.set(&status.borrowers);
-        // A count kept by the workers: the counter catches up with it.
-        let counted = self.proxy_cpu_yields.get();
-        if facts.proxy_cpu_yields > counted {
-            self.proxy_cpu_yields
-                .inc_by(facts.proxy_cpu_yields - counted);
-        }
         for u in &status.upstreams {
             let upstream = UpstreamLabel {
                 upstream: u.name.clone(),
@@ -1060,17 +1058,16 @@ mod tests {
         let mut e = llm_on_gpu0();
         let status = e.status(Moment::from_millis(10));
         let m = Metrics::default();
-        let scrape = |n| {
-            let facts = ScrapeFacts {
-                proxy_cpu_yields: n,
-                ..ScrapeFacts::default()
-            };
-            m.render_with(&status, &facts)
+        // The workers count on the handle (ProxyWorkers::start).
+        let workers_count = m.proxy_cpu_yields();
+        let scrape = |more| {
+            workers_count.inc_by(more);
+            m.render(&status)
         };
         assert!(scrape(0).contains("vacancyd_proxy_cpu_yields_total 0\n"));
         assert!(scrape(7).contains("vacancyd_proxy_cpu_yields_total 7\n"));
-        assert!(scrape(7).contains("vacancyd_proxy_cpu_yields_total 7\n"));
-        assert!(scrape(12).contains("vacancyd_proxy_cpu_yields_total 12\n"));
+        assert!(scrape(0).contains("vacancyd_proxy_cpu_yields_total 7\n"));
+        assert!(scrape(5).contains("vacancyd_proxy_cpu_yields_total 12\n"));
     }
 
     #[test]

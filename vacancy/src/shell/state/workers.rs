@@ -30,9 +30,10 @@
 //!   (`shell::state::busy_turn`).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
+use prometheus_client::metrics::counter::Counter;
 use tokio::runtime::{Builder, Handle};
 use tokio::sync::oneshot;
 
@@ -44,7 +45,7 @@ pub struct ProxyWorkers {
     handles: Vec<Handle>,
     next: AtomicUsize,
     /// How many times a worker has yielded its CPU after a busy turn.
-    cpu_yields: Arc<AtomicU64>,
+    cpu_yields: Counter,
     /// Dropped with the workers: each thread's runtime then stops.
     _stops: Vec<oneshot::Sender<()>>,
 }
@@ -71,17 +72,19 @@ pub fn current_worker() -> Option<usize> {
 }
 
 impl ProxyWorkers {
-    /// Start `threads` workers (at least one), named `vacancyd-proxy-N`.
+    /// Start `threads` workers (at least one), named `vacancyd-proxy-N`,
+    /// counting their CPU yields on `cpu_yields`: the daemon passes
+    /// [`Metrics::proxy_cpu_yields`](crate::shell::state::metrics::Metrics::proxy_cpu_yields),
+    /// so `/metrics` shows them; `Counter::default()` counts them alone.
     ///
     /// # Errors
     ///
     /// When a runtime or a thread cannot be started.
-    pub fn start(threads: usize) -> std::io::Result<Arc<ProxyWorkers>> {
+    pub fn start(threads: usize, cpu_yields: Counter) -> std::io::Result<Arc<ProxyWorkers>> {
         let mut handles = Vec::new();
         let mut stops = Vec::new();
-        let cpu_yields = Arc::new(AtomicU64::new(0));
         for i in 0..threads.max(1) {
-            let yielded = Arc::clone(&cpu_yields);
+            let yielded = cpu_yields.clone();
             let runtime = Builder::new_current_thread()
                 .on_thread_park(|| {
                     BUSY.with(|b| {
@@ -96,7 +99,7 @@ impl ProxyWorkers {
                         if clock.unparked(Instant::now()) {
                             std::thread::yield_now();
                             clock.yielded(Instant::now());
-                            yielded.fetch_add(1, Ordering::Relaxed);
+                            yielded.inc();
                         }
                         b.set(clock);
                     });
@@ -158,7 +161,7 @@ impl ProxyWorkers {
     /// going idle: how often the proxy met a CPU it had to share
     /// (`vacancyd_proxy_cpu_yields_total`).
     pub fn cpu_yields(&self) -> u64 {
-        self.cpu_yields.load(Ordering::Relaxed)
+        self.cpu_yields.get()
     }
 
     /// The runtime the next connection goes to, in turn.
@@ -195,7 +198,7 @@ mod tests {
 
     #[tokio::test]
     async fn connections_go_to_each_worker_in_turn_and_run_there() {
-        let workers = ProxyWorkers::start(2).unwrap();
+        let workers = ProxyWorkers::start(2, Counter::default()).unwrap();
         assert_eq!(workers.len(), 2);
         let mut seen = Vec::new();
         for _ in 0..4 {
@@ -221,7 +224,7 @@ mod tests {
     #[tokio::test]
     async fn a_worker_that_never_goes_idle_yields_its_cpu_each_busy_turn() {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let workers = ProxyWorkers::start(1).unwrap();
+        let workers = ProxyWorkers::start(1, Counter::default()).unwrap();
         let on_worker = Arc::clone(&workers);
         // A connection whose next bytes are always there when the worker
         // looks for them, as under a steady load: each read waits for the
@@ -252,7 +255,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_worker_that_sleeps_between_tasks_does_not_yield() {
-        let workers = ProxyWorkers::start(1).unwrap();
+        let workers = ProxyWorkers::start(1, Counter::default()).unwrap();
         workers
             .next()
             .spawn(async {
@@ -275,7 +278,7 @@ mod tests {
 
     #[tokio::test]
     async fn upkeep_runs_on_every_worker_thread() {
-        let workers = ProxyWorkers::start(2).unwrap();
+        let workers = ProxyWorkers::start(2, Counter::default()).unwrap();
         workers.upkeep(std::time::Duration::from_millis(5), note_upkeep);
         loop {
             let mut seen = UPKEEP_THREADS.lock().unwrap().clone();
