@@ -164,25 +164,34 @@ fn connection_tokens<'a>(
 
 /// Remove `Connection` and every field it names. A field that is one of
 /// [`HOP_BY_HOP`] is removed with them by the caller, so only a list naming
-/// another needs a copy of the list and a removal by text.
+/// another needs its names removed by text. One lookup of `Connection`, and
+/// the usual `Connection: keep-alive` is told without splitting a list
+/// (issue 31: both showed on every relayed response).
 fn remove_connection_and_what_it_lists(headers: &mut HeaderMap) {
-    let names_others = connection_tokens(headers.get_all(header::CONNECTION)).any(|t| {
-        !HOP_BY_HOP
-            .iter()
-            .any(|h| h.as_str().eq_ignore_ascii_case(t))
-    });
+    let header::Entry::Occupied(entry) = headers.entry(header::CONNECTION) else {
+        return;
+    };
+    let names_others = entry
+        .iter()
+        .any(|v| !v.as_bytes().eq_ignore_ascii_case(b"keep-alive") && lists_another(v));
     if !names_others {
-        headers.remove(header::CONNECTION);
+        entry.remove();
         return;
     }
-    let listed: Vec<HeaderValue> = match headers.entry(header::CONNECTION) {
-        header::Entry::Occupied(e) => e.remove_entry_mult().1.collect(),
-        header::Entry::Vacant(_) => Vec::new(),
-    };
+    let listed: Vec<HeaderValue> = entry.remove_entry_mult().1.collect();
     for token in connection_tokens(&listed) {
         // Text that is no header name removes nothing.
         headers.remove(token);
     }
+}
+
+/// Whether one `Connection` value names a field that is not hop-by-hop.
+fn lists_another(value: &HeaderValue) -> bool {
+    connection_tokens([value]).any(|t| {
+        !HOP_BY_HOP
+            .iter()
+            .any(|h| h.as_str().eq_ignore_ascii_case(t))
+    })
 }
 
 /// Build the upstream request from the borrower's: the target's prefix is
