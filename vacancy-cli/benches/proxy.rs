@@ -17,7 +17,10 @@
 //!   `BENCH_RECOVERY_SECONDS` after they all close, against the RSS before;
 //! - `GET /v1/models` (wrk) at each of `BENCH_READ_CONNECTIONS`: requests/s,
 //!   p99, and CPU time per request of the proxy's processes, with its user
-//!   space part;
+//!   space part; also through the hyper floor where `BENCH_FLOOR` names it
+//!   (`vacancy-cli/examples/hyper_floor.rs`, which scripts/bench-proxy
+//!   builds): tokio and hyper alone, built as vacancyd's read path is, so
+//!   vacancyd's own cost shows apart from hyper's;
 //! - admitted `POST /v1/chat/completions`, one after another on one
 //!   keep-alive connection: p50 and p99, the added p50 over direct, and the
 //!   `vacancy-overhead-ms` header vacancyd put on each against that;
@@ -25,8 +28,8 @@
 //!   each later chunk from the upstream's write to the client's read (p50,
 //!   p99) in streams of 200 chunks 5 ms apart;
 //! - refusals (a switched-off resource) at 64 and 1,000 connections (wrk);
-//! - instructions per read, counted by callgrind for nginx (one worker) and
-//!   each vacancyd build, one at a time: the proxies' own work, exact where
+//! - instructions per read, counted by callgrind for nginx (one worker),
+//!   each vacancyd build and the hyper floor, one at a time: the proxies' own work, exact where
 //!   requests per second on a shared machine are not (only where valgrind
 //!   is installed);
 //! - one 300-byte append + `fdatasync` on the disk of vacancyd's recovery
@@ -440,7 +443,35 @@ default_min_free_mib = 1000
     }
 }
 
+/// The hyper floor (`vacancy-cli/examples/hyper_floor.rs`) with `workers`
+/// threads in front of `up`, under callgrind where `callgrind` names its
+/// output folder, with its port.
+fn hyper_floor(
+    binary: &Path,
+    up: SocketAddr,
+    workers: usize,
+    callgrind: Option<&Path>,
+) -> (ManagedProcess, u16) {
+    let port = free_port().unwrap();
+    let (mut cmd, starting) = match callgrind {
+        None => (Command::new(binary), Duration::from_secs(20)),
+        Some(out) => (
+            instructions::under_callgrind(binary, out),
+            Duration::from_secs(180),
+        ),
+    };
+    cmd.arg(format!("127.0.0.1:{port}"))
+        .arg(up.to_string())
+        .arg(workers.to_string());
+    let mut process = ManagedProcess::spawn("hyper-floor", cmd).unwrap();
+    process
+        .wait_http_ok(&format!("http://127.0.0.1:{port}/health"), starting)
+        .unwrap();
+    (process, port)
+}
+
 /// One column of the tables.
+#[derive(Clone)]
 struct Column {
     name: String,
     port: u16,
@@ -1075,7 +1106,13 @@ impl Verdict {
 
 /// The instructions section: nginx (one worker) and each vacancyd build
 /// under callgrind, one after another, each counted over the same reads.
-fn count_instructions(dir: &Path, up: SocketAddr, binaries: &[(&str, PathBuf)], workers: usize) {
+fn count_instructions(
+    dir: &Path,
+    up: SocketAddr,
+    binaries: &[(&str, PathBuf)],
+    floor: Option<&Path>,
+    workers: usize,
+) {
     if !instructions::available() {
         println!(
             "instructions per read: skipped (valgrind is not installed; scripts/bench-proxy installs it)"
@@ -1100,6 +1137,12 @@ fn count_instructions(dir: &Path, up: SocketAddr, binaries: &[(&str, PathBuf)], 
         let d = vacancyd(name, binary, &out, up, workers, false, Some(&out));
         let url = format!("http://127.0.0.1:{}/v1/models", d.proxy);
         counted.push((name, instructions::per_read(d.process.pid(), &url, &out)));
+    }
+    if let Some(binary) = floor {
+        let out = dir.join("floor-callgrind");
+        let (process, port) = hyper_floor(binary, up, workers, Some(&out));
+        let url = format!("http://127.0.0.1:{port}/v1/models");
+        counted.push(("floor", instructions::per_read(process.pid(), &url, &out)));
     }
     println!(
         "instructions per GET /v1/models (callgrind, user space, every thread; {} reads over {} keep-alive connections after a warm-up):",
@@ -1242,7 +1285,6 @@ fn main() {
         });
     }
     let (nginx_col, ours): (usize, Vec<usize>) = (1, (2..paths.len()).collect());
-    let ours_proxy_cols: Vec<usize> = (1..paths.len()).collect();
     let nginx_workers = nginx_pids().len().saturating_sub(1);
     println!(
         "bench-proxy: one run, every path in front of the same fixed upstream (one upstream thread; wrk with up to 2 threads)"
@@ -1261,16 +1303,42 @@ fn main() {
             .collect::<Vec<_>>()
             .join(", "),
     );
-    let mut header = format!("{:<48}", "");
-    for p in &paths {
-        header.push_str(&format!(" {:>13}", p.name));
-    }
-    for &i in &ours {
-        header.push_str(&format!(
-            " {:>10}",
-            format!("{} vs nginx", &paths[i].name[..1])
-        ));
-    }
+    let header_of = |columns: &[Column], ratios: &[usize]| {
+        let mut header = format!("{:<48}", "");
+        for p in columns {
+            header.push_str(&format!(" {:>13}", p.name));
+        }
+        for &i in ratios {
+            header.push_str(&format!(
+                " {:>10}",
+                format!("{} vs nginx", &columns[i].name[..1])
+            ));
+        }
+        header
+    };
+    let header = header_of(&paths, &ours);
+    // The reads also go through the hyper floor where scripts/bench-proxy
+    // built it: the same reads with nothing of vacancyd's own.
+    let mut read_paths = paths.clone();
+    let mut read_ours = ours.clone();
+    let floor = std::env::var_os("BENCH_FLOOR")
+        .filter(|b| !b.is_empty())
+        .map(PathBuf::from);
+    let floor_process = floor.as_ref().map(|binary| {
+        let (process, port) = hyper_floor(binary, up, sizes.workers, None);
+        read_ours.push(read_paths.len());
+        read_paths.push(Column {
+            name: "floor".to_owned(),
+            port,
+            pids: vec![process.pid()],
+        });
+        println!(
+            "hyper floor (BENCH_FLOOR, the example hyper_floor): {} threads, in the reads and instructions sections",
+            sizes.workers
+        );
+        process
+    });
+    let read_header = header_of(&read_paths, &read_ours);
     let mut verdict = Verdict { lines: Vec::new() };
     let fsync_dir = dir.path().join("vacancyd");
     let fsync_probes = if test_mode { 5 } else { 200 };
@@ -1370,17 +1438,17 @@ fn main() {
     if sizes.runs("reads") {
         settle(test_mode);
         println!();
-        println!("{header}");
+        println!("{read_header}");
         for &c in &sizes.read_connections {
             let reads: Vec<Wrk> = both_orders(
-                paths.len(),
+                read_paths.len(),
                 |i, h| {
                     wrk(
-                        &format!("http://127.0.0.1:{}/v1/models", paths[i].port),
+                        &format!("http://127.0.0.1:{}/v1/models", read_paths[i].port),
                         c,
                         half(sizes.seconds, h).max(1),
                         false,
-                        &paths[i].pids,
+                        &read_paths[i].pids,
                     )
                 },
                 merge_wrk,
@@ -1390,21 +1458,21 @@ fn main() {
                 &reads.iter().map(|w| Some(w.rps)).collect::<Vec<_>>(),
                 "",
                 nginx_col,
-                &ours,
+                &read_ours,
             );
             row(
                 &format!("GET /v1/models c={c}, p99 µs"),
                 &reads.iter().map(|w| Some(w.p99_us)).collect::<Vec<_>>(),
                 "",
                 nginx_col,
-                &ours,
+                &read_ours,
             );
             // CPU per request exists only for the proxies' columns.
             let per_request = |us: fn(&Wrk) -> f64| -> Vec<Option<f64>> {
                 reads
                     .iter()
                     .enumerate()
-                    .map(|(i, w)| ours_proxy_cols.contains(&i).then_some(us(w)))
+                    .map(|(i, w)| (i != 0).then_some(us(w)))
                     .collect()
             };
             row(
@@ -1412,15 +1480,23 @@ fn main() {
                 &per_request(|w| w.cpu_us),
                 "",
                 nginx_col,
-                &ours,
+                &read_ours,
             );
             row(
                 &format!("GET /v1/models c={c}, of it user space"),
                 &per_request(|w| w.user_us),
                 "",
                 nginx_col,
-                &ours,
+                &read_ours,
             );
+            if floor_process.is_some() {
+                let (f, v) = (reads[read_paths.len() - 1], reads[2]);
+                println!(
+                    "  vacancyd at {:.2}× the hyper floor's requests/s, {:.2}× its p99: what vacancyd's own work costs at c={c}",
+                    v.rps / f.rps.max(1.0),
+                    v.p99_us / f.p99_us.max(1.0)
+                );
+            }
             if c == 32 || sizes.read_connections.len() == 1 {
                 let (n, v) = (reads[nginx_col], reads[2]);
                 verdict.check(
@@ -1730,7 +1806,7 @@ fn main() {
 
     if sizes.runs("instructions") && !test_mode {
         println!();
-        count_instructions(dir.path(), up, &binaries, sizes.workers);
+        count_instructions(dir.path(), up, &binaries, floor.as_deref(), sizes.workers);
     }
 
     println!();
