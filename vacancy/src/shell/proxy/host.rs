@@ -56,6 +56,11 @@ pub fn check_host(
     if values.next().is_some() {
         return Err(HostError::Repeated);
     }
+    // What nearly every client sends, checked in one pass over its bytes
+    // (all visible ASCII, so no text check first: issue 31).
+    if is_plain_name_and_port(first.as_bytes()) {
+        return Ok(Some(first));
+    }
     let text = first.to_str().map_err(|_| HostError::Invalid)?;
     // An empty value is allowed (a target with no authority); anything else
     // must be an authority without user information.
@@ -67,7 +72,7 @@ pub fn check_host(
 
 /// `uri-host [":" port]` with no user information, the port all digits.
 fn is_authority(text: &str) -> bool {
-    if is_plain_name_and_port(text) {
+    if is_plain_name_and_port(text.as_bytes()) {
         return true;
     }
     let port = match text.strip_prefix('[') {
@@ -90,17 +95,17 @@ fn is_authority(text: &str) -> bool {
 /// dashes, with a port of one to five digits or none: what nearly every
 /// client sends, and an authority without parsing it (issue 31: the parse
 /// showed on every request).
-fn is_plain_name_and_port(text: &str) -> bool {
-    let (name, port) = match text.bytes().position(|b| b == b':') {
+fn is_plain_name_and_port(text: &[u8]) -> bool {
+    let (name, port): (&[u8], &[u8]) = match text.iter().position(|&b| b == b':') {
         Some(colon) => (&text[..colon], &text[colon + 1..]),
-        None => (text, "0"),
+        None => (text, b"0"),
     };
     !name.is_empty()
         && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'-')
+            .iter()
+            .all(|&b| b.is_ascii_alphanumeric() || b == b'.' || b == b'-')
         && (1..=5).contains(&port.len())
-        && port.bytes().all(|b| b.is_ascii_digit())
+        && port.iter().all(u8::is_ascii_digit)
 }
 
 /// The host part of a `Host` value, lowercased, without brackets, port or
@@ -180,7 +185,7 @@ mod tests {
         fn rfc_9112_a_plain_name_and_port_is_taken_only_where_the_parse_would_take_it(
             text in "[a-zA-Z0-9.:@\\[\\]%-]{0,12}"
         ) {
-            if is_plain_name_and_port(&text) {
+            if is_plain_name_and_port(text.as_bytes()) {
                 proptest::prop_assert!(
                     !text.contains('@') && text.parse::<http::uri::Authority>().is_ok(),
                     "{}", text
@@ -200,13 +205,13 @@ mod tests {
             "x:99999",
             "-.-:00000",
         ] {
-            assert!(is_plain_name_and_port(plain), "{plain}");
+            assert!(is_plain_name_and_port(plain.as_bytes()), "{plain}");
             assert!(is_authority(plain), "{plain}");
         }
         for other in [
             "", ":80", "a:", "a:123456", "a:b", "[::1]:80", "u@h", "a:1:2", "h_1",
         ] {
-            assert!(!is_plain_name_and_port(other), "{other}");
+            assert!(!is_plain_name_and_port(other.as_bytes()), "{other}");
         }
     }
 

@@ -219,15 +219,15 @@ pub fn upstream_request(
     };
     strip_hop_by_hop(&mut headers);
     headers.remove(header::CONTENT_LENGTH);
-    // Kept in its place and overwritten below: Host stays where the borrower
-    // put it (first, as RFC 9110 §7.2 asks of clients).
-    let borrower_host = headers.get(header::HOST).cloned();
+    // Overwritten in its place, in one lookup that also gives back the
+    // borrower's: Host stays where the borrower put it (first, as RFC 9110
+    // §7.2 asks of clients).
+    let borrower_host = headers.insert(header::HOST, target.host_header()?);
     let borrower_host = borrower_host
         .as_ref()
         .and_then(|h| h.to_str().ok())
         .or_else(|| borrower_uri.authority().map(|a| a.as_str()));
     rewrite_own_origin(&mut headers, borrower_host, target);
-    headers.insert(header::HOST, target.host_header()?);
     let mut req = http::Request::new(body);
     *req.method_mut() = method;
     *req.uri_mut() = uri;
