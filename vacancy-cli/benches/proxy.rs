@@ -1492,9 +1492,14 @@ fn main() {
             if floor_process.is_some() {
                 let (f, v) = (reads[read_paths.len() - 1], reads[2]);
                 println!(
-                    "  vacancyd at {:.2}× the hyper floor's requests/s, {:.2}× its p99: what vacancyd's own work costs at c={c}",
+                    "  vacancyd at {:.2}× the hyper floor's requests/s, {:.2}× its p99: what vacancyd's own work costs at c={c}{}",
                     v.rps / f.rps.max(1.0),
-                    v.p99_us / f.p99_us.max(1.0)
+                    v.p99_us / f.p99_us.max(1.0),
+                    if c > 64 {
+                        " (not only: the floor keeps an upstream connection for each borrower connection, where nginx keeps 64 and vacancyd its read pool, opening and closing more beyond them)"
+                    } else {
+                        ""
+                    }
                 );
             }
             if c == 32 || sizes.read_connections.len() == 1 {

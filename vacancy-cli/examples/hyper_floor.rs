@@ -8,7 +8,10 @@
 //! with flattened writes, `TCP_NODELAY` both ways. Each borrower connection
 //! gets one upstream connection, opened with its first request and kept
 //! while it lasts. A request goes through as it came but for `Host`: no
-//! admission, no header checks, no metrics, no pool.
+//! admission, no header checks, no metrics, no pool. So beyond the
+//! upstream connections nginx and vacancyd keep (64, and vacancyd's read
+//! pool), which open and close more as they go, the floor is not a floor:
+//! compare it at fewer borrower connections than that.
 //!
 //! ```text
 //! cargo build --release -p vacancy-cli --example hyper_floor
