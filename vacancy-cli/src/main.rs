@@ -7,8 +7,8 @@ use std::process::ExitCode;
 /// system: after a burst of connections closes, glibc's malloc (and
 /// mimalloc) kept what it had used (issue 31 item 4; the numbers are in the
 /// commit that chose it). Its options (larger slabs for connection buffers,
-/// no thread cache for them) are built in from `.cargo/config.toml`. Not on
-/// Windows, whose heap returns freed memory.
+/// no thread cache for objects over 8 KiB) are built in from
+/// `.cargo/config.toml`. Not on Windows, whose heap returns freed memory.
 #[cfg(not(windows))]
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
