@@ -417,13 +417,7 @@ default_min_free_mib = 1000
         ),
     )
     .unwrap();
-    let (mut cmd, starting) = match callgrind {
-        None => (Command::new(binary), Duration::from_secs(20)),
-        Some(out) => (
-            instructions::under_callgrind(binary, out),
-            Duration::from_secs(180),
-        ),
-    };
+    let (mut cmd, starting) = launch(binary, callgrind);
     cmd.arg("run")
         .arg("--config")
         .arg(&config)
@@ -443,6 +437,18 @@ default_min_free_mib = 1000
     }
 }
 
+/// `binary` as a command, under callgrind where `callgrind` names its
+/// output folder, with how long it may take to start answering.
+fn launch(binary: &Path, callgrind: Option<&Path>) -> (Command, Duration) {
+    match callgrind {
+        None => (Command::new(binary), Duration::from_secs(20)),
+        Some(out) => (
+            instructions::under_callgrind(binary, out),
+            Duration::from_secs(180),
+        ),
+    }
+}
+
 /// The hyper floor (`vacancy-cli/examples/hyper_floor.rs`) with `workers`
 /// threads in front of `up`, under callgrind where `callgrind` names its
 /// output folder, with its port.
@@ -453,13 +459,7 @@ fn hyper_floor(
     callgrind: Option<&Path>,
 ) -> (ManagedProcess, u16) {
     let port = free_port().unwrap();
-    let (mut cmd, starting) = match callgrind {
-        None => (Command::new(binary), Duration::from_secs(20)),
-        Some(out) => (
-            instructions::under_callgrind(binary, out),
-            Duration::from_secs(180),
-        ),
-    };
+    let (mut cmd, starting) = launch(binary, callgrind);
     cmd.arg(format!("127.0.0.1:{port}"))
         .arg(up.to_string())
         .arg(workers.to_string());
