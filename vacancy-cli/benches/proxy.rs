@@ -1496,7 +1496,7 @@ fn main() {
                     v.rps / f.rps.max(1.0),
                     v.p99_us / f.p99_us.max(1.0),
                     if c > 64 {
-                        " (not only: the floor keeps an upstream connection for each borrower connection, where nginx keeps 64 and vacancyd its read pool, opening and closing more beyond them)"
+                        " (the floor keeps an upstream connection for each borrower connection; nginx keeps 64 a worker and opens and closes more beyond them, vacancyd's read pool keeps one for each borrower connection past its bound a second after its use)"
                     } else {
                         ""
                     }

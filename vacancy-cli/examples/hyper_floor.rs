@@ -9,9 +9,10 @@
 //! gets one upstream connection, opened with its first request and kept
 //! while it lasts. A request goes through as it came but for `Host`: no
 //! admission, no header checks, no metrics, no pool. So beyond the
-//! upstream connections nginx and vacancyd keep (64, and vacancyd's read
-//! pool), which open and close more as they go, the floor is not a floor:
-//! compare it at fewer borrower connections than that.
+//! upstream connections nginx keeps (64 a worker), which opens and closes
+//! more as it goes, the floor is no floor for nginx; vacancyd's read pool
+//! keeps one for each borrower connection past its bound for a second
+//! after each use, much as the floor does.
 //!
 //! ```text
 //! cargo build --release -p vacancy-cli --example hyper_floor

@@ -78,6 +78,9 @@ pub async fn serve(
                 // item 1): the place in the budget ends with the last of them.
                 let permit = ConnectionPermit::new(permit);
                 let connection = async move |stream: tokio::net::TcpStream| {
+                    // Its upstream side may stay in the read pool past the
+                    // pool's idle bound while it is open.
+                    let _counted = route.reads.borrower_connected();
                     let svc_route = Arc::clone(&route);
                     let handler = move |mut req: http::Request<conn::BorrowerBody>| {
                         // Only a request that can become a tunnel (hyper

@@ -20,6 +20,17 @@
 //!   first. No pool key is hashed, no client is cloned and no absolute URI
 //!   is built, which a general client's pool (hyper-util's, used before)
 //!   does on every read (issue 31).
+//! - Past that bound, a connection a read hands back is kept a short while
+//!   ([`SURPLUS_IDLE`]) instead of closed, as long as the pool's open
+//!   connections stay within what the descriptor budget counts for them:
+//!   the idle bound plus one for each open borrower connection on the
+//!   upstream's listener ([`ReadPool::borrower_connected`]), whose upstream
+//!   side it is. Reads from more borrower connections at once than the
+//!   bound then take a kept connection rather than open one and close it
+//!   again (issue 31: at 1,000 connections a third of reads opened a new
+//!   upstream connection, and connecting and closing was a fifth of the
+//!   proxy's time). At its peak a burst holds no more connections than it
+//!   had in use; they close a second after it ends.
 //! - Work never goes through the pool. DONE-02 releases a reservation when
 //!   nothing reached the upstream, which a fresh connection proves (the
 //!   connect failed); on a pooled connection a failure after the request was
@@ -29,6 +40,7 @@
 //!   tried on the next one, or a new one, when hyper hands it back unsent; an
 //!   unreserved request holds nothing, so this can lend nothing twice.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
@@ -64,16 +76,50 @@ pub fn idle_for_descriptors(nofile: u64, upstreams: usize) -> usize {
 /// How long an unused pooled connection is kept (below the usual 60-75 s
 /// keep-alive of upstream servers, so the pool closes first).
 pub const IDLE: Duration = Duration::from_secs(30);
+/// How long a connection kept past the idle bound is: long enough to carry
+/// a burst of reads from one moment to the next, short enough that an
+/// upstream serving each connection with a thread of its own (llama.cpp's
+/// server) gets its threads back soon after.
+pub const SURPLUS_IDLE: Duration = Duration::from_secs(1);
 
 /// The keep-alive pools of one upstream: one off the worker threads, and one
 /// per worker.
 pub struct ReadPool {
-    /// Index 0 off the workers, `1 + i` on worker `i`; shared with the
-    /// tasks that put a connection back once its response is read and with
-    /// the timer that closes idle ones.
-    slots: Arc<[Mutex<Slot>]>,
+    /// Shared with the tasks that put a connection back once its response
+    /// is read, with the timer that closes idle ones and with each
+    /// connection's task.
+    shared: Arc<Shared>,
     connect_timeout: Duration,
     limits: Limits,
+}
+
+/// What a pool's tasks share with it: one handle, cloned once per read.
+struct Shared {
+    /// Index 0 off the workers, `1 + i` on worker `i`.
+    slots: Box<[Mutex<Slot>]>,
+    /// Apart from the slots: a connection's task holds them, and a kept
+    /// connection's task lives as long as the slot keeps it.
+    counts: Arc<Counts>,
+}
+
+/// What the pool counts to keep its connections within the descriptors
+/// the budget counts for them.
+#[derive(Default)]
+struct Counts {
+    /// The pool's upstream connections open: in use, kept or closing.
+    open: AtomicUsize,
+    /// The borrower connections open on the upstream's listener.
+    borrowers: AtomicUsize,
+}
+
+impl Counts {
+    /// Whether one more connection may be kept past the idle bound: the
+    /// open ones, it among them, within the descriptors the budget counts
+    /// for them (`total` for idle ones, one per borrower connection).
+    fn may_keep_surplus(&self, total: usize) -> bool {
+        let borrowers = self.borrowers.load(Ordering::Relaxed);
+        self.open.load(Ordering::Relaxed) <= total.saturating_add(borrowers)
+    }
 }
 
 /// What an upstream's pools keep: how many idle connections each, and for
@@ -88,6 +134,8 @@ struct Limits {
     /// unless each keeping one is more).
     shared: usize,
     idle: Duration,
+    /// How long one kept past the bound is.
+    surplus_idle: Duration,
 }
 
 impl Limits {
@@ -106,7 +154,16 @@ impl Limits {
             per_worker,
             shared: max_idle,
             idle: IDLE,
+            surplus_idle: SURPLUS_IDLE,
         }
+    }
+
+    /// The most idle connections all the pools of `workers` workers keep
+    /// within the bound: what they were given to share, unless one each is
+    /// more.
+    fn total(&self, workers: usize) -> usize {
+        let kept = self.off_workers + self.per_worker * workers;
+        kept.max(self.shared)
     }
 
     /// The idle connections the pool at `slot` keeps.
@@ -130,14 +187,14 @@ struct Slot {
 /// An idle connection in the pool.
 struct Kept {
     sender: SendRequest<ProxyBody>,
-    /// When it went idle.
-    since: Instant,
+    /// When it is closed if still idle.
+    until: Instant,
 }
 
 impl std::fmt::Debug for ReadPool {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ReadPool")
-            .field("pools", &self.slots.len())
+            .field("pools", &self.shared.slots.len())
             .field("limits", &self.limits)
             .finish_non_exhaustive()
     }
@@ -155,10 +212,23 @@ impl ReadPool {
     /// each: [`Self::max_idle_total`] says how many).
     pub fn per_worker(connect_timeout: Duration, workers: usize, max_idle: usize) -> Self {
         ReadPool {
-            slots: (0..=workers).map(|_| Mutex::default()).collect(),
+            shared: Arc::new(Shared {
+                slots: (0..=workers).map(|_| Mutex::default()).collect(),
+                counts: Arc::default(),
+            }),
             connect_timeout,
             limits: Limits::new(workers, max_idle),
         }
+    }
+
+    /// A borrower connection on the upstream's listener opened; it counts
+    /// until the handle drops. Each lets the pool keep one more connection
+    /// past its idle bound, the upstream side the descriptor budget counts
+    /// for it.
+    pub fn borrower_connected(&self) -> BorrowerConnection {
+        let counts = &self.shared.counts;
+        counts.borrowers.fetch_add(1, Ordering::Relaxed);
+        BorrowerConnection(Arc::clone(counts))
     }
 
     /// The most idle connections these pools keep together: the
@@ -166,9 +236,11 @@ impl ReadPool {
     /// What they were given to share, whatever the number of workers,
     /// unless one each is more.
     pub fn max_idle_total(&self) -> usize {
-        let workers = self.slots.len() - 1;
-        let kept = self.limits.off_workers + self.limits.per_worker * workers;
-        kept.max(self.limits.shared)
+        self.limits.total(self.workers())
+    }
+
+    fn workers(&self) -> usize {
+        self.shared.slots.len() - 1
     }
 
     /// The same pool with idle connections closed after `idle` instead of
@@ -179,11 +251,17 @@ impl ReadPool {
         self
     }
 
+    /// The same pool with connections kept past the bound closed after
+    /// `idle` (tests that watch the timer).
+    #[cfg(test)]
+    fn surplus_idle_for(mut self, idle: Duration) -> Self {
+        self.limits.surplus_idle = idle;
+        self
+    }
+
     /// The calling thread's pool.
     fn slot(&self) -> usize {
-        current_worker()
-            .map_or(0, |w| w + 1)
-            .min(self.slots.len() - 1)
+        current_worker().map_or(0, |w| w + 1).min(self.workers())
     }
 
     /// Send `request` (whose URI is the path, as the proxy's
@@ -225,7 +303,7 @@ impl ReadPool {
     /// ones met on the way leave the pool. Those idle too long are the
     /// slot's timer's, not this read's, to close.
     fn checkout(&self, slot: usize) -> Option<SendRequest<ProxyBody>> {
-        let mut pool = lock(&self.slots[slot]);
+        let mut pool = lock(&self.shared.slots[slot]);
         while let Some(kept) = pool.kept.pop() {
             if kept.sender.is_ready() {
                 return Some(kept.sender);
@@ -239,15 +317,16 @@ impl ReadPool {
     /// waits for it on this thread. A connection that closes instead, or
     /// finds the pool full, is dropped.
     fn checkin_when_ready(&self, slot: usize, sender: SendRequest<ProxyBody>) {
+        let total = self.max_idle_total();
         if sender.is_ready() {
-            checkin(&self.slots, slot, self.limits, sender);
+            checkin(&self.shared, slot, self.limits, total, sender);
             return;
         }
-        let (slots, limits) = (Arc::clone(&self.slots), self.limits);
+        let (shared, limits) = (Arc::clone(&self.shared), self.limits);
         let mut sender = sender;
         tokio::spawn(async move {
             if sender.ready().await.is_ok() {
-                checkin(&slots, slot, limits, sender);
+                checkin(&shared, slot, limits, total, sender);
             }
         });
     }
@@ -271,60 +350,88 @@ impl ReadPool {
             .handshake(TokioIo::new(stream))
             .await
             .map_err(|e| ExchangeError::AfterConnect(error_chain(&e)))?;
+        let counts = &self.shared.counts;
+        counts.open.fetch_add(1, Ordering::Relaxed);
+        let open = OpenConnection(Arc::clone(counts));
         tokio::spawn(async move {
             if let Err(e) = conn.with_upgrades().await {
                 tracing::debug!(error = %e, "pooled upstream connection ended with an error");
             }
+            drop(open);
         });
         Ok(sender)
     }
 }
 
-impl Slot {
-    /// Drop the connections the upstream closed and those idle for
-    /// `idle`; when the next of the rest will have been idle that long.
-    fn close_idle(&mut self, now: Instant, idle: Duration) -> Option<Instant> {
-        self.kept
-            .retain(|k| !k.sender.is_closed() && now.duration_since(k.since) < idle);
-        self.kept.iter().map(|k| k.since + idle).min()
+/// A borrower connection open on the upstream's listener, counted by the
+/// pool until this drops ([`ReadPool::borrower_connected`]).
+pub struct BorrowerConnection(Arc<Counts>);
+
+impl Drop for BorrowerConnection {
+    fn drop(&mut self) {
+        self.0.borrowers.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
-/// Keep an idle `sender` in `slots[slot]` unless as many as `limits` allow
-/// are kept already, starting the slot's timer if it is not running.
+/// One of the pool's connections, counted open until its task ends.
+struct OpenConnection(Arc<Counts>);
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        self.0.open.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl Slot {
+    /// Drop the connections the upstream closed and those idle past their
+    /// time; when the next of the rest will be.
+    fn close_idle(&mut self, now: Instant) -> Option<Instant> {
+        self.kept.retain(|k| !k.sender.is_closed() && now < k.until);
+        self.kept.iter().map(|k| k.until).min()
+    }
+}
+
+/// Keep an idle `sender` in `shared.slots[slot]`: for `limits.idle` while
+/// fewer than the slot's bound are kept, past it for `limits.surplus_idle`
+/// while the open connections stay within the descriptors counted for
+/// them (`total` idle ones and one per borrower connection); else it
+/// closes. Starts the slot's timer if it is not running.
 fn checkin(
-    slots: &Arc<[Mutex<Slot>]>,
+    shared: &Arc<Shared>,
     slot: usize,
     limits: Limits,
+    total: usize,
     sender: SendRequest<ProxyBody>,
 ) {
-    let mut pool = lock(&slots[slot]);
-    if pool.kept.len() >= limits.max_idle(slot) {
+    let mut pool = lock(&shared.slots[slot]);
+    let idle = if pool.kept.len() < limits.max_idle(slot) {
+        limits.idle
+    } else if shared.counts.may_keep_surplus(total) {
+        limits.surplus_idle
+    } else {
         return;
-    }
+    };
     pool.kept.push(Kept {
         sender,
-        since: Instant::now(),
+        until: Instant::now() + idle,
     });
     if !pool.reaping {
         pool.reaping = true;
-        tokio::spawn(close_idle_connections(
-            Arc::downgrade(slots),
-            slot,
-            limits.idle,
-        ));
+        tokio::spawn(close_idle_connections(Arc::downgrade(shared), slot));
     }
 }
 
-/// The timer of `slots[slot]`: closes connections once idle for `idle`, on
-/// the worker that drives them, and ends when the slot keeps nothing (the
-/// next check-in starts another) or the pool is gone.
-async fn close_idle_connections(slots: Weak<[Mutex<Slot>]>, slot: usize, idle: Duration) {
+/// The timer of `shared.slots[slot]`: closes connections once idle past
+/// their time, on the worker that drives them, and ends when the slot keeps
+/// nothing (the next check-in starts another) or the pool is gone.
+async fn close_idle_connections(shared: Weak<Shared>, slot: usize) {
     loop {
         let next = {
-            let Some(slots) = slots.upgrade() else { return };
-            let mut pool = lock(&slots[slot]);
-            match pool.close_idle(Instant::now(), idle) {
+            let Some(shared) = shared.upgrade() else {
+                return;
+            };
+            let mut pool = lock(&shared.slots[slot]);
+            match pool.close_idle(Instant::now()) {
                 Some(next) => next,
                 None => {
                     pool.reaping = false;
@@ -396,6 +503,120 @@ mod tests {
         (Target::parse(&format!("http://{addr}")).unwrap(), on_close)
     }
 
+    /// An upstream that answers nothing until `together` connections are
+    /// open, so that as many reads are in flight at once; then answers each
+    /// request and reports each connection the proxy closes.
+    async fn upstream_for_reads_at_once(
+        together: usize,
+    ) -> (Target, tokio::sync::mpsc::UnboundedReceiver<()>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (closed, on_close) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            let mut sockets = Vec::new();
+            for _ in 0..together {
+                sockets.push(listener.accept().await.unwrap().0);
+            }
+            for mut socket in sockets {
+                let closed = closed.clone();
+                tokio::spawn(async move {
+                    let (mut buf, mut chunk) = (Vec::new(), [0u8; 1024]);
+                    loop {
+                        let n = socket.read(&mut chunk).await.unwrap_or(0);
+                        if n == 0 {
+                            let _ = closed.send(());
+                            return;
+                        }
+                        buf.extend_from_slice(&chunk[..n]);
+                        while let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                            buf.drain(..end + 4);
+                            socket
+                                .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}")
+                                .await
+                                .unwrap();
+                        }
+                    }
+                });
+            }
+        });
+        (Target::parse(&format!("http://{addr}")).unwrap(), on_close)
+    }
+
+    /// Two reads at once through a pool that keeps one idle connection,
+    /// both read to the end.
+    async fn two_reads_at_once(pool: &ReadPool, target: &Target) {
+        let read_through = async || {
+            let resp = pool.send(target, read()).await.unwrap();
+            assert_eq!(resp.status(), 200);
+            http_body_util::BodyExt::collect(resp.into_body())
+                .await
+                .unwrap();
+        };
+        tokio::join!(read_through(), read_through());
+    }
+
+    /// How many connections the pool keeps, once its check-ins have run.
+    async fn kept_once_settled(pool: &ReadPool, expected: usize) -> usize {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let kept = lock(&pool.shared.slots[0]).kept.len();
+            if kept == expected || tokio::time::Instant::now() > deadline {
+                return kept;
+            }
+            tokio::task::yield_now().await;
+        }
+    }
+
+    // Issue 31: reads from more borrower connections at once than the idle
+    // bound keep their upstream connections a short while, not close them
+    // for the next reads to open anew.
+    #[tokio::test]
+    async fn a_connection_past_the_bound_is_kept_a_short_while_for_a_connected_borrower() {
+        let (target, mut closed) = upstream_for_reads_at_once(2).await;
+        let pool = ReadPool::per_worker(Duration::from_secs(5), 0, 1)
+            .surplus_idle_for(Duration::from_millis(200));
+        let (_a, _b) = (pool.borrower_connected(), pool.borrower_connected());
+        two_reads_at_once(&pool, &target).await;
+        assert_eq!(kept_once_settled(&pool, 2).await, 2, "both kept");
+        // The one past the bound closes after its short idle; the other
+        // stays for the pool's usual idle time.
+        tokio::time::timeout(Duration::from_secs(10), closed.recv())
+            .await
+            .expect("the connection past the bound is closed by the pool's timer")
+            .unwrap();
+        assert_eq!(kept_once_settled(&pool, 1).await, 1);
+        assert!(
+            tokio::time::timeout(Duration::from_millis(300), closed.recv())
+                .await
+                .is_err(),
+            "the connection within the bound stays open"
+        );
+    }
+
+    // Issue 31: a connection past the bound is kept only within the
+    // descriptors the budget counts: one per open borrower connection.
+    #[tokio::test]
+    async fn without_a_borrower_connection_nothing_is_kept_past_the_bound() {
+        let (target, mut closed) = upstream_for_reads_at_once(2).await;
+        let pool = ReadPool::per_worker(Duration::from_secs(5), 0, 1);
+        two_reads_at_once(&pool, &target).await;
+        tokio::time::timeout(Duration::from_secs(10), closed.recv())
+            .await
+            .expect("the connection past the bound closes at once")
+            .unwrap();
+        assert_eq!(kept_once_settled(&pool, 1).await, 1);
+        // One open connection, the kept one: nothing more may be kept past
+        // a bound of none, until a borrower connection opens.
+        let counts = &pool.shared.counts;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while counts.open.load(Ordering::Relaxed) != 1 && tokio::time::Instant::now() < deadline {
+            tokio::task::yield_now().await;
+        }
+        assert!(!counts.may_keep_surplus(0));
+        let _only = pool.borrower_connected();
+        assert!(counts.may_keep_surplus(0));
+    }
+
     fn read() -> http::Request<ProxyBody> {
         http::Request::get("/v1/models")
             .header(http::header::HOST, "upstream")
@@ -452,7 +673,7 @@ mod tests {
             .expect("the idle connection is closed by the pool's timer")
             .unwrap();
         assert_eq!(served, 3, "the three reads shared one kept connection");
-        assert!(lock(&pool.slots[0]).kept.is_empty());
+        assert!(lock(&pool.shared.slots[0]).kept.is_empty());
     }
 
     #[tokio::test]
