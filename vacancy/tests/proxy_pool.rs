@@ -224,12 +224,51 @@ async fn read_on(stream: &mut tokio::net::TcpStream) {
     }
 }
 
+/// An upstream that counts the connections it accepts and answers reads in
+/// rounds of `together`: none of a round until all of it has arrived, so
+/// that each round's reads are at the upstream at once.
+async fn upstream_answering_in_rounds(together: usize) -> (SocketAddr, Arc<AtomicUsize>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let count = Arc::clone(&accepted);
+    let (arrived, arrivals) = tokio::sync::watch::channel(0usize);
+    let arrived = Arc::new(arrived);
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            count.fetch_add(1, Ordering::SeqCst);
+            let (arrived, arrivals) = (Arc::clone(&arrived), arrivals.clone());
+            tokio::spawn(async move {
+                let svc = service_fn(move |_req| {
+                    let (arrived, mut arrivals) = (Arc::clone(&arrived), arrivals.clone());
+                    async move {
+                        let mut nth = 0;
+                        arrived.send_modify(|n| {
+                            *n += 1;
+                            nth = *n;
+                        });
+                        let round_end = nth.div_ceil(together) * together;
+                        let _ = arrivals.wait_for(|n| *n >= round_end).await;
+                        Ok::<_, Infallible>(http::Response::new(Full::new(Bytes::from_static(
+                            b"{\"data\":[]}",
+                        ))))
+                    }
+                });
+                let _ = http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), svc)
+                    .await;
+            });
+        }
+    });
+    (addr, accepted)
+}
+
 // Issue 31: 200 kept-alive borrower connections read at once, more than
 // the pool keeps (MAX_IDLE, 128); read again right after, they open no
 // upstream connection: those past the bound are kept a while for them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn borrower_connections_past_the_pools_bound_reuse_their_reads_connections() {
-    let (up, accepted, _) = upstream(false).await;
+    let (up, accepted) = upstream_answering_in_rounds(200).await;
     let proxy = ProxyUnderTest::start(adapter(), up).await.unwrap();
     let mut borrowers = Vec::new();
     for _ in 0..200 {
@@ -251,10 +290,7 @@ async fn borrower_connections_past_the_pools_bound_reuse_their_reads_connections
     };
     let borrowers = burst(borrowers).await;
     let after_first = accepted.load(Ordering::SeqCst);
-    assert!(
-        after_first > 128,
-        "the reads were at once: {after_first} upstream connections"
-    );
+    assert_eq!(after_first, 200, "the reads were at the upstream at once");
     let borrowers = burst(borrowers).await;
     let opened = accepted.load(Ordering::SeqCst) - after_first;
     // The pool's timer closes one kept past the bound a second after its
