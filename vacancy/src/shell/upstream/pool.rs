@@ -130,9 +130,9 @@ struct Limits {
     off_workers: usize,
     /// Kept by each worker's pool.
     per_worker: usize,
-    /// What the pools were given to share (their sum is at most this,
-    /// unless each keeping one is more).
-    shared: usize,
+    /// What the pools keep together at most: what they were given to
+    /// share, unless one each is more.
+    total: usize,
     idle: Duration,
     /// How long one kept past the bound is.
     surplus_idle: Duration,
@@ -152,18 +152,10 @@ impl Limits {
         Limits {
             off_workers,
             per_worker,
-            shared: max_idle,
+            total: (off_workers + per_worker * workers).max(max_idle),
             idle: IDLE,
             surplus_idle: SURPLUS_IDLE,
         }
-    }
-
-    /// The most idle connections all the pools of `workers` workers keep
-    /// within the bound: what they were given to share, unless one each is
-    /// more.
-    fn total(&self, workers: usize) -> usize {
-        let kept = self.off_workers + self.per_worker * workers;
-        kept.max(self.shared)
     }
 
     /// The idle connections the pool at `slot` keeps.
@@ -236,7 +228,7 @@ impl ReadPool {
     /// What they were given to share, whatever the number of workers,
     /// unless one each is more.
     pub fn max_idle_total(&self) -> usize {
-        self.limits.total(self.workers())
+        self.limits.total
     }
 
     fn workers(&self) -> usize {
@@ -317,16 +309,15 @@ impl ReadPool {
     /// waits for it on this thread. A connection that closes instead, or
     /// finds the pool full, is dropped.
     fn checkin_when_ready(&self, slot: usize, sender: SendRequest<ProxyBody>) {
-        let total = self.max_idle_total();
         if sender.is_ready() {
-            checkin(&self.shared, slot, self.limits, total, sender);
+            checkin(&self.shared, slot, self.limits, sender);
             return;
         }
         let (shared, limits) = (Arc::clone(&self.shared), self.limits);
         let mut sender = sender;
         tokio::spawn(async move {
             if sender.ready().await.is_ok() {
-                checkin(&shared, slot, limits, total, sender);
+                checkin(&shared, slot, limits, sender);
             }
         });
     }
@@ -394,19 +385,13 @@ impl Slot {
 /// Keep an idle `sender` in `shared.slots[slot]`: for `limits.idle` while
 /// fewer than the slot's bound are kept, past it for `limits.surplus_idle`
 /// while the open connections stay within the descriptors counted for
-/// them (`total` idle ones and one per borrower connection); else it
+/// them (`limits.total` idle ones and one per borrower connection); else it
 /// closes. Starts the slot's timer if it is not running.
-fn checkin(
-    shared: &Arc<Shared>,
-    slot: usize,
-    limits: Limits,
-    total: usize,
-    sender: SendRequest<ProxyBody>,
-) {
+fn checkin(shared: &Arc<Shared>, slot: usize, limits: Limits, sender: SendRequest<ProxyBody>) {
     let mut pool = lock(&shared.slots[slot]);
     let idle = if pool.kept.len() < limits.max_idle(slot) {
         limits.idle
-    } else if shared.counts.may_keep_surplus(total) {
+    } else if shared.counts.may_keep_surplus(limits.total) {
         limits.surplus_idle
     } else {
         return;
