@@ -26,7 +26,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
-use serde_json::{Value, json};
+use serde_json::Value;
 use vacancy::engine::{ModelObservation, Refusal};
 use vacancy::traits::routes::RouteOverlap;
 use vacancy::traits::{
@@ -769,14 +769,42 @@ fn history_of(lookup: &stream::HistoryLookup) -> History {
 /// ComfyUI's error shape, with vacancy's code as `type` and `code`.
 pub fn render_comfyui(refusal: &Refusal) -> RenderedRefusal {
     let code = refusal.code.as_str();
-    let body = json!({
-        "error": {"type": code, "code": code, "message": refusal.reason, "details": "", "extra_info": {}},
-        "node_errors": {}
-    });
-    let mut r = vacancy::traits::render_openai(refusal);
-    r.body = body.to_string().into_bytes();
-    r
+    vacancy::traits::rendered(
+        refusal,
+        ComfyError {
+            error: ComfyErrorFields {
+                code,
+                details: "",
+                extra_info: Empty {},
+                message: &refusal.reason,
+                kind: code,
+            },
+            node_errors: Empty {},
+        },
+    )
 }
+
+/// ComfyUI's `/prompt` error, its fields in the order `json!` wrote them;
+/// written straight into the body (issue 31).
+#[derive(serde::Serialize)]
+struct ComfyError<'a> {
+    error: ComfyErrorFields<'a>,
+    node_errors: Empty,
+}
+
+#[derive(serde::Serialize)]
+struct ComfyErrorFields<'a> {
+    code: &'a str,
+    details: &'a str,
+    extra_info: Empty,
+    message: &'a str,
+    #[serde(rename = "type")]
+    kind: &'a str,
+}
+
+/// `{}`.
+#[derive(serde::Serialize)]
+struct Empty {}
 
 #[cfg(test)]
 mod tests;

@@ -3,6 +3,7 @@ use vacancy::engine::RequestReuse;
 
 use super::*;
 use http::Method;
+use serde_json::json;
 use vacancy::config::Management;
 use vacancy::traits::{RoutePolicy, route_policy};
 use vacancy::{EntryId, MonotonicClock, RefusalCode};
@@ -227,6 +228,25 @@ fn refusals_speak_comfyuis_error_shape() {
     assert_eq!(body["error"]["code"], "resource_busy");
     assert_eq!(body["error"]["message"], "gpu0 is reserved");
     assert_eq!(body["node_errors"], json!({}));
+}
+
+#[test]
+fn the_refusal_body_is_the_bytes_json_wrote() {
+    // ADM-02: written straight from its fields (issue 31), byte for byte
+    // what the `json!` value wrote, whatever the reason holds.
+    for reason in ["gpu0 is reserved", "a \"quoted\" \\ path\n\u{1}", "模型 🚀"] {
+        let refusal = Refusal::new(RefusalCode::ResourceBusy, reason);
+        let code = refusal.code.as_str();
+        let expected = json!({
+            "error": {"type": code, "code": code, "message": reason, "details": "", "extra_info": {}},
+            "node_errors": {}
+        });
+        assert_eq!(
+            render_comfyui(&refusal).body,
+            expected.to_string().into_bytes(),
+            "{reason:?}"
+        );
+    }
 }
 
 #[test]

@@ -103,7 +103,12 @@ pub struct RenderedRefusal {
 /// status, `Content-Type: application/json`, and `Retry-After` where the code
 /// has one. Build a dialect's renderer on it; the body must carry the code's
 /// name (`resource_busy`) so borrowers and the kit can tell refusals apart.
-pub fn rendered(refusal: &Refusal, body: serde_json::Value) -> RenderedRefusal {
+///
+/// `body` is any serializable value: a `serde_json::Value` (`json!`), or, on
+/// a path taken for every refusal, a struct of borrowed fields, written
+/// straight into the body's bytes (issue 31: building a `Value` and writing
+/// it through `Display` was a quarter of a refusal's instructions).
+pub fn rendered(refusal: &Refusal, body: impl serde::Serialize) -> RenderedRefusal {
     let status = http::StatusCode::from_u16(refusal.code.http_status())
         .unwrap_or(http::StatusCode::SERVICE_UNAVAILABLE);
     let mut headers = http::HeaderMap::new();
@@ -117,11 +122,38 @@ pub fn rendered(refusal: &Refusal, body: serde_json::Value) -> RenderedRefusal {
             http::HeaderValue::from(after.as_secs()),
         );
     }
+    let mut bytes = Vec::with_capacity(RENDERED_CAPACITY + refusal.reason.len());
+    if serde_json::to_writer(&mut bytes, &body).is_err() {
+        // Only a map with keys that are not strings fails; the code still
+        // tells the refusal apart.
+        bytes.clear();
+        bytes.extend_from_slice(br#"{"error":{"code":""#);
+        bytes.extend_from_slice(refusal.code.as_str().as_bytes());
+        bytes.extend_from_slice(br#""}}"#);
+    }
     RenderedRefusal {
         status,
         headers,
-        body: body.to_string().into_bytes(),
+        body: bytes,
     }
+}
+
+/// Room for a rendered body's JSON beside its reason: one allocation for
+/// every dialect here.
+const RENDERED_CAPACITY: usize = 160;
+
+/// OpenAI's error object, its fields in the order `json!` wrote them.
+#[derive(serde::Serialize)]
+struct OpenAiError<'a> {
+    error: OpenAiErrorFields<'a>,
+}
+
+#[derive(serde::Serialize)]
+struct OpenAiErrorFields<'a> {
+    code: &'a str,
+    message: &'a str,
+    #[serde(rename = "type")]
+    kind: &'a str,
 }
 
 /// OpenAI-style: `{"error":{"code":"resource_busy","type":"resource_busy","message":"..."}}`.
@@ -129,13 +161,28 @@ pub fn render_openai(refusal: &Refusal) -> RenderedRefusal {
     let code = refusal.code.as_str();
     rendered(
         refusal,
-        serde_json::json!({"error": {"code": code, "type": code, "message": refusal.reason}}),
+        OpenAiError {
+            error: OpenAiErrorFields {
+                code,
+                message: &refusal.reason,
+                kind: code,
+            },
+        },
     )
 }
 
 /// Ollama-style: `{"error":"resource_busy: ..."}`.
 pub fn render_ollama(refusal: &Refusal) -> RenderedRefusal {
-    rendered(refusal, serde_json::json!({"error": refusal.to_string()}))
+    #[derive(serde::Serialize)]
+    struct OllamaError {
+        error: String,
+    }
+    rendered(
+        refusal,
+        OllamaError {
+            error: refusal.to_string(),
+        },
+    )
 }
 
 /// An adapter's second look at a request the route policy refuses
@@ -264,6 +311,54 @@ mod tests {
             body["error"],
             "route_forbidden: /api/pull manages the upstream"
         );
+    }
+
+    /// Reasons with what JSON must escape: quotes, backslashes, control
+    /// characters, and text beyond ASCII.
+    const AWKWARD_REASONS: [&str; 5] = [
+        "gpu0 is reserved",
+        "",
+        "a \"quoted\" model\\path",
+        "line\nbreak\ttab\u{1}bell\u{7f}",
+        "модель ✓ 模型 🚀",
+    ];
+
+    #[test]
+    fn the_typed_bodies_write_the_bytes_json_wrote() {
+        // ADM-02: the dialects' bodies, written straight from their fields
+        // (issue 31), are byte for byte what `json!` and `to_string` wrote.
+        for reason in AWKWARD_REASONS {
+            for code in [RefusalCode::ResourceBusy, RefusalCode::RouteForbidden] {
+                let refusal = Refusal::new(code, reason);
+                let c = code.as_str();
+                assert_eq!(
+                    render_openai(&refusal).body,
+                    serde_json::json!({"error": {"code": c, "type": c, "message": reason}})
+                        .to_string()
+                        .into_bytes(),
+                    "{reason:?}"
+                );
+                assert_eq!(
+                    render_ollama(&refusal).body,
+                    serde_json::json!({"error": refusal.to_string()})
+                        .to_string()
+                        .into_bytes(),
+                    "{reason:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_value_body_still_renders() {
+        // Adapters outside this crate hand `rendered` a `json!` value.
+        let refusal = Refusal::new(RefusalCode::ResourceBusy, "busy");
+        let r = rendered(
+            &refusal,
+            serde_json::json!({"error": "x", "code": "resource_busy"}),
+        );
+        assert_eq!(r.body, br#"{"code":"resource_busy","error":"x"}"#);
+        assert_eq!(r.headers.get(http::header::RETRY_AFTER).unwrap(), "2");
     }
 
     struct Echo(RouteTable);
