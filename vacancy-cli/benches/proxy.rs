@@ -26,7 +26,8 @@
 //!   `vacancy-overhead-ms` header vacancyd put on each against that;
 //! - SSE streams: the first chunk's added time (p50, p90), and the delay of
 //!   each later chunk from the upstream's write to the client's read (p50,
-//!   p99) in streams of 200 chunks 5 ms apart;
+//!   p99) in streams of 200 chunks 5 ms apart, the chunks through the hyper
+//!   floor too;
 //! - refusals (a switched-off resource) at 64 and 1,000 connections (wrk);
 //! - instructions per read, counted by callgrind for nginx (one worker),
 //!   each vacancyd build and the hyper floor, one at a time: the proxies' own work, exact where
@@ -1333,7 +1334,7 @@ fn main() {
             pids: vec![process.pid()],
         });
         println!(
-            "hyper floor (BENCH_FLOOR, the example hyper_floor): {} threads, in the reads and instructions sections",
+            "hyper floor (BENCH_FLOOR, the example hyper_floor): {} threads, in the reads, chunks and instructions sections",
             sizes.workers
         );
         process
@@ -1701,12 +1702,14 @@ fn main() {
     // Streams: every chunk after the first.
     if sizes.runs("chunks") {
         settle(test_mode);
+        // The floor too, where built: what a proxy of tokio and hyper alone
+        // adds to each chunk, apart from what vacancyd's own work adds.
         let st: Vec<Vec<f64>> = both_orders(
-            paths.len(),
+            read_paths.len(),
             |i, h| {
                 client_rt
                     .block_on(streams(
-                        addr(paths[i].port),
+                        addr(read_paths[i].port),
                         half(sizes.chunk_streams, h),
                         sizes.chunks,
                         sizes.chunk_gap,
@@ -1722,7 +1725,7 @@ fn main() {
             sizes.chunks,
             sizes.chunk_gap.as_millis()
         );
-        println!("{header}");
+        println!("{read_header}");
         let p50: Vec<f64> = st.iter().map(|s| percentile(s, 0.5)).collect();
         let p99: Vec<f64> = st.iter().map(|s| percentile(s, 0.99)).collect();
         row(
@@ -1730,14 +1733,14 @@ fn main() {
             &p50.iter().map(|v| Some(*v)).collect::<Vec<_>>(),
             "",
             nginx_col,
-            &ours,
+            &read_ours,
         );
         row(
             "per-chunk delay, p99 µs",
             &p99.iter().map(|v| Some(*v)).collect::<Vec<_>>(),
             "",
             nginx_col,
-            &ours,
+            &read_ours,
         );
         for (q, v) in [("p50", &p50), ("p99", &p99)] {
             verdict.check(
