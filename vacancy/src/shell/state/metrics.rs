@@ -13,7 +13,7 @@
 //! old name for one release, marked deprecated in its HELP (issue 30).
 
 use std::collections::HashMap;
-use std::sync::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Mutex, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::Duration;
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -181,6 +181,11 @@ pub struct Metrics {
     added: Family<RouteLabels, Histogram, Buckets>,
     persist: Histogram,
     phases: Family<PhaseLabel, Histogram, Buckets>,
+    /// Each phase's histogram in `phases`, kept from its first use: a work
+    /// request observes up to eight phases, each then without the family's
+    /// lock and a hash of its label (issue 31). The series still appears at
+    /// its first observation, as before.
+    phase_handles: [OnceLock<Histogram>; RequestPhase::COUNT],
     sample_duration: Family<ResourceLabel, Histogram, Buckets>,
     sample_failures: Family<ResourceLabel, Counter>,
     observation_failures: Family<UpstreamLabel, Counter>,
@@ -456,6 +461,7 @@ impl Default for Metrics {
             added,
             persist,
             phases,
+            phase_handles: Default::default(),
             sample_duration,
             sample_failures,
             observation_failures,
@@ -666,11 +672,16 @@ impl Metrics {
 
     /// Time an admitted request spent in one phase.
     pub fn phase(&self, phase: RequestPhase, took: Duration) {
-        self.phases
-            .get_or_create(&PhaseLabel {
+        let series = || {
+            self.phases.get_or_create_owned(&PhaseLabel {
                 phase: phase.label(),
             })
-            .observe(took.as_secs_f64());
+        };
+        match self.phase_handles.get(phase as usize) {
+            Some(handle) => handle.get_or_init(series).observe(took.as_secs_f64()),
+            // A phase past `COUNT` (see its test) is still counted.
+            None => series().observe(took.as_secs_f64()),
+        }
     }
 
     /// One capacity sample of `resource`, successful or not.
@@ -970,6 +981,10 @@ pub enum RequestPhase {
 }
 
 impl RequestPhase {
+    /// How many phases there are: each indexes its histogram handle, so
+    /// the last variant stays last (`every_phase_has_its_own_handle`).
+    const COUNT: usize = RequestPhase::Relay as usize + 1;
+
     /// The metric label.
     pub fn label(self) -> &'static str {
         match self {
@@ -998,6 +1013,58 @@ mod tests {
     };
     use crate::time::Moment;
     use crate::traits::resource::{CapacitySample, ResourceKind};
+
+    #[test]
+    fn every_phase_has_its_own_handle() {
+        use RequestPhase::*;
+        let all = [
+            Inspect,
+            Admit,
+            PostJobSample,
+            Persist,
+            Connect,
+            Upstream,
+            FirstChunk,
+            Relay,
+        ];
+        // A new phase does not compile here until it is in `all`.
+        for p in all {
+            match p {
+                Inspect | Admit | PostJobSample | Persist | Connect | Upstream | FirstChunk
+                | Relay => {}
+            }
+        }
+        let mut seen = [false; RequestPhase::COUNT];
+        for p in all {
+            let i = p as usize;
+            assert!(i < RequestPhase::COUNT, "{p:?} is past COUNT");
+            assert!(!seen[i], "{p:?} shares a handle");
+            seen[i] = true;
+        }
+    }
+
+    #[test]
+    fn a_phase_appears_at_its_first_observation_and_counts_each() {
+        // Issue 31: the kept handle is the family's own series.
+        let m = Metrics::default();
+        let status = Engine::new(EngineSpec {
+            lending: true,
+            resources: vec![],
+            upstreams: vec![],
+        })
+        .unwrap()
+        .status(Moment::from_millis(0));
+        let count =
+            |phase: &str| format!("vacancyd_request_phase_seconds_count{{phase=\"{phase}\"}}");
+        assert!(!m.render(&status).contains(&count("connect")));
+        m.phase(RequestPhase::Connect, Duration::from_micros(5));
+        m.phase(RequestPhase::Connect, Duration::from_micros(7));
+        m.persisted(Duration::from_micros(70));
+        let text = m.render(&status);
+        assert!(text.contains(&format!("{} 2", count("connect"))), "{text}");
+        assert!(text.contains(&format!("{} 1", count("persist"))), "{text}");
+        assert!(!text.contains(&count("inspect")), "{text}");
+    }
 
     #[test]
     fn the_wait_line_is_in_the_metrics() {
