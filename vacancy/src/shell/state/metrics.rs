@@ -981,9 +981,20 @@ pub enum RequestPhase {
 }
 
 impl RequestPhase {
-    /// How many phases there are: each indexes its histogram handle, so
-    /// the last variant stays last (`every_phase_has_its_own_handle`).
-    const COUNT: usize = RequestPhase::Relay as usize + 1;
+    /// Every phase, in order: each indexes its histogram handle
+    /// (`every_phase_has_its_own_handle`).
+    const ALL: [RequestPhase; 8] = [
+        Self::Inspect,
+        Self::Admit,
+        Self::PostJobSample,
+        Self::Persist,
+        Self::Connect,
+        Self::Upstream,
+        Self::FirstChunk,
+        Self::Relay,
+    ];
+    /// How many phases there are.
+    const COUNT: usize = Self::ALL.len();
 
     /// The metric label.
     pub fn label(self) -> &'static str {
@@ -1016,31 +1027,16 @@ mod tests {
 
     #[test]
     fn every_phase_has_its_own_handle() {
-        use RequestPhase::*;
-        let all = [
-            Inspect,
-            Admit,
-            PostJobSample,
-            Persist,
-            Connect,
-            Upstream,
-            FirstChunk,
-            Relay,
-        ];
-        // A new phase does not compile here until it is in `all`.
-        for p in all {
-            match p {
-                Inspect | Admit | PostJobSample | Persist | Connect | Upstream | FirstChunk
-                | Relay => {}
-            }
-        }
         let mut seen = [false; RequestPhase::COUNT];
-        for p in all {
+        for p in RequestPhase::ALL {
             let i = p as usize;
             assert!(i < RequestPhase::COUNT, "{p:?} is past COUNT");
             assert!(!seen[i], "{p:?} shares a handle");
             seen[i] = true;
         }
+        // The last variant is in `ALL`, so none comes after it unlisted
+        // (a variant past `COUNT` would still count, through the family).
+        assert_eq!(RequestPhase::Relay as usize + 1, RequestPhase::COUNT);
     }
 
     #[test]
