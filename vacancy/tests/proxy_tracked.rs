@@ -15,7 +15,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot};
 use vacancy::engine::{CompletionMethod, Phase};
-use vacancy::testkit::ProxyUnderTest;
+use vacancy::testkit::{ProxyUnderTest, RefusingPort};
 use vacancy::traits::{
     Adapter, InspectContext, InspectResult, Inspection, RouteClass, RouteMethod, RouteSpec,
     RouteTable, Submission, TrackedEnd, TrackedWork, Tracker, TrackingEvents, WorkRoute,
@@ -274,11 +274,9 @@ async fn a_reply_that_breaks_off_is_unusable_not_a_release() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_connection_releases_without_tracking() {
     // DONE-02
-    let closed = {
-        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        l.local_addr().unwrap()
-    };
-    let (p, mut calls) = proxy(closed).await;
+    // Bound and never listened on, so the proxy's own port 0 cannot be it.
+    let refusing = RefusingPort::bind().unwrap();
+    let (p, mut calls) = proxy(refusing.addr()).await;
     let (status, text) = submit(p.addr).await;
     assert_eq!(status, 502, "{text}");
     assert!(p.settle(<[_]>::is_empty).await.is_empty());

@@ -509,11 +509,12 @@ async fn every_outcome_class_is_counted_exactly_once() {
 
     // An unreachable upstream: a read refused, work admitted (DONE-02 then
     // releases it).
-    let down = TcpListener::bind("127.0.0.1:0")
-        .await
-        .unwrap()
-        .local_addr()
-        .unwrap();
+    // Bound and never listened on: refused, and never the proxy's own port 0
+    // (a dropped listener's port could be given to it, and it would forward to
+    // itself).
+    let refusing = tokio::net::TcpSocket::new_v4().unwrap();
+    refusing.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let down = refusing.local_addr().unwrap();
     let p2 = proxy(down, Arc::new(VolatileStore)).await;
     let unreachable = expect("borrower_read", "refused", Some("upstream_unreachable"));
     counted_once(

@@ -310,3 +310,24 @@ fn a_table_that_differs_from_its_class_list_is_caught() {
         "{got}"
     );
 }
+
+#[tokio::test]
+async fn a_refusing_port_refuses_and_is_never_handed_out_while_it_lives() {
+    // DONE-02's check needs an upstream that refuses: the kit's port must
+    // refuse, and no bind in the process (the proxy's own) may take it.
+    let refusing = vacancy::testkit::RefusingPort::bind().unwrap();
+    let err = tokio::net::TcpStream::connect(refusing.addr())
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), std::io::ErrorKind::ConnectionRefused, "{err}");
+    assert!(
+        tokio::net::TcpListener::bind(refusing.addr())
+            .await
+            .is_err(),
+        "another listener took the refusing port"
+    );
+    for _ in 0..200 {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        assert_ne!(l.local_addr().unwrap(), refusing.addr());
+    }
+}

@@ -654,7 +654,8 @@ mod tests {
 
     #[tokio::test]
     async fn a_closed_port_is_unreachable() {
-        let port = crate::common::testing::closed_port().await;
+        let refusing = crate::common::testing::closed_port();
+        let port = refusing.addr().port();
         let c = ObservationClient::new(&AdapterSettings::new(
             format!("http://127.0.0.1:{port}").parse().unwrap(),
             MonotonicClock::new(),

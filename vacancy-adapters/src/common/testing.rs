@@ -145,10 +145,9 @@ async fn serve(mut stream: TcpStream, handler: Arc<Handler>, recorded: Arc<Mutex
     }
 }
 
-/// A local port nothing listens on (bound, then released).
-pub(crate) async fn closed_port() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    listener.local_addr().unwrap().port()
+/// A local port that refuses connections while the returned guard lives.
+pub(crate) fn closed_port() -> vacancy::testkit::RefusingPort {
+    vacancy::testkit::RefusingPort::bind().unwrap()
 }
 
 /// The inspection rules every adapter shares (ROUTE-05..07, MEM-06), checked

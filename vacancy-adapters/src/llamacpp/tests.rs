@@ -567,7 +567,8 @@ async fn observation_uses_the_prefix_and_only_vacancys_credential() {
 
 #[tokio::test]
 async fn a_closed_port_is_unreachable() {
-    let port = closed_port().await;
+    let refusing = closed_port();
+    let port = refusing.addr().port();
     let a = adapter_for(&format!("http://127.0.0.1:{port}"));
     assert!(matches!(
         a.observe().await,

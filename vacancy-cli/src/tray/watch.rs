@@ -187,9 +187,11 @@ mod tests {
     // after each retry, shown once.
     #[tokio::test(start_paused = true)]
     async fn without_a_daemon_it_shows_not_running_once() {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let url = format!("http://{}", listener.local_addr().unwrap());
-        drop(listener);
+        // Bound and never listened on: refused while it lives, and no other
+        // test's port 0 can be given it.
+        let refusing = tokio::net::TcpSocket::new_v4().unwrap();
+        refusing.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let url = format!("http://{}", refusing.local_addr().unwrap());
         let mut seen = Vec::new();
         let _ = tokio::time::timeout(Duration::from_secs(7), follow(&url, |v| seen.push(v))).await;
         assert_eq!(seen.len(), 1, "{seen:?}");

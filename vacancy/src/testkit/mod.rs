@@ -334,9 +334,32 @@ async fn fake_upstream(kind: Upstream) -> std::io::Result<SocketAddr> {
     Ok(addr)
 }
 
-async fn closed_port() -> std::io::Result<SocketAddr> {
-    let l = TcpListener::bind("127.0.0.1:0").await?;
-    l.local_addr()
+/// A loopback port where connections are refused for as long as this lives:
+/// it is bound but never listened on, so nothing answers and nothing else can
+/// bind it. The port of a listener that was bound and dropped is not that: the
+/// next bind to port 0 (the proxy's own, say) may be given it, and the proxy
+/// would then forward to itself.
+pub struct RefusingPort {
+    _socket: tokio::net::TcpSocket,
+    addr: SocketAddr,
+}
+
+impl RefusingPort {
+    /// Binds a fresh loopback port without listening on it.
+    pub fn bind() -> std::io::Result<Self> {
+        let socket = tokio::net::TcpSocket::new_v4()?;
+        socket.bind(SocketAddr::from(([127, 0, 0, 1], 0)))?;
+        let addr = socket.local_addr()?;
+        Ok(Self {
+            _socket: socket,
+            addr,
+        })
+    }
+
+    /// The address whose connections are refused.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
 }
 
 /// The real proxy in front of `upstream` with one always-free resource, for
@@ -529,8 +552,8 @@ pub async fn check_completion(
     drop(h);
 
     // DONE-02: a refused connection releases.
-    let up = closed_port().await.map_err(io)?;
-    let h = ProxyUnderTest::build(factory, up)
+    let refusing = RefusingPort::bind().map_err(io)?;
+    let h = ProxyUnderTest::build(factory, refusing.addr())
         .await
         .map_err(|e| vec![e.to_string()])?;
     match send(h.addr, sample).await {
@@ -548,6 +571,7 @@ pub async fn check_completion(
         )),
     }
     drop(h);
+    drop(refusing);
 
     // DONE-03: a stream cut after the connection is established holds.
     let up = fake_upstream(Upstream::BreaksOff).await.map_err(io)?;
