@@ -60,3 +60,13 @@ pub(crate) fn nvidia_device_nodes() -> Vec<String> {
     nodes.sort();
     nodes
 }
+
+/// A loopback port that refuses connections while the returned socket lives:
+/// bound, never listened on, so no other test's bind to port 0 is given it
+/// (the port of a dropped listener may be, and then something answers).
+pub(crate) fn refusing_port() -> (tokio::net::TcpSocket, std::net::SocketAddr) {
+    let bound = tokio::net::TcpSocket::new_v4()
+        .and_then(|s| s.bind(([127, 0, 0, 1], 0).into()).map(|()| s))
+        .and_then(|s| s.local_addr().map(|addr| (s, addr)));
+    bound.unwrap_or_else(|e| panic!("cannot bind a loopback port: {e}"))
+}

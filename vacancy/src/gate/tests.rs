@@ -201,10 +201,8 @@ fn chat_answer_malformed_replies_are_reasons() {
 // buys no retry.
 #[tokio::test]
 async fn gate_09_refused_connection_is_unanswered() {
-    let port = {
-        let l = std::net::TcpListener::bind(("127.0.0.1", 0)).unwrap();
-        l.local_addr().unwrap().port()
-    };
+    let (_refusing, addr) = crate::test_prereq::refusing_port();
+    let port = addr.port();
     let outcome = check_output_sanity(
         &format!("http://127.0.0.1:{port}"),
         &GateOptions::accelerated(),

@@ -515,10 +515,8 @@ mod tests {
 
     #[test]
     fn server_pids_is_empty_for_an_unused_port() {
-        let addr = {
-            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-            l.local_addr().unwrap()
-        };
+        // Bound but not listening: no server, and no other test's listener.
+        let (_unused, addr) = crate::test_prereq::refusing_port();
         assert!(!server_pids(&[addr]).contains(&std::process::id()));
         assert!(server_pids(&[]).is_empty());
     }

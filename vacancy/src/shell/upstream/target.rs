@@ -470,11 +470,7 @@ mod tests {
     async fn an_unchanged_address_that_refuses_fails_the_connection_and_an_ip_is_never_looked_up() {
         // DONE-02: a refused connection is reported as one (nothing was sent).
         use std::sync::atomic::{AtomicUsize, Ordering};
-        // Bound and never listened on: refused while it lives, and no other
-        // test's port 0 can be given it.
-        let refusing = tokio::net::TcpSocket::new_v4().unwrap();
-        refusing.bind("127.0.0.1:0".parse().unwrap()).unwrap();
-        let addr = refusing.local_addr().unwrap();
+        let (_refusing, addr) = crate::test_prereq::refusing_port();
         let calls = Arc::new(AtomicUsize::new(0));
         let t = Target::parse_with(
             "http://upstream.internal:8080",
