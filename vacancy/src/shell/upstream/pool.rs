@@ -47,6 +47,7 @@ use std::time::{Duration, Instant};
 use hyper::body::Incoming;
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
+use tokio::sync::Notify;
 
 use crate::shell::state::workers::current_worker;
 use crate::shell::upstream::forward::{ExchangeError, ProxyBody};
@@ -97,6 +98,10 @@ pub struct ReadPool {
 struct Shared {
     /// Index 0 off the workers, `1 + i` on worker `i`.
     slots: Box<[Mutex<Slot>]>,
+    /// Wakes each slot's timer early, for a connection kept for less time
+    /// than the timer sleeps (one past the bound); its own handle, so the
+    /// timer holds the pool only while it closes connections.
+    wakes: Box<[Arc<Notify>]>,
     /// Apart from the slots: a connection's task holds them, and a kept
     /// connection's task lives as long as the slot keeps it.
     counts: Arc<Counts>,
@@ -172,8 +177,9 @@ impl Limits {
 #[derive(Default)]
 struct Slot {
     kept: Vec<Kept>,
-    /// Whether a timer task is closing what stays idle too long.
-    reaping: bool,
+    /// When the slot's timer next closes what stays idle too long; `None`
+    /// while no timer runs.
+    timer: Option<Instant>,
 }
 
 /// An idle connection in the pool.
@@ -206,6 +212,7 @@ impl ReadPool {
         ReadPool {
             shared: Arc::new(Shared {
                 slots: (0..=workers).map(|_| Mutex::default()).collect(),
+                wakes: (0..=workers).map(|_| Arc::default()).collect(),
                 counts: Arc::default(),
             }),
             connect_timeout,
@@ -396,35 +403,45 @@ fn checkin(shared: &Arc<Shared>, slot: usize, limits: Limits, sender: SendReques
     } else {
         return;
     };
-    pool.kept.push(Kept {
-        sender,
-        until: Instant::now() + idle,
-    });
-    if !pool.reaping {
-        pool.reaping = true;
-        tokio::spawn(close_idle_connections(Arc::downgrade(shared), slot));
+    let until = Instant::now() + idle;
+    pool.kept.push(Kept { sender, until });
+    match pool.timer {
+        None => {
+            pool.timer = Some(until);
+            let wake = Arc::clone(&shared.wakes[slot]);
+            tokio::spawn(close_idle_connections(Arc::downgrade(shared), slot, wake));
+        }
+        // Kept past the bound, for less than the timer sleeps: it is to
+        // close when its own time is up, not with the connections before it.
+        Some(next) if until < next => {
+            pool.timer = Some(until);
+            shared.wakes[slot].notify_one();
+        }
+        Some(_) => {}
     }
 }
 
 /// The timer of `shared.slots[slot]`: closes connections once idle past
 /// their time, on the worker that drives them, and ends when the slot keeps
-/// nothing (the next check-in starts another) or the pool is gone.
-async fn close_idle_connections(shared: Weak<Shared>, slot: usize) {
+/// nothing (the next check-in starts another) or the pool is gone. A
+/// check-in that is to close sooner than it sleeps wakes it (`wake`).
+async fn close_idle_connections(shared: Weak<Shared>, slot: usize, wake: Arc<Notify>) {
     loop {
         let next = {
             let Some(shared) = shared.upgrade() else {
                 return;
             };
             let mut pool = lock(&shared.slots[slot]);
-            match pool.close_idle(Instant::now()) {
+            pool.timer = pool.close_idle(Instant::now());
+            match pool.timer {
                 Some(next) => next,
-                None => {
-                    pool.reaping = false;
-                    return;
-                }
+                None => return,
             }
         };
-        tokio::time::sleep_until(next.into()).await;
+        tokio::select! {
+            () = tokio::time::sleep_until(next.into()) => {}
+            () = wake.notified() => {}
+        }
     }
 }
 
@@ -490,7 +507,8 @@ mod tests {
 
     /// An upstream that answers nothing until `together` connections are
     /// open, so that as many reads are in flight at once; then answers each
-    /// request and reports each connection the proxy closes.
+    /// request, on those and on any connection after them, and reports each
+    /// connection the proxy closes.
     async fn upstream_for_reads_at_once(
         together: usize,
     ) -> (Target, tokio::sync::mpsc::UnboundedReceiver<()>) {
@@ -502,29 +520,38 @@ mod tests {
             for _ in 0..together {
                 sockets.push(listener.accept().await.unwrap().0);
             }
-            for mut socket in sockets {
-                let closed = closed.clone();
-                tokio::spawn(async move {
-                    let (mut buf, mut chunk) = (Vec::new(), [0u8; 1024]);
-                    loop {
-                        let n = socket.read(&mut chunk).await.unwrap_or(0);
-                        if n == 0 {
-                            let _ = closed.send(());
-                            return;
-                        }
-                        buf.extend_from_slice(&chunk[..n]);
-                        while let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                            buf.drain(..end + 4);
-                            socket
-                                .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}")
-                                .await
-                                .unwrap();
-                        }
-                    }
-                });
+            for socket in sockets {
+                tokio::spawn(answer_each_request(socket, closed.clone()));
+            }
+            while let Ok((socket, _)) = listener.accept().await {
+                tokio::spawn(answer_each_request(socket, closed.clone()));
             }
         });
         (Target::parse(&format!("http://{addr}")).unwrap(), on_close)
+    }
+
+    /// Answers each request on `socket` with `{}`; says so on `closed` when
+    /// the proxy closes it.
+    async fn answer_each_request(
+        mut socket: tokio::net::TcpStream,
+        closed: tokio::sync::mpsc::UnboundedSender<()>,
+    ) {
+        let (mut buf, mut chunk) = (Vec::new(), [0u8; 1024]);
+        loop {
+            let n = socket.read(&mut chunk).await.unwrap_or(0);
+            if n == 0 {
+                let _ = closed.send(());
+                return;
+            }
+            buf.extend_from_slice(&chunk[..n]);
+            while let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                buf.drain(..end + 4);
+                socket
+                    .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}")
+                    .await
+                    .unwrap();
+            }
+        }
     }
 
     /// Two reads at once through a pool that keeps one idle connection,
@@ -575,6 +602,40 @@ mod tests {
                 .await
                 .is_err(),
             "the connection within the bound stays open"
+        );
+    }
+
+    // Issue 31: a connection kept past the bound closes after its own short
+    // idle, even while the timer sleeps toward a kept connection's longer
+    // one (it once waited for that: a burst's upstream connections stayed
+    // open for up to the pool's whole idle time after the burst).
+    #[tokio::test]
+    async fn a_connection_past_the_bound_closes_on_time_while_the_timer_sleeps_longer() {
+        let (target, mut closed) = upstream_for_reads_at_once(1).await;
+        let pool = ReadPool::per_worker(Duration::from_secs(5), 0, 1)
+            .surplus_idle_for(Duration::from_millis(200));
+        let (_a, _b) = (pool.borrower_connected(), pool.borrower_connected());
+        let resp = pool.send(&target, read()).await.unwrap();
+        http_body_util::BodyExt::collect(resp.into_body())
+            .await
+            .unwrap();
+        assert_eq!(kept_once_settled(&pool, 1).await, 1);
+        // The slot's timer (on this test's one thread) runs to its sleep
+        // toward the kept connection's IDLE.
+        for _ in 0..8 {
+            tokio::task::yield_now().await;
+        }
+        two_reads_at_once(&pool, &target).await;
+        assert_eq!(kept_once_settled(&pool, 2).await, 2, "both kept");
+        tokio::time::timeout(Duration::from_secs(5), closed.recv())
+            .await
+            .expect("the connection past the bound closes after its short idle, not IDLE")
+            .unwrap();
+        assert_eq!(kept_once_settled(&pool, 1).await, 1);
+        let next = lock(&pool.shared.slots[0]).timer;
+        assert!(
+            next.is_some_and(|t| t > Instant::now() + IDLE / 2),
+            "the timer sleeps toward the kept connection's IDLE again: {next:?}"
         );
     }
 
