@@ -10,6 +10,10 @@
 //! - **Idle keep-alive**: a connection with no request in flight and no byte of
 //!   a new one is closed after [`ConnLimits::idle`]. A response being streamed
 //!   — however long a generation takes — is never idle.
+//! - **Resting**: a keep-alive connection idle for [`REST`] gives hyper's
+//!   state and buffers back and waits for its next byte as a fresh connection
+//!   does, so an idle borrower costs the same few hundred bytes after a
+//!   request as before its first (issue 31 item 4: 12 KiB before).
 //! - **Body progress**: a request body gets [`ConnLimits::body`] from its
 //!   first poll plus one second for every [`ConnLimits::body_min_rate`] bytes
 //!   received; a body that falls behind fails with [`BodyStalled`], so a body
@@ -24,7 +28,7 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
@@ -108,6 +112,24 @@ struct Activity {
     /// The first byte of a new request head while none is in flight (µs
     /// since `origin`, plus one; 0 for none).
     head_started: AtomicU64,
+    /// Set while hyper lets go of an idle connection to rest it: its
+    /// shutdown of the socket is then not carried out.
+    resting: AtomicBool,
+}
+
+/// How long a keep-alive connection is idle before it rests (see the
+/// [module docs](self)): long enough that a client sending its requests
+/// back to back keeps hyper's state, short enough that one that pauses
+/// gives its buffers back before the next comes.
+pub const REST: Duration = Duration::from_millis(250);
+
+/// Why a connection's hyper state ends while the connection is idle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum IdleEnd {
+    /// Past a limit: the connection closes, for this reason.
+    Close(&'static str),
+    /// Idle for [`REST`]: hyper's state goes, the connection stays.
+    Rest,
 }
 
 impl Activity {
@@ -117,6 +139,7 @@ impl Activity {
             in_flight: AtomicUsize::new(0),
             idle_since: AtomicU64::new(0),
             head_started: AtomicU64::new(0),
+            resting: AtomicBool::new(false),
         }
     }
 
@@ -149,36 +172,45 @@ impl Activity {
         }
     }
 
-    /// When the connection should close and why, as things stand; `None`
-    /// while a request is in flight.
-    fn deadline(&self, limits: ConnLimits) -> Option<(Instant, &'static str)> {
+    /// When the connection's hyper state should end and why, as things
+    /// stand; `None` while a request is in flight. An idle connection rests
+    /// before its idle limit, where that limit is longer than [`REST`].
+    fn deadline(&self, limits: ConnLimits) -> Option<(Instant, IdleEnd)> {
         if self.in_flight.load(Ordering::Relaxed) > 0 {
             return None;
         }
         match self.head_started.load(Ordering::Relaxed) {
-            0 => Some((
-                later(
-                    self.at(self.idle_since.load(Ordering::Relaxed)),
-                    limits.idle,
-                ),
-                "idle",
-            )),
+            0 => {
+                let since = self.at(self.idle_since.load(Ordering::Relaxed));
+                Some(if REST < limits.idle {
+                    (later(since, REST), IdleEnd::Rest)
+                } else {
+                    (later(since, limits.idle), IdleEnd::Close("idle"))
+                })
+            }
             first => Some((
                 later(self.at(first - 1), limits.header),
-                "the request head did not arrive in time",
+                IdleEnd::Close("the request head did not arrive in time"),
             )),
         }
     }
 
-    /// Resolves with why the connection should close.
+    /// What is left of the idle limit of a connection idle since its last
+    /// request ended (or hyper started, if none has).
+    fn idle_left(&self, limits: ConnLimits) -> Duration {
+        let since = self.at(self.idle_since.load(Ordering::Relaxed));
+        later(since, limits.idle).saturating_duration_since(Instant::now())
+    }
+
+    /// Resolves with why the connection's hyper state should end.
     ///
     /// One timer, armed no later than any limit could run out from what is
     /// known when it is armed, and re-armed when it fires: a request that
     /// starts or ends moves a limit only later, except a head's first byte,
     /// whose limit is never earlier than `header` from the moment the timer
     /// was armed while none had come.
-    async fn expired(&self, limits: ConnLimits) -> &'static str {
-        let soonest = limits.idle.min(limits.header);
+    async fn expired(&self, limits: ConnLimits) -> IdleEnd {
+        let soonest = limits.idle.min(limits.header).min(REST);
         let timer = tokio::time::sleep(soonest);
         tokio::pin!(timer);
         loop {
@@ -200,6 +232,8 @@ impl Activity {
 /// The connection's socket, noting when a new request's first byte arrives.
 struct WatchedIo<T> {
     inner: T,
+    /// Bytes read before the connection last rested, read again first.
+    unread: Bytes,
     activity: Arc<Activity>,
 }
 
@@ -209,6 +243,12 @@ impl<T: AsyncRead + Unpin> AsyncRead for WatchedIo<T> {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
+        if !self.unread.is_empty() {
+            let n = self.unread.len().min(buf.remaining());
+            buf.put_slice(&self.unread.split_to(n));
+            self.activity.bytes_read();
+            return Poll::Ready(Ok(()));
+        }
         let before = buf.filled().len();
         let result = Pin::new(&mut self.inner).poll_read(cx, buf);
         if matches!(result, Poll::Ready(Ok(()))) && buf.filled().len() > before {
@@ -230,6 +270,9 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for WatchedIo<T> {
         Pin::new(&mut self.inner).poll_flush(cx)
     }
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        if self.activity.resting.load(Ordering::Relaxed) {
+            return Poll::Ready(Ok(()));
+        }
         Pin::new(&mut self.inner).poll_shutdown(cx)
     }
     fn poll_write_vectored(
@@ -399,7 +442,8 @@ async fn stopped_if_watched(stop: Option<&mut watch::Receiver<bool>>) {
 /// Until its first byte arrives a connection is only its socket, one timer
 /// and this small task: hyper's buffers (two of 8 KiB) and its state are
 /// made with the first byte, so an idle borrower costs a few hundred bytes
-/// (issue 31 item 4).
+/// (issue 31 item 4). Once idle for [`REST`] after a request it gives them
+/// back and waits so again, for what is left of its idle limit.
 pub async fn serve_connection<H, Fut, B>(
     stream: TcpStream,
     limits: ConnLimits,
@@ -412,33 +456,58 @@ where
     B: Body<Data = Bytes> + Unpin + Send + 'static,
     B::Error: Into<BoxError>,
 {
-    let mut peeked = [0u8; 1];
-    let first_byte = {
-        tokio::select! {
-            // A peek, not `readable()`: tokio takes an accepted socket as
-            // readable at first. It ends also when the peer closed (hyper
-            // then sees the end) or failed.
-            r = stream.peek(&mut peeked) => r.is_ok(),
-            () = tokio::time::sleep(limits.idle) => {
-                debug!(reason = "idle", "closing a connection");
-                false
-            }
-            () = stopped_if_watched(stop.as_mut()) => false,
+    let handler = Arc::new(handler);
+    let (mut stream, mut unread, mut idle) = (stream, Bytes::new(), limits.idle);
+    loop {
+        if unread.is_empty() && !first_byte(&stream, idle, stop.as_mut()).await {
+            return Ok(());
         }
-    };
-    if !first_byte {
-        return Ok(());
+        let served = serve_started(stream, unread, limits, Arc::clone(&handler), stop.as_mut());
+        match Box::pin(served).await? {
+            Served::Closed => return Ok(()),
+            Served::Rested(rested) => (stream, unread, idle) = rested,
+        }
     }
-    Box::pin(serve_started(stream, limits, handler, stop)).await
 }
 
-/// [`serve_connection`] from the connection's first byte on.
+/// Whether a byte arrived (or the peer closed or failed, which hyper then
+/// sees) within `idle`, before the daemon stopped.
+async fn first_byte(
+    stream: &TcpStream,
+    idle: Duration,
+    stop: Option<&mut watch::Receiver<bool>>,
+) -> bool {
+    let mut peeked = [0u8; 1];
+    tokio::select! {
+        // A peek, not `readable()`: tokio takes an accepted socket as
+        // readable at first.
+        r = stream.peek(&mut peeked) => r.is_ok(),
+        () = tokio::time::sleep(idle) => {
+            debug!(reason = "idle", "closing a connection");
+            false
+        }
+        () = stopped_if_watched(stop) => false,
+    }
+}
+
+/// How hyper's part of a connection ended.
+enum Served {
+    /// The connection is over (closed, failed, upgraded or stopped).
+    Closed,
+    /// Idle for [`REST`]: the socket, what hyper had read of a next request
+    /// and not parsed, and what is left of the idle limit.
+    Rested((TcpStream, Bytes, Duration)),
+}
+
+/// Serve requests on `stream` with hyper from its first byte (after
+/// `unread`, read before it last rested) until it closes or rests.
 async fn serve_started<H, Fut, B>(
     stream: TcpStream,
+    unread: Bytes,
     limits: ConnLimits,
-    handler: H,
-    mut stop: Option<watch::Receiver<bool>>,
-) -> Result<(), hyper::Error>
+    handler: Arc<H>,
+    stop: Option<&mut watch::Receiver<bool>>,
+) -> Result<Served, hyper::Error>
 where
     H: Fn(http::Request<BorrowerBody>) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = http::Response<B>> + Send + 'static,
@@ -448,9 +517,9 @@ where
     let activity = Arc::new(Activity::new());
     let io = WatchedIo {
         inner: stream,
+        unread,
         activity: Arc::clone(&activity),
     };
-    let handler = Arc::new(handler);
     let svc_activity = Arc::clone(&activity);
     let service = service_fn(move |req: http::Request<Incoming>| {
         svc_activity.request_started();
@@ -466,37 +535,70 @@ where
     // (hyper's default for sockets): a read's reply costs the kernel about
     // 1 µs less and hyper 700 instructions less (issue 31). What is copied
     // is bounded by hyper's buffer, as the upstream's chunks are.
-    let conn = http1::Builder::new()
+    let mut conn = http1::Builder::new()
         .writev(false)
         .serve_connection(TokioIo::new(io), service)
         .with_upgrades();
-    tokio::pin!(conn);
     // The idle timer and the shutdown watch, polled only when one of them
     // woke the task, not on each of the connection's reads (issue 31).
     let mut ends = WokenOnly::new(Box::pin(async {
         tokio::select! {
             biased;
-            why = activity.expired(limits) => Some(why),
-            () = stopped_if_watched(stop.as_mut()) => None,
+            end = activity.expired(limits) => Some(end),
+            () = stopped_if_watched(stop) => None,
         }
     }));
-    tokio::select! {
+    let end = tokio::select! {
         biased;
-        r = conn.as_mut() => r,
-        end = &mut ends => {
-            conn.as_mut().graceful_shutdown();
-            match end {
-                Some(why) => {
-                    debug!(reason = why, "closing a connection");
-                    // An idle connection closes at once; a half-sent head is cut.
-                    match tokio::time::timeout(Duration::from_secs(1), conn.as_mut()).await {
-                        Ok(r) => r,
-                        Err(_) => Ok(()),
-                    }
-                }
-                None => conn.await,
+        r = &mut conn => return r.map(|()| Served::Closed),
+        end = &mut ends => end,
+    };
+    drop(ends);
+    if end == Some(IdleEnd::Rest) {
+        // Nothing of a next request has been read, nor can be until the
+        // connection is polled again: hyper ends once the last reply is
+        // written out (at once, unless the borrower is slow to read it), and
+        // without shutting the socket down. A borrower who reads nothing
+        // more is closed at the idle limit, as before.
+        activity.resting.store(true, Ordering::Relaxed);
+        Pin::new(&mut conn).graceful_shutdown();
+        match tokio::time::timeout(activity.idle_left(limits), &mut conn).await {
+            Ok(r) => r?,
+            Err(_) => {
+                debug!(reason = "idle", "closing a connection");
+                return Ok(Served::Closed);
             }
         }
+        let Some(parts) = conn.into_parts() else {
+            return Ok(Served::Closed);
+        };
+        let io = parts.io.into_inner();
+        // Copied out, and nothing kept when there is nothing: hyper's
+        // leftover is a view of its whole read buffer, which it would keep.
+        let unread = match (parts.read_buf.is_empty(), io.unread.is_empty()) {
+            (true, true) => Bytes::new(),
+            _ => [parts.read_buf, io.unread].concat().into(),
+        };
+        debug!("connection resting: hyper's state and buffers given back until its next byte");
+        #[cfg(test)]
+        tests::RESTS.with(|r| r.set(r.get() + 1));
+        return Ok(Served::Rested((
+            io.inner,
+            unread,
+            activity.idle_left(limits),
+        )));
+    }
+    Pin::new(&mut conn).graceful_shutdown();
+    match end {
+        Some(IdleEnd::Close(why)) => {
+            debug!(reason = why, "closing a connection");
+            // An idle connection closes at once; a half-sent head is cut.
+            match tokio::time::timeout(Duration::from_secs(1), &mut conn).await {
+                Ok(r) => r.map(|()| Served::Closed),
+                Err(_) => Ok(Served::Closed),
+            }
+        }
+        _ => conn.await.map(|()| Served::Closed),
     }
 }
 
@@ -630,6 +732,111 @@ mod tests {
 
     use super::*;
     use http_body_util::BodyExt;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// Serves one connection at `addr` with a handler that answers each
+    /// request with its path.
+    async fn path_echo(limits: ConnLimits) -> (SocketAddr, tokio::task::JoinHandle<()>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(async move {
+            let (stream, _) = listener.accept().await.unwrap();
+            let handler = |req: http::Request<BorrowerBody>| async move {
+                let path = Bytes::copy_from_slice(req.uri().path().as_bytes());
+                http::Response::new(http_body_util::Full::new(path))
+            };
+            serve_connection(stream, limits, handler, None)
+                .await
+                .unwrap();
+        });
+        (addr, server)
+    }
+
+    /// Reads one reply whose body is `body`, whole.
+    async fn reply(client: &mut TcpStream, body: &str) {
+        let mut got = Vec::new();
+        let mut chunk = [0u8; 1024];
+        while !got.ends_with(body.as_bytes()) {
+            let n = tokio::time::timeout(Duration::from_secs(10), client.read(&mut chunk))
+                .await
+                .expect("a reply")
+                .unwrap();
+            assert_ne!(
+                n,
+                0,
+                "closed before the reply: {}",
+                String::from_utf8_lossy(&got)
+            );
+            got.extend_from_slice(&chunk[..n]);
+        }
+        let got = String::from_utf8_lossy(&got);
+        assert!(got.starts_with("HTTP/1.1 200"), "{got}");
+    }
+
+    thread_local! {
+        /// The rests of connections served on this thread (a test's own
+        /// runtime is its thread).
+        pub(super) static RESTS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+    }
+
+    /// Issue 31 item 4: a keep-alive connection idle for REST lets hyper's
+    /// state go and serves its next request as a fresh one would, with
+    /// what hyper had read of it and not parsed (here half a pipelined
+    /// head) read again first.
+    #[tokio::test]
+    async fn a_keep_alive_connection_rests_and_serves_its_next_request_whole() {
+        let rested = async |n| {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while RESTS.with(std::cell::Cell::get) < n {
+                assert!(Instant::now() < deadline, "the connection never rested");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        };
+        let (addr, _server) = path_echo(ConnLimits::default()).await;
+        let mut client = TcpStream::connect(addr).await.unwrap();
+        client
+            .write_all(b"GET /first HTTP/1.1\r\nHost: x\r\n\r\nGET /second HTTP/1.1\r\nHo")
+            .await
+            .unwrap();
+        reply(&mut client, "/first").await;
+        rested(1).await;
+        client.write_all(b"st: x\r\n\r\n").await.unwrap();
+        reply(&mut client, "/second").await;
+        rested(2).await;
+        client
+            .write_all(b"GET /third HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        reply(&mut client, "/third").await;
+    }
+
+    /// Resting does not lengthen the idle limit: a connection idle since
+    /// its last reply closes at `idle` after it, rested or not.
+    #[tokio::test(start_paused = true)]
+    async fn a_rested_connection_still_closes_at_its_idle_limit() {
+        let idle = REST * 4;
+        let limits = ConnLimits {
+            idle,
+            ..ConnLimits::default()
+        };
+        let (addr, server) = path_echo(limits).await;
+        let mut client = TcpStream::connect(addr).await.unwrap();
+        client
+            .write_all(b"GET /only HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        reply(&mut client, "/only").await;
+        let replied = Instant::now();
+        let mut rest = Vec::new();
+        client.read_to_end(&mut rest).await.unwrap();
+        let idled = replied.elapsed();
+        assert!(rest.is_empty(), "{}", String::from_utf8_lossy(&rest));
+        assert!(
+            idled >= idle - Duration::from_millis(5) && idled < idle + REST / 2,
+            "closed {idled:?} after the reply; the idle limit is {idle:?}"
+        );
+        server.await.unwrap();
+    }
 
     #[test]
     fn budgets_keep_descriptors_for_the_control_plane() {
