@@ -13,7 +13,9 @@
 //! What it measures, each for direct / nginx / vacancyd where it applies:
 //! - memory first, on a fresh daemon: RSS per idle borrower connection
 //!   (`BENCH_IDLE_CONNECTIONS` opened, nothing sent), per connection once
-//!   each has made one request and sits in keep-alive, and RSS
+//!   each has made one request and sits in keep-alive (at once, and
+//!   [`SETTLE`] later: an idle connection rests and the allocator returns
+//!   what it gave back), and RSS
 //!   `BENCH_RECOVERY_SECONDS` after they all close, against the RSS before;
 //! - `GET /v1/models` (wrk) at each of `BENCH_READ_CONNECTIONS`: requests/s,
 //!   p99, and CPU time per request of the proxy's processes, with its user
@@ -961,11 +963,20 @@ fn addr(port: u16) -> SocketAddr {
 
 // ---- memory per connection -----------------------------------------------
 
+/// How long after their one request the keep-alive connections are measured
+/// again: past vacancyd's rest (250 ms, when a connection gives hyper's
+/// buffers back) and jemalloc's decay (10 s, when freed pages go back to the
+/// system), so what the connections still hold shows apart from what the
+/// allocator has not yet returned.
+const SETTLE: Duration = Duration::from_secs(15);
+
 #[derive(Debug, Default, Clone, Copy)]
 struct Memory {
     before_kib: u64,
     idle_kib_per_conn: f64,
     after_request_kib_per_conn: f64,
+    /// [`SETTLE`] later, still in keep-alive.
+    settled_kib_per_conn: f64,
     closed_kib: u64,
     recovered_kib: u64,
     connections: usize,
@@ -1051,6 +1062,8 @@ fn memory(port: u16, pids: &dyn Fn() -> Vec<u32>, n: usize, recovery: Duration) 
     }
     std::thread::sleep(Duration::from_millis(500));
     let after_request = rss_kib(&pids()).saturating_sub(before) as f64 / n as f64;
+    std::thread::sleep(SETTLE.saturating_sub(Duration::from_millis(500)));
+    let settled = rss_kib(&pids()).saturating_sub(before) as f64 / n as f64;
     drop(conns);
     wait_fds(&pids(), fds_before + 16, false);
     std::thread::sleep(Duration::from_millis(200));
@@ -1063,6 +1076,7 @@ fn memory(port: u16, pids: &dyn Fn() -> Vec<u32>, n: usize, recovery: Duration) 
         before_kib: before,
         idle_kib_per_conn: idle,
         after_request_kib_per_conn: after_request,
+        settled_kib_per_conn: settled,
         closed_kib: closed,
         recovered_kib: rss_kib(&pids()),
         connections: n,
@@ -1396,6 +1410,16 @@ fn main() {
             &ours,
         );
         row(
+            &format!(
+                "RSS per connection {} s after its request, KiB",
+                SETTLE.as_secs()
+            ),
+            &pick(&|m| m.settled_kib_per_conn),
+            "",
+            nginx_col,
+            &ours,
+        );
+        row(
             "RSS once all closed, MiB",
             &pick(&|m| m.closed_kib as f64 / 1024.0),
             "",
@@ -1415,6 +1439,16 @@ fn main() {
                 format!("{:.2} KiB", m.idle_kib_per_conn),
                 "≤ 4 KiB".to_owned(),
                 m.idle_kib_per_conn <= 4.0,
+            );
+            verdict.check(
+                "idle borrower connection after a request",
+                format!(
+                    "{:.2} KiB {} s after it",
+                    m.settled_kib_per_conn,
+                    SETTLE.as_secs()
+                ),
+                "≤ 4 KiB".to_owned(),
+                m.settled_kib_per_conn <= 4.0,
             );
             let ratio = m.recovered_kib as f64 / m.before_kib.max(1) as f64;
             verdict.check(
