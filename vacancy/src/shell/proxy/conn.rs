@@ -570,6 +570,9 @@ where
             }
         }
         let Some(parts) = conn.into_parts() else {
+            // Upgraded while its 101 was still going out: the tunnel has the
+            // socket now, and its shutdown is to be carried out.
+            activity.resting.store(false, Ordering::Relaxed);
             return Ok(Served::Closed);
         };
         let io = parts.io.into_inner();
