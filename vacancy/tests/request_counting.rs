@@ -509,12 +509,9 @@ async fn every_outcome_class_is_counted_exactly_once() {
 
     // An unreachable upstream: a read refused, work admitted (DONE-02 then
     // releases it).
-    // Bound and never listened on: refused, and never the proxy's own port 0
-    // (a dropped listener's port could be given to it, and it would forward to
-    // itself).
-    let refusing = tokio::net::TcpSocket::new_v4().unwrap();
-    refusing.bind("127.0.0.1:0".parse().unwrap()).unwrap();
-    let down = refusing.local_addr().unwrap();
+    // Never the proxy's own port 0, which a dropped listener's could be.
+    let refusing = vacancy::testkit::RefusingPort::bind().unwrap();
+    let down = refusing.addr();
     let p2 = proxy(down, Arc::new(VolatileStore)).await;
     let unreachable = expect("borrower_read", "refused", Some("upstream_unreachable"));
     counted_once(

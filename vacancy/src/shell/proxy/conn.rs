@@ -584,7 +584,7 @@ where
         };
         debug!("connection resting: hyper's state and buffers given back until its next byte");
         #[cfg(test)]
-        tests::RESTS.with(|r| r.set(r.get() + 1));
+        tests::RESTS.with(|r| r.send_modify(|n| *n += 1));
         return Ok(Served::Rested((
             io.inner,
             unread,
@@ -778,8 +778,8 @@ mod tests {
 
     thread_local! {
         /// The rests of connections served on this thread (a test's own
-        /// runtime is its thread).
-        pub(super) static RESTS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+        /// runtime is its thread), for a test to wait on.
+        pub(super) static RESTS: watch::Sender<usize> = watch::Sender::new(0);
     }
 
     /// Issue 31 item 4: a keep-alive connection idle for REST lets hyper's
@@ -788,12 +788,13 @@ mod tests {
     /// head) read again first.
     #[tokio::test]
     async fn a_keep_alive_connection_rests_and_serves_its_next_request_whole() {
-        let rested = async |n| {
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while RESTS.with(std::cell::Cell::get) < n {
-                assert!(Instant::now() < deadline, "the connection never rested");
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
+        let mut rests = RESTS.with(watch::Sender::subscribe);
+        let mut rested = async |n| {
+            tokio::time::timeout(Duration::from_secs(10), rests.wait_for(|r| *r >= n))
+                .await
+                .expect("the connection never rested")
+                .map(|_| ())
+                .unwrap();
         };
         let (addr, _server) = path_echo(ConnLimits::default()).await;
         let mut client = TcpStream::connect(addr).await.unwrap();

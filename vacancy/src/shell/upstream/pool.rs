@@ -567,17 +567,19 @@ mod tests {
         }
     }
 
+    /// One read through `pool`, read to the end.
+    async fn read_through(pool: &ReadPool, target: &Target) {
+        let resp = pool.send(target, read()).await.unwrap();
+        assert_eq!(resp.status(), 200);
+        http_body_util::BodyExt::collect(resp.into_body())
+            .await
+            .unwrap();
+    }
+
     /// Two reads at once through a pool that keeps one idle connection,
     /// both read to the end.
     async fn two_reads_at_once(pool: &ReadPool, target: &Target) {
-        let read_through = async || {
-            let resp = pool.send(target, read()).await.unwrap();
-            assert_eq!(resp.status(), 200);
-            http_body_util::BodyExt::collect(resp.into_body())
-                .await
-                .unwrap();
-        };
-        tokio::join!(read_through(), read_through());
+        tokio::join!(read_through(pool, target), read_through(pool, target));
     }
 
     /// How many connections the pool keeps, once its check-ins have run.
@@ -628,10 +630,7 @@ mod tests {
         let pool = ReadPool::per_worker(Duration::from_secs(5), 0, 1)
             .surplus_idle_for(Duration::from_millis(200));
         let (_a, _b) = (pool.borrower_connected(), pool.borrower_connected());
-        let resp = pool.send(&target, read()).await.unwrap();
-        http_body_util::BodyExt::collect(resp.into_body())
-            .await
-            .unwrap();
+        read_through(&pool, &target).await;
         assert_eq!(kept_once_settled(&pool, 1).await, 1);
         // The slot's timer (on this test's one thread) runs to its sleep
         // toward the kept connection's IDLE.
@@ -666,12 +665,7 @@ mod tests {
         let mut reads = tokio::task::JoinSet::new();
         for _ in 0..AT_ONCE {
             let (pool, target) = (Arc::clone(&pool), target.clone());
-            reads.spawn(async move {
-                let resp = pool.send(&target, read()).await.unwrap();
-                http_body_util::BodyExt::collect(resp.into_body())
-                    .await
-                    .unwrap();
-            });
+            reads.spawn(async move { read_through(&pool, &target).await });
         }
         while let Some(read) = reads.join_next().await {
             read.unwrap();
