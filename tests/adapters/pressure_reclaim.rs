@@ -149,6 +149,7 @@ async fn rig() -> Rig {
             tunnel_idle: Duration::from_secs(3600),
             credential: None,
             reads: vacancy::shell::upstream::pool::ReadPool::new(Duration::from_secs(2)),
+            series: Default::default(),
         });
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         urls.push(format!(

@@ -750,6 +750,7 @@ async fn open_upstream(
             proxy_threads(config),
             read_pool_idle,
         ),
+        series: Default::default(),
     });
     let listener = bind(&format!("upstream {:?}", u.name), &u.listen).await?;
     let info = UpstreamInfo {

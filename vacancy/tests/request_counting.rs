@@ -151,6 +151,7 @@ async fn proxy(target: SocketAddr, store: Arc<dyn ReservationStore>) -> Proxy {
         tunnel_idle: Duration::from_secs(60),
         credential: None,
         reads: ReadPool::new(Duration::from_secs(2)),
+        series: Default::default(),
     });
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();

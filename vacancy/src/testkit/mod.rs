@@ -454,6 +454,7 @@ pub fn lone_upstream(
         tunnel_idle: Duration::from_secs(3600),
         credential: None,
         reads: crate::shell::upstream::pool::ReadPool::new(Duration::from_secs(2)),
+        series: Default::default(),
     });
     Ok((lender, route))
 }

@@ -23,7 +23,7 @@ use tracing::{debug, info};
 
 use crate::engine::{Refusal, Reservation};
 use crate::shell::state::lender::Lender;
-use crate::shell::state::metrics::RequestOutcome;
+use crate::shell::state::metrics::{ClassKey, RequestOutcome};
 use crate::shell::upstream::route::UpstreamRoute;
 
 /// One borrower request before and around its admission; counted once, by
@@ -35,8 +35,8 @@ pub struct Arrival {
     pub(crate) at: Instant,
     /// The request's path and query, as the borrower sent it.
     pub(crate) path: http::uri::PathAndQuery,
-    /// The route class's metric label.
-    class: &'static str,
+    /// The route class, as the metrics count it.
+    class: ClassKey,
     /// How long the request waited in its upstream's line, once decided.
     pub(crate) waited: Option<Duration>,
     /// Its place in line when it joined, 1 being next (issue 34).
@@ -59,7 +59,7 @@ impl Arrival {
         route: Arc<UpstreamRoute>,
         at: Instant,
         path: http::uri::PathAndQuery,
-        class: &'static str,
+        class: ClassKey,
     ) -> Self {
         Self {
             lender,
@@ -111,21 +111,22 @@ impl Arrival {
             return false;
         }
         self.outcome = Some(outcome);
+        let route = &*self.route;
         self.lender
             .metrics()
-            .answered(&self.route.name, self.class, outcome);
+            .answered(&route.series, &route.name, self.class, outcome);
         true
     }
 }
 
 impl Drop for Arrival {
     fn drop(&mut self) {
-        let metrics = self.lender.metrics();
+        let (metrics, route) = (self.lender.metrics(), &*self.route);
         if self.outcome.is_none() {
-            metrics.answered(&self.route.name, self.class, RequestOutcome::Gone);
+            metrics.answered(&route.series, &route.name, self.class, RequestOutcome::Gone);
         }
         if let Some((total, own)) = self.timing {
-            metrics.request(&self.route.name, self.class, total, own);
+            metrics.request(&route.series, &route.name, self.class, total, own);
         }
     }
 }

@@ -66,7 +66,7 @@ pub async fn handle(
         .cloned()
         .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/"));
     let class = route.adapter.classify(req.method(), path.as_str());
-    let mut arrival = Arrival::new(lender, route, at, path, class.label());
+    let mut arrival = Arrival::new(lender, route, at, path, (&class).into());
     let mut response = answer_request(&mut arrival, req, class).await;
     if let Some(p) = arrival.line_position {
         response.headers_mut().insert(

@@ -12,8 +12,7 @@
 //! one not in base units, is `vacancyd_resource_free_bytes` now and keeps its
 //! old name for one release, marked deprecated in its HELP (issue 30).
 
-use std::collections::HashMap;
-use std::sync::{Mutex, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -24,6 +23,7 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
 use crate::engine::{EngineStatus, RefusalCode};
+use crate::traits::RouteClass;
 
 /// The content type of [`Metrics::render`]'s text.
 pub const CONTENT_TYPE: &str = prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
@@ -144,21 +144,58 @@ const SAMPLE_BUCKETS: &[f64] = &[
     0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 2.0, 10.0,
 ];
 
-/// The handles one upstream's request path updates, looked up by name under
-/// a read lock so that counting a request allocates nothing once its labels
-/// have been seen.
-#[derive(Default)]
-struct PerUpstream {
-    admissions: Option<Counter>,
-    refusals: FastMap<&'static str, Counter>,
-    requests: FastMap<&'static str, (Histogram, Histogram)>,
-    answers: FastMap<(&'static str, &'static str), Counter>,
+/// How many route classes there are ([`ClassKey`]).
+const ROUTE_CLASSES: usize = 5;
+/// How many request outcomes there are ([`RequestOutcome`]).
+const OUTCOMES: usize = 4;
+
+/// One upstream's per-request series, each taken from its family at its
+/// first use and kept: a request is counted and timed with one atomic load
+/// a series, without the registry's lock or a hash of its labels (issue 31:
+/// looking them up by name was about 600 instructions of a proxied read).
+/// A series still appears at its first use, as the family's own would.
+///
+/// Kept with its upstream's route ([`UpstreamRoute`](crate::shell::upstream::route::UpstreamRoute)),
+/// and tied to the first [`Metrics`] it counts in: a route is served by one
+/// daemon, whose one registry it counts in.
+#[derive(Debug, Default)]
+pub struct RouteSeries {
+    answers: [[OnceLock<Counter>; OUTCOMES]; ROUTE_CLASSES],
+    admissions: OnceLock<Counter>,
+    refusals: [OnceLock<Counter>; RefusalCode::ALL.len()],
+    requests: [OnceLock<(Histogram, Histogram)>; ROUTE_CLASSES],
 }
 
-/// The maps looked up on every request (issue 31: SipHash was a visible
-/// part of a proxied read's CPU). Their keys are configured upstream names
-/// and fixed labels, which no borrower chooses.
-type FastMap<K, V> = HashMap<K, V, foldhash::fast::FixedState>;
+/// A route class as the metrics know it: its label, and its place among
+/// the classes for a [`RouteSeries`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClassKey {
+    index: usize,
+    label: &'static str,
+}
+
+impl ClassKey {
+    /// The class's metric label (`work`, `discovery`, ...).
+    pub fn label(self) -> &'static str {
+        self.label
+    }
+}
+
+impl From<&RouteClass> for ClassKey {
+    fn from(class: &RouteClass) -> Self {
+        let index = match class {
+            RouteClass::Work(_) => 0,
+            RouteClass::BorrowerRead => 1,
+            RouteClass::Discovery => 2,
+            RouteClass::Management => 3,
+            RouteClass::Unknown => 4,
+        };
+        ClassKey {
+            index,
+            label: class.label(),
+        }
+    }
+}
 
 /// What a scrape needs besides the engine's status.
 #[derive(Debug, Clone, Default)]
@@ -172,7 +209,6 @@ pub struct ScrapeFacts {
 /// The daemon's metrics registry and the handles that update it.
 pub struct Metrics {
     registry: Registry,
-    cache: RwLock<FastMap<String, PerUpstream>>,
     admissions: Family<UpstreamLabel, Counter>,
     refusals: Family<RefusalLabels, Counter>,
     answers: Family<OutcomeLabels, Counter>,
@@ -452,7 +488,6 @@ impl Default for Metrics {
         Metrics {
             registry,
             borrowers,
-            cache: RwLock::new(FastMap::default()),
             admissions,
             refusals,
             answers,
@@ -507,106 +542,49 @@ pub fn trigger_label(trigger: &crate::engine::ReclaimTrigger) -> &'static str {
 }
 
 impl Metrics {
-    fn read_cache(&self) -> RwLockReadGuard<'_, FastMap<String, PerUpstream>> {
-        match self.cache.read() {
-            Ok(g) => g,
-            Err(p) => p.into_inner(),
-        }
-    }
-
-    fn write_cache(&self) -> RwLockWriteGuard<'_, FastMap<String, PerUpstream>> {
-        match self.cache.write() {
-            Ok(g) => g,
-            Err(p) => p.into_inner(),
-        }
-    }
-
     /// One borrower request's final answer: `vacancyd_requests_total`, and
     /// an admission or a refusal by its code. Called once per request, by
-    /// the request path's [`Arrival`](crate::shell::proxy::arrival::Arrival).
-    /// Once the labels have been seen, both counters move under one read
-    /// lock, without allocating or cloning a handle.
-    pub fn answered(&self, upstream: &str, route_class: &'static str, outcome: RequestOutcome) {
-        let key = (route_class, outcome.label());
-        let counted = self.read_cache().get(upstream).is_some_and(|h| {
-            let Some(answers) = h.answers.get(&key) else {
-                return false;
-            };
-            let by_outcome = match outcome {
-                RequestOutcome::Admitted => h.admissions.as_ref(),
-                RequestOutcome::Refused(code) => h.refusals.get(code.as_str()),
-                RequestOutcome::Forwarded | RequestOutcome::Gone => {
-                    answers.inc();
-                    return true;
-                }
-            };
-            let Some(by_outcome) = by_outcome else {
-                return false;
-            };
-            answers.inc();
-            by_outcome.inc();
-            true
-        });
-        if counted {
-            return;
-        }
-        let c = self.answers.get_or_create_owned(&OutcomeLabels {
-            upstream: upstream.to_owned(),
-            route_class,
-            outcome: key.1,
-        });
-        self.write_cache()
-            .entry(upstream.to_owned())
-            .or_default()
-            .answers
-            .insert(key, c.clone());
-        c.inc();
+    /// the request path's [`Arrival`](crate::shell::proxy::arrival::Arrival),
+    /// with its upstream's `series`.
+    pub fn answered(
+        &self,
+        series: &RouteSeries,
+        upstream: &str,
+        class: ClassKey,
+        outcome: RequestOutcome,
+    ) {
+        series.answers[class.index][outcome.index()]
+            .get_or_init(|| {
+                self.answers.get_or_create_owned(&OutcomeLabels {
+                    upstream: upstream.to_owned(),
+                    route_class: class.label,
+                    outcome: outcome.label(),
+                })
+            })
+            .inc();
         match outcome {
-            RequestOutcome::Admitted => self.admitted(upstream),
-            RequestOutcome::Refused(code) => self.refused(upstream, code),
+            RequestOutcome::Admitted => {
+                series
+                    .admissions
+                    .get_or_init(|| {
+                        self.admissions.get_or_create_owned(&UpstreamLabel {
+                            upstream: upstream.to_owned(),
+                        })
+                    })
+                    .inc();
+            }
+            RequestOutcome::Refused(code) => {
+                series.refusals[code as usize]
+                    .get_or_init(|| {
+                        self.refusals.get_or_create_owned(&RefusalLabels {
+                            upstream: upstream.to_owned(),
+                            code: code.as_str(),
+                        })
+                    })
+                    .inc();
+            }
             RequestOutcome::Forwarded | RequestOutcome::Gone => {}
         }
-    }
-
-    /// One admission on `upstream`.
-    fn admitted(&self, upstream: &str) {
-        let cached = self
-            .read_cache()
-            .get(upstream)
-            .and_then(|h| h.admissions.clone());
-        let counter = cached.unwrap_or_else(|| {
-            let c = self.admissions.get_or_create_owned(&UpstreamLabel {
-                upstream: upstream.to_owned(),
-            });
-            self.write_cache()
-                .entry(upstream.to_owned())
-                .or_default()
-                .admissions = Some(c.clone());
-            c
-        });
-        counter.inc();
-    }
-
-    /// One refusal on `upstream` with `code`.
-    fn refused(&self, upstream: &str, code: RefusalCode) {
-        let code = code.as_str();
-        let cached = self
-            .read_cache()
-            .get(upstream)
-            .and_then(|h| h.refusals.get(code).cloned());
-        let counter = cached.unwrap_or_else(|| {
-            let c = self.refusals.get_or_create_owned(&RefusalLabels {
-                upstream: upstream.to_owned(),
-                code,
-            });
-            self.write_cache()
-                .entry(upstream.to_owned())
-                .or_default()
-                .refusals
-                .insert(code, c.clone());
-            c
-        });
-        counter.inc();
     }
 
     /// One acknowledged unload on `upstream` (OBS-04).
@@ -622,36 +600,24 @@ impl Metrics {
     /// head, `added` of it vacancyd's own (the `vacancy-overhead-ms` value).
     pub fn request(
         &self,
+        series: &RouteSeries,
         upstream: &str,
-        route_class: &'static str,
+        class: ClassKey,
         total: Duration,
         added: Duration,
     ) {
-        let observed = self.read_cache().get(upstream).is_some_and(|h| {
-            h.requests.get(route_class).is_some_and(|(duration, own)| {
-                duration.observe(total.as_secs_f64());
-                own.observe(added.as_secs_f64());
-                true
-            })
+        let (duration, own) = series.requests[class.index].get_or_init(|| {
+            let labels = RouteLabels {
+                upstream: upstream.to_owned(),
+                route_class: class.label,
+            };
+            (
+                self.request_duration.get_or_create_owned(&labels),
+                self.added.get_or_create_owned(&labels),
+            )
         });
-        if observed {
-            return;
-        }
-        let labels = RouteLabels {
-            upstream: upstream.to_owned(),
-            route_class,
-        };
-        let (duration, own) = (
-            self.request_duration.get_or_create_owned(&labels),
-            self.added.get_or_create_owned(&labels),
-        );
         duration.observe(total.as_secs_f64());
         own.observe(added.as_secs_f64());
-        self.write_cache()
-            .entry(upstream.to_owned())
-            .or_default()
-            .requests
-            .insert(route_class, (duration, own));
     }
 
     /// A request that waited in line for `took`, and how it ended.
@@ -946,6 +912,16 @@ pub enum RequestOutcome {
 }
 
 impl RequestOutcome {
+    /// Its place among the outcomes, for a [`RouteSeries`].
+    fn index(self) -> usize {
+        match self {
+            RequestOutcome::Admitted => 0,
+            RequestOutcome::Refused(_) => 1,
+            RequestOutcome::Forwarded => 2,
+            RequestOutcome::Gone => 3,
+        }
+    }
+
     /// The metric label.
     pub fn label(self) -> &'static str {
         match self {
@@ -1025,6 +1001,18 @@ mod tests {
     use crate::time::Moment;
     use crate::traits::resource::{CapacitySample, ResourceKind};
 
+    /// The status of an engine with nothing configured: the scrape shows
+    /// the series the tests count and nothing of the engine's own.
+    fn no_upstreams() -> EngineStatus {
+        Engine::new(EngineSpec {
+            lending: true,
+            resources: vec![],
+            upstreams: vec![],
+        })
+        .unwrap()
+        .status(Moment::from_millis(0))
+    }
+
     #[test]
     fn every_phase_has_its_own_handle() {
         let mut seen = [false; RequestPhase::COUNT];
@@ -1043,13 +1031,7 @@ mod tests {
     fn a_phase_appears_at_its_first_observation_and_counts_each() {
         // Issue 31: the kept handle is the family's own series.
         let m = Metrics::default();
-        let status = Engine::new(EngineSpec {
-            lending: true,
-            resources: vec![],
-            upstreams: vec![],
-        })
-        .unwrap()
-        .status(Moment::from_millis(0));
+        let status = no_upstreams();
         let count =
             |phase: &str| format!("vacancyd_request_phase_seconds_count{{phase=\"{phase}\"}}");
         assert!(!m.render(&status).contains(&count("connect")));
@@ -1060,6 +1042,97 @@ mod tests {
         assert!(text.contains(&format!("{} 2", count("connect"))), "{text}");
         assert!(text.contains(&format!("{} 1", count("persist"))), "{text}");
         assert!(!text.contains(&count("inspect")), "{text}");
+    }
+
+    #[test]
+    fn every_refusal_code_has_its_own_series_slot() {
+        // Issue 31: a route's refusal counters are indexed by the code.
+        for (i, code) in RefusalCode::ALL.iter().enumerate() {
+            assert_eq!(*code as usize, i, "{code:?} is not at its place in ALL");
+        }
+    }
+
+    #[test]
+    fn every_route_class_and_outcome_has_its_own_series_slot() {
+        let classes = [
+            RouteClass::BorrowerRead,
+            RouteClass::Discovery,
+            RouteClass::Management,
+            RouteClass::Unknown,
+        ]
+        .map(|c| ClassKey::from(&c));
+        let mut seen = [false; ROUTE_CLASSES];
+        seen[0] = true; // RouteClass::Work, which needs a WorkRoute to build
+        for c in classes {
+            assert!(!seen[c.index], "{c:?} shares a slot");
+            seen[c.index] = true;
+        }
+        let outcomes = [
+            RequestOutcome::Admitted,
+            RequestOutcome::Refused(RefusalCode::ResourceBusy),
+            RequestOutcome::Forwarded,
+            RequestOutcome::Gone,
+        ];
+        let mut seen = [false; OUTCOMES];
+        for o in outcomes {
+            assert!(!seen[o.index()], "{o:?} shares a slot");
+            seen[o.index()] = true;
+        }
+    }
+
+    #[test]
+    fn a_routes_series_appear_at_their_first_use_and_count_into_the_family() {
+        // Issue 31: the series a route keeps are the family's own, so a
+        // route built again (a new RouteSeries) counts on in the same ones.
+        let m = Metrics::default();
+        let status = no_upstreams();
+        let discovery = ClassKey::from(&RouteClass::Discovery);
+        let answers = |outcome: &str| {
+            format!(
+                "vacancyd_requests_total{{upstream=\"llm\",route_class=\"discovery\",outcome=\"{outcome}\"}}"
+            )
+        };
+        let (first, again) = (RouteSeries::default(), RouteSeries::default());
+        assert!(!m.render(&status).contains(&answers("forwarded")));
+        m.answered(&first, "llm", discovery, RequestOutcome::Forwarded);
+        m.answered(&again, "llm", discovery, RequestOutcome::Forwarded);
+        m.answered(
+            &first,
+            "llm",
+            discovery,
+            RequestOutcome::Refused(RefusalCode::LendingPaused),
+        );
+        m.request(
+            &first,
+            "llm",
+            discovery,
+            Duration::from_millis(2),
+            Duration::from_micros(90),
+        );
+        let text = m.render(&status);
+        assert!(
+            text.contains(&format!("{} 2", answers("forwarded"))),
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!("{} 1", answers("refused"))),
+            "{text}"
+        );
+        assert!(!text.contains(&answers("gone")), "{text}");
+        assert!(
+            text.contains("vacancyd_refusals_total{upstream=\"llm\",code=\"lending_paused\"} 1"),
+            "{text}"
+        );
+        assert!(
+            !text.contains("code=\"resource_busy\""),
+            "a code never refused has no series: {text}"
+        );
+        assert!(
+            text.contains(
+                "vacancyd_request_duration_seconds_count{upstream=\"llm\",route_class=\"discovery\"} 1"
+            ),
+            "{text}"
+        );
     }
 
     #[test]

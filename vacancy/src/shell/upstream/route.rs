@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use crate::config::{Management, OnBorrowerDisconnect};
 use crate::engine::UpstreamId;
+use crate::shell::state::metrics::RouteSeries;
 use crate::shell::upstream::pool;
 use crate::shell::upstream::target::Target;
 use crate::traits::Adapter;
@@ -44,6 +45,9 @@ pub struct UpstreamRoute {
     /// Keep-alive connections for what reserves nothing (discovery, reads,
     /// allowed management): [`pool::ReadPool`].
     pub reads: pool::ReadPool,
+    /// Its requests' counters and timings, resolved at their first use
+    /// (`RouteSeries::default()`).
+    pub series: RouteSeries,
 }
 
 impl std::fmt::Debug for UpstreamRoute {
