@@ -197,27 +197,30 @@ fn lists_another(value: &HeaderValue) -> bool {
 /// Build the upstream request from the borrower's: the target's prefix is
 /// prepended, hop-by-hop headers dropped, `Host` set to the target, and an
 /// `Origin` or `Referer` that names the proxy itself set to the target too
-/// ([`rewrite_own_origin`]). The borrower's headers are moved, not copied
-/// (issue 31: the copy showed on every proxied read).
+/// ([`rewrite_own_origin`]). The borrower's head is changed in place and
+/// becomes the upstream request's, so nothing in it is copied or built
+/// afresh (issue 31: the copy, then an empty head built and dropped for it,
+/// showed on every proxied read). It goes out as HTTP/1.1, whatever the
+/// borrower's version, and without the borrower's request's extensions.
 pub fn upstream_request(
     target: &Target,
-    parts: http::request::Parts,
+    mut parts: http::request::Parts,
     body: ProxyBody,
 ) -> Result<http::Request<ProxyBody>, String> {
-    let http::request::Parts {
-        method,
-        uri: borrower_uri,
-        mut headers,
-        ..
-    } = parts;
-    let uri: http::Uri = match borrower_uri.path_and_query() {
+    let uri: http::Uri = match parts.uri.path_and_query() {
         // No prefix: the borrower's path as it came (no copy, no parse).
         Some(pq) if target.prefix.is_empty() => http::Uri::from(pq.clone()),
         pq => format!("{}{}", target.prefix, pq.map_or("/", |p| p.as_str()))
             .parse()
             .map_err(|e| format!("cannot form the upstream path: {e}"))?,
     };
-    strip_hop_by_hop(&mut headers);
+    let borrower_uri = std::mem::replace(&mut parts.uri, uri);
+    parts.version = http::Version::HTTP_11;
+    // What the listener put on the borrower's request (a tunnel's
+    // connection permit) stays with the borrower's side.
+    parts.extensions.clear();
+    let headers = &mut parts.headers;
+    strip_hop_by_hop(headers);
     headers.remove(header::CONTENT_LENGTH);
     // Overwritten in its place, in one lookup that also gives back the
     // borrower's: Host stays where the borrower put it (first, as RFC 9110
@@ -227,12 +230,8 @@ pub fn upstream_request(
         .as_ref()
         .and_then(|h| h.to_str().ok())
         .or_else(|| borrower_uri.authority().map(|a| a.as_str()));
-    rewrite_own_origin(&mut headers, borrower_host, target);
-    let mut req = http::Request::new(body);
-    *req.method_mut() = method;
-    *req.uri_mut() = uri;
-    *req.headers_mut() = headers;
-    Ok(req)
+    rewrite_own_origin(headers, borrower_host, target);
+    Ok(http::Request::from_parts(parts, body))
 }
 
 /// An upstream connection opened while the reservation's record is made
@@ -560,6 +559,27 @@ mod tests {
         assert_eq!(req.uri(), "/p/v1/chat/completions?x=1");
         assert_eq!(req.headers()[header::HOST], "127.0.0.1:8080");
         assert!(!req.headers().contains_key(header::CONTENT_LENGTH));
+    }
+
+    #[test]
+    fn upstream_request_goes_out_as_http_1_1_without_the_borrowers_extensions() {
+        // The borrower's head becomes the upstream's (issue 31): an HTTP/1.0
+        // borrower's version and what the listener put on its request stay
+        // behind.
+        #[derive(Clone)]
+        struct OnTheBorrowersSide;
+        let t = Target::parse("http://127.0.0.1:8080").unwrap();
+        let mut parts = head(
+            http::Request::get("/v1/models")
+                .version(http::Version::HTTP_10)
+                .header(header::HOST, "proxy:1"),
+        );
+        parts.extensions.insert(OnTheBorrowersSide);
+        let req = upstream_request(&t, parts, full("")).unwrap();
+        assert_eq!(req.version(), http::Version::HTTP_11);
+        assert!(req.extensions().get::<OnTheBorrowersSide>().is_none());
+        assert_eq!(req.uri(), "/v1/models");
+        assert_eq!(req.method(), http::Method::GET);
     }
 
     #[test]
