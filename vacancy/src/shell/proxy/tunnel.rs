@@ -66,7 +66,7 @@ impl BorrowerSide {
     pub fn take(parts: &mut http::request::Parts) -> Self {
         BorrowerSide {
             upgrade: parts.extensions.remove::<OnUpgrade>(),
-            permit: parts.extensions.get::<ConnectionPermit>().cloned(),
+            permit: parts.extensions.remove::<ConnectionPermit>(),
         }
     }
 }

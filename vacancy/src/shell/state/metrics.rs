@@ -174,13 +174,6 @@ pub struct ClassKey {
     label: &'static str,
 }
 
-impl ClassKey {
-    /// The class's metric label (`work`, `discovery`, ...).
-    pub fn label(self) -> &'static str {
-        self.label
-    }
-}
-
 impl From<&RouteClass> for ClassKey {
     fn from(class: &RouteClass) -> Self {
         let index = match class {
