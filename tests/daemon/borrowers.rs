@@ -335,7 +335,12 @@ async fn three_named_borrowers_get_keys_fair_turns_budgets_and_an_honest_record(
     );
 
     // A kill -9 in the middle of alice's next job: it comes back held,
-    // still hers, and is accounted to her once released.
+    // still hers, and is accounted to her once released. Its span as the
+    // client sees it starts when it is sent (its admission follows).
+    let sent_at = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
     let mut stream = http_stream(
         "POST",
         &format!("{}/completion", d.proxy),
@@ -345,10 +350,6 @@ async fn three_named_borrowers_get_keys_fair_turns_budgets_and_an_honest_record(
     .await
     .unwrap();
     stream.next_chunk().await.unwrap().unwrap();
-    let killed_at = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_secs_f64();
     let log_before_the_crash = d.process.log();
     d = d.crash_restart();
     drop(stream);
@@ -437,9 +438,10 @@ async fn three_named_borrowers_get_keys_fair_turns_budgets_and_an_honest_record(
         sum(&carol_jobs),
         carol_jobs.len(),
     );
-    // Alice's held job counts from its admission (just before the kill) to
-    // the owner's release.
-    let held_span = released_at - killed_at;
+    // Alice's held job counts from its admission (after it was sent, before
+    // the kill) to the owner's release: as a job, within the client's span
+    // from sending it to the release.
+    let held_span = released_at - sent_at;
     close(
         "alice",
         a["reserved_s"]["gpu"].as_f64().unwrap() - held_span,
