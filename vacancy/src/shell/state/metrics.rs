@@ -190,6 +190,16 @@ impl From<&RouteClass> for ClassKey {
     }
 }
 
+/// The series `slot` keeps: `family`'s series for `labels`, taken from it
+/// at the first use and kept, so later uses neither lock nor hash.
+fn kept<'a, L, M>(slot: &'a OnceLock<M>, family: &Family<L, M>, labels: impl FnOnce() -> L) -> &'a M
+where
+    L: Clone + std::hash::Hash + Eq,
+    M: Clone + Default,
+{
+    slot.get_or_init(|| family.get_or_create_owned(&labels()))
+}
+
 /// What a scrape needs besides the engine's status.
 #[derive(Debug, Clone, Default)]
 pub struct ScrapeFacts {
@@ -546,35 +556,31 @@ impl Metrics {
         class: ClassKey,
         outcome: RequestOutcome,
     ) {
-        series.answers[class.index][outcome.index()]
-            .get_or_init(|| {
-                self.answers.get_or_create_owned(&OutcomeLabels {
-                    upstream: upstream.to_owned(),
-                    route_class: class.label,
-                    outcome: outcome.label(),
-                })
-            })
-            .inc();
+        kept(
+            &series.answers[class.index][outcome.index()],
+            &self.answers,
+            || OutcomeLabels {
+                upstream: upstream.to_owned(),
+                route_class: class.label,
+                outcome: outcome.label(),
+            },
+        )
+        .inc();
         match outcome {
             RequestOutcome::Admitted => {
-                series
-                    .admissions
-                    .get_or_init(|| {
-                        self.admissions.get_or_create_owned(&UpstreamLabel {
-                            upstream: upstream.to_owned(),
-                        })
-                    })
-                    .inc();
+                kept(&series.admissions, &self.admissions, || UpstreamLabel {
+                    upstream: upstream.to_owned(),
+                })
+                .inc();
             }
             RequestOutcome::Refused(code) => {
-                series.refusals[code as usize]
-                    .get_or_init(|| {
-                        self.refusals.get_or_create_owned(&RefusalLabels {
-                            upstream: upstream.to_owned(),
-                            code: code.as_str(),
-                        })
-                    })
-                    .inc();
+                kept(&series.refusals[code as usize], &self.refusals, || {
+                    RefusalLabels {
+                        upstream: upstream.to_owned(),
+                        code: code.as_str(),
+                    }
+                })
+                .inc();
             }
             RequestOutcome::Forwarded | RequestOutcome::Gone => {}
         }

@@ -216,8 +216,9 @@ pub fn upstream_request(
     };
     let borrower_uri = std::mem::replace(&mut parts.uri, uri);
     parts.version = http::Version::HTTP_11;
-    // What the listener put on the borrower's request (a tunnel's
-    // connection permit) stays with the borrower's side.
+    // The upstream request starts with no extensions: what the borrower's
+    // side needs of them (its upgrade, a tunnel's permit) was taken off
+    // first (`BorrowerSide::take`), and the rest is hyper's for that side.
     parts.extensions.clear();
     let headers = &mut parts.headers;
     strip_hop_by_hop(headers);
