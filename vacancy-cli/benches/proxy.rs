@@ -1376,11 +1376,19 @@ fn main() {
     let fsync_us = fdatasync_cost(&fsync_dir, fsync_probes, None).p50;
     // The same at the pace vacancyd's admissions came in a section: one
     // every (its time on that column / its requests).
-    let paced_fsync = |paced: &Paced| -> (SyncCost, Duration) {
-        let every = paced.every();
-        (fdatasync_cost(&fsync_dir, fsync_probes, Some(every)), every)
-    };
+    // Each is printed with the back-to-back cost at the end.
     let mut fsync_lines: Vec<String> = Vec::new();
+    let mut paced_fsync = |paced: &Paced, section: &str| -> SyncCost {
+        let every = paced.every();
+        let sync = fdatasync_cost(&fsync_dir, fsync_probes, Some(every));
+        fsync_lines.push(format!(
+            "  at the {section} pace (one every {:.0} µs): {:.0} µs, p90 {:.0} µs",
+            every.as_secs_f64() * 1e6,
+            sync.p50,
+            sync.p90
+        ));
+        sync
+    };
 
     // Memory first, on daemons nothing has loaded yet.
     if sizes.runs("memory") && idle_n > 0 {
@@ -1633,13 +1641,7 @@ fn main() {
         );
         let nginx_added = p50[nginx_col] - p50[0];
         let ours_added = p50[2] - p50[0];
-        let (sync, every) = paced_fsync(&pace);
-        let fsync = sync.p50;
-        fsync_lines.push(format!(
-            "  at the admitted POSTs' pace (one every {:.0} µs): {fsync:.0} µs, p90 {:.0} µs",
-            every.as_secs_f64() * 1e6,
-            sync.p90
-        ));
+        let fsync = paced_fsync(&pace, "admitted POSTs'").p50;
         verdict.check(
             "admitted POST added p50",
             format!(
@@ -1737,13 +1739,8 @@ fn main() {
             &ours,
         );
         let (n_add, v_add) = (p50[nginx_col] - p50[0], p50[2] - p50[0]);
-        let (sync, every) = paced_fsync(&pace);
+        let sync = paced_fsync(&pace, "streams'");
         let fsync = sync.p50;
-        fsync_lines.push(format!(
-            "  at the streams' pace (one every {:.0} µs): {fsync:.0} µs, p90 {:.0} µs",
-            every.as_secs_f64() * 1e6,
-            sync.p90
-        ));
         verdict.check(
             "first chunk added p50",
             format!(
