@@ -324,6 +324,33 @@ mod tests {
     }
 
     #[test]
+    fn classify_agrees_with_each_entrys_own_match() {
+        // The table's answer is its first entry's own: classification
+        // ignores the query as each entry's match does.
+        let t = table();
+        for method in [Method::GET, Method::HEAD, Method::POST] {
+            for path in [
+                "/v1/models",
+                "/v1/models?x=1",
+                "/v1/models/",
+                "/slots",
+                "/v1/chat/completions",
+                "/v1/audio/executions/abc_1234",
+                "/v1/audio/executions/{id}",
+                "/v1/audio/executions/",
+                "/",
+            ] {
+                let by_entries = t
+                    .entries()
+                    .iter()
+                    .find(|e| e.matches(&method, path))
+                    .map_or(RouteClass::Unknown, |e| e.class);
+                assert_eq!(t.classify(&method, path), by_entries, "{method} {path}");
+            }
+        }
+    }
+
+    #[test]
     fn param_segments_must_pass_their_check() {
         // VOICE-07
         let t = table();

@@ -124,10 +124,11 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     if present & 1 << CONNECTION_INDEX != 0 {
         remove_connection_and_what_it_lists(headers);
     }
-    for (i, name) in HOP_BY_HOP.iter().enumerate() {
-        if i != CONNECTION_INDEX && present & 1 << i != 0 {
-            headers.remove(name);
-        }
+    // The others present, one bit each, lowest first.
+    let mut rest = present & !(1 << CONNECTION_INDEX);
+    while rest != 0 {
+        headers.remove(&HOP_BY_HOP[rest.trailing_zeros() as usize]);
+        rest &= rest - 1;
     }
     if let Some(v) = upgrade_value {
         headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
@@ -139,12 +140,19 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
 const CONNECTION_INDEX: usize = 0;
 const UPGRADE_INDEX: usize = 6;
 
-/// Which of [`HOP_BY_HOP`] `name` is. A name of a length none of them has
-/// (`content-type`, `date`, `server`, …) costs one comparison.
+/// Which of [`HOP_BY_HOP`] `name` is, told by its text in one match (a
+/// length, then at most one comparison), not by comparing it with each
+/// hop-by-hop name in turn: this runs on every field of every relayed
+/// request and response (issue 31).
 fn hop_by_hop_index(name: &HeaderName) -> Option<usize> {
-    let text = name.as_str();
-    match text.len() {
-        2 | 7 | 10 | 16 | 17 => HOP_BY_HOP.iter().position(|h| h.as_str() == text),
+    match name.as_str() {
+        "connection" => Some(0),
+        "keep-alive" => Some(1),
+        "proxy-connection" => Some(2),
+        "te" => Some(3),
+        "trailer" => Some(4),
+        "transfer-encoding" => Some(5),
+        "upgrade" => Some(6),
         _ => None,
     }
 }
@@ -171,9 +179,7 @@ fn remove_connection_and_what_it_lists(headers: &mut HeaderMap) {
     let header::Entry::Occupied(entry) = headers.entry(header::CONNECTION) else {
         return;
     };
-    let names_others = entry
-        .iter()
-        .any(|v| !v.as_bytes().eq_ignore_ascii_case(b"keep-alive") && lists_another(v));
+    let names_others = entry.iter().any(|v| !is_keep_alive(v) && lists_another(v));
     if !names_others {
         entry.remove();
         return;
@@ -183,6 +189,12 @@ fn remove_connection_and_what_it_lists(headers: &mut HeaderMap) {
         // Text that is no header name removes nothing.
         headers.remove(token);
     }
+}
+
+/// Whether a `Connection` value is `keep-alive` alone: the usual one,
+/// compared as sent before any case is folded.
+fn is_keep_alive(value: &HeaderValue) -> bool {
+    value == "keep-alive" || value.as_bytes().eq_ignore_ascii_case(b"keep-alive")
 }
 
 /// Whether one `Connection` value names a field that is not hop-by-hop.
@@ -655,6 +667,33 @@ mod tests {
             headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
             headers.insert(header::UPGRADE, v);
         }
+    }
+
+    #[test]
+    fn each_hop_by_hop_name_is_told_at_its_own_place_and_no_other_name_is() {
+        for (i, name) in HOP_BY_HOP.iter().enumerate() {
+            assert_eq!(hop_by_hop_index(name), Some(i), "{name}");
+        }
+        for other in [
+            "content-type",
+            "date",
+            "server",
+            "host",
+            "tes",
+            "upgrades",
+            "x-hop",
+        ] {
+            assert_eq!(
+                hop_by_hop_index(&HeaderName::from_static(other)),
+                None,
+                "{other}"
+            );
+        }
+        assert_eq!(
+            CONNECTION_INDEX,
+            hop_by_hop_index(&header::CONNECTION).unwrap()
+        );
+        assert_eq!(UPGRADE_INDEX, hop_by_hop_index(&header::UPGRADE).unwrap());
     }
 
     #[test]
