@@ -814,12 +814,8 @@ fn interleaved<T>(
 ) -> Vec<Vec<T>> {
     let mut out: Vec<Vec<T>> = (0..columns).map(|_| Vec::with_capacity(rounds)).collect();
     for round in 0..rounds {
-        let order: Vec<usize> = if round % 2 == 0 {
-            (0..columns).collect()
-        } else {
-            (0..columns).rev().collect()
-        };
-        for column in order {
+        for k in 0..columns {
+            let column = if round % 2 == 0 { k } else { columns - 1 - k };
             out[column].push(measure(column, round));
         }
     }
