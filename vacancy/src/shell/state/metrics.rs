@@ -23,6 +23,7 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
 use crate::engine::{EngineStatus, RefusalCode};
+use crate::shell::state::worker_histogram::WorkerHistogram;
 use crate::traits::RouteClass;
 
 /// The content type of [`Metrics::render`]'s text.
@@ -119,6 +120,12 @@ impl MetricConstructor<Histogram> for Buckets {
     }
 }
 
+impl MetricConstructor<WorkerHistogram> for Buckets {
+    fn new_metric(&self) -> WorkerHistogram {
+        WorkerHistogram::new(self.0)
+    }
+}
+
 /// A whole borrower request, up to the response head: from well under a
 /// millisecond (a refusal) to a minute (a slow first token).
 const REQUEST_BUCKETS: &[f64] = &[
@@ -163,7 +170,7 @@ pub struct RouteSeries {
     answers: [[OnceLock<Counter>; OUTCOMES]; ROUTE_CLASSES],
     admissions: OnceLock<Counter>,
     refusals: [OnceLock<Counter>; RefusalCode::ALL.len()],
-    requests: [OnceLock<(Histogram, Histogram)>; ROUTE_CLASSES],
+    requests: [OnceLock<(WorkerHistogram, WorkerHistogram)>; ROUTE_CLASSES],
 }
 
 /// A route class as the metrics know it: its label, and its place among
@@ -216,8 +223,9 @@ pub struct Metrics {
     refusals: Family<RefusalLabels, Counter>,
     answers: Family<OutcomeLabels, Counter>,
     yields: Family<UpstreamLabel, Counter>,
-    request_duration: Family<RouteLabels, Histogram, Buckets>,
-    added: Family<RouteLabels, Histogram, Buckets>,
+    /// Counted on every proxied request, by each worker in its own copy.
+    request_duration: Family<RouteLabels, WorkerHistogram, Buckets>,
+    added: Family<RouteLabels, WorkerHistogram, Buckets>,
     persist: Histogram,
     phases: Family<PhaseLabel, Histogram, Buckets>,
     /// Each phase's histogram in `phases`, kept from its first use: a work
@@ -615,8 +623,8 @@ impl Metrics {
                 self.added.get_or_create_owned(&labels),
             )
         });
-        duration.observe(total.as_secs_f64());
-        own.observe(added.as_secs_f64());
+        duration.observe(total);
+        own.observe(added);
     }
 
     /// A request that waited in line for `took`, and how it ended.
