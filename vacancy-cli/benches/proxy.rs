@@ -47,13 +47,14 @@
 //!
 //! Every section measures each column twice, in order and then in reverse
 //! (A B B A), each half over half the requests or time, and merges the
-//! halves: no column gains from its place in the run. The reads take more
-//! and shorter rounds the same way (A B C C B A A B C …): on a shared
-//! machine their rate drifts by more than the proxies differ.
+//! halves: no column gains from its place in the run. The reads and the
+//! chunks take more and shorter rounds the same way (A B C C B A A B C …):
+//! on a shared machine their rate, and the cost of a wake-up, drift by more
+//! than the proxies differ.
 //!
 //! Sizes (environment): `BENCH_SECONDS` (each wrk run, default 8),
 //! `BENCH_REQUESTS` (sequential requests, 2000), `BENCH_STREAMS` (streams for
-//! the first chunk, 200), `BENCH_CHUNK_STREAMS` (streams of 200 chunks, 5),
+//! the first chunk, 200), `BENCH_CHUNK_STREAMS` (streams of 200 chunks, one a column a round, 10),
 //! `BENCH_READ_CONNECTIONS` (`1,32,1000`), `BENCH_READ_ROUNDS` (8),
 //! `BENCH_IDLE_CONNECTIONS` (10000,
 //! or what the descriptor limit allows), `BENCH_RECOVERY_SECONDS` (60),
@@ -157,9 +158,9 @@ impl Sizes {
         {
             (1, 20, 4, 1, "32", 1, 200, 1)
         } else if quick {
-            (2, 300, 40, 1, "32", 2, 1000, 5)
+            (2, 300, 40, 2, "32", 2, 1000, 5)
         } else {
-            (8, 2000, 200, 5, "1,32,1000", 8, 10_000, 60)
+            (8, 2000, 200, 10, "1,32,1000", 8, 10_000, 60)
         };
         let reads = std::env::var("BENCH_READ_CONNECTIONS").unwrap_or_else(|_| reads.to_owned());
         let only = std::env::var("BENCH_ONLY")
@@ -1843,23 +1844,27 @@ fn main() {
         settle(test_mode);
         // The floor too, where built: what a proxy of tokio and hyper alone
         // adds to each chunk, apart from what vacancyd's own work adds.
-        let st: Vec<Vec<f64>> = both_orders(
-            read_paths.len(),
-            |i, h| {
-                client_rt
-                    .block_on(streams(
-                        addr(read_paths[i].port),
-                        half(sizes.chunk_streams, h),
-                        sizes.chunks,
-                        sizes.chunk_gap,
-                    ))
-                    .1
-            },
-            merge_sorted,
-        );
+        // One stream a column a round, the columns side by side (A B C C B
+        // A …): a chunk's delay is mostly wake-ups, whose cost on a VM
+        // drifts within a run by more than the 10 µs judged (two runs of
+        // the same build in two halves each: vacancyd 2 and 23 µs over
+        // nginx at p50, the floor 17 and 18).
+        let st: Vec<Vec<f64>> = interleaved(read_paths.len(), sizes.chunk_streams, |i, _| {
+            client_rt
+                .block_on(streams(
+                    addr(read_paths[i].port),
+                    1,
+                    sizes.chunks,
+                    sizes.chunk_gap,
+                ))
+                .1
+        })
+        .into_iter()
+        .map(|rounds| rounds.into_iter().fold(Vec::new(), merge_sorted))
+        .collect();
         println!();
         println!(
-            "{} streams of {} chunks {} ms apart; each chunk's delay from the upstream's write to the client's read",
+            "{} streams of {} chunks {} ms apart, one a column a round side by side; each chunk's delay from the upstream's write to the client's read",
             sizes.chunk_streams,
             sizes.chunks,
             sizes.chunk_gap.as_millis()
