@@ -44,7 +44,7 @@ pub const MAX_BUCKETS: usize = 24;
 /// One worker's counts, on cache lines of their own.
 #[repr(align(128))]
 #[derive(Debug, Default)]
-struct Copy {
+struct WorkerCounts {
     /// Observations per bucket (not cumulative).
     buckets: [AtomicU64; MAX_BUCKETS],
     /// The observations' sum, in nanoseconds.
@@ -57,7 +57,7 @@ struct Inner {
     bounds: Vec<f64>,
     /// The same bounds in nanoseconds (`u64::MAX` for `+Inf`).
     bounds_ns: Vec<u64>,
-    copies: Box<[Copy]>,
+    copies: Box<[WorkerCounts]>,
 }
 
 /// A histogram of durations, counted per worker thread (see the
@@ -91,7 +91,7 @@ impl WorkerHistogram {
             inner: Arc::new(Inner {
                 bounds: given,
                 bounds_ns,
-                copies: (0..COPIES).map(|_| Copy::default()).collect(),
+                copies: (0..COPIES).map(|_| WorkerCounts::default()).collect(),
             }),
         }
     }
