@@ -792,12 +792,23 @@ fn both_orders<T>(
     measure: impl FnMut(usize, usize) -> T,
     merge: impl Fn(T, T) -> T,
 ) -> Vec<T> {
-    interleaved(columns, 2, measure)
+    merged_rounds(columns, 2, measure, merge)
+}
+
+/// Measure each of `columns` `rounds` times side by side ([`interleaved`])
+/// and merge each column's rounds into one measurement.
+fn merged_rounds<T>(
+    columns: usize,
+    rounds: usize,
+    measure: impl FnMut(usize, usize) -> T,
+    merge: impl Fn(T, T) -> T,
+) -> Vec<T> {
+    interleaved(columns, rounds.max(1), measure)
         .into_iter()
-        .map(|halves| {
-            let mut halves = halves.into_iter();
-            let first = halves.next().unwrap();
-            halves.fold(first, &merge)
+        .map(|parts| {
+            let mut parts = parts.into_iter();
+            let first = parts.next().unwrap();
+            parts.fold(first, &merge)
         })
         .collect()
 }
@@ -1849,19 +1860,21 @@ fn main() {
         // drifts within a run by more than the 10 µs judged (two runs of
         // the same build in two halves each: vacancyd 2 and 23 µs over
         // nginx at p50, the floor 17 and 18).
-        let st: Vec<Vec<f64>> = interleaved(read_paths.len(), sizes.chunk_streams, |i, _| {
-            client_rt
-                .block_on(streams(
-                    addr(read_paths[i].port),
-                    1,
-                    sizes.chunks,
-                    sizes.chunk_gap,
-                ))
-                .1
-        })
-        .into_iter()
-        .map(|rounds| rounds.into_iter().fold(Vec::new(), merge_sorted))
-        .collect();
+        let st: Vec<Vec<f64>> = merged_rounds(
+            read_paths.len(),
+            sizes.chunk_streams,
+            |i, _| {
+                client_rt
+                    .block_on(streams(
+                        addr(read_paths[i].port),
+                        1,
+                        sizes.chunks,
+                        sizes.chunk_gap,
+                    ))
+                    .1
+            },
+            merge_sorted,
+        );
         println!();
         println!(
             "{} streams of {} chunks {} ms apart, one a column a round side by side; each chunk's delay from the upstream's write to the client's read",
