@@ -226,13 +226,18 @@ pub struct Metrics {
     /// Counted on every proxied request, by each worker in its own copy.
     request_duration: Family<RouteLabels, WorkerHistogram, Buckets>,
     added: Family<RouteLabels, WorkerHistogram, Buckets>,
-    persist: Histogram,
-    phases: Family<PhaseLabel, Histogram, Buckets>,
+    /// Counted by each worker in its own copy, as the phases are.
+    persist: WorkerHistogram,
+    /// Counted by each worker in its own copy: a refused work request
+    /// observes one phase, an admitted one up to eight, and the library's
+    /// histogram took a lock each time (about 140 ns of a refusal, by perf
+    /// on the 2-core VM; issue 31).
+    phases: Family<PhaseLabel, WorkerHistogram, Buckets>,
     /// Each phase's histogram in `phases`, kept from its first use: a work
     /// request observes up to eight phases, each then without the family's
     /// lock and a hash of its label (issue 31). The series still appears at
     /// its first observation, as before.
-    phase_handles: [OnceLock<Histogram>; RequestPhase::COUNT],
+    phase_handles: [OnceLock<WorkerHistogram>; RequestPhase::COUNT],
     sample_duration: Family<ResourceLabel, Histogram, Buckets>,
     sample_failures: Family<ResourceLabel, Counter>,
     observation_failures: Family<UpstreamLabel, Counter>,
@@ -284,7 +289,7 @@ impl Default for Metrics {
         let yields = Family::default();
         let request_duration = Family::new_with_constructor(Buckets(REQUEST_BUCKETS));
         let added = Family::new_with_constructor(Buckets(ADDED_BUCKETS));
-        let persist = Histogram::new(PERSIST_BUCKETS.iter().copied());
+        let persist = WorkerHistogram::new(PERSIST_BUCKETS);
         let phases = Family::new_with_constructor(Buckets(ADDED_BUCKETS));
         let sample_duration = Family::new_with_constructor(Buckets(SAMPLE_BUCKETS));
         let sample_failures = Family::default();
@@ -352,7 +357,7 @@ impl Default for Metrics {
         );
         r.register(
             "vacancyd_request_phase_seconds",
-            "Where an admitted request's time goes, by phase: inspect (reading and inspecting the body), admit (the engine's decision), post_job_sample (waiting for the sample after the last job, ADM-06), persist (the durable record, REC-01), connect, upstream (to the response head), first_chunk (the head to the first body byte relayed) and relay (the head to the upstream's last byte)",
+            "Where an admitted request's time goes, by phase: inspect (from the request's arrival: reading and inspecting the body), admit (the engine's decision), post_job_sample (waiting for the sample after the last job, ADM-06), persist (the durable record, REC-01), connect, upstream (to the response head), first_chunk (the head to the first body byte relayed) and relay (the head to the upstream's last byte)",
             phases.clone(),
         );
         r.register(
@@ -639,7 +644,7 @@ impl Metrics {
 
     /// One durable reservation write.
     pub fn persisted(&self, took: Duration) {
-        self.persist.observe(took.as_secs_f64());
+        self.persist.observe(took);
         self.phase(RequestPhase::Persist, took);
     }
 
@@ -651,9 +656,9 @@ impl Metrics {
             })
         };
         match self.phase_handles.get(phase as usize) {
-            Some(handle) => handle.get_or_init(series).observe(took.as_secs_f64()),
+            Some(handle) => handle.get_or_init(series).observe(took),
             // A phase past `COUNT` (see its test) is still counted.
-            None => series().observe(took.as_secs_f64()),
+            None => series().observe(took),
         }
     }
 

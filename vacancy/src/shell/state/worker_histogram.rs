@@ -4,11 +4,12 @@
 //! # Why
 //!
 //! Every proxied request is timed into two histograms (its whole time and
-//! vacancyd's own part). `prometheus-client`'s histogram takes one lock for
-//! each observation, and every worker takes the same lock, so its cache line
-//! moved between the CPUs on every read: about 100 ns a read on the 2-core
-//! VM, by `perf` (issue 31). Here a worker adds to counts no other worker
-//! writes, with no lock.
+//! vacancyd's own part), and a work request into its phases as well.
+//! `prometheus-client`'s histogram takes one lock for each observation, and
+//! every worker takes the same lock, so its cache line moved between the
+//! CPUs on every read: about 100 ns a read on the 2-core VM, by `perf`, and
+//! as much again for a refused work request's one phase (issue 31). Here a
+//! worker adds to counts no other worker writes, with no lock.
 //!
 //! # Behavior
 //!
