@@ -93,6 +93,14 @@ impl MonotonicClock {
         Moment::ZERO.after(self.origin.elapsed())
     }
 
+    /// The moment of `at`, an instant read earlier from the clock this one
+    /// runs on (tokio's, with the runtime): a request's arrival, timed once
+    /// for its metrics and its engine time alike (issue 31). An instant
+    /// before the origin is its moment zero.
+    pub fn moment_of(&self, at: ClockInstant) -> Moment {
+        Moment::ZERO.after(at.saturating_duration_since(self.origin))
+    }
+
     /// The real instant of a moment on this clock's timeline, for timers.
     pub fn instant(&self, moment: Moment) -> Instant {
         let at = self.origin + std::time::Duration::from_nanos(moment.as_nanos());
@@ -147,5 +155,21 @@ mod tests {
         let a = clock.now();
         let b = clock.now();
         assert!(b >= a);
+    }
+
+    #[test]
+    fn an_instant_read_earlier_is_its_own_moment_on_the_clock() {
+        let clock = MonotonicClock::started_ago(Duration::from_secs(60));
+        let read = ClockInstant::now();
+        let at = clock.moment_of(read);
+        // What `now` would have said then: between the clock's age and now.
+        assert!(at >= Moment::from_secs(60), "{at:?}");
+        assert!(at <= clock.now());
+        let later = clock.moment_of(read + Duration::from_millis(1500));
+        assert_eq!(later.since(at), Duration::from_millis(1500));
+        // Before the clock's origin: its moment zero, not a panic.
+        let fresh = MonotonicClock::new();
+        let before = read.checked_sub(Duration::from_secs(1)).unwrap_or(read);
+        assert_eq!(fresh.moment_of(before), Moment::ZERO);
     }
 }

@@ -17,7 +17,9 @@
 //!   is recorded then too, for a request that had one.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use tracing::{debug, info};
 
@@ -31,7 +33,9 @@ use crate::shell::upstream::route::UpstreamRoute;
 pub struct Arrival {
     pub(crate) lender: Arc<Lender>,
     pub(crate) route: Arc<UpstreamRoute>,
-    /// When the request's head arrived.
+    /// When the request's head arrived: tokio's instant, which is the
+    /// engine clock's, so that a work request's engine time is read from
+    /// it rather than from the clock once more (issue 31).
     pub(crate) at: Instant,
     /// The request's path and query, as the borrower sent it.
     pub(crate) path: http::uri::PathAndQuery,

@@ -58,7 +58,7 @@ pub async fn handle(
     route: Arc<UpstreamRoute>,
     req: http::Request<BorrowerBody>,
 ) -> http::Response<ProxyBody> {
-    let at = Instant::now();
+    let at = tokio::time::Instant::now();
     // A handle on the request head's own bytes: no copy per request.
     let path = req
         .uri()
@@ -367,8 +367,10 @@ async fn work_request(
     work: WorkRoute,
 ) -> http::Response<ProxyBody> {
     let (lender, route) = (Arc::clone(&arrival.lender), Arc::clone(&arrival.route));
-    let arrived_at = lender.clock().now();
-    let inspecting = Instant::now();
+    // One clock reading a boundary (issue 31): the engine time of its
+    // arrival is the arrival's, inspecting starts there, and deciding
+    // starts where inspecting ended.
+    let arrived_at = lender.clock().moment_of(arrival.at);
     let (mut parts, body) = req.into_parts();
     let priority = match lender.borrower_gate() {
         None => None,
@@ -402,9 +404,11 @@ async fn work_request(
             return refusal_response(&route, &refusal, false);
         }
     };
-    lender
-        .metrics()
-        .phase(RequestPhase::Inspect, inspecting.elapsed());
+    let inspected = tokio::time::Instant::now();
+    lender.metrics().phase(
+        RequestPhase::Inspect,
+        inspected.saturating_duration_since(arrival.at),
+    );
     let request = WorkRequest {
         id: entry,
         upstream: route.id,
@@ -421,7 +425,7 @@ async fn work_request(
             .map(|name| BorrowerRef::Name(name.to_owned())),
         priority,
     };
-    let recording = match decide(arrival, &request).await {
+    let recording = match decide(arrival, &request, inspected).await {
         Ok(a) => a,
         Err(refusal) => {
             arrival.refused(&refusal);
@@ -565,11 +569,15 @@ fn too_large(route: &UpstreamRoute) -> Refusal {
 /// The engine's decision on a work request, after its wait in line (noted
 /// on the arrival) and, where the resident observation was only too old, one
 /// more observation (RES-20).
-async fn decide(arrival: &mut Arrival, request: &WorkRequest) -> Result<Recording, Refusal> {
+async fn decide(
+    arrival: &mut Arrival,
+    request: &WorkRequest,
+    since: tokio::time::Instant,
+) -> Result<Recording, Refusal> {
     let (lender, route) = (&*arrival.lender, &*arrival.route);
     // One seat for both decisions: a waiter keeps its place in line while
     // the upstream is observed once more (issue 30).
-    let mut seat = lender.seat(request);
+    let mut seat = lender.seat_since(request, since);
     let decided = match lender.decide_seated(request, &mut seat).await {
         Decided::Reobserve(refusal) => {
             info!(entry = %request.id, upstream = %route.name, "the resident observation was too old; observing once more before deciding (RES-20)");

@@ -493,10 +493,18 @@ impl Lender {
     /// twice (RES-20) keeps the place it took the first time. Dropped — the
     /// borrower left, or the caller is done — it leaves the line.
     pub fn seat(&self, request: &WorkRequest) -> Seat<'_> {
+        self.seat_since(request, tokio::time::Instant::now())
+    }
+
+    /// [`seat`](Self::seat) for a request whose deciding began `since`:
+    /// its first decision is timed from there (the `admit` phase) instead
+    /// of from one more clock reading (issue 31).
+    pub fn seat_since(&self, request: &WorkRequest, since: tokio::time::Instant) -> Seat<'_> {
         Seat {
             lender: self,
             entry: request.id,
             upstream: request.upstream,
+            deciding: Some(since),
             joined: None,
             position: None,
         }
@@ -508,7 +516,10 @@ impl Lender {
 
     /// Decide `request` from its `seat` (see [`decide`](Self::decide)).
     pub async fn decide_seated(&self, request: &WorkRequest, seat: &mut Seat<'_>) -> Decided {
-        let deciding = std::time::Instant::now();
+        let deciding = seat
+            .deciding
+            .take()
+            .unwrap_or_else(tokio::time::Instant::now);
         let mut waited = std::time::Duration::ZERO;
         loop {
             let landed = self.sample_landed.notified();
@@ -559,7 +570,7 @@ impl Lender {
                 self.sample_soon(r, SampleAsk::Waiting);
             }
             let deadline = tokio::time::Instant::from_std(self.clock.instant(until));
-            let waiting = std::time::Instant::now();
+            let waiting = tokio::time::Instant::now();
             tokio::select! {
                 () = &mut landed => {}
                 () = tokio::time::sleep_until(deadline) => {}
@@ -753,6 +764,8 @@ pub struct Seat<'a> {
     lender: &'a Lender,
     entry: EntryId,
     upstream: UpstreamId,
+    /// When its first decision began, until that decision takes it.
+    deciding: Option<tokio::time::Instant>,
     /// When it joined the line, if it did.
     joined: Option<std::time::Instant>,
     /// Its place in line when it joined, 1 being next (`vacancy-line-position`).
