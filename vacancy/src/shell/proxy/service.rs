@@ -305,10 +305,16 @@ async fn forward_unreserved(
         .reads
         .send(&arrival.route.target, upstream_req);
     match sending.await {
-        Ok(resp) => {
+        Ok(replied) => {
             arrival.forwarded();
-            arrival.upstream_took = Some(sent.elapsed());
-            relay(resp, borrower, None, None, arrival.route.tunnel_idle)
+            arrival.upstream_took = Some(replied.at.saturating_duration_since(sent));
+            relay(
+                replied.response,
+                borrower,
+                None,
+                None,
+                arrival.route.tunnel_idle,
+            )
         }
         Err(e) => {
             let refusal = exchange_failed(&arrival.route, &e);

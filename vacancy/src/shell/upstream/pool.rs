@@ -94,6 +94,16 @@ pub struct ReadPool {
     limits: Limits,
 }
 
+/// An upstream's reply to a read sent through the pool.
+#[derive(Debug)]
+pub struct Replied {
+    /// The response, its head read.
+    pub response: http::Response<Incoming>,
+    /// When its head came: the clock's reading the pool's check-in counted
+    /// from, which the caller times the upstream's part by.
+    pub at: Instant,
+}
+
 /// What a pool's tasks share with it: one handle, cloned once per read.
 struct Shared {
     /// Index 0 off the workers, `1 + i` on worker `i`.
@@ -270,14 +280,11 @@ impl ReadPool {
         &self,
         target: &Target,
         mut request: http::Request<ProxyBody>,
-    ) -> Result<http::Response<Incoming>, ExchangeError> {
+    ) -> Result<Replied, ExchangeError> {
         let slot = self.slot();
         while let Some(mut sender) = self.checkout(slot) {
             match sender.try_send_request(request).await {
-                Ok(resp) => {
-                    self.checkin_when_ready(slot, sender);
-                    return Ok(resp);
-                }
+                Ok(response) => return Ok(self.replied(slot, sender, response)),
                 // Handed back unsent (the upstream closed the connection
                 // while it was idle): the next connection takes it.
                 Err(mut e) => match e.take_message() {
@@ -289,12 +296,25 @@ impl ReadPool {
         // Boxed: connecting's state would make every read's future larger,
         // and each read's future is moved whole (issue 31).
         let mut sender = Box::pin(self.connect(target)).await?;
-        let resp = sender
+        let response = sender
             .send_request(request)
             .await
             .map_err(|e| ExchangeError::AfterConnect(error_chain(&e)))?;
-        self.checkin_when_ready(slot, sender);
-        Ok(resp)
+        Ok(self.replied(slot, sender, response))
+    }
+
+    /// `response` came on `sender`'s connection: the connection goes back
+    /// to the pool, its idle time counted from the clock's one reading that
+    /// the caller has as well (issue 31: one reading fewer a read).
+    fn replied(
+        &self,
+        slot: usize,
+        sender: SendRequest<ProxyBody>,
+        response: http::Response<Incoming>,
+    ) -> Replied {
+        let at = Instant::now();
+        self.checkin_when_ready(slot, sender, at);
+        Replied { response, at }
     }
 
     /// The most recently idle connection ready for a request. A kept
@@ -315,16 +335,16 @@ impl ReadPool {
     /// ready already (a response without a body), else from a task that
     /// waits for it on this thread. A connection that closes instead, or
     /// finds the pool full, is dropped.
-    fn checkin_when_ready(&self, slot: usize, sender: SendRequest<ProxyBody>) {
+    fn checkin_when_ready(&self, slot: usize, sender: SendRequest<ProxyBody>, now: Instant) {
         if sender.is_ready() {
-            checkin(&self.shared, slot, self.limits, sender);
+            checkin(&self.shared, slot, self.limits, sender, now);
             return;
         }
         let (shared, limits) = (Arc::clone(&self.shared), self.limits);
         let mut sender = sender;
         tokio::spawn(async move {
             if sender.ready().await.is_ok() {
-                checkin(&shared, slot, limits, sender);
+                checkin(&shared, slot, limits, sender, Instant::now());
             }
         });
     }
@@ -399,8 +419,15 @@ impl Slot {
 /// fewer than the slot's bound are kept, past it for `limits.surplus_idle`
 /// while the open connections stay within the descriptors counted for
 /// them (`limits.total` idle ones and one per borrower connection); else it
-/// closes. Starts the slot's timer if it is not running.
-fn checkin(shared: &Arc<Shared>, slot: usize, limits: Limits, sender: SendRequest<ProxyBody>) {
+/// closes. Starts the slot's timer if it is not running. `now` is the
+/// clock's reading at the check-in.
+fn checkin(
+    shared: &Arc<Shared>,
+    slot: usize,
+    limits: Limits,
+    sender: SendRequest<ProxyBody>,
+    now: Instant,
+) {
     let mut pool = lock(&shared.slots[slot]);
     let idle = if pool.kept.len() < limits.max_idle(slot) {
         limits.idle
@@ -409,7 +436,7 @@ fn checkin(shared: &Arc<Shared>, slot: usize, limits: Limits, sender: SendReques
     } else {
         return;
     };
-    let until = Instant::now() + idle;
+    let until = now + idle;
     pool.kept.push(Kept { sender, until });
     match pool.timer {
         None => {
@@ -569,7 +596,7 @@ mod tests {
 
     /// One read through `pool`, read to the end.
     async fn read_through(pool: &ReadPool, target: &Target) {
-        let resp = pool.send(target, read()).await.unwrap();
+        let resp = pool.send(target, read()).await.unwrap().response;
         assert_eq!(resp.status(), 200);
         http_body_util::BodyExt::collect(resp.into_body())
             .await
@@ -751,7 +778,7 @@ mod tests {
         let (target, closed) = upstream().await;
         let pool = ReadPool::new(Duration::from_secs(5)).idle_for(Duration::from_millis(200));
         for _ in 0..3 {
-            let resp = pool.send(&target, read()).await.unwrap();
+            let resp = pool.send(&target, read()).await.unwrap().response;
             assert_eq!(resp.status(), 200);
             http_body_util::BodyExt::collect(resp.into_body())
                 .await
@@ -770,7 +797,7 @@ mod tests {
     async fn the_timer_ends_with_the_pool_and_its_connections_close() {
         let (target, closed) = upstream().await;
         let pool = ReadPool::new(Duration::from_secs(5));
-        let resp = pool.send(&target, read()).await.unwrap();
+        let resp = pool.send(&target, read()).await.unwrap().response;
         http_body_util::BodyExt::collect(resp.into_body())
             .await
             .unwrap();
