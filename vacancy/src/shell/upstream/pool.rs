@@ -794,6 +794,24 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_kept_connection_is_idle_from_the_reply_its_caller_is_handed() {
+        // Issue 31: the check-in and the request path share one reading.
+        // A reply read whole with its head leaves the connection ready at
+        // once, so it is kept before `send` returns.
+        let (target, _closed) = upstream().await;
+        let pool = ReadPool::new(Duration::from_secs(5));
+        let before = Instant::now();
+        let replied = pool.send(&target, read()).await.unwrap();
+        assert!(before <= replied.at && replied.at <= Instant::now());
+        let kept: Vec<Instant> = lock(&pool.shared.slots[0])
+            .kept
+            .iter()
+            .map(|k| k.until)
+            .collect();
+        assert_eq!(kept, [replied.at + IDLE]);
+    }
+
+    #[tokio::test]
     async fn the_timer_ends_with_the_pool_and_its_connections_close() {
         let (target, closed) = upstream().await;
         let pool = ReadPool::new(Duration::from_secs(5));
