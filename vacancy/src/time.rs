@@ -90,7 +90,7 @@ impl MonotonicClock {
 
     /// The current moment.
     pub fn now(&self) -> Moment {
-        Moment::ZERO.after(self.origin.elapsed())
+        self.moment_of(ClockInstant::now())
     }
 
     /// The moment of `at`, an instant read earlier from the clock this one
