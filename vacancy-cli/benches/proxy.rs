@@ -1784,16 +1784,23 @@ fn main() {
         let measured = percentile(&with_header[1].0, 0.5) - percentile(&with_header[0].0, 0.5);
         let (h50, h99) = (percentile(said, 0.5), percentile(said, 0.99));
         println!(
-            "vacancyd with overhead_header = true: {OVERHEAD_HEADER} p50 {h50:.0} µs, p99 {h99:.0} µs, on {} of {} responses; measured beside the direct path, {measured:.0} µs added at p50 (the header is {:.0}% of it; the rest is the extra hop: the kernel's loopback and hyper's parsing before vacancyd's clock starts)",
+            "vacancyd with overhead_header = true: {OVERHEAD_HEADER} p50 {h50:.0} µs, p99 {h99:.0} µs, on {} of {} responses; measured beside the direct path, {measured:.0} µs added at p50 (the header is {:.0}% of it; the rest is the extra hop, the kernel's loopback and hyper's parsing before vacancyd's clock starts and its writing after, and the upstream's own time on the job's new connection, which the header leaves out as the upstream's)",
             said.len(),
             sizes.requests,
             h50 / measured.max(1.0) * 100.0
         );
+        // Below: an admitted request's own time includes waiting for its
+        // record's sync (REC-01), the largest part of it; a header that left
+        // that out would fall under it. (Half the added time was the bound
+        // before, but the hop's own cost is about half on the 2-core VM, so
+        // a true header sat at 49–66% of it from run to run.)
         verdict.check(
             &format!("{OVERHEAD_HEADER} against the added p50 measured with it"),
-            format!("{h50:.0} µs of {measured:.0} µs"),
-            "present on every response, and neither above the measured added time nor below half of it".to_owned(),
-            said.len() == sizes.requests && h50 <= measured * 1.1 + 20.0 && h50 >= measured * 0.5,
+            format!(
+                "{h50:.0} µs of {measured:.0} µs; its record's fdatasync at this pace {fsync:.0} µs"
+            ),
+            "present on every response, not above the measured added time, and not below the record's fdatasync (less 10%)".to_owned(),
+            said.len() == sizes.requests && h50 <= measured * 1.1 + 20.0 && h50 >= fsync * 0.9,
         );
     }
 
