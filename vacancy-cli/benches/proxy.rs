@@ -380,9 +380,7 @@ http {{
 }
 
 /// vacancyd lending the fixed upstream on `proxy` (openai adapter) and
-/// refusing everything on `refusing` (its resource switched off), putting
-/// `vacancy-overhead-ms` on its responses where `overhead_header` (the
-/// default, off, everywhere but the header's own check).
+/// refusing everything on `refusing` (its resource switched off).
 struct Vacancyd {
     name: String,
     process: ManagedProcess,
@@ -391,6 +389,9 @@ struct Vacancyd {
     refusing: u16,
 }
 
+/// Start [`Vacancyd`], putting `vacancy-overhead-ms` on its responses where
+/// `overhead_header` (the default, off, everywhere but the header's own
+/// check).
 fn vacancyd(
     name: &str,
     binary: &Path,
