@@ -1976,17 +1976,19 @@ fn main() {
         // what tokio and hyper alone do for a refusal on this machine, at
         // 64 connections and at 1,000, whose per-connection state leaves
         // the caches there.
-        let floor_pid = floor_process.as_ref().map(ManagedProcess::pid);
+        let floor_column = floor_process
+            .as_ref()
+            .map(|p| (floor_refusing, vec![p.pid()]));
         let refusals = |connections: usize| {
             both_orders(
-                1 + daemons.len() + usize::from(floor_pid.is_some()),
+                1 + daemons.len() + usize::from(floor_column.is_some()),
                 |i, h| {
-                    let (port, pids) = match (i.checked_sub(1), floor_pid) {
-                        (None, _) => (ng_refusing, nginx_pids()),
-                        (Some(d), _) if d < daemons.len() => {
-                            (daemons[d].refusing, vec![daemons[d].process.pid()])
-                        }
-                        (Some(_), floor) => (floor_refusing, floor.into_iter().collect()),
+                    let (port, pids) = match i.checked_sub(1) {
+                        None => (ng_refusing, nginx_pids()),
+                        Some(d) => match daemons.get(d) {
+                            Some(daemon) => (daemon.refusing, vec![daemon.process.pid()]),
+                            None => floor_column.clone().expect("the floor is the last column"),
+                        },
                     };
                     wrk(
                         &format!("http://127.0.0.1:{port}/v1/chat/completions"),
@@ -2002,7 +2004,7 @@ fn main() {
         let (at64, at1000) = (refusals(64), refusals(1000));
         let names = std::iter::once("nginx")
             .chain(daemons.iter().map(|d| d.name.as_str()))
-            .chain(floor_pid.map(|_| "hyper floor"));
+            .chain(floor_column.as_ref().map(|_| "hyper floor"));
         for (i, (name, (r64, r1000))) in names.zip(at64.iter().zip(&at1000)).enumerate() {
             let what = if i == 0 || i > daemons.len() {
                 "the same refusal, fixed,"
@@ -2044,7 +2046,7 @@ fn main() {
         // Beside it, the anchors' own: a miss the hyper floor shares is
         // tokio's and hyper's per-connection cost, not vacancyd's work.
         let kept = |i: usize| at1000[i].rps / at64[i].rps.max(1.0);
-        let floor_kept = match floor_pid {
+        let floor_kept = match floor_column {
             Some(_) => format!(", the hyper floor's {:.2}×", kept(at64.len() - 1)),
             None => String::new(),
         };
